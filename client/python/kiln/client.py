@@ -1,0 +1,551 @@
+"""kiln.Client: compile graphs on a kilnd daemon, fetch the artifacts, run them on NumPy arrays.
+
+Example::
+
+    client = kiln.Client()                      # $KILN_SERVER or localhost:50051
+    compiled = client.compile(graph, target="cpu")
+    (out,) = compiled(x, y)                     # or a single array for a one-output graph
+
+Calls retry on UNAVAILABLE with exponential backoff until their deadline. Artifacts are kept in
+a local content-addressed folder (see :mod:`kiln.cache`) and verified before use; a shared
+object is opened once per process.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
+
+import grpc
+import numpy as np
+
+from . import dtypes as dt
+from .cache import ArtifactCache
+from .errors import ArtifactError, CompileError, KilnError, NotFoundError, RpcError
+from .loader import CpuKernel, aligned_empty, default_num_threads, load_cpu_kernel
+from .recorder import Recorder
+from .target import ISA_LEVELS, Target, host_isa
+from .v1 import graph_pb2, service_pb2, service_pb2_grpc
+
+DEFAULT_ADDRESS = "localhost:50051"
+TargetLike = Union[str, Target, Any]
+
+# Status codes that mean "the request was wrong or the compile failed", not "try again".
+_COMPILE_ERROR_CODES = frozenset({"INVALID_ARGUMENT", "INTERNAL", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "UNIMPLEMENTED"})
+
+
+def make_options(opt_level: Optional[int] = None, vector_math: bool = True) -> Any:
+    """A kiln.v1.CompileOptions: ``opt_level`` 0-3 (default: the daemon's, 3), ``vector_math``
+    allows vectorised transcendentals (a few ulp)."""
+    o = service_pb2.CompileOptions()
+    if opt_level is not None:
+        if not 0 <= opt_level <= 3:
+            raise ValueError("opt_level is 0..3")
+        o.opt_level = opt_level
+        o.opt_level_set = True
+    o.disable_vector_math = not vector_math
+    return o
+
+
+def _as_options(options: Any) -> Any:
+    if options is None:
+        return service_pb2.CompileOptions()
+    if isinstance(options, dict):
+        return make_options(**options)
+    return options
+
+
+class Client:
+    """A connection to a kilnd daemon plus the local artifact cache.
+
+    ``address`` defaults to ``$KILN_SERVER``, then ``localhost:50051``. ``cache_dir`` defaults
+    to ``$KILN_CACHE_DIR``, then ``~/.cache/kiln``. ``timeout`` is the deadline in seconds of
+    quick calls (lookup, stats, source...), ``compile_timeout`` that of compiles (which may
+    wait in the daemon's queue); both include retries. ``recorder`` defaults to one for
+    ``$KILN_RECORD_DIR`` when set. Thread-safe; close it (or use ``with``) to free the channel.
+    """
+
+    def __init__(
+        self,
+        address: Optional[str] = None,
+        *,
+        cache_dir: Optional[Union[str, Path]] = None,
+        timeout: float = 60.0,
+        compile_timeout: float = 600.0,
+        max_attempts: int = 6,
+        recorder: Optional[Recorder] = None,
+        channel_options: Optional[Sequence[tuple[str, Any]]] = None,
+    ) -> None:
+        self.address = address or os.environ.get("KILN_SERVER") or DEFAULT_ADDRESS
+        self.timeout = timeout
+        self.compile_timeout = compile_timeout
+        self.max_attempts = max(1, max_attempts)
+        opts = [
+            ("grpc.max_receive_message_length", 256 << 20),
+            ("grpc.max_send_message_length", 256 << 20),
+        ]
+        opts.extend(channel_options or [])
+        self._channel = grpc.insecure_channel(self.address, options=opts)
+        self._stub = service_pb2_grpc.KilnStub(self._channel)
+        self.cache = ArtifactCache(cache_dir)
+        self.recorder = recorder if recorder is not None else Recorder.from_env()
+        self._fetch_locks: dict[str, threading.Lock] = {}
+        self._fetch_locks_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Closes the channel; the client is unusable afterwards."""
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"kiln.Client({self.address!r})"
+
+    # ------------------------------------------------------------------ RPC plumbing
+
+    def _call(self, method: str, request: Any, timeout: Optional[float]) -> Any:
+        """A unary call with retries on UNAVAILABLE (exponential backoff with jitter) until
+        the deadline; errors become :class:`RpcError` subclasses."""
+        fn = getattr(self._stub, method)
+        deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
+        delay = 0.05
+        attempt = 0
+        while True:
+            attempt += 1
+            remaining = deadline - time.monotonic()
+            try:
+                return fn(request, timeout=max(remaining, 0.001))
+            except grpc.RpcError as e:
+                code = e.code() if hasattr(e, "code") else None
+                if code == grpc.StatusCode.UNAVAILABLE and attempt < self.max_attempts:
+                    sleep = min(delay, 2.0) * (0.5 + random.random() / 2)
+                    if time.monotonic() + sleep < deadline:
+                        time.sleep(sleep)
+                        delay *= 2
+                        continue
+                raise _translate(method, e) from None
+
+    def health(self, service: str = "", timeout: float = 5.0) -> str:
+        """The daemon's gRPC health status for ``service``: ``"SERVING"``, ``"NOT_SERVING"``,
+        ``"UNKNOWN"``...; raises RpcError when the daemon cannot be reached."""
+        # grpc.health.v1 messages are encoded by hand: HealthCheckRequest{service} is field 1
+        # (string), HealthCheckResponse{status} is field 1 (enum). No extra dependency needed.
+        svc = service.encode()
+        req = (b"\x0a" + _varint(len(svc)) + svc) if svc else b""
+        call = self._channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        try:
+            resp = call(req, timeout=timeout)
+        except grpc.RpcError as e:
+            raise _translate("Health.Check", e) from None
+        status = resp[1] if len(resp) >= 2 and resp[0] == 0x08 else 0
+        return {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}.get(status, str(status))
+
+    # ------------------------------------------------------------------ compile
+
+    def _request(self, graph: Any, target: TargetLike, options: Any, priority: int = 0) -> Any:
+        if not isinstance(graph, graph_pb2.Graph):
+            raise TypeError(f"expected a kiln.v1.Graph, got {type(graph).__name__} (use GraphBuilder.build)")
+        req = service_pb2.CompileRequest()
+        req.graph.CopyFrom(graph)
+        req.target.CopyFrom(Target.parse(target).to_proto())
+        req.options.CopyFrom(_as_options(options))
+        req.priority = priority
+        return req
+
+    def compile(self, graph: Any, target: TargetLike = "cpu", options: Any = None, *, timeout: Optional[float] = None) -> "Compiled":
+        """Gets or compiles ``graph`` (a kiln.v1.Graph) for ``target``.
+
+        ``target``: ``"cpu"`` (this machine's ISA level), ``"cpu:x86-64-v3"``,
+        ``"cuda:sm_90"``, a :class:`kiln.Target` or a kiln.v1.Target. ``options``: a
+        kiln.v1.CompileOptions or a dict for :func:`make_options`. Raises CompileError for a
+        graph the daemon rejects (the message names the node and the rule) or fails to build.
+        """
+        req = self._request(graph, target, options)
+        if self.recorder is not None:
+            self.recorder.record(req)
+        resp = self._call("Compile", req, timeout if timeout is not None else self.compile_timeout)
+        compiled = Compiled(self, resp, graph=graph)
+        compiled._save_manifest()
+        return compiled
+
+    def lookup(self, graph: Any, target: TargetLike = "cpu", options: Any = None, *, timeout: Optional[float] = None) -> Optional["Compiled"]:
+        """The cached result for ``graph`` on ``target``, or None when the daemon has none."""
+        req = service_pb2.LookupRequest()
+        full = self._request(graph, target, options)
+        req.graph.CopyFrom(full.graph)
+        req.target.CopyFrom(full.target)
+        req.options.CopyFrom(full.options)
+        try:
+            resp = self._call("Lookup", req, timeout)
+        except NotFoundError:
+            return None
+        return Compiled(self, resp, graph=graph)
+
+    def get(self, handle: str, *, timeout: Optional[float] = None) -> "Compiled":
+        """The compiled result stored under ``handle``; NotFoundError when it is not cached."""
+        resp = self._call("GetResult", service_pb2.GetResultRequest(handle=handle), timeout)
+        if not resp.handle:
+            resp.handle = handle
+        return Compiled(self, resp)
+
+    def source(self, handle: str, *, timeout: Optional[float] = None) -> Any:
+        """The kiln.v1.GetSourceResponse (source, fusion report, language) of ``handle``."""
+        return self._call("GetSource", service_pb2.GetSourceRequest(handle=handle), timeout)
+
+    def stats(self, *, timeout: Optional[float] = None) -> Any:
+        """The daemon's counters: a kiln.v1.GetStatsResponse."""
+        return self._call("GetStats", service_pb2.GetStatsRequest(), timeout)
+
+    # ------------------------------------------------------------------ artifacts
+
+    def fetch(self, digest: str, *, size: Optional[int] = None, timeout: Optional[float] = None) -> Path:
+        """The local path of artifact ``digest``, streaming it from the daemon if absent.
+
+        The bytes are verified against the digest before the file appears; concurrent fetches
+        of one digest in this process share one download.
+        """
+        path = self.cache.get(digest)
+        if path is not None:
+            return path
+        with self._fetch_locks_lock:
+            lock = self._fetch_locks.setdefault(digest, threading.Lock())
+        with lock:
+            path = self.cache.get(digest)
+            if path is not None:
+                return path
+            return self._download(digest, size, timeout if timeout is not None else max(self.timeout, 300.0))
+
+    def _download(self, digest: str, size: Optional[int], timeout: float) -> Path:
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        attempt = 0
+        while True:
+            attempt += 1
+            expected = [size]
+
+            def chunks() -> Iterable[bytes]:
+                stream = self._stub.FetchArtifact(
+                    service_pb2.FetchArtifactRequest(digest=digest),
+                    timeout=max(deadline - time.monotonic(), 0.001),
+                )
+                offset = 0
+                for chunk in stream:
+                    if chunk.offset != offset:
+                        raise ArtifactError(f"artifact {digest}: chunk at {chunk.offset}, expected {offset}", digest)
+                    if chunk.total_size and expected[0] is None:
+                        expected[0] = chunk.total_size
+                    offset += len(chunk.data)
+                    yield chunk.data
+
+            try:
+                return self.cache.put_chunks(digest, _Sized(chunks(), expected), None)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE and attempt < self.max_attempts and time.monotonic() + delay < deadline:
+                    time.sleep(delay)
+                    delay *= 2
+                    continue
+                raise _translate("FetchArtifact", e) from None
+            except ValueError as e:  # digest or size mismatch
+                raise ArtifactError(str(e), digest) from None
+
+    # ------------------------------------------------------------------ prewarm
+
+    def prewarm(
+        self,
+        requests: Iterable[Any],
+        *,
+        on_event: Optional[Callable[[Any, Any], None]] = None,
+        timeout: Optional[float] = None,
+    ) -> list[Any]:
+        """Compiles many requests at prewarm priority; returns one kiln.v1.PrewarmEvent each.
+
+        Each item is a kiln.v1.CompileRequest with a target, or a ``(graph, target)`` or
+        ``(graph, target, options)`` tuple. ``on_event(request, event)`` is called as each
+        outcome arrives (for progress). Events come back in request order in the list; a
+        failed compile is an event with a nonzero ``code``, not an exception. Requests left
+        unanswered when the stream breaks with UNAVAILABLE are sent again.
+        """
+        reqs: list[Any] = []
+        for item in requests:
+            if isinstance(item, service_pb2.CompileRequest):
+                if not item.HasField("target"):
+                    raise ValueError("a prewarm CompileRequest needs a target")
+                r = service_pb2.CompileRequest()
+                r.CopyFrom(item)
+            else:
+                r = self._request(item[0], item[1], item[2] if len(item) > 2 else None)
+            r.priority = service_pb2.PREWARM
+            reqs.append(r)
+        events: list[Any] = [None] * len(reqs)
+        deadline = time.monotonic() + (timeout if timeout is not None else max(self.compile_timeout, 3600.0))
+        delay = 0.1
+        attempt = 0
+        while True:
+            pending = [i for i, e in enumerate(events) if e is None]
+            if not pending:
+                return events
+            attempt += 1
+            try:
+                stream = self._stub.Prewarm(iter([reqs[i] for i in pending]), timeout=max(deadline - time.monotonic(), 0.001))
+                for ev in stream:
+                    if not 0 <= ev.index < len(pending):
+                        continue
+                    i = pending[ev.index]
+                    e = service_pb2.PrewarmEvent()
+                    e.CopyFrom(ev)
+                    e.index = i
+                    events[i] = e
+                    if on_event is not None:
+                        on_event(reqs[i], e)
+            except grpc.RpcError as err:
+                if err.code() == grpc.StatusCode.UNAVAILABLE and attempt < self.max_attempts and time.monotonic() + delay < deadline:
+                    time.sleep(delay)
+                    delay *= 2
+                    continue
+                raise _translate("Prewarm", err) from None
+            missing = [i for i, e in enumerate(events) if e is None]
+            if missing:
+                # The daemon closed the stream without answering some: report them as failed.
+                for i in missing:
+                    e = service_pb2.PrewarmEvent(index=i, code=2, message="no outcome reported by the daemon")
+                    events[i] = e
+                    if on_event is not None:
+                        on_event(reqs[i], e)
+            return events
+
+
+class _Sized:
+    """An iterable of chunks that checks the total against a size learned while streaming."""
+
+    def __init__(self, it: Iterable[bytes], expected: list[Optional[int]]) -> None:
+        self._it = it
+        self._expected = expected
+
+    def __iter__(self) -> Any:
+        n = 0
+        for c in self._it:
+            n += len(c)
+            yield c
+        if self._expected[0] is not None and n != self._expected[0]:
+            raise ValueError(f"artifact truncated: got {n} bytes of {self._expected[0]}")
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _translate(method: str, e: grpc.RpcError) -> RpcError:
+    code = e.code().name if hasattr(e, "code") and e.code() is not None else "UNKNOWN"
+    details = (e.details() if hasattr(e, "details") else "") or str(e)
+    if code == "NOT_FOUND":
+        return NotFoundError(method, code, details)
+    if method in ("Compile", "Lookup", "Prewarm") and code in _COMPILE_ERROR_CODES:
+        return CompileError(method, code, details)
+    return RpcError(method, code, details)
+
+
+def _host_runs(target: Target) -> bool:
+    """Whether this machine can execute code built for ``target`` (a CPU target)."""
+    if target.features:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                flags = next((set(l.split(":", 1)[1].split()) for l in f if l.startswith("flags")), set())
+        except OSError:
+            return True
+        return set(target.features) <= flags
+    if target.isa not in ISA_LEVELS:
+        return True
+    return ISA_LEVELS.index(target.isa) <= ISA_LEVELS.index(host_isa())
+
+
+class TensorSpec:
+    """The dtype, shape and (for inputs) declared strides of one kernel argument."""
+
+    __slots__ = ("name", "dtype", "shape", "strides")
+
+    def __init__(self, name: str, dtype: str, shape: tuple[int, ...], strides: Optional[tuple[int, ...]] = None) -> None:
+        self.name = name
+        self.dtype = dtype
+        self.shape = shape
+        self.strides = strides
+
+    def __repr__(self) -> str:
+        s = f", strides={list(self.strides)}" if self.strides else ""
+        return f"TensorSpec({self.name!r}, {self.dtype}, {list(self.shape)}{s})"
+
+
+class Compiled:
+    """A compiled graph: its handle, the daemon's result, and (CPU) a callable kernel.
+
+    ``handle``: the action key (hex). ``cache_hit``: whether the daemon answered from its cache.
+    ``result``: the kiln.v1.ActionResult; ``plan`` its launch plan; ``stats`` its compile stats;
+    ``target``: the :class:`kiln.Target`. ``inputs``/``outputs``: :class:`TensorSpec` lists.
+    Calling it runs the kernel on NumPy arrays (CPU targets only).
+    """
+
+    def __init__(self, client: Client, response: Any, graph: Any = None) -> None:
+        self.client = client
+        self.response = response
+        self.handle: str = response.handle
+        self.cache_hit: bool = response.cache_hit
+        self.server_ms: float = response.server_ms
+        self.result = response.result
+        self.plan = response.result.plan
+        self.stats = response.result.stats
+        self.target = Target.from_proto(response.result.target) if response.result.HasField("target") else None
+        self._kernel: Optional[CpuKernel] = None
+        self._kernel_lock = threading.Lock()
+        self._source: Optional[Any] = None
+        self.inputs, self.outputs = self._specs(graph)
+
+    def __repr__(self) -> str:
+        return (f"<kiln.Compiled {self.handle[:12]} target={self.target} kernels={self.stats.num_kernels} "
+                f"cache_hit={self.cache_hit}>")
+
+    def _specs(self, graph: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        ins: dict[int, TensorSpec] = {}
+        outs: dict[int, TensorSpec] = {}
+        for b in self.plan.buffers:
+            if b.role == service_pb2.INPUT:
+                ins[b.index] = TensorSpec(f"input{b.index}", dt.from_wire(b.dtype), tuple(b.shape))
+            elif b.role == service_pb2.OUTPUT:
+                outs[b.index] = TensorSpec(f"output{b.index}", dt.from_wire(b.dtype), tuple(b.shape))
+        names: list[dict[str, Any]] = []
+        if graph is not None:
+            names = [{"name": i.name, "dtype": dt.from_wire(i.type.dtype), "shape": list(i.type.shape),
+                      "strides": list(i.type.strides) or None} for i in graph.inputs]
+        elif self.handle:
+            m = self.client.cache.load_manifest(self.handle) if _is_hex64(self.handle) else None
+            names = (m or {}).get("inputs", [])
+        if not ins and names:  # a plan without input buffers: take the graph's word
+            ins = {i: TensorSpec(n["name"], n["dtype"], tuple(n["shape"])) for i, n in enumerate(names)}
+        for i, n in enumerate(names):
+            if i in ins:
+                ins[i].name = n.get("name") or ins[i].name
+                st = n.get("strides")
+                ins[i].strides = tuple(st) if st else None
+        return [ins[i] for i in sorted(ins)], [outs[i] for i in sorted(outs)]
+
+    def _save_manifest(self) -> None:
+        if _is_hex64(self.handle):
+            self.client.cache.save_manifest(self.handle, {
+                "inputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape),
+                            "strides": list(s.strides) if s.strides else None} for s in self.inputs],
+                "outputs": [{"dtype": s.dtype, "shape": list(s.shape)} for s in self.outputs],
+                "target": str(self.target) if self.target else "",
+            })
+
+    def artifact(self, kind: Union[int, str]) -> Optional[Any]:
+        """The first artifact of ``kind`` (a kiln.v1.ArtifactKind number or name), or None."""
+        k = service_pb2.ArtifactKind.Value(kind) if isinstance(kind, str) else kind
+        return next((a for a in self.result.artifacts if a.kind == k), None)
+
+    def _get_source(self) -> Any:
+        if self._source is None:
+            self._source = self.client.source(self.handle)
+        return self._source
+
+    def source(self) -> str:
+        """The generated translation unit (C++ or CUDA C++)."""
+        return self._get_source().source
+
+    def fusion_report(self) -> str:
+        """The daemon's fusion report: kernels, their nodes, and why pairs were not fused."""
+        return self._get_source().fusion_report
+
+    def load(self) -> CpuKernel:
+        """Fetches (once, verified) and opens (once per process) the CPU shared object."""
+        if self._kernel is not None:
+            return self._kernel
+        with self._kernel_lock:
+            if self._kernel is None:
+                if self.target is not None and not self.target.is_cpu:
+                    raise KilnError(f"{self.handle[:12]} was compiled for {self.target}; only CPU artifacts run from Python so far")
+                if self.target is not None and not _host_runs(self.target):
+                    raise KilnError(f"{self.handle[:12]} was compiled for {self.target}, which this CPU ({host_isa()}) cannot run")
+                art = self.artifact(service_pb2.SHARED_OBJECT)
+                if art is None:
+                    raise ArtifactError(f"{self.handle[:12]} has no shared object artifact")
+                path = self.client.fetch(art.digest, size=art.size or None)
+                self._kernel = load_cpu_kernel(path, art.digest, int(self.plan.abi_version or 1))
+        return self._kernel
+
+    def __call__(self, *arrays: Any, num_threads: Optional[int] = None, out: Optional[Sequence[np.ndarray]] = None) -> Any:
+        """Runs the kernel: inputs in graph order; returns the outputs (a tuple, or the array
+        itself for a one-output graph), freshly allocated unless ``out`` gives C-contiguous
+        arrays of the right dtypes and shapes.
+
+        Inputs must have the graph's dtypes and shapes (TypeError/ValueError otherwise);
+        non-contiguous arrays are copied unless the graph declared their strides, in which case
+        they must have exactly those strides. ``num_threads`` defaults to
+        ``$KILN_NUM_THREADS`` or the CPUs this process may use.
+        """
+        kernel = self.load()
+        if len(arrays) != len(self.inputs):
+            raise TypeError(f"{self.handle[:12]} takes {len(self.inputs)} inputs, got {len(arrays)}")
+        keep: list[np.ndarray] = []
+        ptrs: list[int] = []
+        for spec, a in zip(self.inputs, arrays):
+            want = dt.to_numpy(spec.dtype)
+            if not isinstance(a, np.ndarray):
+                a = np.asarray(a, dtype=want)
+            if a.dtype != want:
+                raise TypeError(f"input {spec.name!r}: dtype {a.dtype}, expected {want}")
+            if a.shape != spec.shape:
+                raise ValueError(f"input {spec.name!r}: shape {a.shape}, expected {spec.shape}")
+            if spec.strides:
+                elem = tuple(s // a.itemsize for s in a.strides)
+                if elem != spec.strides or any(s % a.itemsize for s in a.strides):
+                    raise ValueError(f"input {spec.name!r}: strides {elem} (elements), the graph declared {spec.strides}")
+            elif not a.flags.c_contiguous:
+                a = np.ascontiguousarray(a)
+            keep.append(a)
+            ptrs.append(a.ctypes.data)
+        results: list[np.ndarray] = []
+        for i, spec in enumerate(self.outputs):
+            want = dt.to_numpy(spec.dtype)
+            if out is not None:
+                o = out[i]
+                if o.dtype != want or o.shape != spec.shape or not o.flags.c_contiguous or not o.flags.writeable:
+                    raise ValueError(f"out[{i}] must be a writeable C-contiguous {want} array of shape {spec.shape}")
+            else:
+                o = np.empty(spec.shape, dtype=want)
+            results.append(o)
+            ptrs.append(o.ctypes.data)
+        ws = None
+        ws_ptr = None
+        if self.plan.workspace_bytes > 0:
+            ws = aligned_empty(int(self.plan.workspace_bytes))
+            ws_ptr = ws.ctypes.data
+        rc = kernel.run(ptrs, ws_ptr, num_threads if num_threads else default_num_threads())
+        del keep, ws
+        if rc != 0:
+            raise KilnError(f"kiln_run of {self.handle[:12]} returned {rc}")
+        return results[0] if len(results) == 1 else tuple(results)
+
+
+def _is_hex64(s: str) -> bool:
+    return len(s) == 64 and all(c in "0123456789abcdef" for c in s)
+
+
+__all__ = ["Client", "Compiled", "TensorSpec", "make_options", "DEFAULT_ADDRESS"]

@@ -1,0 +1,59 @@
+"""Exceptions raised by the kiln client."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class KilnError(Exception):
+    """Base class of every error the kiln client raises on purpose."""
+
+
+class UnsupportedError(KilnError, TypeError):
+    """A traced function did something kiln cannot express as a graph.
+
+    ``function`` names what was called (``"numpy.cumsum"``, ``"ndarray.__iter__"``...). It is a
+    TypeError too, so code that guards NumPy calls with ``except TypeError`` keeps working.
+    """
+
+    def __init__(self, function: str, reason: str = "") -> None:
+        self.function = function
+        self.reason = reason
+        msg = f"kiln.jit does not support {function}"
+        if reason:
+            msg += f": {reason}"
+        super().__init__(msg)
+
+
+class RpcError(KilnError):
+    """A call to the daemon failed.
+
+    ``code`` is the gRPC status code name (``"INVALID_ARGUMENT"``, ``"UNAVAILABLE"``...) and
+    ``details`` the daemon's message, which names the node and the rule for a bad graph and
+    carries the compiler log for an INTERNAL compile failure.
+    """
+
+    def __init__(self, method: str, code: str, details: str) -> None:
+        self.method = method
+        self.code = code
+        self.details = details
+        super().__init__(f"{method}: {code}: {details}")
+
+
+class CompileError(RpcError):
+    """The daemon refused or failed to compile a graph (INVALID_ARGUMENT, INTERNAL...)."""
+
+
+class NotFoundError(RpcError, KeyError):
+    """A handle or digest is not (or no longer) in the daemon's cache."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return Exception.__str__(self)
+
+
+class ArtifactError(KilnError):
+    """An artifact is corrupt (digest mismatch), truncated, or cannot be loaded."""
+
+    def __init__(self, message: str, digest: Optional[str] = None) -> None:
+        self.digest = digest
+        super().__init__(message)

@@ -1,0 +1,105 @@
+"""Loading and running CPU artifacts through ctypes.
+
+A CPU artifact is a shared object exporting::
+
+    uint32_t kiln_abi_version(void);
+    int kiln_run(void* const* args, void* workspace, int num_threads);
+
+``args`` holds the input buffers in graph input order, then the output buffers in graph output
+order; ``workspace`` is ``plan.workspace_bytes`` bytes (NULL when 0); 0 means success. Each
+shared object is opened once per process, keyed by its digest.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .errors import ArtifactError
+
+#: The CPU artifact ABI this client speaks.
+SUPPORTED_ABI_VERSIONS: frozenset[int] = frozenset({1})
+
+_ArgArray = ctypes.POINTER(ctypes.c_void_p)
+
+
+class CpuKernel:
+    """An opened CPU artifact. Calls are thread-safe as far as the kernel is (kiln kernels keep
+    no global state)."""
+
+    def __init__(self, path: Path, digest: str) -> None:
+        self.path = path
+        self.digest = digest
+        try:
+            # RTLD_LOCAL: two artifacts never see each other's symbols.
+            self._lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError as e:
+            raise ArtifactError(f"cannot load {path}: {e}", digest) from e
+        try:
+            version_fn = self._lib.kiln_abi_version
+            self._run = self._lib.kiln_run
+        except AttributeError as e:
+            raise ArtifactError(f"{path} is not a kiln artifact: {e}", digest) from e
+        version_fn.argtypes = []
+        version_fn.restype = ctypes.c_uint32
+        self.abi_version = int(version_fn())
+        self._run.argtypes = [_ArgArray, ctypes.c_void_p, ctypes.c_int]
+        self._run.restype = ctypes.c_int
+
+    def run(self, pointers: Sequence[int], workspace: Optional[int], num_threads: int) -> int:
+        """Calls ``kiln_run`` with raw buffer addresses; returns its status. The GIL is
+        released for the duration of the call."""
+        args = (ctypes.c_void_p * max(len(pointers), 1))(*pointers)
+        return int(self._run(args, workspace, int(num_threads)))
+
+
+_kernels: dict[str, CpuKernel] = {}
+_kernels_lock = threading.Lock()
+
+
+def load_cpu_kernel(path: Path, digest: str, expected_abi: int) -> CpuKernel:
+    """Opens the shared object (once per process per digest) and checks its ABI version."""
+    with _kernels_lock:
+        k = _kernels.get(digest)
+        if k is None:
+            k = CpuKernel(path, digest)
+            _kernels[digest] = k
+    if k.abi_version != expected_abi or k.abi_version not in SUPPORTED_ABI_VERSIONS:
+        raise ArtifactError(
+            f"artifact {digest[:12]} has ABI version {k.abi_version}; the plan says {expected_abi} "
+            f"and this client supports {sorted(SUPPORTED_ABI_VERSIONS)}",
+            digest,
+        )
+    return k
+
+
+def loaded_kernel_count() -> int:
+    """How many shared objects this process has opened (for tests and diagnostics)."""
+    with _kernels_lock:
+        return len(_kernels)
+
+
+def aligned_empty(nbytes: int, alignment: int = 64) -> np.ndarray:
+    """An uninitialised uint8 buffer of ``nbytes`` whose data starts on ``alignment`` bytes."""
+    raw = np.empty(nbytes + alignment, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % alignment
+    return raw[offset:offset + nbytes]
+
+
+def default_num_threads() -> int:
+    """``$KILN_NUM_THREADS``, else the CPUs this process may run on."""
+    env = os.environ.get("KILN_NUM_THREADS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            pass
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Sets up everything, builds all targets and runs every test that needs no GPU: the C++
+# suites through ctest, then the Python suite (which starts the real kilnd itself).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash deploy/setup.sh
+bash deploy/build.sh
+BUILD_DIR="${KILN_BUILD_DIR:-build}"
+(cd "$BUILD_DIR" && ctest --output-on-failure -LE gpu -j2 --timeout 900)
+if [ -d tests/python ]; then
+  export KILN_BINARY_DIR="$PWD/$BUILD_DIR"
+  export PYTHONPATH="$PWD/client/python${PYTHONPATH:+:$PYTHONPATH}"
+  python3 -m pytest -q tests/python
+fi

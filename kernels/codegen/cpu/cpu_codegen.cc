@@ -1,0 +1,203 @@
+#include "kernels/codegen/cpu/cpu_codegen.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/codegen/c_expr.h"
+#include "kernels/codegen/emitter.h"
+#include "kernels/runtime/kiln_cpu_header.h"
+
+namespace kiln::codegen {
+namespace {
+
+using schedule::Buffer;
+
+// Below this many iterations a loop is not worth a parallel region's fork/join.
+constexpr int64_t kMinParallelWork = 1 << 14;
+
+class CpuKernelEmitter : public ScopedEmitter {
+ public:
+  using ScopedEmitter::ScopedEmitter;
+
+  // Whole-tensor reductions (a kernel with no output loops) run their outermost loop across
+  // threads with per-thread partials, merged by OpenMP.
+  bool parallel_top_reduce = false;
+
+ protected:
+  std::string ReducePragma(const lower::Expr& e, const std::string& acc) const override {
+    return ScopedEmitter::ReducePragma(e, acc);
+  }
+  void EmitReduce(const lower::Expr& e, const std::string& result, size_t target) override {
+    size_t mark = scopes_[target].stmts.size();
+    ScopedEmitter::EmitReduce(e, result, target);
+    if (!parallel_top_reduce || target != 0 || e.op == "argmax" || e.op == "argmin") return;
+    int64_t work = 1;
+    for (int rv : e.rvars) work *= kernel_.extents[rv];
+    if (work < kMinParallelWork) return;
+    // Turn the outermost reduction loop into a parallel one: find its `for`.
+    auto& stmts = scopes_[target].stmts;
+    for (size_t i = mark; i < stmts.size(); ++i) {
+      if (stmts[i].rfind("for (", 0) != 0 && stmts[i].rfind("#pragma omp simd", 0) != 0) continue;
+      std::string clause = ScopedEmitter::ReducePragma(e, result + "_acc");
+      clause.replace(0, std::string("#pragma omp simd").size(), "#pragma omp parallel for num_threads(nt)");
+      if (stmts[i].rfind("#pragma omp simd", 0) == 0) {
+        // Single loop: parallel and simd together.
+        stmts[i].replace(0, std::string("#pragma omp simd").size(), "#pragma omp parallel for simd num_threads(nt)");
+      } else {
+        stmts.insert(stmts.begin() + static_cast<long>(i), clause);
+      }
+      break;
+    }
+  }
+};
+
+std::string BufferName(const Buffer& b, int id) {
+  switch (b.role) {
+    case Buffer::Role::kInput: return absl::StrCat("in", b.index);
+    case Buffer::Role::kOutput: return absl::StrCat("out", b.index);
+    case Buffer::Role::kTemp: return absl::StrCat("tmp", b.index);
+    case Buffer::Role::kConst: return absl::StrCat("kconst", b.index);
+  }
+  return absl::StrCat("b", id);
+}
+
+std::string ConstArray(const Buffer& b) {
+  std::vector<std::string> vals;
+  int64_t n = b.value.NumElements();
+  for (int64_t k = 0; k < n; ++k) {
+    double f = b.value.f.empty() ? static_cast<double>(b.value.i[k]) : b.value.f[k];
+    int64_t i = b.value.i.empty() ? static_cast<int64_t>(b.value.f[k]) : b.value.i[k];
+    std::string lit = Literal(b.dtype, f, i);
+    vals.push_back(StoreConvert(b.dtype, lit));
+  }
+  std::string type = StorageType(b.dtype, false);
+  if (b.dtype == ir::DType::kF16 || b.dtype == ir::DType::kBF16) type = "float";
+  if (b.dtype == ir::DType::kF16 || b.dtype == ir::DType::kBF16) {
+    vals.clear();
+    for (int64_t k = 0; k < n; ++k) vals.push_back(Literal(ir::DType::kF32, b.value.AsDouble(k), 0));
+  }
+  return absl::StrCat("static const ", type, " kconst", b.index, "[", n, "] = {", absl::StrJoin(vals, ", "), "};");
+}
+
+struct KernelText {
+  std::string text;
+  std::vector<int> params;  // buffers passed, in order
+};
+
+// Kernel parameters: every buffer the kernel touches, read-only ones const.
+KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k) {
+  int nvars = static_cast<int>(k.extents.size());
+  std::vector<std::string> var_names;
+  for (int v = 0; v < nvars; ++v) var_names.push_back(absl::StrCat("i", v));
+  std::vector<std::string> names;
+  for (size_t b = 0; b < p.buffers.size(); ++b) names.push_back(BufferName(p.buffers[b], static_cast<int>(b)));
+
+  CpuKernelEmitter em(p, k, var_names, names);
+  em.parallel_top_reduce = k.domain.empty();
+  int rank = static_cast<int>(k.domain.size());
+  if (rank > 0) em.set_simd_scope(rank);  // the innermost output loop is a simd loop
+  em.PushScope(-1);
+  for (int d = 0; d < rank; ++d) em.PushScope(d);
+  std::vector<lower::Affine> idx;
+  for (int d = 0; d < rank; ++d) idx.push_back(lower::Affine::Var(d));
+  for (const schedule::KernelOutput& o : k.outputs) {
+    std::string v = em.Emit(o.value);
+    const Buffer& b = p.buffers[o.buffer];
+    std::string stored = b.dtype == ir::DType::kBool ? v : absl::StrCat("(", ComputeTypeName(b.dtype), ")(", v, ")");
+    em.AddStatement(absl::StrCat(names[o.buffer], "[", em.Address(o.buffer, idx), "] = ", StoreConvert(b.dtype, stored), ";"));
+  }
+  // Assemble loops from the innermost scope outwards.
+  int64_t work = 1;
+  for (int64_t d : k.domain) work *= d;
+  std::vector<std::string> body;
+  for (int d = rank - 1; d >= 0; --d) {
+    std::vector<std::string> stmts = em.PopScope();
+    stmts.insert(stmts.end(), body.begin(), body.end());
+    std::vector<std::string> loop;
+    bool outer = d == 0, inner = d == rank - 1;
+    if (outer && work >= kMinParallelWork) {
+      loop.push_back(absl::StrCat("#pragma omp parallel for", inner ? " simd" : "", " num_threads(nt) schedule(static)"));
+    } else if (inner) {
+      loop.push_back("#pragma omp simd");
+    }
+    loop.push_back(absl::StrCat("for (int64_t i", d, " = 0; i", d, " < ", k.domain[d], "; ++i", d, ") {"));
+    for (std::string& s : stmts) loop.push_back("  " + s);
+    loop.push_back("}");
+    body = std::move(loop);
+  }
+  std::vector<std::string> all = em.PopScope();
+  all.insert(all.end(), body.begin(), body.end());
+
+  // Parameters: the buffers this kernel reads or writes.
+  KernelText out;
+  std::string text = absl::StrCat("static void ", k.name, "(");
+  std::vector<std::string> params;
+  std::string joined = absl::StrJoin(all, "\n");
+  for (size_t b = 0; b < p.buffers.size(); ++b) {
+    const Buffer& buf = p.buffers[b];
+    if (buf.role == Buffer::Role::kConst) continue;
+    if (joined.find(names[b] + "[") == std::string::npos) continue;
+    bool written = false;
+    for (const auto& o : k.outputs) written |= o.buffer == static_cast<int>(b);
+    params.push_back(absl::StrCat(written ? "" : "const ", StorageType(buf.dtype, false), "* __restrict ", names[b]));
+    out.params.push_back(static_cast<int>(b));
+  }
+  params.push_back("int nt");
+  absl::StrAppend(&text, absl::StrJoin(params, ", "), ") {\n");
+  absl::StrAppend(&text, "  (void)nt;\n", Indent(all, 1), "}\n");
+  out.text = std::move(text);
+  return out;
+}
+
+}  // namespace
+
+const std::string& CpuRuntimeHeader() {
+  static const std::string* h = new std::string(runtime::kKilnCpuHeader);
+  return *h;
+}
+
+std::string GenerateCpu(const schedule::Program& p, const CompileOptions& options) {
+  std::string src;
+  absl::StrAppend(&src, "// Generated by kiln: ", p.kernels.size(), " kernel(s).\n");
+  if (!options.vector_math) absl::StrAppend(&src, "#define KILN_NO_VECTOR_MATH 1\n");
+  absl::StrAppend(&src, "#include \"kiln_cpu.h\"\n\n");
+  for (const Buffer& b : p.buffers)
+    if (b.role == Buffer::Role::kConst) absl::StrAppend(&src, ConstArray(b), "\n");
+  std::vector<KernelText> kernels;
+  for (const schedule::Kernel& k : p.kernels) {
+    kernels.push_back(KernelFunction(p, k));
+    absl::StrAppend(&src, "\n", kernels.back().text);
+  }
+
+  absl::StrAppend(&src, "\nextern \"C\" __attribute__((visibility(\"default\"))) uint32_t kiln_abi_version(void) { return ",
+                  kCpuAbiVersion, "; }\n\n");
+  absl::StrAppend(&src, "extern \"C\" __attribute__((visibility(\"default\"))) int kiln_run(void* const* args, void* workspace, int nt) {\n");
+  absl::StrAppend(&src, "  if (nt <= 0) nt = omp_get_max_threads();\n  (void)workspace;\n");
+  std::vector<std::string> names;
+  for (size_t b = 0; b < p.buffers.size(); ++b) {
+    const Buffer& buf = p.buffers[b];
+    names.push_back(BufferName(buf, static_cast<int>(b)));
+    std::string t = StorageType(buf.dtype, false);
+    switch (buf.role) {
+      case Buffer::Role::kInput:
+        absl::StrAppend(&src, "  const ", t, "* ", names[b], " = (const ", t, "*)args[", buf.index, "];\n");
+        break;
+      case Buffer::Role::kOutput:
+        absl::StrAppend(&src, "  ", t, "* ", names[b], " = (", t, "*)args[", p.num_inputs + buf.index, "];\n");
+        break;
+      case Buffer::Role::kTemp:
+        absl::StrAppend(&src, "  ", t, "* ", names[b], " = (", t, "*)((char*)workspace + ", buf.offset, ");\n");
+        break;
+      case Buffer::Role::kConst: break;
+    }
+  }
+  for (size_t i = 0; i < p.kernels.size(); ++i) {
+    std::vector<std::string> args;
+    for (int b : kernels[i].params) args.push_back(names[b]);
+    args.push_back("nt");
+    absl::StrAppend(&src, "  ", p.kernels[i].name, "(", absl::StrJoin(args, ", "), ");\n");
+  }
+  absl::StrAppend(&src, "  return 0;\n}\n");
+  return src;
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,152 @@
+#include "kernels/codegen/emitter.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/codegen/c_expr.h"
+
+namespace kiln::codegen {
+
+using lower::Expr;
+
+ScopedEmitter::ScopedEmitter(const schedule::Program& program, const schedule::Kernel& kernel,
+                             std::vector<std::string> var_names, std::vector<std::string> buffer_names)
+    : program_(program),
+      kernel_(kernel),
+      var_names_(std::move(var_names)),
+      buffer_names_(std::move(buffer_names)) {}
+
+void ScopedEmitter::PushScope(int var) {
+  Scope s;
+  s.var = var;
+  scopes_.push_back(std::move(s));
+}
+
+std::vector<std::string> ScopedEmitter::PopScope() {
+  std::vector<std::string> out = std::move(scopes_.back().stmts);
+  scopes_.pop_back();
+  return out;
+}
+
+std::string ScopedEmitter::Address(int buffer, const std::vector<lower::Affine>& index) const {
+  const schedule::Buffer& b = program_.buffers[buffer];
+  lower::Affine addr = lower::Affine::Const(0);
+  for (size_t k = 0; k < index.size(); ++k)
+    if (b.shape[k] != 1) addr = lower::Add(addr, lower::Scale(index[k], b.strides[k]));
+  return lower::ToC(addr, var_names_);
+}
+
+size_t ScopedEmitter::TargetScope(const Expr& e) {
+  auto it = free_vars_.find(&e);
+  if (it == free_vars_.end()) it = free_vars_.emplace(&e, e.FreeVars()).first;
+  size_t target = 0;
+  for (size_t i = 0; i < scopes_.size(); ++i)
+    if (scopes_[i].var >= 0 && std::count(it->second.begin(), it->second.end(), scopes_[i].var)) target = i;
+  return target;
+}
+
+std::string ScopedEmitter::Emit(const lower::ExprPtr& ep) {
+  const Expr& e = *ep;
+  if (e.kind == Expr::Kind::kConst) return Literal(e.dtype, e.fvalue, e.ivalue);
+  size_t target = TargetScope(e);
+  for (size_t i = 0; i <= target; ++i) {
+    auto hit = scopes_[i].cache.find(&e);
+    if (hit != scopes_[i].cache.end()) return hit->second;
+  }
+  std::string name = NewTemp();
+  if (e.kind == Expr::Kind::kReduce) {
+    EmitReduce(e, name, target);
+  } else {
+    std::string text;
+    if (e.kind == Expr::Kind::kLoad) {
+      text = LoadConvert(e.dtype, absl::StrCat(buffer_names_[e.buffer], "[", Address(e.buffer, e.index), "]"));
+    } else {
+      std::vector<std::string> args;
+      for (const lower::ExprPtr& a : e.args) args.push_back(Emit(a));
+      std::string index_text = e.index.empty() ? "" : lower::ToC(e.index[0], var_names_);
+      text = PointwiseText(e, args, index_text);
+    }
+    scopes_[target].stmts.push_back(absl::StrCat("const ", ComputeTypeName(e.dtype), " ", name, " = ", text, ";"));
+  }
+  scopes_[target].cache[&e] = name;
+  return name;
+}
+
+std::string ScopedEmitter::ReducePragma(const Expr& e, const std::string& acc) const {
+  const std::string& op = e.op;
+  if (op == "argmax" || op == "argmin") return "";
+  std::string clause = op == "sum" ? "+" : op == "prod" ? "*" : op == "any" ? "|" : op == "all" ? "&" : op;
+  std::string s = absl::StrCat("#pragma omp simd reduction(", clause, ":", acc, ")");
+  if ((op == "max" || op == "min") && ir::IsFloat(e.dtype)) absl::StrAppend(&s, " reduction(|:", acc, "_nan)");
+  return s;
+}
+
+void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t target) {
+  // The body sees the scopes up to `target`, then the reduction's own loops.
+  std::vector<Scope> saved(scopes_.begin() + target + 1, scopes_.end());
+  scopes_.resize(target + 1);
+  const std::string& op = e.op;
+  bool arg = op == "argmax" || op == "argmin";
+  ir::DType vt = arg ? e.args[0]->dtype : e.dtype;
+  std::string acc = result + "_acc";
+  std::string ctype = (op == "any" || op == "all") ? "int" : ComputeTypeName(vt);
+  std::vector<std::string> pre = {absl::StrCat(ctype, " ", acc, " = ", ReduceInit(op, vt), ";")};
+  bool nan_flag = (op == "max" || op == "min") && ir::IsFloat(vt);
+  if (nan_flag) pre.push_back(absl::StrCat("int ", acc, "_nan = 0;"));
+  if (arg) pre.push_back(absl::StrCat("int64_t ", result, "_idx = 0;"));
+  for (int rv : e.rvars) PushScope(rv);
+  std::string v = Emit(e.args[0]);
+  std::string combine;
+  if (arg) {
+    // First index wins ties; the first NaN wins over numbers (NumPy).
+    std::string lin;
+    int64_t stride = 1;
+    for (int k = static_cast<int>(e.rvars.size()) - 1; k >= 0; --k) {
+      std::string term = stride == 1 ? var_names_[e.rvars[k]] : absl::StrCat(stride, " * ", var_names_[e.rvars[k]]);
+      lin = lin.empty() ? term : absl::StrCat(term, " + ", lin);
+      stride *= kernel_.extents[e.rvars[k]];
+    }
+    const char* cmp = op == "argmax" ? ">" : "<";
+    std::string better = absl::StrCat(v, " ", cmp, " ", acc);
+    if (ir::IsFloat(vt)) better = absl::StrCat("(", better, ") || (", v, " != ", v, " && ", acc, " == ", acc, ")");
+    combine = absl::StrCat("if (", better, ") { ", acc, " = ", v, "; ", result, "_idx = ", lin, "; }");
+  } else {
+    combine = ReduceCombine(op, acc, v, vt);
+  }
+  AddStatement(combine);
+  // Close the loops innermost first, wrapping each body in its for statement.
+  std::vector<std::string> body;
+  for (int k = static_cast<int>(e.rvars.size()) - 1; k >= 0; --k) {
+    std::vector<std::string> stmts = PopScope();
+    stmts.insert(stmts.end(), body.begin(), body.end());
+    const std::string& iv = var_names_[e.rvars[k]];
+    std::vector<std::string> loop;
+    bool inside_simd = simd_scope_ >= 0 && static_cast<int>(target) >= simd_scope_;
+    if (k == static_cast<int>(e.rvars.size()) - 1 && !inside_simd) {
+      std::string pragma = ReducePragma(e, acc);
+      if (!pragma.empty()) loop.push_back(pragma);
+    }
+    loop.push_back(absl::StrCat("for (int64_t ", iv, " = 0; ", iv, " < ", kernel_.extents[e.rvars[k]], "; ++", iv, ") {"));
+    for (std::string& s : stmts) loop.push_back("  " + s);
+    loop.push_back("}");
+    body = std::move(loop);
+  }
+  std::vector<std::string>& out = scopes_[target].stmts;
+  out.insert(out.end(), pre.begin(), pre.end());
+  out.insert(out.end(), body.begin(), body.end());
+  std::string value = arg ? absl::StrCat(result, "_idx") : acc;
+  if (nan_flag) value = absl::StrCat("(", acc, "_nan ? ", Literal(vt, __builtin_nan(""), 0), " : ", acc, ")");
+  if (op == "any" || op == "all") value = absl::StrCat("(", acc, " != 0)");
+  out.push_back(absl::StrCat("const ", ComputeTypeName(e.dtype), " ", result, " = ", value, ";"));
+  scopes_.insert(scopes_.end(), saved.begin(), saved.end());
+}
+
+std::string Indent(const std::vector<std::string>& lines, int depth) {
+  std::string pad(2 * depth, ' ');
+  std::string s;
+  for (const std::string& l : lines) absl::StrAppend(&s, l.rfind("#pragma", 0) == 0 ? "" : pad, l, "\n");
+  return s;
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,73 @@
+// Scoped expression emitter shared by the C-family backends.
+//
+// Prints a kernel's element expressions as statements placed in the outermost loop scope
+// where all the loop variables they read are bound: a reduction over a row is computed once
+// per row, not once per element (loop-invariant hoisting), and a value used twice in a scope
+// is computed once (common subexpressions). Scopes form a chain: the prologue (no variable),
+// then one scope per loop, outermost first. Reductions open loops of their own.
+// Thread-safety: one emitter per kernel, used by one thread.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/lower/expr.h"
+#include "kernels/schedule/program.h"
+
+namespace kiln::codegen {
+
+class ScopedEmitter {
+ public:
+  // `names[v]` is the C name of loop variable v; `buffer_names[b]` the pointer of buffer b.
+  ScopedEmitter(const schedule::Program& program, const schedule::Kernel& kernel,
+                std::vector<std::string> var_names, std::vector<std::string> buffer_names);
+  virtual ~ScopedEmitter() = default;
+
+  // Opens a scope binding loop variable `var` (-1 for the prologue).
+  void PushScope(int var);
+  // Closes the innermost scope and returns its statements.
+  std::vector<std::string> PopScope();
+  // Emits `e` (and what it needs) and returns a C expression naming its value.
+  std::string Emit(const lower::ExprPtr& e);
+  // Adds a statement to the innermost scope.
+  void AddStatement(std::string s) { scopes_.back().stmts.push_back(std::move(s)); }
+  // Scopes at or below this index run inside a vectorised loop: reductions placed there get
+  // no simd pragma of their own (OpenMP forbids nesting simd regions). -1: none.
+  void set_simd_scope(int index) { simd_scope_ = index; }
+
+  // The flat address text of buffer `b` at `index` (its strides applied).
+  std::string Address(int buffer, const std::vector<lower::Affine>& index) const;
+  const std::vector<std::string>& var_names() const { return var_names_; }
+
+ protected:
+  struct Scope {
+    int var = -1;
+    std::vector<std::string> stmts;
+    std::map<const lower::Expr*, std::string> cache;
+  };
+  // Prints the loop(s) of a reduction whose value lands in `result`. The default runs the
+  // reduction sequentially with an OpenMP simd hint on the innermost loop; `scope_index` is
+  // where the statements go. Backends may override.
+  virtual void EmitReduce(const lower::Expr& e, const std::string& result, size_t scope_index);
+  // Pragma placed before the innermost loop of a reduction (empty: none).
+  virtual std::string ReducePragma(const lower::Expr& e, const std::string& acc) const;
+
+  std::string NewTemp() { return "t" + std::to_string(next_temp_++); }
+  // Index of the scope where `e` belongs: the deepest scope binding one of its free vars.
+  size_t TargetScope(const lower::Expr& e);
+
+  const schedule::Program& program_;
+  const schedule::Kernel& kernel_;
+  std::vector<std::string> var_names_;
+  std::vector<std::string> buffer_names_;
+  std::vector<Scope> scopes_;
+  std::map<const lower::Expr*, std::vector<int>> free_vars_;
+  int next_temp_ = 0;
+  int simd_scope_ = -1;
+};
+
+// Joins statements with indentation.
+std::string Indent(const std::vector<std::string>& lines, int depth);
+
+}  // namespace kiln::codegen

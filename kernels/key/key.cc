@@ -1,0 +1,164 @@
+#include "kernels/key/key.h"
+
+#include <openssl/evp.h>
+
+#include <cstring>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln::key {
+namespace {
+
+// Appends length-prefixed, type-tagged fields, so no two different records share bytes.
+class Writer {
+ public:
+  void Tag(char t) { out_.push_back(t); }
+  void I64(int64_t v) {
+    char b[8];
+    std::memcpy(b, &v, 8);
+    out_.append(b, 8);
+  }
+  void Str(std::string_view s) {
+    I64(static_cast<int64_t>(s.size()));
+    out_.append(s);
+  }
+  void Ints(const std::vector<int64_t>& v) {
+    I64(static_cast<int64_t>(v.size()));
+    for (int64_t x : v) I64(x);
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+void WriteAttr(Writer& w, const ir::AttrValue& a) {
+  w.I64(static_cast<int64_t>(a.index()));
+  if (auto* p = std::get_if<int64_t>(&a)) w.I64(*p);
+  else if (auto* p = std::get_if<double>(&a)) {
+    // Keep the exact bits: -0.0 vs 0.0 and NaN payloads are the client's business.
+    int64_t bits;
+    std::memcpy(&bits, p, 8);
+    w.I64(bits);
+  } else if (auto* p = std::get_if<std::string>(&a)) w.Str(*p);
+  else if (auto* p = std::get_if<bool>(&a)) w.I64(*p);
+  else if (auto* p = std::get_if<ir::DType>(&a)) w.I64(static_cast<int64_t>(*p));
+  else if (auto* p = std::get_if<ir::IntList>(&a)) w.Ints(*p);
+  else if (auto* p = std::get_if<ir::FloatList>(&a)) {
+    w.I64(static_cast<int64_t>(p->size()));
+    for (double x : *p) {
+      int64_t bits;
+      std::memcpy(&bits, &x, 8);
+      w.I64(bits);
+    }
+  } else if (auto* p = std::get_if<ir::Constant>(&a)) {
+    w.I64(static_cast<int64_t>(p->dtype));
+    w.Ints(p->shape);
+    w.I64(static_cast<int64_t>(p->f.size()));
+    for (double x : p->f) {
+      int64_t bits;
+      std::memcpy(&bits, &x, 8);
+      w.I64(bits);
+    }
+    w.Ints(p->i);
+  }
+}
+
+std::string HexOf(const unsigned char* d, size_t n) {
+  static const char* kHex = "0123456789abcdef";
+  std::string s(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    s[2 * i] = kHex[d[i] >> 4];
+    s[2 * i + 1] = kHex[d[i] & 15];
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string Sha256Hex(std::string_view bytes) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr);
+  return HexOf(md, len);
+}
+
+std::string CanonicalBytes(const ir::Graph& g) {
+  // Renumber values in the depth-first post-order reached from the outputs (operands in
+  // order). That order is fixed by the computation's structure alone, so it does not depend
+  // on the order in which a client appended independent nodes; unreachable nodes drop out.
+  std::vector<int32_t> canon(g.num_values(), -1);
+  std::vector<ir::ValueId> order;
+  int32_t next = g.num_inputs();
+  for (int i = 0; i < g.num_inputs(); ++i) canon[i] = i;  // inputs keep their positions
+  std::vector<std::pair<ir::ValueId, size_t>> stack;
+  for (ir::ValueId root : g.outputs) {
+    if (canon[root] >= 0) continue;
+    stack.push_back({root, 0});
+    while (!stack.empty()) {
+      auto& [v, k] = stack.back();
+      const ir::Node& n = g.NodeOf(v);
+      if (k < n.inputs.size()) {
+        ir::ValueId u = n.inputs[k++];
+        if (canon[u] < 0) stack.push_back({u, 0});
+        continue;
+      }
+      canon[v] = next++;
+      order.push_back(v);
+      stack.pop_back();
+    }
+  }
+  Writer w;
+  w.Str("kiln.graph.v1");
+  w.I64(g.num_inputs());
+  for (const ir::TensorType& t : g.inputs) {
+    w.I64(static_cast<int64_t>(t.dtype));
+    w.Ints(t.shape);
+    w.Ints(t.strides);
+  }
+  w.I64(static_cast<int64_t>(order.size()));
+  for (ir::ValueId v : order) {
+    const ir::Node& n = g.NodeOf(v);
+    w.Str(n.op);
+    w.I64(static_cast<int64_t>(n.inputs.size()));
+    for (ir::ValueId u : n.inputs) w.I64(canon[u]);
+    w.I64(static_cast<int64_t>(n.attrs.size()));
+    for (const auto& [k, a] : n.attrs) {  // std::map: sorted by name
+      w.Str(k);
+      WriteAttr(w, a);
+    }
+  }
+  w.I64(static_cast<int64_t>(g.outputs.size()));
+  for (ir::ValueId v : g.outputs) w.I64(canon[v]);
+  return w.Take();
+}
+
+std::string ActionKey::DebugString() const {
+  std::string s;
+  for (const auto& [label, value] : fields) absl::StrAppend(&s, label, ": ", value, "\n");
+  absl::StrAppend(&s, "digest: ", digest, "\n");
+  return s;
+}
+
+ActionKey ComputeKey(const ir::Graph& graph, const Target& target, const CompileOptions& options,
+                     const std::string& toolchain_fingerprint) {
+  ActionKey k;
+  std::string canonical = CanonicalBytes(graph);
+  k.fields = {
+      {"key_format", absl::StrCat(kKeyFormatVersion)},
+      {"graph", Sha256Hex(canonical)},
+      {"target", target.ToString()},
+      {"options", options.ToString()},
+      {"toolchain", toolchain_fingerprint},
+  };
+  Writer w;
+  for (const auto& [label, value] : k.fields) {
+    w.Str(label);
+    w.Str(value);
+  }
+  k.digest = Sha256Hex(w.Take());
+  return k;
+}
+
+}  // namespace kiln::key

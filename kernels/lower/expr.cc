@@ -1,0 +1,35 @@
+#include "kernels/lower/expr.h"
+
+#include <algorithm>
+#include <functional>
+#include <set>
+
+namespace kiln::lower {
+
+std::vector<int> Expr::FreeVars() const {
+  std::vector<int> vs;
+  for (const Affine& a : index) a.CollectVars(&vs);
+  for (const ExprPtr& c : args) {
+    std::vector<int> cv = c->FreeVars();
+    vs.insert(vs.end(), cv.begin(), cv.end());
+  }
+  std::sort(vs.begin(), vs.end());
+  vs.erase(std::unique(vs.begin(), vs.end()), vs.end());
+  if (!rvars.empty())
+    vs.erase(std::remove_if(vs.begin(), vs.end(),
+                            [&](int v) { return std::count(rvars.begin(), rvars.end(), v) > 0; }),
+             vs.end());
+  return vs;
+}
+
+int Expr::CountNodes(const ExprPtr& root) {
+  std::set<const Expr*> seen;
+  std::function<void(const Expr*)> walk = [&](const Expr* e) {
+    if (!seen.insert(e).second) return;
+    for (const ExprPtr& c : e->args) walk(c.get());
+  };
+  walk(root.get());
+  return static_cast<int>(seen.size());
+}
+
+}  // namespace kiln::lower

@@ -1,0 +1,52 @@
+// Lowered values: what one element of a tensor is, as an expression over loop variables.
+//
+// Lowering turns every graph value into such an expression at a given index; views become
+// index arithmetic (lower/index.h), pointwise ops nest, and a reduction becomes a kReduce node
+// with loop variables of its own. Backends (codegen/cpu, codegen/cuda) print these trees.
+// Thread-safety: immutable once built; shared between kernels by pointer.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/ir/dtype.h"
+#include "kernels/lower/index.h"
+
+namespace kiln::lower {
+
+struct Expr;
+using ExprPtr = std::shared_ptr<const Expr>;
+
+struct Expr {
+  enum class Kind {
+    kLoad,       // buffers[buffer][index...]
+    kConst,      // fvalue (float dtypes) or ivalue (integer and bool dtypes)
+    kIndex,      // the value of index[0] (iota)
+    kUnary,      // op(args[0])
+    kBinary,     // op(args[0], args[1]); both already of the op's operand type
+    kWhere,      // args[0] ? args[1] : args[2]
+    kIndexLess,  // index[0] < ivalue ? args[0] : args[1]   (concat)
+    kCast,       // (dtype)args[0]
+    kClamp,      // clamp args[0] to [lo, hi] where has_lo / has_hi
+    kReduce,     // op over rvars of args[0]: sum prod max min any all argmax argmin
+  };
+  Kind kind = Kind::kConst;
+  ir::DType dtype = ir::DType::kF32;  // result type
+  std::string op;
+  std::vector<ExprPtr> args;
+  int buffer = -1;
+  std::vector<Affine> index;
+  double fvalue = 0;
+  int64_t ivalue = 0;
+  double lo = 0, hi = 0;
+  bool has_lo = false, has_hi = false;
+  std::vector<int> rvars;  // kReduce: reduced loop variables, outermost first
+
+  // Loop variables the value depends on, excluding variables bound inside it (its rvars).
+  std::vector<int> FreeVars() const;
+  // Number of nodes in the tree (shared subtrees counted once); for diagnostics.
+  static int CountNodes(const ExprPtr& e);
+};
+
+}  // namespace kiln::lower

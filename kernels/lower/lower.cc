@@ -1,0 +1,297 @@
+#include "kernels/lower/lower.h"
+
+#include <algorithm>
+#include <set>
+
+#include "kernels/ir/op_registry.h"
+
+namespace kiln::lower {
+namespace {
+
+using ir::DType;
+
+bool IsComparison(const std::string& op) {
+  static const std::set<std::string> k = {"eq", "ne", "lt", "le", "gt", "ge"};
+  return k.count(op) > 0;
+}
+bool IsLogical(const std::string& op) {
+  return op == "logical_and" || op == "logical_or" || op == "logical_xor" || op == "logical_not";
+}
+
+ExprPtr Make(Expr e) { return std::make_shared<const Expr>(std::move(e)); }
+
+}  // namespace
+
+ExprPtr MakeConst(DType t, double v) {
+  Expr e;
+  e.kind = Expr::Kind::kConst;
+  e.dtype = t;
+  if (ir::IsFloat(t)) e.fvalue = v;
+  else e.ivalue = ir::IsBool(t) ? (v != 0) : static_cast<int64_t>(v);
+  return Make(std::move(e));
+}
+
+ExprPtr MakeCast(ExprPtr e, DType t) {
+  if (e->dtype == t) return e;
+  if (e->kind == Expr::Kind::kConst) {
+    double v = ir::IsFloat(e->dtype) ? e->fvalue : static_cast<double>(e->ivalue);
+    if (ir::IsFloat(t) || !ir::IsFloat(e->dtype)) return MakeConst(t, v);
+  }
+  Expr c;
+  c.kind = Expr::Kind::kCast;
+  c.dtype = t;
+  c.args = {std::move(e)};
+  return Make(std::move(c));
+}
+
+std::vector<int64_t> ContiguousStrides(const ir::Shape& shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * shape[i + 1];
+  return s;
+}
+
+Lowerer::Lowerer(const ir::Graph& graph, const std::vector<int>& buffer_of,
+                 const std::vector<int>& const_buffer_of)
+    : graph_(graph), buffer_of_(buffer_of), const_buffer_of_(const_buffer_of) {}
+
+std::vector<Affine> Lowerer::BeginKernel(const ir::Shape& domain) {
+  extents_.clear();
+  scope_.clear();
+  memo_.clear();
+  inlined_.clear();
+  fused_.clear();
+  std::vector<Affine> idx;
+  for (int64_t d : domain) {
+    int v = NewVar(d);
+    scope_.push_back(v);
+    idx.push_back(Affine::Var(v));
+  }
+  return idx;
+}
+
+int Lowerer::NewVar(int64_t extent) {
+  extents_.push_back(extent);
+  return static_cast<int>(extents_.size()) - 1;
+}
+
+std::vector<Affine> Lowerer::BroadcastIndex(const std::vector<Affine>& index, const ir::Shape& out,
+                                            const ir::Shape& in) const {
+  std::vector<Affine> r(in.size());
+  size_t off = out.size() - in.size();
+  for (size_t i = 0; i < in.size(); ++i) r[i] = in[i] == 1 ? Affine::Const(0) : index[i + off];
+  return r;
+}
+
+std::vector<Affine> Lowerer::ReshapeIndex(const std::vector<Affine>& index, const ir::Shape& out,
+                                          const ir::Shape& in) const {
+  std::vector<int64_t> so = ContiguousStrides(out), si = ContiguousStrides(in);
+  Affine linear = Affine::Const(0);
+  for (size_t i = 0; i < out.size(); ++i) linear = Add(linear, Scale(index[i], so[i]));
+  std::vector<Affine> r(in.size());
+  for (size_t j = 0; j < in.size(); ++j) {
+    Affine q = FloorDiv(linear, si[j], extents_);
+    r[j] = j == 0 ? q : Mod(q, in[j], extents_);
+  }
+  return r;
+}
+
+ExprPtr Lowerer::Lower(ir::ValueId v, const std::vector<Affine>& index, bool root) {
+  if (graph_.IsInput(v) || (!root && buffer_of_[v] >= 0)) {
+    Expr e;
+    e.kind = Expr::Kind::kLoad;
+    e.dtype = graph_.TypeOf(v).dtype;
+    e.buffer = buffer_of_[v];
+    e.index = index;
+    return Make(std::move(e));
+  }
+  auto key = std::make_pair(v, index);
+  auto it = memo_.find(key);
+  if (it != memo_.end()) return it->second;
+  if (std::find(fused_.begin(), fused_.end(), v) == fused_.end()) fused_.push_back(v);
+  ExprPtr e = LowerNode(v, index);
+  memo_[key] = e;
+  return e;
+}
+
+ExprPtr Lowerer::LowerNode(ir::ValueId v, const std::vector<Affine>& index) {
+  const ir::Node& n = graph_.NodeOf(v);
+  const ir::TensorType& out = n.type;
+  const ir::OpSchema* schema = ir::FindOp(n.op);
+  auto in_type = [&](int k) -> const ir::TensorType& { return graph_.TypeOf(n.inputs[k]); };
+  auto operand = [&](int k) { return Lower(n.inputs[k], BroadcastIndex(index, out.shape, in_type(k).shape)); };
+
+  switch (schema->kind) {
+    case ir::OpKind::kElementwise: {
+      Expr e;
+      e.dtype = out.dtype;
+      e.op = n.op;
+      if (n.op == "cast") return MakeCast(operand(0), out.dtype);
+      if (n.op == "where") {
+        e.kind = Expr::Kind::kWhere;
+        e.args = {operand(0), MakeCast(operand(1), out.dtype), MakeCast(operand(2), out.dtype)};
+        return Make(std::move(e));
+      }
+      if (n.op == "clamp") {
+        e.kind = Expr::Kind::kClamp;
+        e.has_lo = n.Has("min");
+        e.has_hi = n.Has("max");
+        e.lo = n.Float("min");
+        e.hi = n.Float("max");
+        e.args = {operand(0)};
+        return Make(std::move(e));
+      }
+      if (n.inputs.size() == 1) {
+        e.kind = Expr::Kind::kUnary;
+        ExprPtr a = operand(0);
+        if (IsLogical(n.op)) a = MakeCast(a, DType::kBool);
+        else if (n.op != "isnan" && n.op != "isinf") a = MakeCast(a, out.dtype);
+        e.args = {a};
+        return Make(std::move(e));
+      }
+      e.kind = Expr::Kind::kBinary;
+      DType operand_type = out.dtype;
+      if (IsComparison(n.op)) operand_type = ir::Promote(in_type(0).dtype, in_type(1).dtype);
+      if (IsLogical(n.op)) operand_type = DType::kBool;
+      e.args = {MakeCast(operand(0), operand_type), MakeCast(operand(1), operand_type)};
+      return Make(std::move(e));
+    }
+    case ir::OpKind::kLayout: {
+      const ir::Shape& in = in_type(0).shape;
+      if (n.op == "broadcast_to") return Lower(n.inputs[0], BroadcastIndex(index, out.shape, in));
+      if (n.op == "reshape" || n.op == "squeeze" || n.op == "unsqueeze")
+        return Lower(n.inputs[0], ReshapeIndex(index, out.shape, in));
+      if (n.op == "permute") {
+        std::vector<Affine> r(in.size());
+        ir::IntList dims = n.Ints("dims");
+        int64_t rank = static_cast<int64_t>(in.size());
+        for (size_t i = 0; i < dims.size(); ++i) r[dims[i] < 0 ? dims[i] + rank : dims[i]] = index[i];
+        return Lower(n.inputs[0], r);
+      }
+      if (n.op == "slice") {
+        std::vector<Affine> r = index;
+        ir::IntList axes = n.Ints("axes"), starts = n.Ints("starts"), stops = n.Ints("stops");
+        ir::IntList steps = n.Ints("steps", ir::IntList(axes.size(), 1));
+        int64_t rank = static_cast<int64_t>(in.size());
+        for (size_t i = 0; i < axes.size(); ++i) {
+          int64_t a = axes[i] < 0 ? axes[i] + rank : axes[i];
+          auto sl = ir::NormalizeSlice(in[a], starts[i], stops[i], steps[i]);
+          r[a] = AddConst(Scale(index[a], steps[i]), sl->first);
+        }
+        return Lower(n.inputs[0], r);
+      }
+      if (n.op == "concat") {
+        int64_t axis = n.Int("axis");
+        if (axis < 0) axis += out.Rank();
+        std::vector<int64_t> offsets;
+        int64_t off = 0;
+        for (size_t k = 0; k < n.inputs.size(); ++k) {
+          offsets.push_back(off);
+          off += in_type(static_cast<int>(k)).shape[axis];
+        }
+        ExprPtr acc;
+        for (int k = static_cast<int>(n.inputs.size()) - 1; k >= 0; --k) {
+          int64_t size = in_type(k).shape[axis];
+          if (size == 0) continue;
+          std::vector<Affine> r = index;
+          r[axis] = Clamp(AddConst(index[axis], -offsets[k]), 0, size - 1, extents_);
+          ExprPtr part = MakeCast(Lower(n.inputs[k], r), out.dtype);
+          if (!acc) {
+            acc = part;
+            continue;
+          }
+          Expr sel;
+          sel.kind = Expr::Kind::kIndexLess;
+          sel.dtype = out.dtype;
+          sel.index = {index[axis]};
+          sel.ivalue = offsets[k] + size;
+          sel.args = {part, acc};
+          acc = Make(std::move(sel));
+        }
+        return acc ? acc : MakeConst(out.dtype, 0);
+      }
+      break;
+    }
+    case ir::OpKind::kSource: {
+      if (n.op == "full") return MakeConst(out.dtype, n.Float("value"));
+      if (n.op == "iota") {
+        int64_t axis = n.Int("axis", 0);
+        if (axis < 0) axis += out.Rank();
+        Expr e;
+        e.kind = Expr::Kind::kIndex;
+        e.dtype = DType::kI64;
+        e.index = {index[axis]};
+        return MakeCast(Make(std::move(e)), out.dtype);
+      }
+      if (n.op == "constant") {
+        const ir::Constant* c = n.Tensor("value");
+        if (c->NumElements() == 1) return MakeConst(out.dtype, c->AsDouble(0));
+        Expr e;
+        e.kind = Expr::Kind::kLoad;
+        e.dtype = out.dtype;
+        e.buffer = const_buffer_of_[v];
+        e.index = index;
+        return Make(std::move(e));
+      }
+      break;
+    }
+    case ir::OpKind::kReduction: return LowerReduction(v, index);
+    case ir::OpKind::kComposite:
+    case ir::OpKind::kExtern: break;
+  }
+  // Unreachable for verified, decomposed graphs: the scheduler checks op kinds first.
+  return MakeConst(out.dtype, 0);
+}
+
+ExprPtr Lowerer::LowerReduction(ir::ValueId v, const std::vector<Affine>& index) {
+  const ir::Node& n = graph_.NodeOf(v);
+  const ir::TensorType& in = graph_.TypeOf(n.inputs[0]);
+  std::vector<int64_t> axes;
+  bool keep = n.Bool("keepdim");
+  if (n.op == "argmax" || n.op == "argmin") {
+    if (n.Has("axis")) {
+      int64_t a = n.Int("axis");
+      axes = {a < 0 ? a + in.Rank() : a};
+    } else {
+      for (int64_t i = 0; i < in.Rank(); ++i) axes.push_back(i);
+    }
+  } else {
+    axes = *ir::NormalizeAxes(n.Ints("axes"), in.Rank(), true);
+  }
+  Expr e;
+  e.kind = Expr::Kind::kReduce;
+  e.op = n.op;
+  e.dtype = n.type.dtype;
+  std::vector<Affine> in_idx(in.Rank());
+  size_t k = 0;
+  bool flat_arg = (n.op == "argmax" || n.op == "argmin") && !n.Has("axis");
+  for (int64_t i = 0; i < in.Rank(); ++i) {
+    if (std::binary_search(axes.begin(), axes.end(), i)) {
+      int rv = NewVar(in.shape[i]);
+      e.rvars.push_back(rv);
+      in_idx[i] = Affine::Var(rv);
+      if (keep && !flat_arg) ++k;
+    } else {
+      in_idx[i] = index[k++];
+    }
+  }
+  // Where does the consuming kernel evaluate this reduction? At the innermost enclosing loop
+  // it depends on; every loop outside that point multiplies its evaluations.
+  size_t outer = scope_.size();
+  for (int rv : e.rvars) scope_.push_back(rv);
+  ExprPtr body = Lower(n.inputs[0], in_idx);
+  scope_.resize(outer);
+  if (n.op == "sum" || n.op == "prod") body = MakeCast(body, n.type.dtype);
+  if (n.op == "any" || n.op == "all") body = MakeCast(body, DType::kBool);
+  e.args = {body};
+  ExprPtr r = Make(std::move(e));
+  std::vector<int> free = r->FreeVars();
+  int64_t evaluations = 1;
+  int deepest = -1;
+  for (size_t i = 0; i < scope_.size(); ++i)
+    if (std::count(free.begin(), free.end(), scope_[i])) deepest = static_cast<int>(i);
+  for (int i = 0; i <= deepest; ++i) evaluations *= std::max<int64_t>(extents_[scope_[i]], 1);
+  inlined_.push_back({v, evaluations, std::max<int64_t>(n.type.NumElements(), 1)});
+  return r;
+}
+
+}  // namespace kiln::lower

@@ -1,0 +1,70 @@
+// Lowering: a graph value at an index -> an element expression (lower/expr.h).
+//
+// Values that are materialized (graph inputs, and whatever the scheduler decided to store)
+// become loads; everything else is inlined: pointwise ops nest, views become index arithmetic,
+// reductions become kReduce nodes with fresh loop variables. Each inlined reduction is
+// reported with the number of times the consuming kernel would evaluate it, so the scheduler
+// can refuse to inline one that would be recomputed.
+// Thread-safety: a Lowerer is used by one thread; the graph it reads must outlive it.
+#pragma once
+
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/ir/graph.h"
+#include "kernels/lower/expr.h"
+
+namespace kiln::lower {
+
+struct InlinedReduction {
+  ir::ValueId value;
+  int64_t evaluations;  // times the kernel evaluates it (product of enclosing loop extents)
+  int64_t elements;     // distinct elements of the reduction's result
+};
+
+class Lowerer {
+ public:
+  // `buffer_of[v]` is the buffer holding value v, or -1 when v is inlined.
+  // `const_buffer_of[v]` is the buffer of a non-scalar constant node, or -1.
+  // Both must outlive the Lowerer.
+  Lowerer(const ir::Graph& graph, const std::vector<int>& buffer_of,
+          const std::vector<int>& const_buffer_of);
+
+  // Starts a kernel over `domain`: loop variables 0..rank-1 are its output indices.
+  std::vector<Affine> BeginKernel(const ir::Shape& domain);
+
+  // The element of `v` at `index` (one Affine per dimension of v). `root` values are lowered
+  // from their definition even when materialized (the kernel that stores them).
+  ExprPtr Lower(ir::ValueId v, const std::vector<Affine>& index, bool root = false);
+
+  const VarExtents& extents() const { return extents_; }
+  const std::vector<InlinedReduction>& inlined() const { return inlined_; }
+  // Values whose definitions this kernel inlined (for the fusion report).
+  const std::vector<ir::ValueId>& fused_values() const { return fused_; }
+
+ private:
+  ExprPtr LowerNode(ir::ValueId v, const std::vector<Affine>& index);
+  ExprPtr LowerReduction(ir::ValueId v, const std::vector<Affine>& index);
+  std::vector<Affine> BroadcastIndex(const std::vector<Affine>& index, const ir::Shape& out,
+                                     const ir::Shape& in) const;
+  std::vector<Affine> ReshapeIndex(const std::vector<Affine>& index, const ir::Shape& out,
+                                   const ir::Shape& in) const;
+  int NewVar(int64_t extent);
+
+  const ir::Graph& graph_;
+  const std::vector<int>& buffer_of_;
+  const std::vector<int>& const_buffer_of_;
+  VarExtents extents_;
+  std::vector<int> scope_;  // loop variables enclosing the point being lowered, outermost first
+  std::map<std::pair<ir::ValueId, std::vector<Affine>>, ExprPtr> memo_;
+  std::vector<InlinedReduction> inlined_;
+  std::vector<ir::ValueId> fused_;
+};
+
+// Helpers shared with the scheduler and backends.
+ExprPtr MakeConst(ir::DType t, double v);
+ExprPtr MakeCast(ExprPtr e, ir::DType t);
+std::vector<int64_t> ContiguousStrides(const ir::Shape& shape);
+
+}  // namespace kiln::lower

@@ -1,0 +1,128 @@
+// The compiler pipeline: the one place that knows the order of the stages.
+//
+//   Decompose        composites -> primitives; first, so every later pass sees primitives only
+//   FoldConstants    scalar arithmetic on constants (decompositions make some)
+//   Simplify         identities (x*1, cast round trips...), after folding made the constants
+//   CSE              after Simplify, which can make distinct nodes identical
+//   DCE              last: drops what the passes above left unused
+//   Schedule         lowering + fusion + buffer plan (backend-neutral)
+//   Codegen          per backend: CPU C++ or CUDA C++
+//   Toolchain        per backend: host compiler -> .so, NVRTC -> cubin
+#include "kernels/pipeline.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/codegen/cpu/cpu_codegen.h"
+#include "kernels/codegen/plan.h"
+#include "kernels/ir/op_registry.h"
+#include "kernels/key/key.h"
+#include "kernels/passes/passes.h"
+#include "kernels/schedule/policy.h"
+#include "kernels/schedule/schedule.h"
+#include "kernels/toolchain/host_compiler.h"
+#include "kernels/util/status_macros.h"
+
+namespace kiln {
+namespace {
+
+double MsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+struct Pipeline::Impl {
+  PipelineConfig config;
+  std::unique_ptr<toolchain::HostCompiler> host;
+  std::string cpu_header_digest;
+};
+
+Pipeline::Pipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Pipeline::~Pipeline() = default;
+
+absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& config) {
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  KILN_ASSIGN_OR_RETURN(impl->host, toolchain::HostCompiler::Create(config.host_compiler, config.compile_timeout_s));
+  impl->cpu_header_digest = key::Sha256Hex(codegen::CpuRuntimeHeader());
+  return std::unique_ptr<Pipeline>(new Pipeline(std::move(impl)));
+}
+
+absl::Status Pipeline::CheckTarget(const Target& target) const {
+  if (target.is_cuda()) return absl::FailedPreconditionError("the CUDA backend is not available in this build");
+  return absl::OkStatus();
+}
+
+std::string Pipeline::Fingerprint(const Target& target) const {
+  std::string common = absl::StrCat("fusion_policy=", schedule::kFusionPolicyVersion);
+  if (target.is_cpu())
+    return absl::StrCat(common, ";cpu_codegen=", codegen::kCpuCodegenVersion, ";abi=", codegen::kCpuAbiVersion,
+                        ";runtime=", impl_->cpu_header_digest.substr(0, 16), ";cc=",
+                        impl_->host->Fingerprint(target, CompileOptions{}));
+  return common;
+}
+
+namespace {
+
+absl::StatusOr<ir::Graph> RunPasses(const ir::Graph& graph, bool trace) {
+  ir::Graph g = graph;
+  struct Stage {
+    const char* name;
+    absl::StatusOr<ir::Graph> (*fn)(const ir::Graph&);
+  };
+  static const Stage kStages[] = {
+      {"decompose", passes::Decompose},
+      {"fold_constants", passes::FoldConstants},
+      {"simplify", passes::Simplify},
+      {"cse", passes::EliminateCommonSubexpressions},
+      {"dce", passes::EliminateDeadCode},
+  };
+  for (const Stage& s : kStages) {
+    KILN_ASSIGN_OR_RETURN(g, s.fn(g));
+#ifndef NDEBUG
+    KILN_RETURN_IF_ERROR(ir::VerifyAndInfer(g));  // re-verify between stages in debug builds
+#endif
+    if (trace) fprintf(stderr, "=== after %s\n%s", s.name, g.ToString().c_str());
+  }
+  return g;
+}
+
+}  // namespace
+
+absl::StatusOr<Pipeline::Generated> Pipeline::Generate(const ir::Graph& graph, const Target& target,
+                                                       const CompileOptions& options) const {
+  KILN_RETURN_IF_ERROR(CheckTarget(target));
+  KILN_ASSIGN_OR_RETURN(ir::Graph g, RunPasses(graph, impl_->config.trace));
+  KILN_ASSIGN_OR_RETURN(schedule::Program program, schedule::Schedule(g));
+  Generated out;
+  out.fusion_report = program.report;
+  out.num_kernels = static_cast<int>(program.kernels.size());
+  out.num_nodes = static_cast<int>(g.nodes.size());
+  out.source = codegen::GenerateCpu(program, options);
+  out.plan = codegen::MakePlan(program, codegen::kCpuAbiVersion);
+  return out;
+}
+
+absl::StatusOr<CompileResult> Pipeline::Compile(const ir::Graph& graph, const Target& target,
+                                                const CompileOptions& options) const {
+  auto t0 = std::chrono::steady_clock::now();
+  KILN_ASSIGN_OR_RETURN(Generated gen, Generate(graph, target, options));
+  CompileResult r;
+  r.stats.frontend_ms = MsSince(t0);
+  auto built = impl_->host->Build(gen.source, {{"kiln_cpu.h", codegen::CpuRuntimeHeader()}}, target, options);
+  if (!built.ok()) return built.status();
+  r.stats.toolchain_ms = built->ms;
+  r.log = built->log;
+  r.artifacts.push_back({ArtifactKind::kSharedObject, std::move(built->binary)});
+  r.artifacts.push_back({ArtifactKind::kSource, std::move(gen.source)});
+  r.artifacts.push_back({ArtifactKind::kFusionReport, std::move(gen.fusion_report)});
+  r.plan = std::move(gen.plan);
+  r.stats.num_kernels = gen.num_kernels;
+  r.stats.num_nodes_in = static_cast<int32_t>(graph.nodes.size());
+  r.stats.num_nodes_lowered = gen.num_nodes;
+  r.stats.total_ms = MsSince(t0);
+  return r;
+}
+
+}  // namespace kiln

@@ -1,0 +1,254 @@
+#include "kernels/schedule/schedule.h"
+
+#include <algorithm>
+#include <functional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/ir/op_registry.h"
+#include "kernels/lower/lower.h"
+#include "kernels/schedule/legality.h"
+#include "kernels/schedule/policy.h"
+#include "kernels/util/status_macros.h"
+
+namespace kiln::schedule {
+namespace {
+
+constexpr int64_t kAlign = 64;
+
+int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+void CollectLoads(const lower::ExprPtr& root, std::vector<int>* out) {
+  std::set<const lower::Expr*> seen;
+  std::function<void(const lower::Expr*)> walk = [&](const lower::Expr* e) {
+    if (!seen.insert(e).second) return;
+    if (e->kind == lower::Expr::Kind::kLoad) out->push_back(e->buffer);
+    for (const auto& c : e->args) walk(c.get());
+  };
+  walk(root.get());
+}
+
+Buffer MakeBuffer(Buffer::Role role, int index, ir::DType dtype, const ir::Shape& shape,
+                  std::vector<int64_t> strides) {
+  Buffer b;
+  b.role = role;
+  b.index = index;
+  b.dtype = dtype;
+  b.shape = shape;
+  b.strides = std::move(strides);
+  return b;
+}
+
+std::string ShapeStr(const ir::Shape& s) { return absl::StrCat("[", absl::StrJoin(s, ","), "]"); }
+
+class Scheduler {
+ public:
+  explicit Scheduler(const ir::Graph& g) : g_(g) {}
+
+  absl::StatusOr<Program> Run() {
+    KILN_RETURN_IF_ERROR(CheckLowerable(g_));
+    for (ir::ValueId v : g_.outputs)
+      if (!g_.IsInput(v)) materialized_.insert(v);
+    // Stores a reduction whenever inlining it would recompute it, then lowers again: each
+    // round only adds values, so this ends after at most one round per reduction.
+    for (;;) {
+      Program p;
+      std::vector<std::pair<ir::ValueId, std::string>> refusals;
+      Build(&p, &refusals);
+      if (refusals.empty()) {
+        Report(&p);
+        return p;
+      }
+      for (auto& [v, why] : refusals) {
+        materialized_.insert(v);
+        why_stored_[v] = why;
+      }
+    }
+  }
+
+ private:
+  void Build(Program* p, std::vector<std::pair<ir::ValueId, std::string>>* refusals) {
+    buffer_of_.assign(g_.num_values(), -1);
+    const_buffer_of_.assign(g_.num_values(), -1);
+    out_buffers_.assign(g_.num_values(), {});
+    p->num_inputs = g_.num_inputs();
+    p->num_outputs = static_cast<int>(g_.outputs.size());
+    for (int i = 0; i < g_.num_inputs(); ++i) {
+      const ir::TensorType& t = g_.inputs[i];
+      Buffer b = MakeBuffer(Buffer::Role::kInput, i, t.dtype, t.shape,
+               t.strides.empty() ? lower::ContiguousStrides(t.shape) : t.strides);
+      buffer_of_[i] = AddBuffer(p, std::move(b));
+    }
+    for (size_t j = 0; j < g_.outputs.size(); ++j) {
+      const ir::TensorType& t = g_.TypeOf(g_.outputs[j]);
+      Buffer b = MakeBuffer(Buffer::Role::kOutput, static_cast<int>(j), t.dtype, t.shape, lower::ContiguousStrides(t.shape));
+      out_buffers_[g_.outputs[j]].push_back(AddBuffer(p, std::move(b)));
+    }
+    int temps = 0, consts = 0;
+    for (int k = 0; k < static_cast<int>(g_.nodes.size()); ++k) {
+      ir::ValueId v = g_.num_inputs() + k;
+      const ir::Node& n = g_.nodes[k];
+      if (n.op == "constant" && n.Tensor("value")->NumElements() > 1) {
+        Buffer b = MakeBuffer(Buffer::Role::kConst, consts++, n.type.dtype, n.type.shape, lower::ContiguousStrides(n.type.shape));
+        b.value = *n.Tensor("value");
+        const_buffer_of_[v] = AddBuffer(p, std::move(b));
+      }
+      if (!materialized_.count(v)) continue;
+      if (!out_buffers_[v].empty()) {
+        buffer_of_[v] = out_buffers_[v][0];
+      } else {
+        Buffer b = MakeBuffer(Buffer::Role::kTemp, temps++, n.type.dtype, n.type.shape, lower::ContiguousStrides(n.type.shape));
+        buffer_of_[v] = AddBuffer(p, std::move(b));
+        out_buffers_[v].push_back(buffer_of_[v]);
+      }
+    }
+    // Outputs that are graph inputs are copies: they get a kernel of their own too.
+    std::vector<ir::ValueId> stored(materialized_.begin(), materialized_.end());
+    for (ir::ValueId v : g_.outputs)
+      if (g_.IsInput(v) && std::find(stored.begin(), stored.end(), v) == stored.end()) stored.push_back(v);
+    std::sort(stored.begin(), stored.end());
+
+    lower::Lowerer lw(g_, buffer_of_, const_buffer_of_);
+    Kernel* cur = nullptr;
+    std::vector<int> cur_buffers;
+    std::vector<lower::Affine> idx;
+    for (ir::ValueId v : stored) {
+      const ir::Shape& shape = g_.TypeOf(v).shape;
+      bool joined = false;
+      if (cur && cur->domain == shape) {
+        // Try this value in the open kernel (same domain): legal when it reads none of the
+        // kernel's own stores.
+        size_t mark = cur->outputs.size();
+        lower::ExprPtr e = lw.Lower(v, idx, /*root=*/true);
+        std::vector<int> loads;
+        CollectLoads(e, &loads);
+        if (CanJoinKernel(loads, cur_buffers)) {
+          AddOutputs(cur, v, e, &cur_buffers);
+          joined = true;
+        } else {
+          cur->outputs.resize(mark);
+          split_reason_[v] = absl::StrCat("reads ", Describe(v, loads, cur_buffers), " stored by the same-domain kernel before it");
+        }
+      } else if (cur) {
+        split_reason_[v] = absl::StrCat("iteration domain ", ShapeStr(shape), " differs from the previous kernel's ", ShapeStr(cur->domain));
+      }
+      if (!joined) {
+        if (cur) Finish(cur, lw, refusals);
+        p->kernels.emplace_back();
+        cur = &p->kernels.back();
+        cur->name = absl::StrCat("k", p->kernels.size() - 1);
+        cur->domain = shape;
+        cur_buffers.clear();
+        idx = lw.BeginKernel(shape);
+        lower::ExprPtr e = lw.Lower(v, idx, /*root=*/true);
+        AddOutputs(cur, v, e, &cur_buffers);
+      }
+    }
+    if (cur) Finish(cur, lw, refusals);
+    PlanWorkspace(p);
+  }
+
+  std::string Describe(ir::ValueId, const std::vector<int>& loads, const std::vector<int>& kernel_buffers) {
+    for (int b : loads)
+      for (ir::ValueId u = 0; u < g_.num_values(); ++u)
+        if (buffer_of_[u] == b && std::count(kernel_buffers.begin(), kernel_buffers.end(), b)) return g_.Describe(u);
+    return "a value";
+  }
+
+  void AddOutputs(Kernel* k, ir::ValueId v, const lower::ExprPtr& e, std::vector<int>* bufs) {
+    for (int b : out_buffers_[v]) {
+      k->outputs.push_back({b, e, v});
+      bufs->push_back(b);
+    }
+  }
+
+  void Finish(Kernel* k, const lower::Lowerer& lw, std::vector<std::pair<ir::ValueId, std::string>>* refusals) {
+    k->extents = lw.extents();
+    for (ir::ValueId v : lw.fused_values()) k->fused_values.push_back(v);
+    std::sort(k->fused_values.begin(), k->fused_values.end());
+    for (const lower::InlinedReduction& r : lw.inlined()) {
+      std::string why;
+      if (!ShouldInlineReduction(r.evaluations, r.elements, &why) && !materialized_.count(r.value))
+        refusals->push_back({r.value, why});
+    }
+  }
+
+  int AddBuffer(Program* p, Buffer b) {
+    int64_t n = 1;
+    for (int64_t d : b.shape) n *= d;
+    b.bytes = n * ir::DTypeSize(b.dtype);
+    p->buffers.push_back(std::move(b));
+    return static_cast<int>(p->buffers.size()) - 1;
+  }
+
+  // Temps live from the kernel that stores them to the last kernel that reads them; first-fit
+  // placement in the workspace reuses the bytes of temps that are dead by then.
+  void PlanWorkspace(Program* p) {
+    int nb = static_cast<int>(p->buffers.size());
+    std::vector<int> first(nb, -1), last(nb, -1);
+    for (int k = 0; k < static_cast<int>(p->kernels.size()); ++k) {
+      for (const KernelOutput& o : p->kernels[k].outputs) {
+        if (first[o.buffer] < 0) first[o.buffer] = k;
+        last[o.buffer] = std::max(last[o.buffer], k);
+        std::vector<int> loads;
+        CollectLoads(o.value, &loads);
+        for (int b : loads) last[b] = std::max(last[b], k);
+      }
+    }
+    struct Placed { int64_t off, end; int first, last; };
+    std::vector<Placed> placed;
+    int64_t total = 0;
+    for (int b = 0; b < nb; ++b) {
+      Buffer& buf = p->buffers[b];
+      if (buf.role != Buffer::Role::kTemp) continue;
+      int64_t size = AlignUp(std::max<int64_t>(buf.bytes, 1));
+      std::vector<std::pair<int64_t, int64_t>> busy;
+      for (const Placed& q : placed)
+        if (!(q.last < first[b] || last[b] < q.first)) busy.push_back({q.off, q.end});
+      std::sort(busy.begin(), busy.end());
+      int64_t off = 0;
+      for (auto [lo, hi] : busy) {
+        if (off + size <= lo) break;
+        off = std::max(off, hi);
+      }
+      buf.offset = off;
+      placed.push_back({off, off + size, first[b], last[b]});
+      total = std::max(total, off + size);
+    }
+    p->workspace_bytes = total;
+  }
+
+  void Report(Program* p) {
+    std::string r;
+    for (const Kernel& k : p->kernels) {
+      absl::StrAppend(&r, "kernel ", k.name, " domain ", ShapeStr(k.domain), " stores");
+      for (const KernelOutput& o : k.outputs) {
+        const Buffer& b = p->buffers[o.buffer];
+        absl::StrAppend(&r, " ", b.role == Buffer::Role::kOutput ? "out" : "tmp", b.index, "=%", o.graph_value);
+      }
+      absl::StrAppend(&r, "\n  fuses:");
+      for (ir::ValueId v : k.fused_values) absl::StrAppend(&r, " %", v, ":", g_.NodeOf(v).op);
+      absl::StrAppend(&r, "\n");
+    }
+    for (const auto& [v, why] : why_stored_)
+      absl::StrAppend(&r, "not fused: ", g_.Describe(v), " stored to a buffer: ", why, "\n");
+    for (const auto& [v, why] : split_reason_)
+      if (materialized_.count(v) || g_.IsInput(v))
+        absl::StrAppend(&r, "new kernel for ", g_.Describe(v), ": ", why, "\n");
+    p->report = r;
+  }
+
+  const ir::Graph& g_;
+  std::set<ir::ValueId> materialized_;
+  std::map<ir::ValueId, std::string> why_stored_;
+  std::map<ir::ValueId, std::string> split_reason_;
+  std::vector<int> buffer_of_, const_buffer_of_;
+  std::vector<std::vector<int>> out_buffers_;
+};
+
+}  // namespace
+
+absl::StatusOr<Program> Schedule(const ir::Graph& graph) { return Scheduler(graph).Run(); }
+
+}  // namespace kiln::schedule

@@ -1,0 +1,79 @@
+// What a compile is for (target) and how (options), and what it gives back (result).
+// Plain value types shared by the compiler stages and the server; no gRPC or protobuf here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/ir/dtype.h"
+
+namespace kiln {
+
+struct Target {
+  enum class Kind { kCpu, kCuda };
+  Kind kind = Kind::kCpu;
+  std::string isa = "x86-64-v3";      // CPU: an ISA level, or "" when features are given
+  std::vector<std::string> features;  // CPU: the client's feature list, sorted
+  int sm = 0;                         // CUDA: e.g. 80, 90
+
+  bool is_cpu() const { return kind == Kind::kCpu; }
+  bool is_cuda() const { return kind == Kind::kCuda; }
+  std::string ToString() const;  // "cpu:x86-64-v3", "cpu:+avx2+fma", "cuda:sm_90"
+};
+
+struct CompileOptions {
+  int opt_level = 3;
+  bool vector_math = true;
+  std::string ToString() const;
+};
+
+// Numbers match kiln.v1.ArtifactKind.
+enum class ArtifactKind { kSharedObject = 1, kCubin = 2, kPtx = 3, kSource = 4, kFusionReport = 5 };
+
+struct Artifact {
+  ArtifactKind kind;
+  std::string bytes;
+};
+
+// The launch plan: see kernels/codegen/PLAN.md for the format.
+enum class BufferRole { kInput = 1, kOutput = 2, kTemp = 3 };
+struct PlanBuffer {
+  BufferRole role;
+  int32_t index = 0;  // input/output position, or temp number
+  ir::DType dtype;
+  std::vector<int64_t> shape;
+  int64_t bytes = 0;
+  int64_t offset = 0;  // temps: offset in the workspace
+};
+struct PlanStep {
+  std::string kernel;
+  uint32_t grid[3] = {1, 1, 1};
+  uint32_t block[3] = {1, 1, 1};
+  uint32_t shared_bytes = 0;
+  std::vector<int32_t> args;  // indices into buffers
+};
+struct LaunchPlan {
+  std::vector<PlanBuffer> buffers;
+  std::vector<PlanStep> steps;
+  int64_t workspace_bytes = 0;
+  uint32_t abi_version = 1;
+};
+
+struct CompileStats {
+  int32_t num_kernels = 0;
+  int32_t num_nodes_in = 0;
+  int32_t num_nodes_lowered = 0;
+  double frontend_ms = 0;
+  double toolchain_ms = 0;
+  double total_ms = 0;
+};
+
+struct CompileResult {
+  std::vector<Artifact> artifacts;  // the binary first, then source and fusion report
+  LaunchPlan plan;
+  std::string log;  // compiler output, if any
+  CompileStats stats;
+};
+
+}  // namespace kiln

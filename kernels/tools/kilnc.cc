@@ -1,0 +1,101 @@
+// kilnc: the compiler alone, without the daemon. Reads a graph (kiln.v1.Graph as protobuf
+// text `.txtpb`/`.pbtxt`, JSON `.json` or binary `.pb`), compiles it for a target and writes
+// the artifacts to a folder: kernel.so or kernel.cubin, kernel.cc/.cu, report.txt, plan.txtpb.
+//
+//   kilnc GRAPH [--target cpu:x86-64-v3|cuda:sm_90] [--out DIR] [--source-only] [--trace]
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "kernels/ir/decode.h"
+#include "kernels/key/key.h"
+#include "kernels/pipeline.h"
+
+namespace {
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "kilnc: %s\n", msg.c_str());
+  return 1;
+}
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string graph_path, target_text = "cpu:x86-64-v3", out_dir = ".";
+  bool source_only = false, trace = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--target" && i + 1 < argc) target_text = argv[++i];
+    else if (a == "--out" && i + 1 < argc) out_dir = argv[++i];
+    else if (a == "--source-only") source_only = true;
+    else if (a == "--trace") trace = true;
+    else if (a == "--help" || a == "-h") {
+      std::printf("usage: kilnc GRAPH [--target cpu:ISA|cuda:sm_NN] [--out DIR] [--source-only] [--trace]\n");
+      return 0;
+    } else graph_path = a;
+  }
+  if (graph_path.empty()) return Fail("no graph file given (see --help)");
+  std::ifstream f(graph_path, std::ios::binary);
+  if (!f) return Fail("cannot read " + graph_path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  kiln::v1::Graph wire;
+  bool parsed = EndsWith(graph_path, ".json")
+                    ? google::protobuf::util::JsonStringToMessage(ss.str(), &wire).ok()
+                : EndsWith(graph_path, ".pb") ? wire.ParseFromString(ss.str())
+                                              : google::protobuf::TextFormat::ParseFromString(ss.str(), &wire);
+  if (!parsed) return Fail("cannot parse " + graph_path);
+
+  kiln::v1::Target wt;
+  if (target_text.rfind("cuda:sm_", 0) == 0) wt.mutable_cuda()->set_sm(std::atoi(target_text.c_str() + 8));
+  else if (target_text.rfind("cpu:", 0) == 0) wt.mutable_cpu()->set_isa(target_text.substr(4));
+  else return Fail("bad --target " + target_text);
+
+  auto graph = kiln::ir::DecodeGraph(wire);
+  if (!graph.ok()) return Fail(std::string(graph.status().message()));
+  auto target = kiln::ir::DecodeTarget(wt);
+  if (!target.ok()) return Fail(std::string(target.status().message()));
+  kiln::PipelineConfig config;
+  config.trace = trace;
+  auto pipeline = kiln::Pipeline::Create(config);
+  if (!pipeline.ok()) return Fail(std::string(pipeline.status().message()));
+  std::filesystem::create_directories(out_dir);
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream o(out_dir + "/" + name, std::ios::binary);
+    o.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  };
+  bool cuda = target->is_cuda();
+  if (source_only) {
+    auto gen = (*pipeline)->Generate(*graph, *target, kiln::CompileOptions{});
+    if (!gen.ok()) return Fail(std::string(gen.status().message()));
+    write(cuda ? "kernel.cu" : "kernel.cc", gen->source);
+    write("report.txt", gen->fusion_report);
+    std::printf("%d kernel(s)\n", gen->num_kernels);
+    return 0;
+  }
+  auto r = (*pipeline)->Compile(*graph, *target, kiln::CompileOptions{});
+  if (!r.ok()) return Fail(std::string(r.status().message()));
+  for (const kiln::Artifact& a : r->artifacts) {
+    switch (a.kind) {
+      case kiln::ArtifactKind::kSharedObject: write("kernel.so", a.bytes); break;
+      case kiln::ArtifactKind::kCubin: write("kernel.cubin", a.bytes); break;
+      case kiln::ArtifactKind::kPtx: write("kernel.ptx", a.bytes); break;
+      case kiln::ArtifactKind::kSource: write(cuda ? "kernel.cu" : "kernel.cc", a.bytes); break;
+      case kiln::ArtifactKind::kFusionReport: write("report.txt", a.bytes); break;
+    }
+  }
+  auto key = kiln::key::ComputeKey(*graph, *target, kiln::CompileOptions{}, (*pipeline)->Fingerprint(*target));
+  write("key.txt", key.DebugString());
+  std::printf("%d kernel(s), frontend %.1f ms, toolchain %.1f ms, key %s\n", r->stats.num_kernels,
+              r->stats.frontend_ms, r->stats.toolchain_ms, key.digest.c_str());
+  return 0;
+}

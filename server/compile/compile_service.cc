@@ -1,0 +1,432 @@
+#include "server/compile/compile_service.h"
+
+#include <algorithm>
+#include <exception>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "kernels/ir/decode.h"
+#include "kernels/util/status_macros.h"
+#include "server/compile/result_convert.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln::compile {
+
+struct CompileService::Prepared {
+  ir::Graph graph;
+  Target target;
+  CompileOptions options;
+  key::ActionKey key;
+};
+
+// One caller waiting for a job. Fired exactly once, by whichever comes first: the job's end,
+// the caller's deadline, or shutdown.
+struct CompileService::Waiter {
+  explicit Waiter(CompileCallback cb) : done(std::move(cb)) {}
+  void Fire(CompileReply reply) {
+    if (fired.exchange(true, std::memory_order_acq_rel)) return;
+    done(std::move(reply));
+    done = nullptr;  // release what the callback holds as soon as it has run
+  }
+
+  CompileCallback done;
+  std::atomic<bool> fired{false};
+  bool joined = false;  // set before the waiter is shared
+};
+
+// A compile in flight, shared by every request for its key.
+struct CompileService::Job {
+  Prepared prepared;
+  // Guarded by the service's jobs_mu_.
+  Priority priority = Priority::kInteractive;
+  bool started = false;
+  std::vector<std::shared_ptr<Waiter>> waiters;
+};
+
+namespace {
+
+// Failures worth replaying: the compiler broke on this exact input, and trying again within
+// seconds would break the same way. Client mistakes, missing toolchains and overload are not
+// remembered: the next request may well succeed.
+bool IsCacheableFailure(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kDeadlineExceeded:  // the toolchain's own timeout
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool IsHexKey(const std::string& s) {
+  if (s.size() != 64) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f');
+  });
+}
+
+std::string KeyPrefix(const std::string& key) { return key.substr(0, 12); }
+
+int ResolveWorkers(int workers) {
+  if (workers > 0) return workers;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+}  // namespace
+
+Priority PriorityFromWire(v1::Priority priority) {
+  return priority == v1::PREWARM ? Priority::kPrewarm : Priority::kInteractive;
+}
+
+CompileService::CompileService(Compiler* compiler, store::ArtifactStore* store,
+                               const CompileServiceOptions& options)
+    : compiler_(compiler),
+      store_(store),
+      options_(options),
+      started_(absl::Now()),
+      memory_(options.memory_cache_entries, options.memory_cache_ttl),
+      failures_(options.negative_ttl),
+      pool_(ResolveWorkers(options.workers), std::max<int64_t>(1, options.queue_size)) {}
+
+CompileService::~CompileService() { Shutdown(absl::Now()); }
+
+CompileService::TargetInfo CompileService::InfoFor(const Target& target) {
+  const std::string name = target.ToString();
+  {
+    absl::MutexLock lock(&targets_mu_);
+    auto it = targets_.find(name);
+    if (it != targets_.end()) return it->second;
+  }
+  // Computed outside the lock: a fingerprint may run the host compiler once.
+  TargetInfo info;
+  info.check = compiler_->CheckTarget(target);
+  if (info.check.ok()) info.fingerprint = compiler_->Fingerprint(target);
+  absl::MutexLock lock(&targets_mu_);
+  return targets_.emplace(name, std::move(info)).first->second;
+}
+
+absl::StatusOr<CompileService::Prepared> CompileService::Prepare(
+    const v1::Graph& graph, const v1::Target& target, const v1::CompileOptions& options) {
+  Prepared p;
+  KILN_ASSIGN_OR_RETURN(p.graph, ir::DecodeGraph(graph, options_.limits));
+  KILN_ASSIGN_OR_RETURN(p.target, ir::DecodeTarget(target));
+  p.options = ir::DecodeOptions(options);
+  TargetInfo info = InfoFor(p.target);
+  KILN_RETURN_IF_ERROR(info.check);
+  p.key = key::ComputeKey(p.graph, p.target, p.options, info.fingerprint);
+  return p;
+}
+
+absl::StatusOr<std::shared_ptr<const v1::ActionResult>> CompileService::LookupCached(
+    const std::string& key, absl::Time now) {
+  if (auto hit = memory_.Get(key, now)) return hit;
+  KILN_ASSIGN_OR_RETURN(std::optional<v1::ActionResult> stored, store_->GetResult(key));
+  if (!stored.has_value()) return nullptr;
+  auto shared = std::make_shared<const v1::ActionResult>(*std::move(stored));
+  memory_.Put(key, shared, now);
+  return shared;
+}
+
+void CompileService::Compile(const v1::CompileRequest& request, Priority priority,
+                             absl::Time deadline, CompileCallback done) {
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  absl::StatusOr<Prepared> prepared =
+      Prepare(request.graph(), request.target(), request.options());
+  if (!prepared.ok()) {
+    invalid_.fetch_add(1, std::memory_order_relaxed);
+    CompileReply reply;
+    reply.status = prepared.status();
+    done(std::move(reply));
+    return;
+  }
+  const absl::Time now = absl::Now();
+  const std::string& key = prepared->key.digest;
+
+  absl::StatusOr<std::shared_ptr<const v1::ActionResult>> cached = LookupCached(key, now);
+  if (!cached.ok()) {
+    // A store that cannot be read should not stop compiles: treat it as a miss.
+    spdlog::warn("store lookup failed for {}: {}", KeyPrefix(key), cached.status().ToString());
+  } else if (*cached != nullptr) {
+    cache_hits_.fetch_add(1, std::memory_order_relaxed);
+    CompileReply reply;
+    reply.handle = key;
+    reply.result = *std::move(cached);
+    reply.cache_hit = true;
+    done(std::move(reply));
+    return;
+  }
+
+  if (absl::Status failed = failures_.Get(key, now); !failed.ok()) {
+    negative_hits_.fetch_add(1, std::memory_order_relaxed);
+    CompileReply reply;
+    reply.status = std::move(failed);
+    reply.handle = key;
+    reply.negative_hit = true;
+    done(std::move(reply));
+    return;
+  }
+
+  if (deadline <= now) {
+    CompileReply reply;
+    reply.status = absl::DeadlineExceededError(
+        absl::StrCat("deadline passed before the compile of ", KeyPrefix(key), " could start"));
+    reply.handle = key;
+    done(std::move(reply));
+    return;
+  }
+
+  StartOrJoin(*std::move(prepared), priority, deadline,
+              std::make_shared<Waiter>(std::move(done)));
+}
+
+void CompileService::StartOrJoin(Prepared prepared, Priority priority, absl::Time deadline,
+                                 std::shared_ptr<Waiter> waiter) {
+  const std::string key = prepared.key.digest;
+  absl::Status rejected;
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    if (!accepting_) {
+      rejected = absl::UnavailableError("kilnd is shutting down; no new compiles are accepted");
+    } else if (auto it = jobs_.find(key); it != jobs_.end()) {
+      Job& job = *it->second;
+      joined_.fetch_add(1, std::memory_order_relaxed);
+      waiter->joined = true;
+      job.waiters.push_back(waiter);
+      // An interactive caller must not wait behind the prewarm backlog its job sits in: queue
+      // a second runner at interactive priority; whichever runner starts first compiles.
+      if (priority == Priority::kInteractive && job.priority == Priority::kPrewarm &&
+          !job.started) {
+        job.priority = Priority::kInteractive;
+        std::shared_ptr<Job> shared = it->second;
+        pool_.Submit(Priority::kInteractive, [this, shared] { RunJob(shared); }).IgnoreError();
+      }
+    } else {
+      auto job = std::make_shared<Job>();
+      job->prepared = std::move(prepared);
+      job->priority = priority;
+      job->waiters.push_back(waiter);
+      // Submitted under jobs_mu_ so nobody can join a job that never made it into the queue.
+      rejected = pool_.Submit(priority, [this, job] { RunJob(job); });
+      if (rejected.ok()) jobs_.emplace(key, std::move(job));
+    }
+  }
+  if (!rejected.ok()) {
+    if (absl::IsResourceExhausted(rejected)) rejected_.fetch_add(1, std::memory_order_relaxed);
+    CompileReply reply;
+    reply.status = std::move(rejected);
+    reply.handle = key;
+    waiter->Fire(std::move(reply));
+    return;
+  }
+  if (deadline != absl::InfiniteFuture() && !waiter->fired.load(std::memory_order_acquire)) {
+    std::weak_ptr<Waiter> weak = waiter;
+    const absl::Time start = absl::Now();
+    timer_.Schedule(deadline, [weak, key, start] {
+      std::shared_ptr<Waiter> w = weak.lock();
+      if (w == nullptr) return;
+      CompileReply reply;
+      reply.status = absl::DeadlineExceededError(absl::StrCat(
+          "deadline exceeded after ", absl::FormatDuration(absl::Now() - start),
+          " waiting for the compile of ", KeyPrefix(key),
+          "; it goes on and its result will be cached"));
+      reply.handle = key;
+      reply.joined = w->joined;
+      w->Fire(std::move(reply));
+    });
+  }
+}
+
+void CompileService::RunJob(const std::shared_ptr<Job>& job) {
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    if (job->started) return;  // a promoted twin of this runner got there first
+    job->started = true;
+  }
+  FinishJob(job, CompileJob(*job));
+}
+
+CompileReply CompileService::CompileJob(const Job& job) {
+  const Prepared& p = job.prepared;
+  const std::string& key = p.key.digest;
+  CompileReply reply;
+  reply.handle = key;
+  const absl::Time now = absl::Now();
+
+  // The result may have landed since the request missed: a job for the same key finished in
+  // between, or another daemon sharing the store compiled it.
+  absl::StatusOr<std::shared_ptr<const v1::ActionResult>> cached = LookupCached(key, now);
+  if (cached.ok() && *cached != nullptr) {
+    reply.result = *std::move(cached);
+    reply.cache_hit = true;
+    return reply;
+  }
+
+  compiles_.fetch_add(1, std::memory_order_relaxed);
+  absl::StatusOr<CompileResult> compiled;
+  try {
+    compiled = compiler_->Compile(p.graph, p.target, p.options);
+  } catch (const std::exception& e) {
+    // A bug in the compiler: fail this request, keep the daemon up.
+    compiled = absl::InternalError(absl::StrCat("compiler threw: ", e.what()));
+  } catch (...) {
+    compiled = absl::InternalError("compiler threw an unknown exception");
+  }
+  if (!compiled.ok()) {
+    compile_failures_.fetch_add(1, std::memory_order_relaxed);
+    reply.status = compiled.status();
+    if (IsCacheableFailure(reply.status)) failures_.Put(key, reply.status, absl::Now());
+    return reply;
+  }
+
+  ConvertedResult converted = ToActionResult(*std::move(compiled), p.key, p.target);
+  if (absl::Status put = store_->PutResult(key, converted.result, converted.blobs); !put.ok()) {
+    // The artifacts could not be kept, so a client could not fetch them: say so.
+    spdlog::error("storing the result of {} failed: {}", KeyPrefix(key), put.ToString());
+    reply.status = absl::UnavailableError(
+        absl::StrCat("compiled, but the cache could not store the result: ", put.message()));
+    return reply;
+  }
+  auto shared = std::make_shared<const v1::ActionResult>(std::move(converted.result));
+  memory_.Put(key, shared, absl::Now());
+  reply.result = std::move(shared);
+  return reply;
+}
+
+void CompileService::FinishJob(const std::shared_ptr<Job>& job, const CompileReply& reply) {
+  std::vector<std::shared_ptr<Waiter>> waiters;
+  {
+    // The result is in the caches before the job leaves the registry, so a request arriving
+    // after this point hits instead of starting a second compile.
+    absl::MutexLock lock(&jobs_mu_);
+    auto it = jobs_.find(job->prepared.key.digest);
+    if (it != jobs_.end() && it->second == job) jobs_.erase(it);
+    waiters.swap(job->waiters);
+  }
+  for (const std::shared_ptr<Waiter>& w : waiters) {
+    CompileReply r = reply;
+    r.joined = w->joined;
+    w->Fire(std::move(r));
+  }
+}
+
+CompileReply CompileService::CompileAndWait(const v1::CompileRequest& request,
+                                            Priority priority, absl::Time deadline) {
+  struct Slot {
+    absl::Notification done;
+    CompileReply reply;
+  };
+  auto slot = std::make_shared<Slot>();
+  Compile(request, priority, deadline, [slot](CompileReply reply) {
+    slot->reply = std::move(reply);
+    slot->done.Notify();
+  });
+  slot->done.WaitForNotification();
+  return std::move(slot->reply);
+}
+
+CompileReply CompileService::Lookup(const v1::LookupRequest& request) {
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  CompileReply reply;
+  absl::StatusOr<Prepared> prepared =
+      Prepare(request.graph(), request.target(), request.options());
+  if (!prepared.ok()) {
+    invalid_.fetch_add(1, std::memory_order_relaxed);
+    reply.status = prepared.status();
+    return reply;
+  }
+  reply.handle = prepared->key.digest;
+  absl::StatusOr<std::shared_ptr<const v1::ActionResult>> cached =
+      LookupCached(reply.handle, absl::Now());
+  if (!cached.ok()) {
+    reply.status = cached.status();
+  } else if (*cached == nullptr) {
+    reply.status = absl::NotFoundError(
+        absl::StrCat("no cached result for key ", reply.handle));
+  } else {
+    cache_hits_.fetch_add(1, std::memory_order_relaxed);
+    reply.result = *std::move(cached);
+    reply.cache_hit = true;
+  }
+  return reply;
+}
+
+absl::StatusOr<std::shared_ptr<const v1::ActionResult>> CompileService::GetResult(
+    const std::string& handle) {
+  if (!IsHexKey(handle)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handle '", handle.substr(0, 80), "' is not a 64-digit lowercase hex key"));
+  }
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const v1::ActionResult> cached,
+                        LookupCached(handle, absl::Now()));
+  if (cached == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no cached result for handle ", handle));
+  }
+  return cached;
+}
+
+v1::GetStatsResponse CompileService::Stats() const {
+  v1::GetStatsResponse out;
+  const store::StoreStats s = store_->Stats();
+  v1::StoreStats* st = out.mutable_store();
+  st->set_hits(s.hits);
+  st->set_misses(s.misses);
+  st->set_bytes(s.bytes);
+  st->set_entries(s.entries);
+  st->set_evictions(s.evictions);
+  st->set_corruptions(s.corruptions);
+  st->set_capacity_bytes(s.capacity_bytes);
+  out.set_compiles(compiles_.load(std::memory_order_relaxed));
+  out.set_compile_failures(compile_failures_.load(std::memory_order_relaxed));
+  out.set_requests(requests_.load(std::memory_order_relaxed));
+  out.set_cache_hits(cache_hits_.load(std::memory_order_relaxed));
+  out.set_joined_in_flight(joined_.load(std::memory_order_relaxed));
+  out.set_negative_hits(negative_hits_.load(std::memory_order_relaxed));
+  out.set_rejected(rejected_.load(std::memory_order_relaxed));
+  out.set_queue_depth(pool_.queue_depth());
+  out.set_in_flight(pool_.running());
+  out.set_workers(pool_.workers());
+  out.set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
+  return out;
+}
+
+void CompileService::StopAccepting() {
+  absl::MutexLock lock(&jobs_mu_);
+  accepting_ = false;
+}
+
+void CompileService::Shutdown(absl::Time drain_deadline) {
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    accepting_ = false;
+  }
+  const int64_t dropped = pool_.Stop(drain_deadline);
+  if (dropped > 0) spdlog::warn("shutdown dropped {} queued compile jobs", dropped);
+  // Jobs left in the registry never ran; their callers must still hear back.
+  absl::flat_hash_map<std::string, std::shared_ptr<Job>> left;
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    left.swap(jobs_);
+  }
+  CompileReply reply;
+  reply.status = absl::UnavailableError("kilnd shut down before this compile could run");
+  for (auto& [key, job] : left) {
+    std::vector<std::shared_ptr<Waiter>> waiters;
+    {
+      absl::MutexLock lock(&jobs_mu_);
+      waiters.swap(job->waiters);
+    }
+    for (const auto& w : waiters) {
+      CompileReply r = reply;
+      r.handle = key;
+      w->Fire(std::move(r));
+    }
+  }
+}
+
+}  // namespace kiln::compile

@@ -1,0 +1,155 @@
+// CompileService: get-or-compile for kiln.v1 requests, independent of gRPC.
+//
+// One request goes: decode and validate (ir::DecodeGraph / DecodeTarget / DecodeOptions) ->
+// action key -> in-memory result cache -> store (RocksDB) -> failure cache -> single-flight
+// registry (identical keys in flight share one job) -> bounded two-priority worker pool ->
+// compile -> ActionResult -> store.PutResult -> every waiter answered.
+//
+// A hit is answered inline on the caller's thread (no hop to a worker: it must cost well under
+// a millisecond). A miss never compiles on the caller's thread: the callback runs later on a
+// worker thread, or on the deadline timer's thread when the caller's deadline passes first; the
+// job goes on regardless and its result is cached. Invalid input is answered at once and never
+// cached; compile failures are remembered for `negative_ttl` so retries do not recompile.
+//
+// Thread-safety: all public methods may be called concurrently. Callbacks may run on any
+// thread, exactly once each, and must not block for long.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kernels/ir/op_registry.h"
+#include "kernels/key/key.h"
+#include "kiln/v1/service.pb.h"
+#include "server/compile/compiler.h"
+#include "server/compile/deadline_timer.h"
+#include "server/compile/result_cache.h"
+#include "server/compile/worker_pool.h"
+#include "server/store/artifact_store.h"
+
+namespace kiln::compile {
+
+struct CompileServiceOptions {
+  int workers = 0;          // compile threads; 0: the number of cores
+  int64_t queue_size = 256;  // jobs waiting for a worker; beyond it: ResourceExhausted
+  absl::Duration negative_ttl = absl::Seconds(30);  // how long a compile failure is replayed
+  size_t memory_cache_entries = 4096;  // in-memory front of the store; 0 disables it
+  absl::Duration memory_cache_ttl = absl::Seconds(2);
+  ir::Limits limits;
+};
+
+// What a Compile / Lookup answers.
+struct CompileReply {
+  absl::Status status;
+  std::string handle;  // the action key; empty when the input was invalid
+  std::shared_ptr<const v1::ActionResult> result;  // set iff status.ok()
+  bool cache_hit = false;   // answered from the cache, not by a compile started for it
+  bool joined = false;      // waited on an identical job another request had started
+  bool negative_hit = false;  // answered from the failure cache
+};
+using CompileCallback = std::function<void(CompileReply)>;
+
+Priority PriorityFromWire(v1::Priority priority);
+
+class CompileService {
+ public:
+  // `compiler` and `store` must outlive the service.
+  CompileService(Compiler* compiler, store::ArtifactStore* store,
+                 const CompileServiceOptions& options);
+  ~CompileService();  // Shutdown(absl::Now()) unless already shut down.
+
+  CompileService(const CompileService&) = delete;
+  CompileService& operator=(const CompileService&) = delete;
+
+  // Get-or-compile. `done` runs exactly once: inline for a hit, invalid input, a cached
+  // failure or a full queue; otherwise later, with the compile's outcome, DeadlineExceeded
+  // when `deadline` passes first, or Unavailable when the service shuts down first.
+  void Compile(const v1::CompileRequest& request, Priority priority, absl::Time deadline,
+               CompileCallback done);
+
+  // Compile() and wait for its callback; for tests, tools and blocking callers.
+  CompileReply CompileAndWait(const v1::CompileRequest& request, Priority priority,
+                              absl::Time deadline);
+
+  // Cache only: NotFound on a miss. Never compiles.
+  CompileReply Lookup(const v1::LookupRequest& request);
+
+  // The cached result for a handle (a lowercase hex action key): InvalidArgument for a
+  // malformed handle, NotFound when it is not (or no longer) cached.
+  absl::StatusOr<std::shared_ptr<const v1::ActionResult>> GetResult(const std::string& handle);
+
+  // Counters for GetStats (store counters included).
+  v1::GetStatsResponse Stats() const;
+
+  // New misses get Unavailable from now on; hits and jobs already started still complete.
+  void StopAccepting();
+  // StopAccepting(), then lets running and queued jobs finish until `drain_deadline`; jobs still
+  // queued then are dropped and their waiters get Unavailable. Idempotent.
+  void Shutdown(absl::Time drain_deadline);
+
+  int workers() const { return pool_.workers(); }
+
+ private:
+  struct Prepared;
+  struct Waiter;
+  struct Job;
+  struct TargetInfo {
+    absl::Status check;
+    std::string fingerprint;
+  };
+
+  absl::StatusOr<Prepared> Prepare(const v1::Graph& graph, const v1::Target& target,
+                                   const v1::CompileOptions& options);
+  TargetInfo InfoFor(const Target& target);
+  // Memory, then store. nullptr on a miss; an error only when the store fails.
+  absl::StatusOr<std::shared_ptr<const v1::ActionResult>> LookupCached(const std::string& key,
+                                                                       absl::Time now);
+  void StartOrJoin(Prepared prepared, Priority priority, absl::Time deadline,
+                   std::shared_ptr<Waiter> waiter);
+  void RunJob(const std::shared_ptr<Job>& job);
+  CompileReply CompileJob(const Job& job);
+  void FinishJob(const std::shared_ptr<Job>& job, const CompileReply& reply);
+
+  // Immutable after construction.
+  Compiler* const compiler_;
+  store::ArtifactStore* const store_;
+  const CompileServiceOptions options_;
+  const absl::Time started_;
+
+  ResultCache memory_;
+  FailureCache failures_;
+
+  absl::Mutex targets_mu_;
+  absl::flat_hash_map<std::string, TargetInfo> targets_ ABSL_GUARDED_BY(targets_mu_);
+
+  absl::Mutex jobs_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(jobs_mu_);
+  bool accepting_ ABSL_GUARDED_BY(jobs_mu_) = true;
+  bool shut_down_ ABSL_GUARDED_BY(jobs_mu_) = false;
+
+  // Counters, relaxed: they are read only for stats.
+  std::atomic<int64_t> requests_{0};
+  std::atomic<int64_t> cache_hits_{0};
+  std::atomic<int64_t> compiles_{0};
+  std::atomic<int64_t> compile_failures_{0};
+  std::atomic<int64_t> joined_{0};
+  std::atomic<int64_t> negative_hits_{0};
+  std::atomic<int64_t> rejected_{0};
+  std::atomic<int64_t> invalid_{0};
+
+  // Declared last: destroyed first, so no timer callback or worker outlives the state above.
+  DeadlineTimer timer_;
+  WorkerPool pool_;
+};
+
+}  // namespace kiln::compile

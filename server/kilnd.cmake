@@ -1,0 +1,27 @@
+# kilnd and the gRPC layer it serves (included from server/CMakeLists.txt).
+kiln_cc_library(kiln_server
+  SRCS
+    ${CMAKE_CURRENT_LIST_DIR}/service.cc
+    ${CMAKE_CURRENT_LIST_DIR}/status_map.cc
+  DEPS
+    kiln_compile_service
+    kiln_proto
+    PkgConfig::GRPCPP
+    absl::status
+    absl::synchronization
+    absl::time
+    spdlog::spdlog)
+
+add_executable(kilnd ${CMAKE_CURRENT_LIST_DIR}/main.cc)
+target_link_libraries(kilnd PRIVATE
+  kiln_server
+  kiln_compile_service
+  kiln_store
+  ${GRPCPP_REFLECTION}
+  absl::flags
+  absl::flags_parse
+  absl::flags_usage
+  absl::strings
+  absl::time
+  spdlog::spdlog
+  Threads::Threads)

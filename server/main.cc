@@ -1,0 +1,243 @@
+// kilnd: the kiln compile server.
+//
+// Wires the concrete pieces together (this is the only file naming them): the RocksDB store,
+// the kernel compiler, the compile service and the gRPC service, plus the standard health
+// and reflection services. Prints "kilnd listening on HOST:PORT" once it serves (with
+// --listen HOST:0 the port is the one the system chose), and on SIGTERM or SIGINT stops
+// accepting, lets in-flight compiles finish within --grace-s, closes the store and exits 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "server/compile/compile_service.h"
+#include "server/compile/compiler.h"
+#include "server/service.h"
+#include "server/store/rocksdb_store.h"
+#include "spdlog/async.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "Address to serve on, HOST:PORT; port 0 lets the system choose one.");
+ABSL_FLAG(std::string, cache_dir, "./.kiln-cache", "Directory of the RocksDB cache.");
+ABSL_FLAG(std::string, cache_size, "10GiB",
+          "Byte budget of the cache, e.g. 512MiB, 10GiB, 2GB or a plain byte count; 0 is "
+          "unlimited. Least recently used results are evicted beyond it.");
+ABSL_FLAG(int, workers, 0, "Compile worker threads; 0: the number of cores.");
+ABSL_FLAG(int64_t, queue_size, 256,
+          "Compile jobs that may wait for a worker; beyond it requests get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(double, negative_cache_s, 30,
+          "Seconds a compile failure is replayed to identical requests; 0 disables it.");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
+ABSL_FLAG(double, grace_s, 20,
+          "On SIGTERM/SIGINT, seconds in-flight compiles get to finish before kilnd exits.");
+ABSL_FLAG(std::string, host_compiler, "g++", "C++ compiler that builds CPU kernels.");
+ABSL_FLAG(double, compile_timeout_s, 60, "Limit on one host compiler run, in seconds.");
+ABSL_FLAG(int, max_request_mib, 64, "Largest request accepted, in MiB.");
+ABSL_FLAG(int, memory_cache_entries, 4096,
+          "Recent results kept in memory in front of RocksDB; 0 disables it.");
+
+namespace kiln::server {
+namespace {
+
+// kilnd's documented flags are spelled with hyphens (--cache-dir); Abseil flag names use
+// underscores. Both spellings are accepted: names are rewritten before parsing.
+void NormalizeFlagNames(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    char* arg = argv[i];
+    if (arg[0] != '-' || arg[1] != '-' || arg[2] == '\0') continue;  // "--" ends flags
+    for (char* p = arg + 2; *p != '\0' && *p != '='; ++p) {
+      if (*p == '-') *p = '_';
+    }
+  }
+}
+
+// "10GiB", "512MiB", "2GB", "100k", "12345" -> bytes.
+bool ParseByteSize(std::string text, int64_t* bytes) {
+  text = std::string(absl::StripAsciiWhitespace(absl::AsciiStrToLower(text)));
+  size_t split = 0;
+  while (split < text.size() && (absl::ascii_isdigit(text[split]) || text[split] == '.')) ++split;
+  double number = 0;
+  if (split == 0 || !absl::SimpleAtod(text.substr(0, split), &number)) return false;
+  const std::string unit(absl::StripAsciiWhitespace(text.substr(split)));
+  struct Unit {
+    const char* name;
+    double scale;
+  };
+  static constexpr Unit kUnits[] = {
+      {"", 1},         {"b", 1},
+      {"k", 1024.0},   {"kb", 1e3},  {"kib", 1024.0},
+      {"m", 1 << 20},  {"mb", 1e6},  {"mib", 1 << 20},
+      {"g", 1 << 30},  {"gb", 1e9},  {"gib", 1 << 30},
+      {"t", 1099511627776.0}, {"tb", 1e12}, {"tib", 1099511627776.0},
+  };
+  for (const Unit& u : kUnits) {
+    if (unit == u.name) {
+      const double value = number * u.scale;
+      if (value < 0 || value > 9.0e18) return false;
+      *bytes = static_cast<int64_t>(value);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool SetUpLogging(const std::string& level_name) {
+  const spdlog::level::level_enum level = spdlog::level::from_str(level_name);
+  if (level == spdlog::level::off && level_name != "off") return false;
+  // Asynchronous, dropping the oldest lines under a flood: a request never waits on stderr.
+  spdlog::init_thread_pool(8192, 1);
+  auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+  auto logger = std::make_shared<spdlog::async_logger>(
+      "kilnd", sink, spdlog::thread_pool(), spdlog::async_overflow_policy::overrun_oldest);
+  logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  logger->set_level(level);
+  logger->flush_on(spdlog::level::warn);
+  spdlog::set_default_logger(logger);
+  return true;
+}
+
+// The address clients should dial: `listen` with the port gRPC actually bound.
+std::string BoundAddress(const std::string& listen, int port) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos || listen.rfind("unix:", 0) == 0) return listen;
+  return absl::StrCat(listen.substr(0, colon), ":", port);
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kilnd: %s\n", message.c_str());
+  spdlog::shutdown();
+  return 1;
+}
+
+int Run() {
+  // Signals are taken synchronously by sigwait below; block them before any thread starts so
+  // every thread inherits the mask and none is interrupted.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  if (!SetUpLogging(absl::GetFlag(FLAGS_log_level))) {
+    return Fail(absl::StrCat("unknown --log-level '", absl::GetFlag(FLAGS_log_level), "'"));
+  }
+  int64_t capacity = 0;
+  if (!ParseByteSize(absl::GetFlag(FLAGS_cache_size), &capacity)) {
+    return Fail(absl::StrCat("cannot read --cache-size '", absl::GetFlag(FLAGS_cache_size),
+                             "' (try 512MiB or 10GiB)"));
+  }
+
+  store::RocksDbStoreOptions store_options;
+  store_options.path = absl::GetFlag(FLAGS_cache_dir);
+  store_options.capacity_bytes = capacity;
+  absl::StatusOr<std::unique_ptr<store::RocksDbStore>> store =
+      store::RocksDbStore::Open(store_options);
+  if (!store.ok()) {
+    return Fail(absl::StrCat("cannot open the cache at ", store_options.path, ": ",
+                             store.status().ToString()));
+  }
+
+  PipelineConfig pipeline_config;
+  pipeline_config.host_compiler = absl::GetFlag(FLAGS_host_compiler);
+  pipeline_config.compile_timeout_s = absl::GetFlag(FLAGS_compile_timeout_s);
+  absl::StatusOr<std::unique_ptr<compile::PipelineCompiler>> compiler =
+      compile::PipelineCompiler::Create(pipeline_config);
+  if (!compiler.ok()) {
+    return Fail(absl::StrCat("cannot set up the compiler: ", compiler.status().ToString()));
+  }
+
+  compile::CompileServiceOptions compile_options;
+  compile_options.workers = absl::GetFlag(FLAGS_workers);
+  compile_options.queue_size = absl::GetFlag(FLAGS_queue_size);
+  compile_options.negative_ttl = absl::Seconds(absl::GetFlag(FLAGS_negative_cache_s));
+  compile_options.memory_cache_entries =
+      static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_memory_cache_entries)));
+  auto compile_service = std::make_unique<compile::CompileService>(
+      compiler->get(), store->get(), compile_options);
+  auto service = std::make_unique<KilnService>(compile_service.get(), store->get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_request_mib) << 20);
+  builder.RegisterService(service.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || (port == 0 && listen.rfind("unix:", 0) != 0)) {
+    return Fail(absl::StrCat("cannot listen on ", listen));
+  }
+  const std::string address = BoundAddress(listen, port);
+  spdlog::info("kilnd serving on {} with {} compile workers, cache {} ({} bytes budget)",
+               address, compile_service->workers(), store_options.path, capacity);
+  std::printf("kilnd listening on %s\n", address.c_str());
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  const absl::Duration grace = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_grace_s)));
+  spdlog::info("{} received: draining for up to {}", strsignal(signal_number),
+               absl::FormatDuration(grace));
+  // A second signal means "now": skip the drain.
+  std::thread([stop_signals] {
+    int again = 0;
+    sigwait(&stop_signals, &again);
+    std::fprintf(stderr, "kilnd: second signal, exiting without draining\n");
+    std::_Exit(1);
+  }).detach();
+
+  const absl::Time drain_deadline = absl::Now() + grace;
+  server->GetHealthCheckService()->SetServingStatus(false);
+  compile_service->StopAccepting();
+  // gRPC stops accepting calls at once and waits for running ones; they end when their jobs
+  // do, or when the compile service gives up on the queue at the drain deadline.
+  std::thread grpc_shutdown([&server, drain_deadline] {
+    server->Shutdown(absl::ToChronoTime(drain_deadline + absl::Seconds(2)));
+  });
+  compile_service->Shutdown(drain_deadline);
+  grpc_shutdown.join();
+  server->Wait();
+  server.reset();
+  service.reset();
+  compile_service.reset();
+  compiler->reset();
+  store->reset();  // flushes and closes RocksDB
+  spdlog::info("kilnd stopped");
+  spdlog::shutdown();
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln::server
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "kiln compile server.\n"
+      "  kilnd [--listen=127.0.0.1:50051] [--cache-dir=DIR] [--cache-size=10GiB] "
+      "[--workers=N] ...\n"
+      "Flag names may be spelled with hyphens or underscores.");
+  kiln::server::NormalizeFlagNames(argc, argv);
+  absl::ParseCommandLine(argc, argv);
+  return kiln::server::Run();
+}

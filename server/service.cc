@@ -1,0 +1,370 @@
+#include "server/service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "server/compile/result_convert.h"
+#include "server/status_map.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln::server {
+namespace {
+
+using compile::CompileReply;
+
+absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
+  const auto deadline = context->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(deadline);
+}
+
+double MsSince(absl::Time start) { return absl::ToDoubleMilliseconds(absl::Now() - start); }
+
+std::string_view Outcome(const CompileReply& r) {
+  if (!r.status.ok()) return r.negative_hit ? "failed(cached)" : "error";
+  if (r.cache_hit) return "hit";
+  return r.joined ? "joined" : "miss";
+}
+
+// One line per request; the first line of an error message is enough to find it in the log.
+void LogReply(std::string_view method, const CompileReply& r, double ms) {
+  const std::string_view prefix =
+      r.handle.empty() ? std::string_view("-") : std::string_view(r.handle).substr(0, 12);
+  if (r.status.ok()) {
+    spdlog::info("{} {} {} {:.3f} ms", method, prefix, Outcome(r), ms);
+    return;
+  }
+  const absl::string_view full = r.status.message();
+  const std::string message(full.substr(0, std::min(full.find('\n'), size_t{300})));
+  spdlog::info("{} {} {} {} {:.3f} ms: {}", method, prefix, Outcome(r),
+               absl::StatusCodeToString(r.status.code()), ms, message);
+}
+
+void FillResponse(const CompileReply& r, absl::Time start, v1::CompileResponse* response) {
+  response->set_handle(r.handle);
+  if (r.result != nullptr) *response->mutable_result() = *r.result;
+  response->set_cache_hit(r.cache_hit);
+  response->set_server_ms(MsSince(start));
+}
+
+// Streams one verified blob in chunks, one write in flight at a time.
+class FetchReactor final : public grpc::ServerWriteReactor<v1::ArtifactChunk> {
+ public:
+  FetchReactor(std::string blob, size_t chunk_bytes)
+      : blob_(std::move(blob)), chunk_bytes_(std::max<size_t>(1, chunk_bytes)) {
+    WriteNext();
+  }
+  explicit FetchReactor(const absl::Status& error) { Finish(ToGrpcStatus(error)); }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+      return;
+    }
+    WriteNext();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    // An empty blob still gets one chunk, so the client learns total_size.
+    if (offset_ >= blob_.size() && sent_any_) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const size_t n = std::min(chunk_bytes_, blob_.size() - offset_);
+    chunk_.mutable_data()->assign(blob_, offset_, n);
+    chunk_.set_offset(static_cast<int64_t>(offset_));
+    chunk_.set_total_size(static_cast<int64_t>(blob_.size()));
+    offset_ += n;
+    sent_any_ = true;
+    StartWrite(&chunk_);
+  }
+
+  std::string blob_;
+  size_t chunk_bytes_ = 1;
+  size_t offset_ = 0;
+  bool sent_any_ = false;
+  v1::ArtifactChunk chunk_;
+};
+
+// Reads compile requests and answers each with a PrewarmEvent, keeping at most `limit`
+// compiles of this stream in flight: reading pauses at the limit, so a client streaming a
+// thousand graphs cannot flood the queue. Events go out in completion order, each naming the
+// index of its request.
+//
+// State changes happen under mu_; the gRPC operations they call for (StartRead, StartWrite,
+// Finish) are started after mu_ is released, since gRPC may run a reaction inline.
+class PrewarmReactor final : public grpc::ServerBidiReactor<v1::CompileRequest, v1::PrewarmEvent> {
+ public:
+  PrewarmReactor(compile::CompileService* compile, int limit, absl::Time deadline)
+      : compile_(compile), limit_(std::max(1, limit)), deadline_(deadline) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    int index = -1;
+    Actions next;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ok && !write_failed_) {
+        index = next_index_++;
+        ++outstanding_;
+      } else {
+        reads_done_ = true;  // the client half-closed, or is gone
+        next = MaybeFinishLocked();
+      }
+    }
+    if (index < 0) {
+      Apply(next);
+      return;
+    }
+    const absl::Time start = absl::Now();
+    // The service decodes the request before it returns, so request_ may be reused after.
+    compile_->Compile(request_, compile::Priority::kPrewarm, deadline_,
+                      [this, index, start](CompileReply reply) {
+                        OnCompiled(index, start, std::move(reply));
+                      });
+    {
+      absl::MutexLock lock(&mu_);
+      if (outstanding_ < limit_) {
+        next.read = true;
+      } else {
+        read_paused_ = true;
+      }
+    }
+    Apply(next);
+  }
+
+  void OnWriteDone(bool ok) override {
+    Actions next;
+    {
+      absl::MutexLock lock(&mu_);
+      events_.pop_front();
+      if (!ok) {
+        // The client is gone: stop writing, wait for the compiles still running, then finish.
+        write_failed_ = true;
+        events_.clear();
+      }
+      if (!events_.empty()) {
+        next.write = &events_.front();
+      } else {
+        writing_ = false;
+        next = MaybeFinishLocked();
+      }
+    }
+    Apply(next);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  struct Actions {
+    bool read = false;
+    v1::PrewarmEvent* write = nullptr;
+    bool finish = false;
+    grpc::Status status;
+  };
+
+  void Apply(const Actions& a) {
+    if (a.write != nullptr) StartWrite(a.write);
+    if (a.read) StartRead(&request_);
+    if (a.finish) Finish(a.status);
+  }
+
+  void OnCompiled(int index, absl::Time start, CompileReply reply) {
+    const double ms = MsSince(start);
+    LogReply("Prewarm", reply, ms);
+    Actions next;
+    {
+      absl::MutexLock lock(&mu_);
+      --outstanding_;
+      if (!write_failed_) {
+        v1::PrewarmEvent& event = events_.emplace_back();
+        event.set_index(index);
+        event.set_handle(reply.handle);
+        event.set_cache_hit(reply.cache_hit);
+        event.set_code(WireCode(reply.status));
+        event.set_message(ToGrpcStatus(reply.status).error_message());
+        event.set_ms(ms);
+        if (!writing_) {
+          writing_ = true;
+          next.write = &events_.front();
+        }
+      }
+      if (read_paused_ && outstanding_ < limit_) {
+        read_paused_ = false;
+        next.read = true;
+      }
+      if (next.write == nullptr && !next.read) {
+        Actions fin = MaybeFinishLocked();
+        next.finish = fin.finish;
+        next.status = fin.status;
+      }
+    }
+    Apply(next);
+  }
+
+  // Finishes once no request can arrive, no compile is running and nothing is being written.
+  Actions MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Actions a;
+    if (finished_ || !reads_done_ || outstanding_ > 0 || writing_) return a;
+    finished_ = true;
+    a.finish = true;
+    a.status = write_failed_ ? grpc::Status(grpc::StatusCode::CANCELLED, "the client went away")
+                             : grpc::Status::OK;
+    return a;
+  }
+
+  // Immutable after construction.
+  compile::CompileService* const compile_;
+  const int limit_;
+  const absl::Time deadline_;
+
+  // At most one read is ever pending. It is filled by gRPC, read by OnReadDone, and a new read
+  // is started either there or (after a pause) in OnCompiled, never both.
+  v1::CompileRequest request_;
+
+  absl::Mutex mu_;
+  std::deque<v1::PrewarmEvent> events_ ABSL_GUARDED_BY(mu_);  // front is being written
+  int next_index_ ABSL_GUARDED_BY(mu_) = 0;
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+KilnService::KilnService(compile::CompileService* compile, store::ArtifactStore* store,
+                         const ServiceOptions& options)
+    : compile_(compile), store_(store), options_(options) {}
+
+grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* context,
+                                               const v1::CompileRequest* request,
+                                               v1::CompileResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  // The callback runs inline for a hit or a rejection, or later on a worker thread; both may
+  // finish the call, and the response outlives it until Finish.
+  compile_->Compile(*request, compile::PriorityFromWire(request->priority()),
+                    DeadlineOf(context), [reactor, response, start](CompileReply reply) {
+                      FillResponse(reply, start, response);
+                      LogReply("Compile", reply, MsSince(start));
+                      reactor->Finish(ToGrpcStatus(reply.status));
+                    });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* context,
+                                              const v1::LookupRequest* request,
+                                              v1::CompileResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  CompileReply reply = compile_->Lookup(*request);
+  FillResponse(reply, start, response);
+  spdlog::debug("Lookup {} {} {:.3f} ms", reply.handle.substr(0, 12),
+                reply.status.ok() ? "hit" : absl::StatusCodeToString(reply.status.code()),
+                MsSince(start));
+  reactor->Finish(ToGrpcStatus(reply.status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KilnService::GetResult(grpc::CallbackServerContext* context,
+                                                 const v1::GetResultRequest* request,
+                                                 v1::CompileResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<const v1::ActionResult>> result =
+      compile_->GetResult(request->handle());
+  if (result.ok()) {
+    response->set_handle(request->handle());
+    *response->mutable_result() = **result;
+    response->set_cache_hit(true);
+    response->set_server_ms(MsSince(start));
+  }
+  reactor->Finish(ToGrpcStatus(result.status()));
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::ArtifactChunk>* KilnService::FetchArtifact(
+    grpc::CallbackServerContext* /*context*/, const v1::FetchArtifactRequest* request) {
+  absl::StatusOr<std::optional<std::string>> blob = store_->GetBlob(request->digest());
+  if (!blob.ok()) return new FetchReactor(blob.status());
+  if (!blob->has_value()) {
+    return new FetchReactor(absl::NotFoundError(
+        absl::StrCat("artifact ", request->digest(), " is not in the cache")));
+  }
+  spdlog::debug("FetchArtifact {} {} bytes", request->digest().substr(0, 12), (*blob)->size());
+  return new FetchReactor(**std::move(blob), options_.fetch_chunk_bytes);
+}
+
+grpc::ServerUnaryReactor* KilnService::GetSource(grpc::CallbackServerContext* context,
+                                                 const v1::GetSourceRequest* request,
+                                                 v1::GetSourceResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto finish = [&](const absl::Status& status) {
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  };
+  absl::StatusOr<std::shared_ptr<const v1::ActionResult>> result =
+      compile_->GetResult(request->handle());
+  if (!result.ok()) return finish(result.status());
+  const v1::ActionResult& r = **result;
+
+  // Reads the bytes of the artifact of `kind` into `out`; a missing one is an error only when
+  // `required`.
+  auto read = [&](v1::ArtifactKind kind, bool required, std::string* out) -> absl::Status {
+    const v1::Artifact* artifact = compile::FindArtifact(r, kind);
+    if (artifact == nullptr) {
+      if (!required) return absl::OkStatus();
+      return absl::NotFoundError(absl::StrCat("the result for ", request->handle(),
+                                              " has no ", v1::ArtifactKind_Name(kind),
+                                              " artifact"));
+    }
+    absl::StatusOr<std::optional<std::string>> blob = store_->GetBlob(artifact->digest());
+    if (!blob.ok()) return blob.status();
+    if (!blob->has_value()) {
+      return absl::NotFoundError(absl::StrCat(v1::ArtifactKind_Name(kind), " artifact ",
+                                              artifact->digest(), " is no longer cached"));
+    }
+    *out = **std::move(blob);
+    return absl::OkStatus();
+  };
+  if (absl::Status s = read(v1::SOURCE, true, response->mutable_source()); !s.ok()) {
+    return finish(s);
+  }
+  if (absl::Status s = read(v1::FUSION_REPORT, false, response->mutable_fusion_report());
+      !s.ok()) {
+    return finish(s);
+  }
+  response->set_language(r.target().has_cuda() ? "cuda" : "c++");
+  return finish(absl::OkStatus());
+}
+
+grpc::ServerBidiReactor<v1::CompileRequest, v1::PrewarmEvent>* KilnService::Prewarm(
+    grpc::CallbackServerContext* context) {
+  return new PrewarmReactor(compile_, options_.prewarm_concurrency, DeadlineOf(context));
+}
+
+grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* context,
+                                                const v1::GetStatsRequest* /*request*/,
+                                                v1::GetStatsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  *response = compile_->Stats();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace kiln::server

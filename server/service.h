@@ -1,0 +1,58 @@
+// KilnService: the kiln.v1.Kiln gRPC service, on the callback API.
+//
+// Handlers are thin: decode, start or join a job in the CompileService, reply. Nothing
+// compiles on a gRPC thread: a cache hit is answered inline, a miss is answered from the
+// CompileService's callback on a worker (or deadline timer) thread. Artifact bytes come
+// straight from the store, verified by it, and are streamed in chunks.
+// Each Compile logs one line: method, key prefix, outcome (hit / miss / joined / error), ms.
+// Thread-safety: gRPC calls the handlers concurrently; the service holds no mutable state of
+// its own beyond what its reactors own.
+#pragma once
+
+#include <cstddef>
+
+#include "kiln/v1/service.grpc.pb.h"
+#include "server/compile/compile_service.h"
+#include "server/store/artifact_store.h"
+
+namespace kiln::server {
+
+struct ServiceOptions {
+  size_t fetch_chunk_bytes = size_t{1} << 20;  // FetchArtifact chunk size
+  int prewarm_concurrency = 8;                 // requests of one Prewarm stream in flight at once
+};
+
+class KilnService final : public v1::Kiln::CallbackService {
+ public:
+  // `compile` and `store` must outlive the service (and the gRPC server it is registered in).
+  KilnService(compile::CompileService* compile, store::ArtifactStore* store,
+              const ServiceOptions& options = {});
+
+  grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext* context,
+                                    const v1::CompileRequest* request,
+                                    v1::CompileResponse* response) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
+                                   const v1::LookupRequest* request,
+                                   v1::CompileResponse* response) override;
+  grpc::ServerUnaryReactor* GetResult(grpc::CallbackServerContext* context,
+                                      const v1::GetResultRequest* request,
+                                      v1::CompileResponse* response) override;
+  grpc::ServerWriteReactor<v1::ArtifactChunk>* FetchArtifact(
+      grpc::CallbackServerContext* context, const v1::FetchArtifactRequest* request) override;
+  grpc::ServerUnaryReactor* GetSource(grpc::CallbackServerContext* context,
+                                      const v1::GetSourceRequest* request,
+                                      v1::GetSourceResponse* response) override;
+  grpc::ServerBidiReactor<v1::CompileRequest, v1::PrewarmEvent>* Prewarm(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const v1::GetStatsRequest* request,
+                                     v1::GetStatsResponse* response) override;
+
+ private:
+  // Immutable after construction.
+  compile::CompileService* const compile_;
+  store::ArtifactStore* const store_;
+  const ServiceOptions options_;
+};
+
+}  // namespace kiln::server

@@ -1,0 +1,50 @@
+// ArtifactStore: the cache's interface. Two maps: CAS (digest -> bytes) and AC (action key ->
+// ActionResult). Implementations: RocksDbStore (L1, embedded). Decorators may wrap it.
+//
+// Lookups return StatusOr<optional<T>>: an error (store down), a miss (nullopt) or a hit.
+// Reads verify content: a CAS value whose SHA-256 does not match its digest is evicted,
+// counted as a corruption and reported as a miss; an AC entry any of whose artifacts is gone
+// is a miss. Nothing half-written is ever returned.
+// Thread-safety: all methods may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kiln/v1/service.pb.h"
+
+namespace kiln::store {
+
+struct StoreStats {
+  int64_t hits = 0;  // AC hits
+  int64_t misses = 0;
+  int64_t bytes = 0;  // CAS + AC bytes currently held
+  int64_t entries = 0;  // AC entries
+  int64_t evictions = 0;
+  int64_t corruptions = 0;
+  int64_t capacity_bytes = 0;
+};
+
+class ArtifactStore {
+ public:
+  virtual ~ArtifactStore() = default;
+
+  // Writes the blobs and the result that names them atomically (one batch): a reader sees
+  // either all of it or none. `blobs` are the artifact bytes in the order of
+  // result.artifacts(); their digests must match (checked: InvalidArgument otherwise).
+  virtual absl::Status PutResult(const std::string& key, const v1::ActionResult& result,
+                                 const std::vector<std::string>& blobs) = 0;
+
+  // AC lookup; a hit refreshes the entry's recency for eviction.
+  virtual absl::StatusOr<std::optional<v1::ActionResult>> GetResult(const std::string& key) = 0;
+
+  // CAS read by lowercase hex digest, verified.
+  virtual absl::StatusOr<std::optional<std::string>> GetBlob(const std::string& digest) = 0;
+
+  virtual StoreStats Stats() const = 0;
+};
+
+}  // namespace kiln::store

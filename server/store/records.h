@@ -1,0 +1,57 @@
+// The on-disk records of RocksDbStore: column family names, the AC record header, the recency
+// record and the digest helpers that turn the wire's hex digests into CAS keys. FORMAT.md beside
+// this file is the prose version; the two change together.
+//
+// Thread-safety: free functions without state; safe from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace kiln::store {
+
+// Column families carry their format version in the name: an incompatible change of a layout
+// gets a new family (e.g. "ac.v2") instead of a reader that guesses which layout a value has.
+inline constexpr char kCasColumnFamily[] = "cas.v1";  // raw digest -> blob bytes
+inline constexpr char kAcColumnFamily[] = "ac.v1";    // action key -> AC record
+inline constexpr char kLruColumnFamily[] = "lru.v1";  // action key -> last-access tick
+
+inline constexpr size_t kDigestBytes = 32;  // SHA-256
+inline constexpr uint8_t kAcRecordVersion = 1;
+inline constexpr size_t kAcHeaderBytes = 24;
+inline constexpr size_t kTickBytes = 8;
+
+// SHA-256 of `data` (OpenSSL EVP), raw 32 bytes. Internal only if OpenSSL fails to allocate.
+absl::StatusOr<std::string> Sha256(std::string_view data);
+
+// Wire digest (64 lowercase hex digits) -> the raw 32 bytes used as CAS key. Anything else,
+// uppercase included, is InvalidArgument: one spelling per blob keeps keys unique.
+absl::StatusOr<std::string> DigestFromHex(std::string_view hex);
+
+// Raw 32 bytes -> lowercase hex, for messages and for the wire.
+std::string DigestToHex(std::string_view raw);
+
+// A decoded AC record. `payload` points into the value it was decoded from.
+struct AcRecord {
+  uint64_t write_tick = 0;
+  std::string_view payload;  // a serialized kiln.v1.ActionResult
+};
+
+// Header (version, header length, payload length, write tick) followed by the payload.
+std::string EncodeAcRecord(uint64_t write_tick, std::string_view payload);
+
+// DataLoss when the value is truncated, padded or its header is malformed (the record is
+// damaged); FailedPrecondition when the record version is one this reader does not know.
+// Either way the caller treats the record as absent.
+absl::StatusOr<AcRecord> DecodeAcRecord(std::string_view value);
+
+// The lru.v1 value: a fixed 8-byte little-endian tick.
+std::string EncodeTick(uint64_t tick);
+std::optional<uint64_t> DecodeTick(std::string_view value);
+
+}  // namespace kiln::store

@@ -1,0 +1,131 @@
+// End-to-end compiler tests: graph -> passes -> schedule -> C++ -> g++ -> .so -> run.
+#include <cmath>
+#include <random>
+
+#include "tests/unit/kernels/test_util.h"
+
+namespace kiln {
+namespace {
+
+using ir::DType;
+using testing::Ty;
+
+absl::StatusOr<CompileResult> CompileGraph(const ir::Graph& g) {
+  ir::Graph copy = g;
+  auto st = ir::VerifyAndInfer(copy);
+  if (!st.ok()) return st;
+  Target t;
+  t.isa = "x86-64-v3";
+  return testing::SharedPipeline().Compile(copy, t, CompileOptions{});
+}
+
+TEST(Pipeline, SinSquaredPlusCosSquaredIsOneKernel) {
+  ir::Graph in;
+  in.inputs = {Ty(DType::kF32, {1000})};
+  ir::Builder b(in);
+  ir::ValueId x = 0;
+  auto s = *b.Add("sin", {x});
+  auto c = *b.Add("cos", {x});
+  auto s2 = *b.Add("mul", {s, s});
+  auto c2 = *b.Add("mul", {c, c});
+  auto r = *b.Add("add", {s2, c2});
+  ir::Graph g = b.Finish({r});
+  auto res = CompileGraph(g);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->stats.num_kernels, 1);
+  testing::Loaded k(*res);
+  EXPECT_EQ(k.abi(), 1u);
+  std::vector<float> xs(1000), out(1000, -1);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> d(-10, 10);
+  for (float& v : xs) v = d(rng);
+  ASSERT_EQ(k.Run({xs.data(), out.data()}), 0);
+  for (int i = 0; i < 1000; ++i) EXPECT_NEAR(out[i], 1.0f, 1e-5) << i;
+}
+
+TEST(Pipeline, KMeansAssignmentIsOneKernel) {
+  const int64_t n = 1001, kc = 5;
+  ir::Graph in;
+  in.inputs = {Ty(DType::kF64, {n, 2}), Ty(DType::kF64, {kc, 2})};
+  ir::Builder b(in);
+  auto m3 = *b.Add("unsqueeze", {1}, {{"axes", ir::IntList{1}}});
+  auto diff = *b.Add("sub", {0, m3});
+  auto nrm = *b.Add("norm", {diff}, {{"axes", ir::IntList{2}}});
+  auto am = *b.Add("argmin", {nrm}, {{"axis", int64_t{0}}});
+  ir::Graph g = b.Finish({am});
+  auto res = CompileGraph(g);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->stats.num_kernels, 1) << res->artifacts[2].bytes;
+  EXPECT_EQ(res->plan.workspace_bytes, 0);
+  testing::Loaded k(*res);
+  std::vector<double> X(n * 2), M(kc * 2);
+  std::mt19937 rng(2);
+  std::normal_distribution<double> d;
+  for (double& v : X) v = d(rng);
+  for (double& v : M) v = d(rng);
+  std::vector<int64_t> out(n, -1);
+  ASSERT_EQ(k.Run({X.data(), M.data(), out.data()}), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t best = 0;
+    double bd = INFINITY;
+    for (int64_t c = 0; c < kc; ++c) {
+      double dx = X[i * 2] - M[c * 2], dy = X[i * 2 + 1] - M[c * 2 + 1];
+      double dd = std::sqrt(dx * dx + dy * dy);
+      if (dd < bd) {
+        bd = dd;
+        best = c;
+      }
+    }
+    EXPECT_EQ(out[i], best) << i;
+  }
+}
+
+TEST(Pipeline, RowSoftmaxIsOneKernel) {
+  const int64_t r = 37, c = 129;
+  ir::Graph in;
+  in.inputs = {Ty(DType::kF32, {r, c})};
+  ir::Builder b(in);
+  auto sm = *b.Add("softmax", {0}, {{"axis", int64_t{-1}}});
+  auto res = CompileGraph(b.Finish({sm}));
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->stats.num_kernels, 1) << res->artifacts[2].bytes;
+  testing::Loaded k(*res);
+  std::vector<float> x(r * c), out(r * c);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d(0, 3);
+  for (float& v : x) v = d(rng);
+  ASSERT_EQ(k.Run({x.data(), out.data()}), 0);
+  for (int64_t i = 0; i < r; ++i) {
+    double m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < c; ++j) m = std::max<double>(m, x[i * c + j]);
+    for (int64_t j = 0; j < c; ++j) s += std::exp(x[i * c + j] - m);
+    for (int64_t j = 0; j < c; ++j) EXPECT_NEAR(out[i * c + j], std::exp(x[i * c + j] - m) / s, 1e-6);
+  }
+}
+
+TEST(Pipeline, ColumnSumFeedingRowOpIsStored) {
+  // x / sum(x, axis=0): inlining the column sum into the (row, col) loop would recompute it
+  // per row, so the scheduler must store it.
+  const int64_t r = 8, c = 16;
+  ir::Graph in;
+  in.inputs = {Ty(DType::kF32, {r, c})};
+  ir::Builder b(in);
+  auto s = *b.Add("sum", {0}, {{"axes", ir::IntList{0}}, {"keepdim", true}});
+  auto q = *b.Add("div", {0, s});
+  auto res = CompileGraph(b.Finish({q}));
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->stats.num_kernels, 2) << res->artifacts[2].bytes;
+  EXPECT_NE(res->artifacts[2].bytes.find("not fused"), std::string::npos);
+  testing::Loaded k(*res);
+  std::vector<float> x(r * c), out(r * c);
+  for (int64_t i = 0; i < r * c; ++i) x[i] = static_cast<float>(i % 7 + 1);
+  ASSERT_EQ(k.Run({x.data(), out.data()}), 0);
+  for (int64_t j = 0; j < c; ++j) {
+    float col = 0;
+    for (int64_t i = 0; i < r; ++i) col += x[i * c + j];
+    for (int64_t i = 0; i < r; ++i) EXPECT_FLOAT_EQ(out[i * c + j], x[i * c + j] / col);
+  }
+}
+
+}  // namespace
+}  // namespace kiln
