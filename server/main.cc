@@ -207,22 +207,25 @@ int Run() {
     std::_Exit(1);
   }).detach();
 
+  // Lame duck first: health says NOT_SERVING so balancers move away, new compiles are refused
+  // (UNAVAILABLE, retryable elsewhere) while hits and fetches are still answered, and the jobs
+  // already queued or running get until the grace deadline. Then gRPC stops: by then every
+  // compile waiter has its answer, so calls still open are short ones (a fetch in progress),
+  // and they get one more second.
   const absl::Time drain_deadline = absl::Now() + grace;
   server->GetHealthCheckService()->SetServingStatus(false);
   compile_service->StopAccepting();
-  // gRPC stops accepting calls at once and waits for running ones; they end when their jobs
-  // do, or when the compile service gives up on the queue at the drain deadline.
-  std::thread grpc_shutdown([&server, drain_deadline] {
-    server->Shutdown(absl::ToChronoTime(drain_deadline + absl::Seconds(2)));
-  });
   compile_service->Shutdown(drain_deadline);
-  grpc_shutdown.join();
+  spdlog::debug("compile workers stopped");
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   server->Wait();
+  spdlog::debug("gRPC server stopped");
   server.reset();
   service.reset();
   compile_service.reset();
   compiler->reset();
   store->reset();  // flushes and closes RocksDB
+  spdlog::debug("cache closed");
   spdlog::info("kilnd stopped");
   spdlog::shutdown();
   return 0;

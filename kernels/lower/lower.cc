@@ -60,6 +60,7 @@ std::vector<Affine> Lowerer::BeginKernel(const ir::Shape& domain) {
   memo_.clear();
   inlined_.clear();
   fused_.clear();
+  stored_here_.clear();
   std::vector<Affine> idx;
   for (int64_t d : domain) {
     int v = NewVar(d);
@@ -96,7 +97,8 @@ std::vector<Affine> Lowerer::ReshapeIndex(const std::vector<Affine>& index, cons
 }
 
 ExprPtr Lowerer::Lower(ir::ValueId v, const std::vector<Affine>& index, bool root) {
-  if (graph_.IsInput(v) || (!root && buffer_of_[v] >= 0)) {
+  bool here = std::find(stored_here_.begin(), stored_here_.end(), v) != stored_here_.end();
+  if (graph_.IsInput(v) || (!root && !here && buffer_of_[v] >= 0)) {
     Expr e;
     e.kind = Expr::Kind::kLoad;
     e.dtype = graph_.TypeOf(v).dtype;

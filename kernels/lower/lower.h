@@ -38,6 +38,10 @@ class Lowerer {
   // from their definition even when materialized (the kernel that stores them).
   ExprPtr Lower(ir::ValueId v, const std::vector<Affine>& index, bool root = false);
 
+  // Values this kernel stores itself: later outputs of the same kernel recompute them from
+  // their definitions (sharing the stored expression) instead of reading them back.
+  void MarkStoredHere(ir::ValueId v) { stored_here_.push_back(v); }
+
   const VarExtents& extents() const { return extents_; }
   const std::vector<InlinedReduction>& inlined() const { return inlined_; }
   // Values whose definitions this kernel inlined (for the fusion report).
@@ -60,6 +64,7 @@ class Lowerer {
   std::map<std::pair<ir::ValueId, std::vector<Affine>>, ExprPtr> memo_;
   std::vector<InlinedReduction> inlined_;
   std::vector<ir::ValueId> fused_;
+  std::vector<ir::ValueId> stored_here_;
 };
 
 // Helpers shared with the scheduler and backends.

@@ -124,7 +124,7 @@ class Scheduler {
         std::vector<int> loads;
         CollectLoads(e, &loads);
         if (CanJoinKernel(loads, cur_buffers)) {
-          AddOutputs(cur, v, e, &cur_buffers);
+          AddOutputs(cur, v, e, &cur_buffers, &lw);
           joined = true;
         } else {
           cur->outputs.resize(mark);
@@ -142,7 +142,7 @@ class Scheduler {
         cur_buffers.clear();
         idx = lw.BeginKernel(shape);
         lower::ExprPtr e = lw.Lower(v, idx, /*root=*/true);
-        AddOutputs(cur, v, e, &cur_buffers);
+        AddOutputs(cur, v, e, &cur_buffers, &lw);
       }
     }
     if (cur) Finish(cur, lw, refusals);
@@ -156,7 +156,9 @@ class Scheduler {
     return "a value";
   }
 
-  void AddOutputs(Kernel* k, ir::ValueId v, const lower::ExprPtr& e, std::vector<int>* bufs) {
+  void AddOutputs(Kernel* k, ir::ValueId v, const lower::ExprPtr& e, std::vector<int>* bufs,
+                  lower::Lowerer* lw) {
+    lw->MarkStoredHere(v);
     for (int b : out_buffers_[v]) {
       k->outputs.push_back({b, e, v});
       bufs->push_back(b);

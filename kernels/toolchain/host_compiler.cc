@@ -25,6 +25,9 @@ std::vector<std::string> HostCompiler::Flags(const Target& target, const Compile
       // No errno from math calls, so they vectorise; IEEE semantics (NaN, inf, signed zero,
       // evaluation order) are otherwise kept: no -ffast-math.
       "-fno-math-errno", "-fno-trapping-math",
+      // GCC merges sin(x) and cos(x) into a scalar sincos call before vectorising, which
+      // loses the vector variants: keep the two apart.
+      "-fno-builtin-sin", "-fno-builtin-cos", "-fno-builtin-sinf", "-fno-builtin-cosf",
       "-fno-exceptions", "-fno-rtti", "-fvisibility=hidden",
       "-fno-semantic-interposition", "-w",
       // libstdc++ is not needed at load time: the generated code uses no library C++.

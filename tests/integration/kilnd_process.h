@@ -55,6 +55,10 @@ class KilndProcess {
     if (pipe(out) != 0) return "pipe failed";
     std::vector<std::string> args = {KilndPath(), "--listen=127.0.0.1:0",
                                      "--cache-dir=" + cache_dir};
+    // $KILND_LOG_LEVEL (e.g. debug) helps when a test needs the daemon's side of the story.
+    if (const char* level = std::getenv("KILND_LOG_LEVEL"); level != nullptr && *level != '\0') {
+      args.push_back(std::string("--log-level=") + level);
+    }
     for (auto& a : extra_args) args.push_back(std::move(a));
     // Built before fork: the child of a threaded process may only make async-signal-safe calls.
     std::vector<char*> argv;

@@ -208,7 +208,7 @@ class Trace:
             if method == "reduce" and ufunc in _UFUNC_REDUCTIONS:
                 kw = dict(kwargs)
                 axis = kw.pop("axis", 0)
-                return _reduction(self, name, _UFUNC_REDUCTIONS[ufunc], inputs[0], axis=axis, **kw)
+                return _reduction(self, _UFUNC_REDUCTIONS[ufunc], inputs[0], axis=axis, **kw)
             if method == "outer" and ufunc.nin == 2 and ufunc in _UFUNCS:
                 a, b = inputs
                 av = a if isinstance(a, Tracer) else self.wrap(self.value(a))

@@ -129,3 +129,91 @@ TEST(Pipeline, ColumnSumFeedingRowOpIsStored) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+int KernelsOf(const ir::Graph& g) {
+  ir::Graph copy = g;
+  EXPECT_TRUE(ir::VerifyAndInfer(copy).ok());
+  auto gen = testing::SharedPipeline().Generate(copy, Target{}, CompileOptions{});
+  EXPECT_TRUE(gen.ok()) << gen.status();
+  return gen.ok() ? gen->num_kernels : -1;
+}
+
+TEST(Fusion, LayerNormThenGeluIsOneKernel) {
+  ir::Graph in;
+  in.inputs = {Ty(DType::kF32, {64, 256}), Ty(DType::kF32, {256}), Ty(DType::kF32, {256})};
+  ir::Builder b(in);
+  auto ln = *b.Add("layer_norm", {0, 1, 2});
+  auto ge = *b.Add("gelu", {ln});
+  EXPECT_EQ(KernelsOf(b.Finish({ge})), 1);
+}
+
+TEST(Fusion, LltmTailIsOneKernelWithTwoOutputs) {
+  const int64_t batch = 16, s = 32;
+  ir::Graph in;
+  in.inputs = {Ty(DType::kF32, {batch, 3 * s}), Ty(DType::kF32, {batch, s})};
+  ir::Builder b(in);
+  auto part = [&](int k) {
+    return *b.Add("slice", {0}, {{"axes", ir::IntList{1}}, {"starts", ir::IntList{k * s}}, {"stops", ir::IntList{(k + 1) * s}}});
+  };
+  auto ig = *b.Add("sigmoid", {part(0)});
+  auto og = *b.Add("sigmoid", {part(1)});
+  auto cc = *b.Add("elu", {part(2)});
+  auto c_new = *b.Add("add", {1, *b.Add("mul", {cc, ig})});
+  auto h_new = *b.Add("mul", {*b.Add("tanh", {c_new}), og});
+  ir::Graph g = b.Finish({h_new, c_new});
+  EXPECT_EQ(KernelsOf(g), 1);
+  auto res = CompileGraph(g);
+  ASSERT_TRUE(res.ok()) << res.status();
+  testing::Loaded k(*res);
+  std::vector<float> gates(batch * 3 * s), c(batch * s), h_out(batch * s), c_out(batch * s);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d;
+  for (float& v : gates) v = d(rng);
+  for (float& v : c) v = d(rng);
+  ASSERT_EQ(k.Run({gates.data(), c.data(), h_out.data(), c_out.data()}), 0);
+  auto sig = [](double x) { return 1 / (1 + std::exp(-x)); };
+  for (int64_t i = 0; i < batch; ++i)
+    for (int64_t j = 0; j < s; ++j) {
+      double gi = sig(gates[i * 3 * s + j]), go = sig(gates[i * 3 * s + s + j]);
+      double x = gates[i * 3 * s + 2 * s + j];
+      double gc = x > 0 ? x : std::expm1(x);
+      double cn = c[i * s + j] + gc * gi;
+      EXPECT_NEAR(c_out[i * s + j], cn, 1e-5);
+      EXPECT_NEAR(h_out[i * s + j], std::tanh(cn) * go, 1e-5);
+    }
+}
+
+TEST(Fusion, ExternOpIsRejectedAsPartitionBoundary) {
+  ir::Graph in;
+  in.inputs = {Ty(DType::kF32, {4, 8}), Ty(DType::kF32, {8, 2})};
+  ir::Builder b(in);
+  auto mm = *b.Add("matmul", {0, 1});
+  ir::Graph g = b.Finish({mm});
+  auto gen = testing::SharedPipeline().Generate(g, Target{}, CompileOptions{});
+  ASSERT_FALSE(gen.ok());
+  EXPECT_EQ(gen.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(gen.status().message().find("matmul"), std::string::npos);
+}
+
+TEST(Fusion, WholeTensorSumRunsInParallelAndMatches) {
+  const int64_t n = 1 << 20;
+  ir::Graph in;
+  in.inputs = {Ty(DType::kF64, {n})};
+  ir::Builder b(in);
+  auto s = *b.Add("sum", {0});
+  auto res = CompileGraph(b.Finish({s}));
+  ASSERT_TRUE(res.ok()) << res.status();
+  testing::Loaded k(*res);
+  std::vector<double> x(n);
+  double ref = 0;
+  for (int64_t i = 0; i < n; ++i) ref += (x[i] = static_cast<double>(i % 100) * 0.5);
+  double out = -1;
+  ASSERT_EQ(k.Run({x.data(), &out}, 2), 0);
+  EXPECT_DOUBLE_EQ(out, ref);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -32,7 +32,7 @@ inline ir::TensorType Ty(ir::DType t, ir::Shape s) {
   return r;
 }
 
-// A loaded kernel library; unloads on destruction.
+// A loaded kernel library (kept loaded for the life of the process).
 class Loaded {
  public:
   explicit Loaded(const CompileResult& r) : plan_(r.plan) {
@@ -45,9 +45,9 @@ class Loaded {
     run_ = reinterpret_cast<int (*)(void* const*, void*, int)>(dlsym(handle_, "kiln_run"));
     abi_ = reinterpret_cast<uint32_t (*)()>(dlsym(handle_, "kiln_abi_version"));
   }
-  ~Loaded() {
-    if (handle_) dlclose(handle_);
-  }
+  // Never dlclose: a kernel library pulls in libgomp, whose worker threads outlive the
+  // parallel regions; unloading the last user of libgomp under them crashes the process.
+  ~Loaded() = default;
   uint32_t abi() const { return abi_(); }
   // args: inputs then outputs.
   int Run(std::vector<void*> args, int threads = 0) {

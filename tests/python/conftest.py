@@ -1,0 +1,170 @@
+"""Fixtures for the Python client tests.
+
+The ``kilnd`` fixture starts the real daemon once per session on a free port with a temporary
+cache folder, waits for its gRPC health check to say SERVING, and stops it with SIGTERM at the
+end. The binary is ``$KILND``, else ``$KILN_BINARY_DIR/server/kilnd``, else ``build/server/kilnd``
+in the repository. Tests that need the daemon are skipped when there is none; the tracer and
+builder tests run without it.
+
+Every test process (and the subprocesses tests start) uses a temporary local artifact cache,
+never the user's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CLIENT_DIR = REPO / "client" / "python"
+
+try:
+    import kiln  # noqa: F401
+except ImportError:  # not installed: use the source tree
+    sys.path.insert(0, str(CLIENT_DIR))
+    import kiln  # noqa: F401
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def find_kilnd() -> Optional[Path]:
+    """The kilnd binary to test, or None."""
+    env = os.environ.get("KILND")
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    bdir = os.environ.get("KILN_BINARY_DIR")
+    if bdir and (Path(bdir) / "server" / "kilnd").is_file():
+        return Path(bdir) / "server" / "kilnd"
+    default = REPO / "build" / "server" / "kilnd"
+    return default if default.is_file() else None
+
+
+class Daemon:
+    """A running kilnd: its address, cache folder and log file."""
+
+    def __init__(self, proc: subprocess.Popen, address: str, cache_dir: Path, log_path: Path) -> None:
+        self.proc = proc
+        self.address = address
+        self.cache_dir = cache_dir
+        self.log_path = log_path
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def _start_kilnd(binary: Path, workdir: Path, timeout: float = 60.0) -> Daemon:
+    cache = workdir / "kilnd-cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / "kilnd.log"
+    cmd = [str(binary), "--listen", "127.0.0.1:0", "--cache-dir", str(cache)]
+    cmd += shlex.split(os.environ.get("KILND_ARGS", ""))
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    log.close()
+    deadline = time.monotonic() + timeout
+    address = None
+    pattern = re.compile(r"kilnd listening on (\S+:\d+)")
+    while time.monotonic() < deadline:
+        m = pattern.search(log_path.read_text(errors="replace"))
+        if m:
+            address = m.group(1)
+            break
+        if proc.poll() is not None:
+            raise RuntimeError(f"kilnd exited with {proc.returncode}:\n{log_path.read_text(errors='replace')}")
+        time.sleep(0.05)
+    if address is None:
+        proc.kill()
+        raise RuntimeError(f"kilnd did not print its address in {timeout} s:\n{log_path.read_text(errors='replace')}")
+
+    from kiln import Client, RpcError
+
+    with Client(address) as probe:
+        while True:
+            try:
+                if probe.health() == "SERVING":
+                    break
+            except RpcError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError(f"kilnd at {address} never became SERVING:\n{log_path.read_text(errors='replace')}")
+            time.sleep(0.1)
+    return Daemon(proc, address, cache, log_path)
+
+
+def _stop(d: Daemon) -> None:
+    if d.proc.poll() is None:
+        d.proc.send_signal(signal.SIGTERM)
+        try:
+            d.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            d.proc.kill()
+            d.proc.wait()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A private local artifact cache for the whole session (and its subprocesses)."""
+    d = tmp_path_factory.mktemp("kiln-client-cache")
+    old = {k: os.environ.get(k) for k in ("KILN_CACHE_DIR", "KILN_RECORD_DIR")}
+    os.environ["KILN_CACHE_DIR"] = str(d)
+    os.environ.pop("KILN_RECORD_DIR", None)
+    yield d
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def kilnd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A kilnd serving on a free port for the session; skips the test when none is built."""
+    binary = find_kilnd()
+    if binary is None:
+        pytest.skip("kilnd is not built (set KILND or KILN_BINARY_DIR, or build into build/)")
+    d = _start_kilnd(binary, tmp_path_factory.mktemp("kilnd"))
+    yield d
+    _stop(d)
+
+
+@pytest.fixture(scope="session")
+def server(kilnd: Daemon) -> str:
+    """The running daemon's address."""
+    return kilnd.address
+
+
+@pytest.fixture(scope="session")
+def client(server: str) -> Iterator["kiln.Client"]:
+    """A client of the session's daemon."""
+    c = kiln.Client(server)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def subprocess_env(server: str) -> dict[str, str]:
+    """An environment for child processes: the daemon's address and an importable kiln."""
+    env = dict(os.environ)
+    env["KILN_SERVER"] = server
+    env["PYTHONPATH"] = os.pathsep.join([str(CLIENT_DIR), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+@pytest.fixture
+def rng() -> "np.random.Generator":
+    import numpy as np
+
+    return np.random.default_rng(1234)

@@ -1,0 +1,81 @@
+"""kiln.jit against a real kilnd: the acceptance functions, the catalogue, caching."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from helpers import assert_labels_match, assert_same
+from sample_fns import CASES, kmeans, kmeans_inputs, numpy_fn, numpy_fn_inputs
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_kmeans_matches_numpy(client, rng, dtype):
+    X, means = kmeans_inputs(rng, n=20000, k=7, dtype=dtype)
+    jf = kiln.jit(kmeans, client=client)
+    labels = jf(X, means)
+    assert_labels_match(labels, X, means, kmeans(X, means))
+
+
+def test_numpy_fn_matches_numpy(client, rng):
+    X, Y = numpy_fn_inputs(rng, n=3000, d=8)
+    jf = kiln.jit(numpy_fn, client=client)
+    got = jf(X.copy(), Y.copy())
+    assert_same(got, numpy_fn(X.copy(), Y.copy()), rtol=1e-9)
+    # the caller's arrays are untouched (the masked assignment only rebinds traced values)
+    X2, Y2 = numpy_fn_inputs(rng, n=3000, d=8)
+    X2c, Y2c = X2.copy(), Y2.copy()
+    jf(X2, Y2)
+    np.testing.assert_array_equal(X2, X2c)
+    np.testing.assert_array_equal(Y2, Y2c)
+
+
+@pytest.mark.parametrize("name,fn,makers", CASES, ids=[c[0] for c in CASES])
+def test_catalogue_matches_numpy(client, rng, name, fn, makers):
+    args = [m(rng) for m in makers]
+    with np.errstate(all="ignore"):
+        want = fn(*[a.copy() for a in args])
+    got = kiln.jit(fn, client=client)(*args)
+    assert_same(got, want, rtol=1e-7, atol=1e-9)
+
+
+def test_compiled_once_per_signature(client, rng):
+    calls = []
+
+    def f(x, scale):
+        calls.append(1)
+        return np.tanh(x) * scale
+
+    jf = kiln.jit(f, client=client)
+    x = rng.standard_normal((10, 3))
+    for _ in range(3):
+        np.testing.assert_allclose(jf(x, 2.0), np.tanh(x) * 2.0, rtol=1e-9)
+    assert (jf.compile_count, jf.signatures, len(calls)) == (1, 1, 1)
+    jf(rng.standard_normal((10, 3)), 2.0)  # same signature, new data
+    assert jf.compile_count == 1
+    jf(x[:5], 2.0)  # new shape
+    jf(x.astype(np.float32), 2.0)  # new dtype
+    jf(x, 3.0)  # a Python scalar is a constant: a new signature
+    assert (jf.compile_count, jf.signatures) == (4, 4)
+    jf(np.asfortranarray(x), 2.0)  # layout is not part of the signature
+    assert jf.compile_count == 4
+    np.testing.assert_allclose(jf(np.asfortranarray(x), 2.0), np.tanh(x) * 2.0, rtol=1e-9)
+
+
+def test_unsupported_call_raises_before_compiling(client):
+    jf = kiln.jit(lambda x: np.cumsum(x) + 1, client=client)
+    with pytest.raises(kiln.UnsupportedError, match="numpy.cumsum"):
+        jf(np.arange(4.0))
+    assert jf.compile_count == 0
+
+
+def test_decorator_forms(client, rng):
+    @kiln.jit(client=client, target="cpu")
+    def g(x, *, k=2):
+        return x[:, :k].sum(axis=1)
+
+    x = rng.standard_normal((4, 5))
+    np.testing.assert_allclose(g(x), x[:, :2].sum(axis=1), rtol=1e-12)
+    np.testing.assert_allclose(g(x, k=3), x[:, :3].sum(axis=1), rtol=1e-12)
+    assert g.__name__ == "g"

@@ -1,0 +1,94 @@
+// The action key: stable across how a graph was built, different for any semantic change.
+#include "kernels/key/key.h"
+
+#include "gtest/gtest.h"
+#include "kernels/ir/op_registry.h"
+#include "tests/unit/kernels/test_util.h"
+
+namespace kiln {
+namespace {
+
+using ir::DType;
+using testing::Ty;
+
+// (x + y) * exp(x) with the independent nodes appended in either order, names optional.
+ir::Graph Build(bool swap, bool named, double scale = 2.0, DType t = DType::kF32, int64_t n = 8) {
+  ir::Graph g;
+  g.inputs = {Ty(t, {n}), Ty(t, {n})};
+  g.input_names = {named ? "x" : "", named ? "y" : ""};
+  ir::ValueId add, ex;
+  if (!swap) {
+    add = g.Add("add", {0, 1});
+    ex = g.Add("exp", {0});
+  } else {
+    ex = g.Add("exp", {0});
+    add = g.Add("add", {0, 1});
+  }
+  ir::Constant c;
+  c.dtype = t;
+  c.f = {scale};
+  ir::ValueId k = g.Add("constant", {}, {{"value", c}});
+  ir::ValueId m = g.Add("mul", {add, ex});
+  ir::ValueId r = g.Add("mul", {m, k});
+  if (named)
+    for (auto& node : g.nodes) node.name = "n_" + node.op;
+  g.outputs = {r};
+  EXPECT_TRUE(ir::VerifyAndInfer(g).ok());
+  return g;
+}
+
+std::string KeyOf(const ir::Graph& g, const std::string& isa = "x86-64-v3", int opt = 3) {
+  Target t;
+  t.isa = isa;
+  CompileOptions o;
+  o.opt_level = opt;
+  return key::ComputeKey(g, t, o, "toolchain-1").digest;
+}
+
+TEST(Key, IndependentOfNodeOrderAndNames) {
+  std::string k = KeyOf(Build(false, false));
+  EXPECT_EQ(k, KeyOf(Build(true, false)));
+  EXPECT_EQ(k, KeyOf(Build(false, true)));
+  EXPECT_EQ(k, KeyOf(Build(true, true)));
+  EXPECT_EQ(key::CanonicalBytes(Build(false, false)), key::CanonicalBytes(Build(true, true)));
+}
+
+TEST(Key, ChangesWithEverySemanticChange) {
+  std::string k = KeyOf(Build(false, false));
+  EXPECT_NE(k, KeyOf(Build(false, false, 3.0)));              // a constant
+  EXPECT_NE(k, KeyOf(Build(false, false, 2.0, DType::kF64)));  // a dtype
+  EXPECT_NE(k, KeyOf(Build(false, false, 2.0, DType::kF32, 9)));  // a shape
+  EXPECT_NE(k, KeyOf(Build(false, false), "x86-64-v4"));       // the target
+  EXPECT_NE(k, KeyOf(Build(false, false), "x86-64-v3", 2));    // an option
+  Target t;
+  EXPECT_NE(k, key::ComputeKey(Build(false, false), t, CompileOptions{}, "toolchain-2").digest);
+}
+
+TEST(Key, AttributeOrderDoesNotMatter) {
+  ir::Graph a, b;
+  for (ir::Graph* g : {&a, &b}) {
+    g->inputs = {Ty(DType::kF32, {4, 5})};
+    g->input_names = {""};
+  }
+  a.Add("sum", {0}, {{"axes", ir::IntList{1}}, {"keepdim", true}});
+  ir::AttrMap m;
+  m.emplace("keepdim", true);
+  m.emplace("axes", ir::IntList{1});
+  b.Add("sum", {0}, m);
+  a.outputs = b.outputs = {1};
+  ASSERT_TRUE(ir::VerifyAndInfer(a).ok());
+  ASSERT_TRUE(ir::VerifyAndInfer(b).ok());
+  EXPECT_EQ(KeyOf(a), KeyOf(b));
+}
+
+TEST(Key, DebugStringIsLabelled) {
+  Target t;
+  auto k = key::ComputeKey(Build(false, false), t, CompileOptions{}, "toolchain-1");
+  std::string s = k.DebugString();
+  for (const char* label : {"key_format:", "graph:", "target: cpu:x86-64-v3", "options:", "toolchain: toolchain-1", "digest:"})
+    EXPECT_NE(s.find(label), std::string::npos) << label << "\n" << s;
+  EXPECT_EQ(k.digest.size(), 64u);
+}
+
+}  // namespace
+}  // namespace kiln
