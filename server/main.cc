@@ -7,10 +7,12 @@
 // accepting, lets in-flight compiles finish within --grace-s, closes the store and exits 0.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -32,8 +35,7 @@
 #include "server/compile/compiler.h"
 #include "server/service.h"
 #include "server/store/rocksdb_store.h"
-#include "spdlog/async.h"
-#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -101,18 +103,44 @@ bool ParseByteSize(std::string text, int64_t* bytes) {
   return false;
 }
 
+// A stderr sink that buffers lines and writes them in batches: one line per request at tens of
+// thousands of requests a second must not cost a syscall (or a thread hop) each. The buffer is
+// written when it fills, on warnings and errors, every second, and at exit.
+class BufferedStderrSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  ~BufferedStderrSink() override { flush_(); }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    formatter_->format(msg, buffer_);
+    if (buffer_.size() >= kFlushAt) flush_();
+  }
+  void flush_() override {
+    const char* data = buffer_.data();
+    size_t left = buffer_.size();
+    while (left > 0) {
+      const ssize_t n = write(STDERR_FILENO, data, left);
+      if (n <= 0) break;  // nowhere to log to: drop rather than stall requests
+      data += n;
+      left -= static_cast<size_t>(n);
+    }
+    buffer_.clear();
+  }
+
+ private:
+  static constexpr size_t kFlushAt = 32 * 1024;
+  spdlog::memory_buf_t buffer_;
+};
+
 bool SetUpLogging(const std::string& level_name) {
   const spdlog::level::level_enum level = spdlog::level::from_str(level_name);
   if (level == spdlog::level::off && level_name != "off") return false;
-  // Asynchronous, dropping the oldest lines under a flood: a request never waits on stderr.
-  spdlog::init_thread_pool(8192, 1);
-  auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
-  auto logger = std::make_shared<spdlog::async_logger>(
-      "kilnd", sink, spdlog::thread_pool(), spdlog::async_overflow_policy::overrun_oldest);
-  logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  auto logger = std::make_shared<spdlog::logger>("kilnd", std::make_shared<BufferedStderrSink>());
+  logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %l %v");
   logger->set_level(level);
   logger->flush_on(spdlog::level::warn);
   spdlog::set_default_logger(logger);
+  spdlog::flush_every(std::chrono::seconds(1));
   return true;
 }
 
@@ -242,5 +270,8 @@ int main(int argc, char** argv) {
       "Flag names may be spelled with hyphens or underscores.");
   kiln::server::NormalizeFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);
+  // Lock-order checking walks a graph on every Mutex acquisition; the hit path takes several,
+  // and kiln's tests (TSan, debug builds) are where lock order is checked.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   return kiln::server::Run();
 }

@@ -71,13 +71,14 @@ std::string Typed(DType t, const std::string& x) {
   return absl::StrCat("((", StorageType(t, false), ")(", x, "))");
 }
 
-std::string UnaryText(const std::string& op, DType t, const std::string& a) {
+std::string UnaryText(const std::string& op, DType t, DType operand, const std::string& a) {
   bool fl = ir::IsFloat(t);
+  bool operand_float = ir::IsFloat(operand);
   if (op == "neg") return Typed(t, "-" + a);
   if (op == "logical_not") return absl::StrCat("(!", a, ")");
   if (op == "bitwise_not") return t == DType::kBool ? absl::StrCat("(!", a, ")") : Typed(t, "~" + a);
-  if (op == "isnan") return fl ? absl::StrCat("(", a, " != ", a, ")") : "false";
-  if (op == "isinf") return fl ? absl::StrCat("kiln_isinf(", a, ")") : "false";
+  if (op == "isnan") return operand_float ? absl::StrCat("(", a, " != ", a, ")") : "false";
+  if (op == "isinf") return operand_float ? absl::StrCat("kiln_isinf(", a, ")") : "false";
   if (!fl && (op == "floor" || op == "ceil" || op == "round" || op == "trunc")) return a;
   if (op == "abs" || op == "sign") return Typed(t, absl::StrCat("kiln_", op, "(", a, ")"));
   return absl::StrCat("kiln_", op, "(", a, ")");
@@ -115,7 +116,7 @@ std::string PointwiseText(const lower::Expr& e, const std::vector<std::string>& 
   switch (e.kind) {
     case K::kConst: return Literal(e.dtype, e.fvalue, e.ivalue);
     case K::kIndex: return absl::StrCat("((int64_t)(", index_text, "))");
-    case K::kUnary: return UnaryText(e.op, e.dtype, args[0]);
+    case K::kUnary: return UnaryText(e.op, e.dtype, e.args[0]->dtype, args[0]);
     case K::kBinary: return BinaryText(e.op, e.dtype, e.args[0]->dtype, args[0], args[1]);
     case K::kWhere: return absl::StrCat("(", args[0], " ? ", args[1], " : ", args[2], ")");
     case K::kIndexLess:

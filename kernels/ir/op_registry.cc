@@ -93,7 +93,7 @@ InferFn Unary(UnaryRule rule) {
   };
 }
 
-enum class BinaryRule { kPromote, kFloat, kBoolOut, kIntOrBool, kNumeric };
+enum class BinaryRule { kPromote, kFloat, kTrueDiv, kBoolOut, kIntOrBool, kNumeric };
 
 InferFn Binary(BinaryRule rule) {
   return [rule](const Node& n, const Types& in) -> absl::StatusOr<TensorType> {
@@ -106,6 +106,8 @@ InferFn Binary(BinaryRule rule) {
         if (IsBool(t)) return InvalidArgumentError(absl::StrCat(n.op, " is not defined for bool inputs"));
         return Make(t, *shape);
       case BinaryRule::kFloat: return Make(FloatResult(t), *shape);
+      // NumPy's true division of integers (and bools) is always float64.
+      case BinaryRule::kTrueDiv: return Make(IsFloat(t) ? t : DType::kF64, *shape);
       case BinaryRule::kBoolOut: return Make(DType::kBool, *shape);
       case BinaryRule::kIntOrBool:
         if (IsFloat(t))
@@ -456,7 +458,8 @@ std::unordered_map<std::string, OpSchema> BuildRegistry() {
   add("bitwise_not", K::kElementwise, 1, 1, Unary(UnaryRule::kIntOrBool));
   for (const char* op : {"add", "mul", "maximum", "minimum"}) add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kPromote));
   for (const char* op : {"sub", "floordiv", "remainder", "pow"}) add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kNumeric));
-  for (const char* op : {"div", "atan2"}) add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kFloat));
+  add("div", K::kElementwise, 2, 2, Binary(BinaryRule::kTrueDiv));
+  add("atan2", K::kElementwise, 2, 2, Binary(BinaryRule::kFloat));
   for (const char* op : {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"})
     add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kBoolOut));
   for (const char* op : {"bitwise_and", "bitwise_or", "bitwise_xor"}) add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kIntOrBool));

@@ -123,10 +123,23 @@ absl::StatusOr<CompileService::Prepared> CompileService::Prepare(
 
 absl::StatusOr<std::shared_ptr<const v1::ActionResult>> CompileService::LookupCached(
     const std::string& key, absl::Time now) {
-  if (auto hit = memory_.Get(key, now)) return hit;
-  KILN_ASSIGN_OR_RETURN(std::optional<v1::ActionResult> stored, store_->GetResult(key));
-  if (!stored.has_value()) return nullptr;
-  auto shared = std::make_shared<const v1::ActionResult>(*std::move(stored));
+  ResultCache::Lookup in_memory = memory_.Get(key, now);
+  if (in_memory.result != nullptr && !in_memory.revalidate) return std::move(in_memory.result);
+  absl::StatusOr<std::optional<v1::ActionResult>> stored = store_->GetResult(key);
+  if (!stored.ok()) {
+    // Keep serving what memory holds; the next caller past the interval tries the store again.
+    if (in_memory.result != nullptr) {
+      memory_.Put(key, in_memory.result, now);
+      return std::move(in_memory.result);
+    }
+    return stored.status();
+  }
+  if (!stored->has_value()) {
+    // Evicted from (or corrupt in) the store: its artifacts can no longer be fetched.
+    if (in_memory.result != nullptr) memory_.Erase(key);
+    return nullptr;
+  }
+  auto shared = std::make_shared<const v1::ActionResult>(**std::move(stored));
   memory_.Put(key, shared, now);
   return shared;
 }

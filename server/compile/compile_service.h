@@ -44,7 +44,7 @@ struct CompileServiceOptions {
   int64_t queue_size = 256;  // jobs waiting for a worker; beyond it: ResourceExhausted
   absl::Duration negative_ttl = absl::Seconds(30);  // how long a compile failure is replayed
   size_t memory_cache_entries = 4096;  // in-memory front of the store; 0 disables it
-  absl::Duration memory_cache_ttl = absl::Seconds(2);
+  absl::Duration memory_cache_ttl = absl::Seconds(2);  // how often a hot entry is revalidated
   ir::Limits limits;
 };
 

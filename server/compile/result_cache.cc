@@ -6,18 +6,20 @@ namespace kiln::compile {
 
 ResultCache::ResultCache(size_t capacity, absl::Duration ttl) : capacity_(capacity), ttl_(ttl) {}
 
-ResultCache::Result ResultCache::Get(const std::string& key, absl::Time now) {
-  if (capacity_ == 0) return nullptr;
+ResultCache::Lookup ResultCache::Get(const std::string& key, absl::Time now) {
+  Lookup out;
+  if (capacity_ == 0) return out;
   absl::MutexLock lock(&mu_);
   auto it = index_.find(key);
-  if (it == index_.end()) return nullptr;
-  if (it->second->expires <= now) {
-    lru_.erase(it->second);
-    index_.erase(it);
-    return nullptr;
-  }
+  if (it == index_.end()) return out;
+  Entry& e = *it->second;
   lru_.splice(lru_.begin(), lru_, it->second);
-  return it->second->result;
+  out.result = e.result;
+  if (e.revalidate_at <= now && !e.revalidating) {
+    e.revalidating = true;
+    out.revalidate = true;
+  }
+  return out;
 }
 
 void ResultCache::Put(const std::string& key, Result result, absl::Time now) {
@@ -27,11 +29,12 @@ void ResultCache::Put(const std::string& key, Result result, absl::Time now) {
   auto it = index_.find(key);
   if (it != index_.end()) {
     it->second->result = std::move(result);
-    it->second->expires = now + ttl_;
+    it->second->revalidate_at = now + ttl_;
+    it->second->revalidating = false;
     lru_.splice(lru_.begin(), lru_, it->second);
     return;
   }
-  lru_.push_front(Entry{key, std::move(result), now + ttl_});
+  lru_.push_front(Entry{key, std::move(result), now + ttl_, false});
   index_.emplace(key, lru_.begin());
   if (lru_.size() > capacity_) {
     evicted = std::move(lru_.back().result);

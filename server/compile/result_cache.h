@@ -1,10 +1,12 @@
 // ResultCache: a small in-memory LRU of recent ActionResults in front of the store.
 //
 // A cache hit must cost well under a millisecond end to end, so the hottest keys are answered
-// from memory without a RocksDB read, a protobuf parse and blob checks. Entries live at most
-// `ttl`: after that the next hit goes back to the store, which both re-checks that the
-// artifacts are still there (the store may have evicted them) and refreshes the key's recency
-// in the store's own LRU, so a key hot in memory is never cold on disk.
+// from memory without a RocksDB read, a protobuf parse and blob checks. Every `ttl` an entry
+// is revalidated against the store, which re-checks that the artifacts are still there (the
+// store may have evicted them) and refreshes the key's recency in the store's own LRU, so a
+// key hot in memory is never cold on disk. Exactly one caller does the revalidation; the
+// others keep being answered from memory meanwhile, so a hot key never sees a burst of store
+// reads when its entry comes due.
 // Thread-safety: all methods may be called concurrently.
 #pragma once
 
@@ -30,8 +32,13 @@ class ResultCache {
   // capacity 0 disables the cache (every Get misses, Put does nothing).
   ResultCache(size_t capacity, absl::Duration ttl);
 
-  // nullptr on a miss or an expired entry.
-  Result Get(const std::string& key, absl::Time now);
+  struct Lookup {
+    Result result;         // nullptr on a miss
+    bool revalidate = false;  // this caller must check the store and Put or Erase the key
+  };
+  // A hit, a miss, or (once per `ttl` per key) a hit this caller must revalidate.
+  Lookup Get(const std::string& key, absl::Time now);
+  // Inserts or replaces, and ends a pending revalidation.
   void Put(const std::string& key, Result result, absl::Time now);
   void Erase(const std::string& key);
   size_t size() const;
@@ -40,7 +47,8 @@ class ResultCache {
   struct Entry {
     std::string key;
     Result result;
-    absl::Time expires;
+    absl::Time revalidate_at;
+    bool revalidating = false;
   };
   using List = std::list<Entry>;
 

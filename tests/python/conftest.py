@@ -64,11 +64,12 @@ class Daemon:
             return ""
 
 
-def _start_kilnd(binary: Path, workdir: Path, timeout: float = 60.0) -> Daemon:
+def start_kilnd(binary: Path, workdir: Path, timeout: float = 60.0, listen: str = "127.0.0.1:0") -> Daemon:
+    """Starts kilnd listening on ``listen`` and waits until it is SERVING."""
     cache = workdir / "kilnd-cache"
     cache.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "kilnd.log"
-    cmd = [str(binary), "--listen", "127.0.0.1:0", "--cache-dir", str(cache)]
+    cmd = [str(binary), "--listen", listen, "--cache-dir", str(cache)]
     cmd += shlex.split(os.environ.get("KILND_ARGS", ""))
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -104,7 +105,8 @@ def _start_kilnd(binary: Path, workdir: Path, timeout: float = 60.0) -> Daemon:
     return Daemon(proc, address, cache, log_path)
 
 
-def _stop(d: Daemon) -> None:
+def stop_kilnd(d: Daemon) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after 20 s."""
     if d.proc.poll() is None:
         d.proc.send_signal(signal.SIGTERM)
         try:
@@ -135,9 +137,9 @@ def kilnd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     binary = find_kilnd()
     if binary is None:
         pytest.skip("kilnd is not built (set KILND or KILN_BINARY_DIR, or build into build/)")
-    d = _start_kilnd(binary, tmp_path_factory.mktemp("kilnd"))
+    d = start_kilnd(binary, tmp_path_factory.mktemp("kilnd"))
     yield d
-    _stop(d)
+    stop_kilnd(d)
 
 
 @pytest.fixture(scope="session")

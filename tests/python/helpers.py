@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
+
+
+def kiln_cli(env: dict[str, str], *args: Any, check: bool = True) -> subprocess.CompletedProcess:
+    """Runs ``python -m kiln ARGS`` with ``env``; raises with its output when ``check`` and it
+    fails."""
+    p = subprocess.run([sys.executable, "-m", "kiln", *map(str, args)], env=env, capture_output=True, text=True, timeout=600)
+    if check and p.returncode != 0:
+        raise AssertionError(f"kiln {' '.join(map(str, args))} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
 
 
 def assert_same(got: Any, want: Any, rtol: float = 1e-6, atol: float = 1e-9, path: str = "result") -> None:

@@ -407,6 +407,10 @@ class GraphBuilder:
             out = dt.promote(a.dtype, b.dtype)
             if op.startswith("bitwise_") and dt.is_float(out):
                 raise TypeError(f"{op} takes integers or bool, not {out}")
+        elif op == "div":
+            # NumPy's true division: integers and bools divide in float64.
+            p = dt.promote(a.dtype, b.dtype)
+            out = p if p in ("f16", "bf16", "f32", "f64") else "f64"
         elif op in BINARY_FLOAT_OPS:
             out = dt.float_result(dt.promote(a.dtype, b.dtype))
         elif op in BINARY_BOOL_OPS:

@@ -65,7 +65,9 @@ class Client:
     ``address`` defaults to ``$KILN_SERVER``, then ``localhost:50051``. ``cache_dir`` defaults
     to ``$KILN_CACHE_DIR``, then ``~/.cache/kiln``. ``timeout`` is the deadline in seconds of
     quick calls (lookup, stats, source...), ``compile_timeout`` that of compiles (which may
-    wait in the daemon's queue); both include retries. ``recorder`` defaults to one for
+    wait in the daemon's queue); both include retries. A call failing with UNAVAILABLE is
+    retried up to ``max_attempts`` times with exponential backoff (50 ms doubling to 2 s,
+    about 5 s in all by default) while its deadline allows. ``recorder`` defaults to one for
     ``$KILN_RECORD_DIR`` when set. Thread-safe; close it (or use ``with``) to free the channel.
     """
 
@@ -76,7 +78,7 @@ class Client:
         cache_dir: Optional[Union[str, Path]] = None,
         timeout: float = 60.0,
         compile_timeout: float = 600.0,
-        max_attempts: int = 6,
+        max_attempts: int = 8,
         recorder: Optional[Recorder] = None,
         channel_options: Optional[Sequence[tuple[str, Any]]] = None,
     ) -> None:
@@ -87,6 +89,11 @@ class Client:
         opts = [
             ("grpc.max_receive_message_length", 256 << 20),
             ("grpc.max_send_message_length", 256 << 20),
+            # Reconnect quickly after the daemon restarts: gRPC's default backoff grows to
+            # two minutes, during which every retry below would fail at once.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2000),
         ]
         opts.extend(channel_options or [])
         self._channel = grpc.insecure_channel(self.address, options=opts)
@@ -173,9 +180,10 @@ class Client:
         graph the daemon rejects (the message names the node and the rule) or fails to build.
         """
         req = self._request(graph, target, options)
-        if self.recorder is not None:
-            self.recorder.record(req)
         resp = self._call("Compile", req, timeout if timeout is not None else self.compile_timeout)
+        if self.recorder is not None:
+            # Only graphs the daemon accepted: a replay of a rejected one would fail again.
+            self.recorder.record(req)
         compiled = Compiled(self, resp, graph=graph)
         compiled._save_manifest()
         return compiled

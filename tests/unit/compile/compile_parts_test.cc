@@ -111,21 +111,41 @@ std::shared_ptr<const v1::ActionResult> ResultWithLog(const std::string& log) {
   return r;
 }
 
-TEST(ResultCacheTest, EvictsLeastRecentlyUsedAndExpires) {
+TEST(ResultCacheTest, EvictsLeastRecentlyUsed) {
   ResultCache cache(2, absl::Seconds(10));
   const absl::Time t0 = absl::Now();
   cache.Put("a", ResultWithLog("a"), t0);
   cache.Put("b", ResultWithLog("b"), t0);
-  ASSERT_NE(cache.Get("a", t0), nullptr);  // a is now the most recent
-  cache.Put("c", ResultWithLog("c"), t0);  // evicts b
-  EXPECT_EQ(cache.Get("b", t0), nullptr);
-  EXPECT_EQ(cache.Get("a", t0)->compile_log(), "a");
-  EXPECT_EQ(cache.Get("c", t0)->compile_log(), "c");
-  EXPECT_EQ(cache.Get("a", t0 + absl::Seconds(11)), nullptr);  // expired
-  EXPECT_EQ(cache.size(), 1u);
+  ASSERT_NE(cache.Get("a", t0).result, nullptr);  // a is now the most recent
+  cache.Put("c", ResultWithLog("c"), t0);        // evicts b
+  EXPECT_EQ(cache.Get("b", t0).result, nullptr);
+  EXPECT_EQ(cache.Get("a", t0).result->compile_log(), "a");
+  EXPECT_EQ(cache.Get("c", t0).result->compile_log(), "c");
+  EXPECT_EQ(cache.size(), 2u);
+  cache.Erase("a");
+  EXPECT_EQ(cache.Get("a", t0).result, nullptr);
   ResultCache off(0, absl::Seconds(10));
   off.Put("a", ResultWithLog("a"), t0);
-  EXPECT_EQ(off.Get("a", t0), nullptr);
+  EXPECT_EQ(off.Get("a", t0).result, nullptr);
+}
+
+TEST(ResultCacheTest, OneCallerRevalidatesWhileOthersAreServed) {
+  ResultCache cache(4, absl::Seconds(10));
+  const absl::Time t0 = absl::Now();
+  cache.Put("k", ResultWithLog("v1"), t0);
+  EXPECT_FALSE(cache.Get("k", t0 + absl::Seconds(9)).revalidate);
+  ResultCache::Lookup first = cache.Get("k", t0 + absl::Seconds(11));
+  EXPECT_TRUE(first.revalidate);
+  ASSERT_NE(first.result, nullptr);
+  // While the first caller checks the store, others are answered from memory.
+  ResultCache::Lookup second = cache.Get("k", t0 + absl::Seconds(11));
+  EXPECT_FALSE(second.revalidate);
+  EXPECT_EQ(second.result->compile_log(), "v1");
+  cache.Put("k", ResultWithLog("v2"), t0 + absl::Seconds(12));
+  ResultCache::Lookup after = cache.Get("k", t0 + absl::Seconds(13));
+  EXPECT_FALSE(after.revalidate);
+  EXPECT_EQ(after.result->compile_log(), "v2");
+  EXPECT_TRUE(cache.Get("k", t0 + absl::Seconds(23)).revalidate);
 }
 
 TEST(FailureCacheTest, RemembersForTheTtl) {

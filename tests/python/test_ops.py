@@ -1,0 +1,330 @@
+"""Op-by-op suite: every op of kernels/ir/OPS.md, compiled by the real daemon and run on random
+data, against NumPy. Inputs reach each op through views (permute + strided slice of a
+contiguous buffer), through broadcasting, and at odd and size-1 shapes, so the index
+arithmetic of the lowering is exercised along with the op itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import kiln
+
+NP = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i8": np.int8, "i16": np.int16,
+      "i32": np.int32, "i64": np.int64, "u8": np.uint8, "bool": np.bool_}
+FLOATS = ["f16", "f32", "f64"]
+INTS = ["i8", "i16", "i32", "i64", "u8"]
+TOL = {"f16": (2e-3, 2e-3), "f32": (2e-6, 1e-6), "f64": (1e-12, 1e-13)}
+
+
+def random_array(rng: np.random.Generator, dtype: str, shape: tuple[int, ...], domain: str = "any") -> np.ndarray:
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if dtype in INTS:
+        info = np.iinfo(NP[dtype])
+        lo, hi = max(info.min, -100), min(info.max, 100)
+        if domain == "positive":
+            lo = 1
+        return rng.integers(lo, hi + 1, size=shape).astype(NP[dtype])
+    if domain == "positive":
+        a = rng.uniform(0.05, 4.0, size=shape)
+    elif domain == "unit":
+        a = rng.uniform(-0.99, 0.99, size=shape)
+    elif domain == "small":
+        a = rng.uniform(-3.0, 3.0, size=shape)
+    else:
+        a = rng.standard_normal(shape) * 3
+    return a.astype(NP[dtype])
+
+
+def check(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> None:
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    if got.dtype.kind == "f":
+        rtol, atol = TOL.get(str(dtype), TOL["f32"]) if dtype in TOL else TOL[{np.float16: "f16", np.float32: "f32", np.float64: "f64"}[got.dtype.type]]
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol,
+                                   equal_nan=True, err_msg=what)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+def strided_view(b: kiln.GraphBuilder, name: str, dtype: str, shape: tuple[int, int], host: np.ndarray):
+    """A graph input of shape (2*c, r) read as x[::2].T -> (r, c): a permuted, strided view."""
+    r, c = shape
+    x = b.input(name, dtype, (2 * c, r))
+    v = b.slice(x, axes=[0], starts=[0], stops=[2 * c], steps=[2])
+    return b.permute(v, [1, 0]), host[::2].T
+
+
+UNARY = {
+    "neg": (np.negative, "any"), "abs": (np.abs, "any"), "sign": (np.sign, "any"),
+    "exp": (np.exp, "small"), "exp2": (np.exp2, "small"), "expm1": (np.expm1, "small"),
+    "log": (np.log, "positive"), "log2": (np.log2, "positive"), "log1p": (np.log1p, "positive"),
+    "sqrt": (np.sqrt, "positive"), "rsqrt": (lambda a: 1 / np.sqrt(a), "positive"),
+    "sin": (np.sin, "any"), "cos": (np.cos, "any"), "tan": (np.tan, "unit"), "tanh": (np.tanh, "any"),
+    "asin": (np.arcsin, "unit"), "acos": (np.arccos, "unit"), "atan": (np.arctan, "any"),
+    "sinh": (np.sinh, "small"), "cosh": (np.cosh, "small"),
+    "sigmoid": (lambda a: 1 / (1 + np.exp(-a)), "any"),
+    "erf": (None, "any"), "floor": (np.floor, "any"), "ceil": (np.ceil, "any"), "round": (np.round, "any"),
+    "trunc": (np.trunc, "any"), "reciprocal": (np.reciprocal, "positive"),
+    "logical_not": (np.logical_not, "any"), "isnan": (np.isnan, "any"), "isinf": (np.isinf, "any"),
+}
+FLOAT_MATH = {"exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh",
+              "asin", "acos", "atan", "sinh", "cosh", "sigmoid", "erf", "reciprocal"}
+
+
+def np_erf(a: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[np.float64])(a.astype(np.float64)).astype(a.dtype)
+
+
+def float_result(dtype: str) -> str:
+    return dtype if dtype in FLOATS else {"bool": "f16", "i8": "f16", "u8": "f16", "i16": "f32"}.get(dtype, "f64")
+
+
+@pytest.mark.parametrize("dtype", FLOATS + ["i32", "u8"])
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary(client, rng, op: str, dtype: str) -> None:
+    fn, domain = UNARY[op]
+    if dtype == "u8" and op in ("neg", "sign"):
+        pytest.skip("neg/sign of unsigned are rejected by type rules")
+    b = kiln.GraphBuilder()
+    host = random_array(rng, dtype, (2 * 13, 7), domain)
+    if dtype in FLOATS and op in ("isnan", "isinf", "abs", "sign", "floor", "round"):
+        host.flat[::5] = np.nan
+        host.flat[1::7] = np.inf
+        host.flat[2::11] = -np.inf
+        host.flat[3::13] = -0.0
+        if op == "round":
+            host.flat[4::9] = 2.5
+    xv, xnp = strided_view(b, "x", dtype, (7, 13), host)
+    g = b.build([b.unary(op, xv)])
+    got = client.compile(g)(host)
+    ref_in = xnp
+    if op in FLOAT_MATH:
+        ref_in = xnp.astype(NP[float_result(dtype)])
+    if op == "erf":
+        want = np_erf(ref_in)
+    else:
+        with np.errstate(all="ignore"):
+            want = fn(ref_in)
+    if op in ("floor", "ceil", "round", "trunc") and dtype not in FLOATS:
+        want = xnp.copy()
+    if op == "rsqrt" or op == "sigmoid":
+        want = want.astype(ref_in.dtype)
+    check(got, np.asarray(want), float_result(dtype) if op in FLOAT_MATH else dtype, f"{op}({dtype})")
+
+
+BINARY = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
+    "floordiv": np.floor_divide, "remainder": np.remainder, "pow": np.power,
+    "maximum": np.maximum, "minimum": np.minimum, "atan2": np.arctan2,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+    "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor,
+    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
+}
+
+
+@pytest.mark.parametrize("dtypes", [("f32", "f32"), ("f64", "f64"), ("f16", "f16"), ("i32", "i32"),
+                                    ("i8", "u8"), ("i64", "i64"), ("i32", "f32"), ("bool", "bool")])
+@pytest.mark.parametrize("op", sorted(BINARY))
+def test_binary_broadcast(client, rng, op: str, dtypes: tuple[str, str]) -> None:
+    da, db = dtypes
+    floaty = da in FLOATS or db in FLOATS
+    if op.startswith("bitwise") and floaty:
+        pytest.skip("bitwise ops take integers")
+    if "bool" in dtypes and op in ("sub", "floordiv", "remainder", "pow"):
+        pytest.skip("not defined for bool")
+    if op == "atan2" and not floaty:
+        pytest.skip("covered for floats")
+    b = kiln.GraphBuilder()
+    a_host = random_array(rng, da, (7, 1, 5), "positive" if op == "pow" else "any")
+    b_host = random_array(rng, db, (4, 5), "positive" if op in ("floordiv", "remainder", "pow") and not floaty else
+                          ("small" if op == "pow" else "any"))
+    if op == "pow" and not floaty:
+        b_host = rng.integers(0, 4, size=(4, 5)).astype(NP[db])
+    if da in FLOATS and op in ("maximum", "minimum", "eq", "lt"):
+        a_host.flat[::3] = np.nan
+    x = b.input("a", da, a_host.shape)
+    y = b.input("b", db, b_host.shape)
+    g = b.build([b.binary(op, x, y)])
+    got = client.compile(g)(a_host, b_host)
+    with np.errstate(all="ignore"):
+        want = BINARY[op](a_host, b_host)
+    check(got, want, str(want.dtype), f"{op}({da},{db})")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64", "i32", "i16"])
+def test_integer_division_by_zero_gives_zero(client, dtype: str) -> None:
+    if dtype in FLOATS:
+        pytest.skip("floats give inf/nan as IEEE says; checked in test_binary_broadcast")
+    b = kiln.GraphBuilder()
+    x = b.input("a", dtype, (6,))
+    y = b.input("b", dtype, (6,))
+    g = b.build([b.binary("floordiv", x, y), b.binary("remainder", x, y)])
+    a = np.array([7, -7, 0, 5, -128 if dtype == "i8" else -5, 9], NP[dtype])
+    z = np.zeros(6, NP[dtype])
+    fd, rm = client.compile(g)(a, z)
+    assert (fd == 0).all() and (rm == 0).all()
+
+
+def test_where_clamp_cast(client, rng) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (9, 11))
+    y = b.input("y", "f64", (11,))
+    c = b.gt(x, 0.5)
+    w = b.where(c, x, y)
+    cl = b.clamp(x, min=-0.25, max=0.75)
+    ci = b.cast(x, "i32")
+    cb = b.cast(x, "bool")
+    ch = b.cast(b.cast(x, "bf16"), "f32")
+    g = b.build([w, cl, ci, cb, ch])
+    xh = random_array(rng, "f32", (9, 11))
+    xh[0, 0] = np.nan
+    yh = random_array(rng, "f64", (11,))
+    got = client.compile(g)(xh, yh)
+    check(got[0], np.where(xh > 0.5, xh, yh), "f64", "where")
+    check(got[1], np.clip(xh, -0.25, 0.75), "f32", "clamp")
+    with np.errstate(invalid="ignore"):
+        want_i = xh.astype(np.int32)
+    np.testing.assert_array_equal(got[2].ravel()[1:], want_i.ravel()[1:])  # NaN->int is undefined
+    check(got[3], xh.astype(bool), "bool", "cast bool")
+    np.testing.assert_allclose(got[4], xh, rtol=8e-3, equal_nan=True)  # bf16 keeps 8 bits
+
+
+REDUCTIONS = ["sum", "prod", "max", "min", "mean", "any", "all", "var", "std"]
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("axes", [(1,), (0, 2), (2,), None])
+@pytest.mark.parametrize("dtype", ["f32", "f64", "i32", "bool"])
+@pytest.mark.parametrize("op", REDUCTIONS)
+def test_reductions(client, rng, op: str, dtype: str, axes, keepdim: bool) -> None:
+    if dtype == "bool" and op in ("max", "min", "var", "std", "mean", "prod"):
+        pytest.skip("covered for numbers")
+    if dtype != "f32" and keepdim and axes == (2,):
+        pytest.skip("keepdim covered elsewhere")
+    shape = (5, 7, 9)
+    host = random_array(rng, dtype, shape, "small")
+    if op == "prod" and dtype in FLOATS:
+        host = rng.uniform(0.8, 1.25, size=shape).astype(NP[dtype])
+    b = kiln.GraphBuilder()
+    x = b.input("x", dtype, shape)
+    r = b.reduce(op, x, axes=list(axes) if axes else None, keepdim=keepdim,
+                 correction=1.0 if op in ("var", "std") else None)
+    got = client.compile(b.build([r]))(host)
+    ax = axes if axes else None
+    kw = {"axis": ax, "keepdims": keepdim}
+    if op in ("var", "std"):
+        want = getattr(np, op)(host, ddof=1, **kw)
+    elif op in ("any", "all"):
+        want = getattr(np, op)(host, **kw)
+    else:
+        want = getattr(np, {"max": "max", "min": "min"}.get(op, op))(host, **kw)
+    want = np.asarray(want)
+    if op in ("sum", "prod") and dtype in ("i32", "bool"):
+        want = want.astype(np.int64)
+    check(got, want, str(want.dtype), f"{op}{axes} keepdim={keepdim} {dtype}")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64", "i32", "u8"])
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_arg_reductions(client, rng, op: str, dtype: str) -> None:
+    shape = (6, 17, 4)
+    host = random_array(rng, dtype, shape)
+    if dtype in INTS:
+        host = rng.integers(0, 5, size=shape).astype(NP[dtype])  # many ties: first index wins
+    else:
+        host[2, 5, 1] = np.nan  # NaN wins
+    for axis, keepdim in [(1, False), (0, True), (-1, False), (None, False)]:
+        b = kiln.GraphBuilder()
+        x = b.input("x", dtype, shape)
+        got = client.compile(b.build([getattr(b, op)(x, axis=axis, keepdim=keepdim)]))(host)
+        want = np.asarray(getattr(np, op)(host, axis=axis, keepdims=keepdim if axis is not None else False))
+        check(got, want.astype(np.int64), "i64", f"{op} axis={axis} {dtype}")
+
+
+def test_layout_ops(client, rng) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (4, 6, 5))
+    y = b.input("y", "f32", (6, 1))
+    outs = [
+        b.reshape(x, (24, 5)),
+        b.reshape(b.permute(x, [2, 0, 1]), (5, -1)),
+        b.squeeze(b.unsqueeze(x, [0, 3]), [0]),
+        b.slice(x, axes=[1, 2], starts=[5, 1], stops=[-7, 100], steps=[-2, 3]),
+        b.concat([x, b.broadcast_to(y, (4, 6, 5)), x], axis=2),
+        b.broadcast_to(y, (3, 6, 7)),
+        b.iota((3, 4), axis=1, dtype="i32"),
+        b.full((2, 3), 2.5, "f64"),
+        b.add(x, b.constant(np.arange(5, dtype=np.float32))),
+    ]
+    xh = random_array(rng, "f32", (4, 6, 5))
+    yh = random_array(rng, "f32", (6, 1))
+    got = client.compile(b.build(outs))(xh, yh)
+    wants = [
+        xh.reshape(24, 5), xh.transpose(2, 0, 1).reshape(5, -1), xh[:, :, None, :].squeeze(2) if False else xh[:, :, None],
+        xh[:, 5:-7:-2, 1:100:3], np.concatenate([xh, np.broadcast_to(yh, (4, 6, 5)), xh], axis=2),
+        np.broadcast_to(yh, (3, 6, 7)), np.broadcast_to(np.arange(4, dtype=np.int32), (3, 4)),
+        np.full((2, 3), 2.5), xh + np.arange(5, dtype=np.float32),
+    ]
+    for i, (g_, w) in enumerate(zip(got, wants)):
+        check(g_, np.ascontiguousarray(w), str(w.dtype), f"layout output {i}")
+
+
+def test_composites(client, rng) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (8, 33))
+    w = b.input("w", "f32", (33,))
+    bias = b.input("bias", "f32", (33,))
+    outs = [
+        b.softmax(x, axis=-1), b.softmax(x, axis=0), b.log_softmax(x, axis=1),
+        b.logsumexp(x, axes=[1]), b.layer_norm(x, w, bias, eps=1e-5),
+        b.norm(x, ord=2.0, axes=[1]), b.norm(x, ord=1.0, axes=[0], keepdim=True), b.norm(x, ord=math.inf, axes=[1]),
+        b.gelu(x), b.gelu(x, approximate="tanh"), b.elu(x, alpha=0.7), b.silu(x), b.relu(x),
+        b.leaky_relu(x, negative_slope=0.1), b.hardtanh(x, -0.5, 0.5), b.softplus(x, beta=2.0, threshold=5.0),
+        b.clip(x, -1.0, 1.0),
+    ]
+    xh = random_array(rng, "f32", (8, 33))
+    wh = random_array(rng, "f32", (33,))
+    bh = random_array(rng, "f32", (33,))
+    got = client.compile(b.build(outs))(xh, wh, bh)
+    x64 = xh.astype(np.float64)
+    e = np.exp(x64 - x64.max(1, keepdims=True))
+    mu = x64.mean(1, keepdims=True)
+    var = x64.var(1, keepdims=True)
+    erf = np.vectorize(math.erf)
+    wants = [
+        e / e.sum(1, keepdims=True),
+        np.exp(x64 - x64.max(0, keepdims=True)) / np.exp(x64 - x64.max(0, keepdims=True)).sum(0, keepdims=True),
+        (x64 - x64.max(1, keepdims=True)) - np.log(e.sum(1, keepdims=True)),
+        np.log(np.exp(x64).sum(1)),
+        (x64 - mu) / np.sqrt(var + 1e-5) * wh + bh,
+        np.linalg.norm(x64, 2, axis=1), np.abs(x64).sum(0, keepdims=True), np.abs(x64).max(1),
+        0.5 * x64 * (1 + erf(x64 / math.sqrt(2))),
+        0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3))),
+        np.where(x64 > 0, x64, 0.7 * np.expm1(x64)), x64 / (1 + np.exp(-x64)), np.maximum(x64, 0),
+        np.where(x64 > 0, x64, 0.1 * x64), np.clip(x64, -0.5, 0.5),
+        np.where(2 * x64 > 5, x64, np.log1p(np.exp(2 * x64)) / 2), np.clip(x64, -1, 1),
+    ]
+    for i, (g_, w_) in enumerate(zip(got, wants)):
+        assert g_.dtype == np.float32, i
+        np.testing.assert_allclose(g_, w_, rtol=2e-5, atol=2e-5, err_msg=f"composite output {i}")
+
+
+@pytest.mark.parametrize("shape", [(1,), (1, 1), (3, 1, 5), (0, 4), (257,), ()])
+def test_odd_shapes(client, rng, shape) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", shape)
+    y = b.exp(b.mul(x, 2.0))
+    outs = [y]
+    if len(shape) and all(d > 0 for d in shape):
+        outs.append(b.sum(y, axes=[len(shape) - 1], keepdim=True))
+    host = random_array(rng, "f32", shape, "small")
+    got = client.compile(b.build(outs))(host)
+    got = got if isinstance(got, tuple) else (got,)
+    check(got[0], np.exp(host * np.float32(2)), "f32", f"exp(2x) {shape}")
+    if len(outs) > 1:
+        np.testing.assert_allclose(got[1], np.exp(host * np.float32(2)).sum(-1, keepdims=True), rtol=1e-5)
