@@ -97,7 +97,8 @@ def _eval(node: Any, ins: list[np.ndarray]) -> np.ndarray:
         a, b = ins
         out = dt.promote(_name(a), _name(b))
         if op in ("div", "atan2"):
-            out = dt.float_result(out)
+            # div is NumPy's true division (integers and bools in f64); atan2 uses FloatResult
+            out = (out if dt.is_float(out) else "f64") if op == "div" else dt.float_result(out)
             a, b = a.astype(_np(out)), b.astype(_np(out))
         elif op not in ("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"):
             a, b = a.astype(_np(out)), b.astype(_np(out))

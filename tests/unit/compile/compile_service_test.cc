@@ -58,10 +58,10 @@ class CompileServiceTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  void OpenStore() {
+  void OpenStore(int64_t capacity_bytes = 64 << 20) {
     store::RocksDbStoreOptions o;
     o.path = dir_ + "/cache";
-    o.capacity_bytes = 64 << 20;
+    o.capacity_bytes = capacity_bytes;
     auto store = store::RocksDbStore::Open(o);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
@@ -347,6 +347,30 @@ TEST_F(CompileServiceTest, ResultsSurviveARestartOnTheSameStore) {
   auto by_handle = service_->GetResult(first.handle);
   ASSERT_TRUE(by_handle.ok());
   EXPECT_EQ((*by_handle)->artifacts(0).digest(), first.result->artifacts(0).digest());
+}
+
+TEST_F(CompileServiceTest, MemoryFrontStopsServingWhatTheStoreEvicted) {
+  store_.reset();
+  OpenStore(/*capacity_bytes=*/1200);
+  CompileServiceOptions options = Options(1);
+  options.memory_cache_ttl = absl::Milliseconds(50);
+  Start(options);
+  CompileReply a = CompileNow(AddGraph(1));
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  // Fill the small store until `a` is evicted from it.
+  for (int n = 2; n < 20 && service_->Stats().store().evictions() == 0; ++n) {
+    ASSERT_TRUE(CompileNow(AddGraph(n)).status.ok());
+  }
+  ASSERT_GT(service_->Stats().store().evictions(), 0);
+  absl::SleepFor(absl::Milliseconds(60));
+  // Past the revalidation interval the store is asked again, and `a` is gone.
+  auto gone = service_->GetResult(a.handle);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+  const int calls = compiler_.calls();
+  CompileReply again = CompileNow(AddGraph(1));
+  ASSERT_TRUE(again.status.ok());
+  EXPECT_FALSE(again.cache_hit);
+  EXPECT_EQ(compiler_.calls(), calls + 1);
 }
 
 TEST_F(CompileServiceTest, GetResultChecksTheHandle) {

@@ -35,6 +35,17 @@ TEST(Pipeline, SinSquaredPlusCosSquaredIsOneKernel) {
   EXPECT_EQ(res->stats.num_kernels, 1);
   testing::Loaded k(*res);
   EXPECT_EQ(k.abi(), 1u);
+  // Load-time dependencies: glibc (libc, libm, libmvec) and libgomp only.
+  auto dir = toolchain::TempDir::Create("kiln-needed-");
+  ASSERT_TRUE(dir.ok());
+  ASSERT_TRUE(toolchain::WriteFile(dir->path() + "/k.so", res->artifacts[0].bytes).ok());
+  auto deps = toolchain::RunSandboxed({"readelf", "-d", "k.so"}, dir->path(), toolchain::SandboxLimits{});
+  ASSERT_TRUE(deps.ok());
+  for (size_t at = deps->output.find("Shared library: ["); at != std::string::npos;
+       at = deps->output.find("Shared library: [", at + 1)) {
+    std::string lib = deps->output.substr(at + 17, deps->output.find(']', at) - at - 17);
+    EXPECT_TRUE(lib == "libc.so.6" || lib == "libm.so.6" || lib == "libmvec.so.1" || lib == "libgomp.so.1") << lib;
+  }
   std::vector<float> xs(1000), out(1000, -1);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> d(-10, 10);
