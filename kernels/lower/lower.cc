@@ -63,6 +63,10 @@ std::vector<Affine> Lowerer::BeginKernel(const ir::Shape& domain) {
   stored_here_.clear();
   std::vector<Affine> idx;
   for (int64_t d : domain) {
+    if (d == 1) {
+      idx.push_back(Affine::Const(0));
+      continue;
+    }
     int v = NewVar(d);
     scope_.push_back(v);
     idx.push_back(Affine::Var(v));

@@ -31,7 +31,8 @@ class Lowerer {
   Lowerer(const ir::Graph& graph, const std::vector<int>& buffer_of,
           const std::vector<int>& const_buffer_of);
 
-  // Starts a kernel over `domain`: loop variables 0..rank-1 are its output indices.
+  // Starts a kernel over `domain` and returns the output index: loop variables 0..L-1 stand
+  // for the dimensions larger than 1, in order; size-1 dimensions are the constant 0.
   std::vector<Affine> BeginKernel(const ir::Shape& domain);
 
   // The element of `v` at `index` (one Affine per dimension of v). `root` values are lowered

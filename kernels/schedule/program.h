@@ -32,8 +32,12 @@ struct KernelOutput {
 
 struct Kernel {
   std::string name;              // "k0", "k1", ...
-  ir::Shape domain;              // output loop extents; loop variables 0..rank-1
-  lower::VarExtents extents;     // every loop variable's extent (domain first, then reductions)
+  ir::Shape domain;              // the outputs' shape
+  // Output loops: variables 0..num_loops-1, one per dimension of `domain` larger than 1, in
+  // order (size-1 dimensions get no loop). `out_index` is the index each output is stored at.
+  int num_loops = 0;
+  std::vector<lower::Affine> out_index;
+  lower::VarExtents extents;     // every loop variable's extent (output loops first)
   std::vector<KernelOutput> outputs;  // all of shape `domain`, stored contiguously
   std::vector<ir::ValueId> fused_values;  // graph values computed inside this kernel
 };

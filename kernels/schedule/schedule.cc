@@ -141,6 +141,8 @@ class Scheduler {
         cur->domain = shape;
         cur_buffers.clear();
         idx = lw.BeginKernel(shape);
+        cur->out_index = idx;
+        for (int64_t d : shape) cur->num_loops += d != 1;
         lower::ExprPtr e = lw.Lower(v, idx, /*root=*/true);
         AddOutputs(cur, v, e, &cur_buffers, &lw);
       }

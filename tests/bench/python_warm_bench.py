@@ -27,6 +27,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -154,6 +155,7 @@ def main() -> int:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

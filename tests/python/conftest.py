@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Optional
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,7 +167,5 @@ def subprocess_env(server: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def rng() -> "np.random.Generator":
-    import numpy as np
-
+def rng() -> np.random.Generator:
     return np.random.default_rng(1234)

@@ -773,7 +773,7 @@ class GraphBuilder:
 
     # ------------------------------------------------------------------ externs
 
-    def matmul(self, a: Value, b: Value) -> Value:
+    def matmul(self, a: Operand, b: Operand) -> Value:
         """An extern: the daemon rejects it (front ends keep matmul in their framework)."""
         a, b = self._tensor_operands([a, b])
         if a.ndim == 0 or b.ndim == 0:
@@ -792,6 +792,171 @@ class GraphBuilder:
             raise ValueError("conv2d: NCHW input and OIHW weight")
         shape = (x.shape[0], w.shape[0], x.shape[2] - w.shape[2] + 1, x.shape[3] - w.shape[3] + 1)
         return self.node("conv2d", [x, w], {}, dt.promote(x.dtype, w.dtype), shape)
+
+    # ------------------------------------------------------------------ one method per elementwise op
+    # Unary, computing integers and bool in float_result(dtype):
+    def exp(self, x: Operand) -> Value:
+        return self.unary("exp", x)
+
+    def exp2(self, x: Operand) -> Value:
+        return self.unary("exp2", x)
+
+    def expm1(self, x: Operand) -> Value:
+        return self.unary("expm1", x)
+
+    def log(self, x: Operand) -> Value:
+        return self.unary("log", x)
+
+    def log2(self, x: Operand) -> Value:
+        return self.unary("log2", x)
+
+    def log1p(self, x: Operand) -> Value:
+        return self.unary("log1p", x)
+
+    def sqrt(self, x: Operand) -> Value:
+        return self.unary("sqrt", x)
+
+    def rsqrt(self, x: Operand) -> Value:
+        return self.unary("rsqrt", x)
+
+    def sin(self, x: Operand) -> Value:
+        return self.unary("sin", x)
+
+    def cos(self, x: Operand) -> Value:
+        return self.unary("cos", x)
+
+    def tan(self, x: Operand) -> Value:
+        return self.unary("tan", x)
+
+    def tanh(self, x: Operand) -> Value:
+        return self.unary("tanh", x)
+
+    def asin(self, x: Operand) -> Value:
+        return self.unary("asin", x)
+
+    def acos(self, x: Operand) -> Value:
+        return self.unary("acos", x)
+
+    def atan(self, x: Operand) -> Value:
+        return self.unary("atan", x)
+
+    def sinh(self, x: Operand) -> Value:
+        return self.unary("sinh", x)
+
+    def cosh(self, x: Operand) -> Value:
+        return self.unary("cosh", x)
+
+    def sigmoid(self, x: Operand) -> Value:
+        return self.unary("sigmoid", x)
+
+    def erf(self, x: Operand) -> Value:
+        return self.unary("erf", x)
+
+    def reciprocal(self, x: Operand) -> Value:
+        return self.unary("reciprocal", x)
+
+    # Unary, keeping the dtype (floor/ceil/round/trunc leave integers unchanged; round is half-to-even):
+    def neg(self, x: Operand) -> Value:
+        return self.unary("neg", x)
+
+    def abs(self, x: Operand) -> Value:
+        return self.unary("abs", x)
+
+    def sign(self, x: Operand) -> Value:
+        return self.unary("sign", x)
+
+    def floor(self, x: Operand) -> Value:
+        return self.unary("floor", x)
+
+    def ceil(self, x: Operand) -> Value:
+        return self.unary("ceil", x)
+
+    def round(self, x: Operand) -> Value:
+        return self.unary("round", x)
+
+    def trunc(self, x: Operand) -> Value:
+        return self.unary("trunc", x)
+
+    def bitwise_not(self, x: Operand) -> Value:
+        return self.unary("bitwise_not", x)
+
+    # Unary, giving bool:
+    def logical_not(self, x: Operand) -> Value:
+        return self.unary("logical_not", x)
+
+    def isnan(self, x: Operand) -> Value:
+        return self.unary("isnan", x)
+
+    def isinf(self, x: Operand) -> Value:
+        return self.unary("isinf", x)
+
+    # Binary, giving promote(a, b) (div: NumPy's true division; atan2: float_result):
+    def add(self, a: Operand, b: Operand) -> Value:
+        return self.binary("add", a, b)
+
+    def sub(self, a: Operand, b: Operand) -> Value:
+        return self.binary("sub", a, b)
+
+    def mul(self, a: Operand, b: Operand) -> Value:
+        return self.binary("mul", a, b)
+
+    def floordiv(self, a: Operand, b: Operand) -> Value:
+        return self.binary("floordiv", a, b)
+
+    def remainder(self, a: Operand, b: Operand) -> Value:
+        return self.binary("remainder", a, b)
+
+    def pow(self, a: Operand, b: Operand) -> Value:
+        return self.binary("pow", a, b)
+
+    def maximum(self, a: Operand, b: Operand) -> Value:
+        return self.binary("maximum", a, b)
+
+    def minimum(self, a: Operand, b: Operand) -> Value:
+        return self.binary("minimum", a, b)
+
+    def bitwise_and(self, a: Operand, b: Operand) -> Value:
+        return self.binary("bitwise_and", a, b)
+
+    def bitwise_or(self, a: Operand, b: Operand) -> Value:
+        return self.binary("bitwise_or", a, b)
+
+    def bitwise_xor(self, a: Operand, b: Operand) -> Value:
+        return self.binary("bitwise_xor", a, b)
+
+    def div(self, a: Operand, b: Operand) -> Value:
+        return self.binary("div", a, b)
+
+    def atan2(self, a: Operand, b: Operand) -> Value:
+        return self.binary("atan2", a, b)
+
+    # Binary, giving bool:
+    def eq(self, a: Operand, b: Operand) -> Value:
+        return self.binary("eq", a, b)
+
+    def ne(self, a: Operand, b: Operand) -> Value:
+        return self.binary("ne", a, b)
+
+    def lt(self, a: Operand, b: Operand) -> Value:
+        return self.binary("lt", a, b)
+
+    def le(self, a: Operand, b: Operand) -> Value:
+        return self.binary("le", a, b)
+
+    def gt(self, a: Operand, b: Operand) -> Value:
+        return self.binary("gt", a, b)
+
+    def ge(self, a: Operand, b: Operand) -> Value:
+        return self.binary("ge", a, b)
+
+    def logical_and(self, a: Operand, b: Operand) -> Value:
+        return self.binary("logical_and", a, b)
+
+    def logical_or(self, a: Operand, b: Operand) -> Value:
+        return self.binary("logical_or", a, b)
+
+    def logical_xor(self, a: Operand, b: Operand) -> Value:
+        return self.binary("logical_xor", a, b)
 
 
 def _reduced_shape(shape: Shape, axes: Sequence[int], keepdim: bool) -> Shape:
@@ -838,32 +1003,3 @@ def _set_attr(attr: Any, kind: str, value: Any) -> None:
             t.int_values.extend(flat.astype(np.int64).tolist())
     else:  # pragma: no cover - checked by node()
         raise ValueError(kind)
-
-
-def _add_named_methods() -> None:
-    """Adds a method per elementwise op (``b.exp(x)``, ``b.add(x, y)``...)."""
-
-    def make_unary(op: str) -> Any:
-        def f(self: GraphBuilder, x: Operand) -> Value:
-            return self.unary(op, x)
-
-        f.__name__ = op
-        f.__doc__ = f"The ``{op}`` elementwise op."
-        return f
-
-    def make_binary(op: str) -> Any:
-        def f(self: GraphBuilder, a: Operand, b: Operand) -> Value:
-            return self.binary(op, a, b)
-
-        f.__name__ = op
-        f.__doc__ = f"The ``{op}`` elementwise op (NumPy broadcasting)."
-        return f
-
-    for op in UNARY_FLOAT_OPS + UNARY_SAME_OPS + UNARY_BOOL_OPS:
-        if op == "sigmoid" or not hasattr(GraphBuilder, op):
-            setattr(GraphBuilder, op, make_unary(op))
-    for op in BINARY_PROMOTE_OPS + BINARY_FLOAT_OPS + BINARY_BOOL_OPS:
-        setattr(GraphBuilder, op, make_binary(op))
-
-
-_add_named_methods()

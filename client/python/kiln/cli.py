@@ -191,8 +191,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"handle": c.handle, "outputs": paths, "ms": round(ms, 3)})
     else:
-        for p, o in zip(paths, outs):
-            print(f"{p}  {o.dtype}{list(o.shape)}")
+        for path, o in zip(paths, outs):
+            print(f"{path}  {o.dtype}{list(o.shape)}")
         print(f"ran in {ms:.1f} ms")
     return 0
 
@@ -240,8 +240,8 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
     for f in files:
         try:
             base = load_request(f)
-        except (ValueError, OSError) as e:
-            failures.append(f"{f}: {e}")
+        except (ValueError, OSError) as err:
+            failures.append(f"{f}: {err}")
             continue
         for t in targets:
             r = service_pb2.CompileRequest()
@@ -257,9 +257,9 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
     elapsed = time.monotonic() - t0
     compiled = sum(1 for e in events if e.code == 0 and not e.cache_hit)
     hits = sum(1 for e in events if e.code == 0 and e.cache_hit)
-    for label, e in zip(labels, events):
-        if e.code != 0:
-            failures.append(f"{label}: {_CODE_NAMES.get(e.code, e.code)}: {e.message}")
+    for label, ev in zip(labels, events):
+        if ev.code != 0:
+            failures.append(f"{label}: {_CODE_NAMES.get(ev.code, ev.code)}: {ev.message}")
     if args.json:
         _print_json({
             "graphs": len(files), "targets": [str(t) for t in targets], "requests": len(requests),
@@ -268,8 +268,8 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
             "results": [{"graph": l, "handle": e.handle, "cache_hit": e.cache_hit, "code": _CODE_NAMES.get(e.code, e.code), "ms": round(e.ms, 3)} for l, e in zip(labels, events)],
         })
     else:
-        for f in failures:
-            print(f"FAILED {f}", file=sys.stderr)
+        for failure in failures:
+            print(f"FAILED {failure}", file=sys.stderr)
         print(f"prewarm: {len(files)} graphs x {len(targets)} targets: {compiled} compiled, {hits} cache hits, "
               f"{len(failures)} failed in {elapsed:.1f} s")
     return 1 if failures else 0

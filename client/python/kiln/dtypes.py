@@ -169,6 +169,8 @@ def scalar_kind(value: Any) -> Optional[str]:
     NumPy scalars (``np.float32(1)``) are not Python scalars: they carry a dtype and promote like
     0-d arrays.
     """
+    if isinstance(value, np.generic):  # np.float64 subclasses float, yet is strongly typed
+        return None
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):

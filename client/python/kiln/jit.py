@@ -190,6 +190,7 @@ class JitFunction:
         self._cache: dict[Any, _Entry] = {}
         self._lock = threading.Lock()
         self.compile_count = 0
+        self._signature: Optional[inspect.Signature]
         try:
             self._signature = inspect.signature(fn)
         except (TypeError, ValueError):

@@ -8,7 +8,10 @@ basic indexing are implemented on the tracer directly.
 
 The semantics are NumPy 2's: result dtypes come from NumPy's own ufunc type resolution
 (``ufunc.resolve_dtypes``), with Python scalars weak (NEP 50); ``mean``/``var``/``std`` of
-integers compute in float64; ``np.linalg.norm`` converts integers to float64.
+integers compute in float64; ``np.linalg.norm`` converts integers to float64. One difference:
+kiln has no uint64, so a sum or product of uint8 gives int64 where NumPy gives uint64.
+Float16 math is computed in float32 and rounded once, so it can differ from NumPy's
+op-by-op float16 rounding in the last bit.
 
 In-place writes (``a[mask] = v``, ``a[1:] = v``, ``a += v``) rebind the tracer to a new value,
 which is what NumPy does to the array as long as no other array shares its memory. Since the
@@ -26,7 +29,7 @@ import operator
 import os
 import sys
 import weakref
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -51,7 +54,7 @@ def _fname(func: Any) -> str:
 
 def _call_site() -> str:
     """``file.py:LINE`` of the innermost frame outside kiln and NumPy (the user's code)."""
-    f = sys._getframe(1)
+    f: Optional[Any] = sys._getframe(1)
     while f is not None:
         path = f.f_code.co_filename
         if not (path.startswith(_KILN_DIR) or path.startswith(_NUMPY_DIR) or path.startswith("<__array_function__")):
@@ -146,6 +149,8 @@ class Trace:
         """What ``ufunc.resolve_dtypes`` takes for an operand: a dtype, or a Python scalar
         type for weak scalars."""
         if isinstance(x, Tracer):
+            return x.dtype
+        if isinstance(x, (np.ndarray, np.generic)):
             return x.dtype
         if isinstance(x, bool):
             return np.dtype(bool)
@@ -994,10 +999,10 @@ _implements("swapaxes")(_swapaxes)
 @_implements("moveaxis")
 def _moveaxis(tr: Trace, a: Any, source: Any, destination: Any) -> Tracer:
     t = tr.tracer_of(a)
-    src = [source] if isinstance(source, (int, np.integer)) else list(source)
-    dst = [destination] if isinstance(destination, (int, np.integer)) else list(destination)
-    src = [normalize_axes([s], t.ndim)[0] for s in src]
-    dst = [normalize_axes([d], t.ndim)[0] for d in dst]
+    src_in = [source] if isinstance(source, (int, np.integer)) else list(source)
+    dst_in = [destination] if isinstance(destination, (int, np.integer)) else list(destination)
+    src: list[int] = [normalize_axes([int(s)], t.ndim)[0] for s in src_in]
+    dst: list[int] = [normalize_axes([int(d)], t.ndim)[0] for d in dst_in]
     if len(src) != len(dst):
         raise ValueError("`source` and `destination` arguments must have the same number of elements")
     order = [n for n in range(t.ndim) if n not in src]
@@ -1019,7 +1024,7 @@ _implements("squeeze")(_squeeze)
 @_implements("expand_dims")
 def _expand_dims(tr: Trace, a: Any, axis: Any) -> Tracer:
     t = tr.tracer_of(a)
-    axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
+    axes = [int(axis)] if isinstance(axis, (int, np.integer)) else [int(a) for a in axis]
     return tr.wrap(tr.b.unsqueeze(t._v, axes), base=t)
 
 

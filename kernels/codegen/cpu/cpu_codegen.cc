@@ -92,13 +92,12 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k)
   for (size_t b = 0; b < p.buffers.size(); ++b) names.push_back(BufferName(p.buffers[b], static_cast<int>(b)));
 
   CpuKernelEmitter em(p, k, var_names, names);
-  em.parallel_top_reduce = k.domain.empty();
-  int rank = static_cast<int>(k.domain.size());
+  int rank = k.num_loops;
+  em.parallel_top_reduce = rank == 0;
   if (rank > 0) em.set_simd_scope(rank);  // the innermost output loop is a simd loop
   em.PushScope(-1);
   for (int d = 0; d < rank; ++d) em.PushScope(d);
-  std::vector<lower::Affine> idx;
-  for (int d = 0; d < rank; ++d) idx.push_back(lower::Affine::Var(d));
+  const std::vector<lower::Affine>& idx = k.out_index;
   for (const schedule::KernelOutput& o : k.outputs) {
     std::string v = em.Emit(o.value);
     const Buffer& b = p.buffers[o.buffer];
@@ -107,7 +106,7 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k)
   }
   // Assemble loops from the innermost scope outwards.
   int64_t work = 1;
-  for (int64_t d : k.domain) work *= d;
+  for (int d = 0; d < rank; ++d) work *= k.extents[d];
   std::vector<std::string> body;
   for (int d = rank - 1; d >= 0; --d) {
     std::vector<std::string> stmts = em.PopScope();
@@ -119,7 +118,7 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k)
     } else if (inner) {
       loop.push_back("#pragma omp simd");
     }
-    loop.push_back(absl::StrCat("for (int64_t i", d, " = 0; i", d, " < ", k.domain[d], "; ++i", d, ") {"));
+    loop.push_back(absl::StrCat("for (int64_t i", d, " = 0; i", d, " < ", k.extents[d], "; ++i", d, ") {"));
     for (std::string& s : stmts) loop.push_back("  " + s);
     loop.push_back("}");
     body = std::move(loop);

@@ -1,0 +1,274 @@
+#include "client/cpp/client.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/digest.h"
+#include "client/cpp/grpc_status.h"
+
+namespace kiln::client {
+namespace {
+
+// Large enough for any CompileResponse (plans and compile logs are small, but a failing
+// compile's log can run to megabytes); artifacts themselves arrive in chunks.
+constexpr int kMaxReceiveBytes = 64 << 20;
+
+int ToMillis(absl::Duration d) {
+  return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, 1 << 30));
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const ClientOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
+  // gRPC's own reconnect backoff starts at a second; while it waits, every call fails at once
+  // with UNAVAILABLE, which would make our quicker retries useless. Keep the two in step.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ToMillis(options.retry.initial_backoff));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, ToMillis(options.retry.initial_backoff));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ToMillis(options.retry.max_backoff));
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
+  return grpc::CreateCustomChannel(address, credentials, args);
+}
+
+std::string ResolveAddress(const std::string& address) {
+  if (!address.empty()) return address;
+  if (const char* env = std::getenv("KILN_SERVER"); env != nullptr && *env != '\0') return env;
+  return kDefaultServer;
+}
+
+// Uniform in [1 - 0.2, 1 + 0.2].
+double Jitter() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return std::uniform_real_distribution<double>(0.8, 1.2)(rng);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
+  const std::string address = ResolveAddress(options.address);
+  if (address.empty()) return absl::InvalidArgumentError("empty kiln server address");
+  options.address = address;
+  std::shared_ptr<grpc::Channel> channel = MakeChannel(address, options);
+  return std::make_unique<Client>(std::move(channel), std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& address) {
+  ClientOptions options;
+  options.address = address;
+  return Create(std::move(options));
+}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
+    : address_(ResolveAddress(options.address)),
+      options_(std::move(options)),
+      channel_(std::move(channel)),
+      stub_(v1::Kiln::NewStub(channel_)) {}
+
+absl::Time Client::Resolve(absl::Time deadline, absl::Duration default_timeout) const {
+  return deadline == kDefaultDeadline ? absl::Now() + default_timeout : deadline;
+}
+
+absl::Status Client::WithRetries(
+    absl::Time deadline, const std::function<absl::Status(grpc::ClientContext&)>& attempt,
+    const std::function<bool()>& may_retry) {
+  calls_.fetch_add(1, std::memory_order_relaxed);
+  const int max_attempts = std::max(1, options_.retry.max_attempts);
+  absl::Duration backoff = options_.retry.initial_backoff;
+  absl::Status status;
+  for (int n = 1;; ++n) {
+    grpc::ClientContext context;  // one per attempt: a context cannot be reused
+    if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
+    attempts_.fetch_add(1, std::memory_order_relaxed);
+    if (n > 1) retries_.fetch_add(1, std::memory_order_relaxed);
+    status = attempt(context);
+    if (!absl::IsUnavailable(status) || (may_retry && !may_retry())) return status;
+    if (n >= max_attempts) {
+      return absl::UnavailableError(
+          absl::StrCat(status.message(), " (after ", n, " attempts)"));
+    }
+    const absl::Duration wait = std::min(backoff, options_.retry.max_backoff) * Jitter();
+    if (absl::Now() + wait >= deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          status.message(), " (after ", n, " attempts; the deadline allows no more)"));
+    }
+    absl::SleepFor(wait);
+    backoff = backoff * options_.retry.multiplier;
+  }
+}
+
+absl::StatusOr<v1::CompileResponse> Client::Compile(const v1::CompileRequest& request,
+                                                    absl::Time deadline) {
+  v1::CompileResponse response;
+  absl::Status status = WithRetries(
+      Resolve(deadline, options_.compile_timeout), [&](grpc::ClientContext& context) {
+        return FromGrpcStatus(stub_->Compile(&context, request, &response));
+      });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::CompileResponse> Client::Compile(const v1::Graph& graph,
+                                                    const v1::Target& target,
+                                                    const v1::CompileOptions& options,
+                                                    absl::Time deadline) {
+  v1::CompileRequest request;
+  *request.mutable_graph() = graph;
+  *request.mutable_target() = target;
+  *request.mutable_options() = options;
+  return Compile(request, deadline);
+}
+
+absl::StatusOr<std::optional<v1::CompileResponse>> Client::Lookup(
+    const v1::Graph& graph, const v1::Target& target, const v1::CompileOptions& options,
+    absl::Time deadline) {
+  v1::LookupRequest request;
+  *request.mutable_graph() = graph;
+  *request.mutable_target() = target;
+  *request.mutable_options() = options;
+  v1::CompileResponse response;
+  absl::Status status =
+      WithRetries(Resolve(deadline, options_.timeout), [&](grpc::ClientContext& context) {
+        return FromGrpcStatus(stub_->Lookup(&context, request, &response));
+      });
+  if (absl::IsNotFound(status)) return std::nullopt;
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::CompileResponse> Client::GetResult(const std::string& handle,
+                                                      absl::Time deadline) {
+  v1::GetResultRequest request;
+  request.set_handle(handle);
+  v1::CompileResponse response;
+  absl::Status status =
+      WithRetries(Resolve(deadline, options_.timeout), [&](grpc::ClientContext& context) {
+        return FromGrpcStatus(stub_->GetResult(&context, request, &response));
+      });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<std::string> Client::FetchArtifact(const std::string& digest,
+                                                  absl::Time deadline) {
+  if (!IsDigest(digest)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", digest, "' is not a lowercase hex SHA-256 digest"));
+  }
+  fetches_.fetch_add(1, std::memory_order_relaxed);
+  v1::FetchArtifactRequest request;
+  request.set_digest(digest);
+  std::string bytes;
+  absl::Status status =
+      WithRetries(Resolve(deadline, options_.timeout), [&](grpc::ClientContext& context) {
+        bytes.clear();
+        std::unique_ptr<grpc::ClientReader<v1::ArtifactChunk>> reader =
+            stub_->FetchArtifact(&context, request);
+        v1::ArtifactChunk chunk;
+        int64_t total = -1;
+        absl::Status framing;
+        while (reader->Read(&chunk)) {
+          if (!framing.ok()) continue;  // drain, then report the first problem
+          if (chunk.offset() != static_cast<int64_t>(bytes.size())) {
+            framing = absl::DataLossError(absl::StrCat("artifact ", digest, ": chunk at offset ",
+                                                       chunk.offset(), " after ", bytes.size(),
+                                                       " bytes"));
+            continue;
+          }
+          if (total >= 0 && chunk.total_size() != total) {
+            framing = absl::DataLossError(
+                absl::StrCat("artifact ", digest, ": total size changed mid-stream"));
+            continue;
+          }
+          total = chunk.total_size();
+          if (total < 0 || static_cast<int64_t>(bytes.size() + chunk.data().size()) > total) {
+            framing = absl::DataLossError(absl::StrCat("artifact ", digest, ": more than ",
+                                                       total, " bytes sent"));
+            continue;
+          }
+          bytes.append(chunk.data());
+        }
+        absl::Status finished = FromGrpcStatus(reader->Finish());
+        if (!finished.ok()) return finished;
+        if (!framing.ok()) return framing;
+        if (total >= 0 && static_cast<int64_t>(bytes.size()) != total) {
+          return absl::DataLossError(absl::StrCat("artifact ", digest, ": got ", bytes.size(),
+                                                  " of ", total, " bytes"));
+        }
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
+  if (const std::string got = Sha256Hex(bytes); got != digest) {
+    return absl::DataLossError(
+        absl::StrCat("artifact ", digest, " arrived with digest ", got));
+  }
+  fetched_bytes_.fetch_add(static_cast<int64_t>(bytes.size()), std::memory_order_relaxed);
+  return bytes;
+}
+
+absl::StatusOr<v1::GetSourceResponse> Client::GetSource(const std::string& handle,
+                                                        absl::Time deadline) {
+  v1::GetSourceRequest request;
+  request.set_handle(handle);
+  v1::GetSourceResponse response;
+  absl::Status status =
+      WithRetries(Resolve(deadline, options_.timeout), [&](grpc::ClientContext& context) {
+        return FromGrpcStatus(stub_->GetSource(&context, request, &response));
+      });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::GetStatsResponse> Client::GetStats(absl::Time deadline) {
+  v1::GetStatsResponse response;
+  absl::Status status =
+      WithRetries(Resolve(deadline, options_.timeout), [&](grpc::ClientContext& context) {
+        return FromGrpcStatus(stub_->GetStats(&context, v1::GetStatsRequest(), &response));
+      });
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::Status Client::Prewarm(const std::vector<v1::CompileRequest>& requests,
+                             const PrewarmCallback& on_event, absl::Time deadline) {
+  bool any_event = false;
+  return WithRetries(
+      Resolve(deadline, options_.compile_timeout),
+      [&](grpc::ClientContext& context) {
+        std::unique_ptr<grpc::ClientReaderWriter<v1::CompileRequest, v1::PrewarmEvent>> stream =
+            stub_->Prewarm(&context);
+        // Writing from a second thread lets events be read (and reported) while requests are
+        // still going out, so neither side's flow-control window can stall the other.
+        std::thread writer([&] {
+          for (const v1::CompileRequest& request : requests) {
+            if (!stream->Write(request)) break;  // the call ended; Finish says why
+          }
+          stream->WritesDone();
+        });
+        v1::PrewarmEvent event;
+        while (stream->Read(&event)) {
+          any_event = true;
+          if (on_event) on_event(event);
+        }
+        writer.join();
+        return FromGrpcStatus(stream->Finish());
+      },
+      // Once outcomes have been reported, replaying the stream would report them twice.
+      [&] { return !any_event; });
+}
+
+ClientStats Client::stats() const {
+  ClientStats s;
+  s.calls = calls_.load(std::memory_order_relaxed);
+  s.attempts = attempts_.load(std::memory_order_relaxed);
+  s.retries = retries_.load(std::memory_order_relaxed);
+  s.fetches = fetches_.load(std::memory_order_relaxed);
+  s.fetched_bytes = fetched_bytes_.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace kiln::client

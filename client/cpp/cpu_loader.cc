@@ -1,0 +1,184 @@
+#include "client/cpp/cpu_loader.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <memory>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/util/status_macros.h"
+
+namespace kiln::client {
+namespace {
+
+using AbiFn = uint32_t (*)();
+
+constexpr size_t kWorkspaceAlignment = 64;
+
+struct Library {
+  uint32_t abi_version = 0;
+  CpuKernel::RunFn run = nullptr;
+};
+
+// Every kernel library this process has loaded, by path. Never shrinks: see the header on
+// why nothing is dlclosed.
+class Registry {
+ public:
+  absl::StatusOr<Library> Get(const std::string& path) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (auto it = libraries_.find(path); it != libraries_.end()) return it->second;
+    // Loading under the lock keeps one dlopen per path when threads race on a new kernel.
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) {
+      return absl::NotFoundError(absl::StrCat("kernel library ", path, " does not exist"));
+    }
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot load kernel library ", path, ": ", dlerror()));
+    }
+    // From here on the library stays loaded even when it turns out unusable: closing it is
+    // what is unsafe.
+    auto abi = reinterpret_cast<AbiFn>(dlsym(handle, "kiln_abi_version"));
+    auto run = reinterpret_cast<CpuKernel::RunFn>(dlsym(handle, "kiln_run"));
+    if (abi == nullptr || run == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " is not a kiln kernel library: it lacks kiln_abi_version or kiln_run"));
+    }
+    Library library{abi(), run};
+    libraries_.emplace(path, library);
+    return library;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Library> libraries_ ABSL_GUARDED_BY(mu_);
+};
+
+Registry& TheRegistry() {
+  static Registry* registry = new Registry();  // never destroyed: kernels outlive main()
+  return *registry;
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+}  // namespace
+
+CpuKernel::CpuKernel(std::string path, RunFn run, v1::LaunchPlan plan,
+                     std::vector<int64_t> input_bytes, std::vector<int64_t> output_bytes)
+    : path_(std::move(path)),
+      run_(run),
+      plan_(std::move(plan)),
+      input_bytes_(std::move(input_bytes)),
+      output_bytes_(std::move(output_bytes)) {}
+
+absl::StatusOr<uint32_t> CpuKernel::AbiVersion(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(Library library, TheRegistry().Get(path));
+  return library.abi_version;
+}
+
+absl::StatusOr<CpuKernel> CpuKernel::Load(const std::string& path, const v1::LaunchPlan& plan) {
+  // Read the plan's inputs and outputs first: a plan that does not describe a 0..n-1
+  // numbering of each cannot be run safely, whatever the library says.
+  std::vector<int64_t> inputs, outputs;
+  for (const v1::PlanBuffer& buffer : plan.buffers()) {
+    std::vector<int64_t>* list = buffer.role() == v1::INPUT    ? &inputs
+                                 : buffer.role() == v1::OUTPUT ? &outputs
+                                                               : nullptr;
+    if (list == nullptr) continue;
+    if (buffer.index() < 0 || buffer.index() >= plan.buffers_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("launch plan: ", v1::BufferRole_Name(buffer.role()),
+                                                     " buffer index ", buffer.index(),
+                                                     " out of range"));
+    }
+    if (list->size() <= static_cast<size_t>(buffer.index())) list->resize(buffer.index() + 1, -1);
+    if ((*list)[buffer.index()] != -1) {
+      return absl::InvalidArgumentError(absl::StrCat("launch plan: two ",
+                                                     v1::BufferRole_Name(buffer.role()),
+                                                     " buffers numbered ", buffer.index()));
+    }
+    (*list)[buffer.index()] = buffer.bytes();
+  }
+  for (const std::vector<int64_t>* list : {&inputs, &outputs}) {
+    for (size_t i = 0; i < list->size(); ++i) {
+      if ((*list)[i] == -1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "launch plan: no ", list == &inputs ? "input" : "output", " buffer numbered ", i));
+      }
+    }
+  }
+  if (plan.workspace_bytes() < 0) {
+    return absl::InvalidArgumentError("launch plan: negative workspace size");
+  }
+
+  KILN_ASSIGN_OR_RETURN(Library library, TheRegistry().Get(path));
+  if (library.abi_version != plan.abi_version()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " implements kernel ABI version ", library.abi_version,
+                     " but its launch plan is for version ", plan.abi_version()));
+  }
+  return CpuKernel(path, library.run, plan, std::move(inputs), std::move(outputs));
+}
+
+absl::Status CpuKernel::Run(absl::Span<const ConstBuffer> inputs,
+                            absl::Span<const MutableBuffer> outputs, int num_threads) const {
+  if (inputs.size() != input_bytes_.size() || outputs.size() != output_bytes_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the kernel takes ", input_bytes_.size(), " inputs and ", output_bytes_.size(),
+        " outputs; got ", inputs.size(), " and ", outputs.size()));
+  }
+  std::vector<void*> args;
+  args.reserve(inputs.size() + outputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const int64_t need = input_bytes_[i];
+    if (inputs[i].bytes < static_cast<size_t>(need) || (need > 0 && inputs[i].data == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat("input ", i, " holds ", inputs[i].bytes,
+                                                     " bytes; the kernel reads ", need));
+    }
+    // The ABI's pointers are non-const for uniformity; inputs are only read.
+    args.push_back(const_cast<void*>(inputs[i].data));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const int64_t need = output_bytes_[i];
+    if (outputs[i].bytes < static_cast<size_t>(need) ||
+        (need > 0 && outputs[i].data == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat("output ", i, " holds ", outputs[i].bytes,
+                                                     " bytes; the kernel writes ", need));
+    }
+    args.push_back(outputs[i].data);
+  }
+  return RunUnchecked(args, num_threads);
+}
+
+absl::Status CpuKernel::RunUnchecked(absl::Span<void* const> args, int num_threads) const {
+  if (args.size() != input_bytes_.size() + output_bytes_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the kernel takes ", input_bytes_.size() + output_bytes_.size(),
+                     " buffers; got ", args.size()));
+  }
+  std::unique_ptr<void, FreeDeleter> workspace;
+  if (const int64_t bytes = plan_.workspace_bytes(); bytes > 0) {
+    // aligned_alloc wants a size that is a multiple of the alignment.
+    const size_t rounded =
+        (static_cast<size_t>(bytes) + kWorkspaceAlignment - 1) / kWorkspaceAlignment *
+        kWorkspaceAlignment;
+    workspace.reset(std::aligned_alloc(kWorkspaceAlignment, rounded));
+    if (workspace == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate a ", bytes, "-byte kernel workspace"));
+    }
+  }
+  if (const int rc = run_(args.data(), workspace.get(), num_threads); rc != 0) {
+    return absl::InternalError(absl::StrCat("kiln_run in ", path_, " returned ", rc));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::client

@@ -1,0 +1,79 @@
+// CpuKernel: a CPU artifact (the .so of kernels/codegen/ABI.md) loaded into this process,
+// bound to its launch plan, ready to run on host buffers.
+//
+// Libraries are dlopened once per path through a process-wide registry and never closed: a
+// kernel library pulls in libgomp, whose worker threads outlive the parallel regions, and
+// unloading it under them crashes the process. Paths from the artifact cache name their
+// content, so one path is one library for the life of the process.
+//
+// Thread-safety: Load is thread-safe. A CpuKernel is immutable; Run may be called from many
+// threads at once (each call has its own workspace), as the ABI allows.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kiln/v1/service.pb.h"
+
+namespace kiln::client {
+
+// A host buffer handed to a kernel: `bytes` is its size, checked against the plan.
+struct ConstBuffer {
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+struct MutableBuffer {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+class CpuKernel {
+ public:
+  using RunFn = int (*)(void* const* args, void* workspace, int num_threads);
+
+  // Loads the library at `path` (or reuses it when this process loaded it before), and
+  // checks that its kiln_abi_version() is `plan.abi_version()`: FailedPrecondition on a
+  // mismatch or a missing symbol, NotFound when the file is not there, FailedPrecondition when
+  // dlopen refuses it (wrong architecture, missing libgomp).
+  static absl::StatusOr<CpuKernel> Load(const std::string& path, const v1::LaunchPlan& plan);
+
+  // The library's ABI version, for callers that only want to check one (no plan needed).
+  // Same errors as Load.
+  static absl::StatusOr<uint32_t> AbiVersion(const std::string& path);
+
+  // Runs the kernels: `inputs` in graph order, then `outputs` in the order of the graph's
+  // outputs. Each buffer must hold at least the plan's bytes for it (InvalidArgument
+  // otherwise, naming which). A 64-byte aligned workspace of plan.workspace_bytes is allocated
+  // per call. `num_threads` <= 0 lets OpenMP choose. Internal when the kernel reports failure.
+  // REQUIRES: outputs do not overlap inputs or each other; inputs are row-major contiguous
+  // unless the graph declared strides (then use RunUnchecked).
+  absl::Status Run(absl::Span<const ConstBuffer> inputs, absl::Span<const MutableBuffer> outputs,
+                   int num_threads = 0) const;
+
+  // As Run, with bare pointers (inputs then outputs) and no size checks: for inputs with
+  // declared (possibly negative) strides, whose extent the plan does not give.
+  absl::Status RunUnchecked(absl::Span<void* const> args, int num_threads = 0) const;
+
+  int num_inputs() const { return static_cast<int>(input_bytes_.size()); }
+  int num_outputs() const { return static_cast<int>(output_bytes_.size()); }
+  const v1::LaunchPlan& plan() const { return plan_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  CpuKernel(std::string path, RunFn run, v1::LaunchPlan plan, std::vector<int64_t> input_bytes,
+            std::vector<int64_t> output_bytes);
+
+  std::string path_;
+  RunFn run_ = nullptr;
+  v1::LaunchPlan plan_;
+  // Bytes of each input and output, by graph position, from the plan.
+  std::vector<int64_t> input_bytes_;
+  std::vector<int64_t> output_bytes_;
+};
+
+}  // namespace kiln::client

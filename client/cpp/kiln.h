@@ -1,0 +1,106 @@
+// The kiln C++ client in one include: compile a graph on a kiln daemon and run the kernel here.
+//
+//   auto session = kiln::client::Session::Create();          // $KILN_SERVER, $KILN_CACHE_DIR
+//   auto kernel = (*session)->CompileAndLoad(graph);         // this machine's CPU by default
+//   kernel->Run({{x.data(), x.size() * 4}}, {{y.data(), y.size() * 4}});
+//
+// A Session joins a Client (the RPCs), an ArtifactCache (the local content-addressed
+// directory) and the CPU loader. Compiling a graph the daemon has seen is a cache hit on the
+// daemon; loading an artifact this machine has seen is a hit in the local directory, so a
+// warm CompileAndLoad costs one small RPC and no fetch. CUDA results are compiled and fetched
+// here too (FetchArtifact); launching them is the CUDA loader's job.
+//
+// Thread-safety: Session is thread-safe. LoadedKernel is immutable; Run may be called from
+// many threads at once.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "client/cpp/artifact_cache.h"
+#include "client/cpp/client.h"
+#include "client/cpp/cpu_loader.h"
+#include "kiln/v1/service.pb.h"
+
+namespace kiln::client {
+
+// A CPU target for this machine: the best x86-64 ISA level its CPU runs (v4 with AVX-512
+// F/BW/DQ/VL, v3 with AVX2/FMA/BMI2, else v2).
+v1::Target HostCpuTarget();
+
+// The artifact of `kind` in a compile result, or null.
+const v1::Artifact* FindArtifact(const v1::CompileResponse& response, v1::ArtifactKind kind);
+
+// A compiled CPU kernel, loaded and ready to run.
+class LoadedKernel {
+ public:
+  LoadedKernel(v1::CompileResponse response, CpuKernel kernel)
+      : response_(std::move(response)), kernel_(std::move(kernel)) {}
+
+  const std::string& handle() const { return response_.handle(); }
+  // Whether the daemon answered from its cache (no compile ran for this request).
+  bool cache_hit() const { return response_.cache_hit(); }
+  const v1::CompileResponse& response() const { return response_; }
+  const v1::LaunchPlan& plan() const { return response_.result().plan(); }
+  // The verified .so in the local artifact directory.
+  const std::string& library_path() const { return kernel_.path(); }
+  const CpuKernel& kernel() const { return kernel_; }
+
+  // See CpuKernel::Run: inputs in graph order, outputs in the graph's output order.
+  absl::Status Run(absl::Span<const ConstBuffer> inputs, absl::Span<const MutableBuffer> outputs,
+                   int num_threads = 0) const {
+    return kernel_.Run(inputs, outputs, num_threads);
+  }
+
+ private:
+  v1::CompileResponse response_;
+  CpuKernel kernel_;
+};
+
+struct SessionOptions {
+  ClientOptions client;
+  // Root of the local artifact directory; empty means ArtifactCache::DefaultRoot().
+  std::string cache_dir;
+};
+
+class Session {
+ public:
+  static absl::StatusOr<std::unique_ptr<Session>> Create(SessionOptions options = {});
+  Session(std::unique_ptr<Client> client, std::unique_ptr<ArtifactCache> cache)
+      : client_(std::move(client)), cache_(std::move(cache)) {}
+
+  // Compiles (or finds) `graph` for `target` on the daemon, fetches the .so unless the local
+  // directory has it, verifies and loads it. FailedPrecondition for a non-CPU target (use
+  // FetchArtifact and the CUDA loader). The deadline covers the compile and the fetch.
+  absl::StatusOr<LoadedKernel> CompileAndLoad(const v1::Graph& graph,
+                                              const v1::Target& target = HostCpuTarget(),
+                                              const v1::CompileOptions& options = {},
+                                              absl::Time deadline = Client::kDefaultDeadline);
+
+  // Loads a result the daemon already holds, by handle (GetResult, then as above).
+  absl::StatusOr<LoadedKernel> LoadHandle(const std::string& handle,
+                                          absl::Time deadline = Client::kDefaultDeadline);
+
+  // Loads the CPU kernel of a compile result the caller already has.
+  absl::StatusOr<LoadedKernel> Load(v1::CompileResponse response,
+                                    absl::Time deadline = Client::kDefaultDeadline);
+
+  // The local path of `artifact`, fetched from the daemon only when the directory lacks a
+  // verified copy. For any kind: a cubin for the CUDA loader, the source for a reader.
+  absl::StatusOr<std::string> FetchArtifact(const v1::Artifact& artifact,
+                                            absl::Time deadline = Client::kDefaultDeadline);
+
+  Client& client() { return *client_; }
+  ArtifactCache& cache() { return *cache_; }
+
+ private:
+  // Immutable after construction; both are thread-safe.
+  const std::unique_ptr<Client> client_;
+  const std::unique_ptr<ArtifactCache> cache_;
+};
+
+}  // namespace kiln::client

@@ -1,0 +1,289 @@
+// Runtime support included by every generated CUDA translation unit (compiled by NVRTC).
+//
+// Generated code names math as overloaded kiln_<op> helpers (kernels/codegen/c_expr.h); here
+// they map onto CUDA's device math library with IEEE semantics (the unit is compiled without
+// fast-math, so division and sqrt are correctly rounded and denormals are kept), matching the
+// CPU backend's numerics contract. Also here: half/bfloat16 conversions, 16-byte vector loads
+// and stores, and block reductions built from warp shuffles.
+//
+// The generated unit defines KILN_NEED_FP16 / KILN_NEED_BF16 before including this header
+// when it uses those types, so units without them skip parsing the large CUDA half headers.
+// A test build may define KILN_CUDA_EMULATION to compile the same text as host C++ against a
+// software model of the CUDA built-ins.
+#pragma once
+
+#ifndef KILN_CUDA_EMULATION
+// NVRTC has no C library headers; these are the LP64 widths CUDA uses.
+typedef signed char int8_t;
+typedef short int16_t;
+typedef int int32_t;
+typedef long long int64_t;
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+#if defined(KILN_NEED_FP16) || defined(KILN_NEED_BF16)
+#include <cuda_fp16.h>
+#endif
+#ifdef KILN_NEED_BF16
+#include <cuda_bf16.h>
+#endif
+#endif
+
+// Infinity and NaN literals the shared expression printer writes as GCC built-ins, which
+// NVRTC lacks. Constant-folded, so they also work in static initializers.
+#ifndef KILN_CUDA_EMULATION
+#define __builtin_inff() (1.0f / 0.0f)
+#define __builtin_inf() (1.0 / 0.0)
+#define __builtin_nanf(s) (0.0f / 0.0f)
+#define __builtin_nan(s) (0.0 / 0.0)
+#endif
+
+#define KILN_D static __device__ __forceinline__
+
+#define KILN_UNARY(name)                                          \
+  KILN_D float kiln_##name(float x) { return name##f(x); }        \
+  KILN_D double kiln_##name(double x) { return name(x); }
+KILN_UNARY(exp) KILN_UNARY(exp2) KILN_UNARY(expm1) KILN_UNARY(log) KILN_UNARY(log2)
+KILN_UNARY(log1p) KILN_UNARY(sin) KILN_UNARY(cos) KILN_UNARY(tan) KILN_UNARY(tanh)
+KILN_UNARY(asin) KILN_UNARY(acos) KILN_UNARY(atan) KILN_UNARY(sinh) KILN_UNARY(cosh)
+KILN_UNARY(erf) KILN_UNARY(sqrt) KILN_UNARY(floor) KILN_UNARY(ceil) KILN_UNARY(trunc)
+#undef KILN_UNARY
+
+// Round half to even, as NumPy does: rint in the default rounding mode.
+KILN_D float kiln_round(float x) { return rintf(x); }
+KILN_D double kiln_round(double x) { return rint(x); }
+KILN_D float kiln_pow(float a, float b) { return powf(a, b); }
+KILN_D double kiln_pow(double a, double b) { return pow(a, b); }
+KILN_D float kiln_atan2(float a, float b) { return atan2f(a, b); }
+KILN_D double kiln_atan2(double a, double b) { return atan2(a, b); }
+KILN_D float kiln_fmod(float a, float b) { return fmodf(a, b); }
+KILN_D double kiln_fmod(double a, double b) { return fmod(a, b); }
+KILN_D float kiln_copysign(float a, float b) { return copysignf(a, b); }
+KILN_D double kiln_copysign(double a, double b) { return copysign(a, b); }
+
+// rsqrt as 1/sqrt (both correctly rounded) rather than the approximate rsqrtf, so results
+// agree with the CPU backend.
+template <typename T> KILN_D T kiln_rsqrt(T x) { return T(1) / kiln_sqrt(x); }
+template <typename T> KILN_D T kiln_reciprocal(T x) { return T(1) / x; }
+template <typename T> KILN_D T kiln_sigmoid(T x) { return T(1) / (T(1) + kiln_exp(-x)); }
+KILN_D float kiln_abs(float x) { return fabsf(x); }
+KILN_D double kiln_abs(double x) { return fabs(x); }
+template <typename T> KILN_D T kiln_abs(T x) { return x < 0 ? T(-x) : x; }
+KILN_D bool kiln_abs(bool x) { return x; }
+// NaN and signed zero pass through, as in NumPy.
+KILN_D float kiln_sign(float x) { return x > 0 ? 1.0f : (x < 0 ? -1.0f : x); }
+KILN_D double kiln_sign(double x) { return x > 0 ? 1.0 : (x < 0 ? -1.0 : x); }
+template <typename T> KILN_D T kiln_sign(T x) { return T((x > 0) - (x < 0)); }
+KILN_D bool kiln_isinf(float x) { return isinf(x); }
+KILN_D bool kiln_isinf(double x) { return isinf(x); }
+
+// maximum/minimum propagate NaN from either side.
+KILN_D float kiln_maximum(float a, float b) { return (a > b || a != a) ? a : b; }
+KILN_D double kiln_maximum(double a, double b) { return (a > b || a != a) ? a : b; }
+KILN_D float kiln_minimum(float a, float b) { return (a < b || a != a) ? a : b; }
+KILN_D double kiln_minimum(double a, double b) { return (a < b || a != a) ? a : b; }
+template <typename T> KILN_D T kiln_maximum(T a, T b) { return a > b ? a : b; }
+template <typename T> KILN_D T kiln_minimum(T a, T b) { return a < b ? a : b; }
+
+template <typename T> KILN_D T kiln_clamp(T x, T lo, T hi) { return x < lo ? lo : (x > hi ? hi : x); }
+KILN_D int64_t kiln_clampi(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+// Python's floor division and modulo on floats, computed as NumPy's divmod does.
+template <typename T> KILN_D T kiln_float_floordiv(T a, T b) {
+  if (b == 0) return a / b;
+  T mod = kiln_fmod(a, b);
+  T div = (a - mod) / b;
+  if (mod != 0 && ((b < 0) != (mod < 0))) div -= T(1);
+  if (div == 0) return kiln_copysign(T(0), a / b);
+  T fl = kiln_floor(div);
+  if (div - fl > T(0.5)) fl += T(1);
+  return fl;
+}
+template <typename T> KILN_D T kiln_float_remainder(T a, T b) {
+  if (b == 0) return kiln_fmod(a, b);
+  T mod = kiln_fmod(a, b);
+  if (mod != 0) {
+    if ((b < 0) != (mod < 0)) mod += b;
+  } else {
+    mod = kiln_copysign(T(0), b);
+  }
+  return mod;
+}
+KILN_D float kiln_floordiv(float a, float b) { return kiln_float_floordiv(a, b); }
+KILN_D double kiln_floordiv(double a, double b) { return kiln_float_floordiv(a, b); }
+KILN_D float kiln_remainder(float a, float b) { return kiln_float_remainder(a, b); }
+KILN_D double kiln_remainder(double a, double b) { return kiln_float_remainder(a, b); }
+// Integers: division by zero gives 0 (NumPy warns and gives 0); no trap on MIN / -1.
+template <typename T> KILN_D T kiln_floordiv(T a, T b) {
+  if (b == 0) return T(0);
+  if (b == T(-1)) return T(-a);
+  T q = T(a / b);
+  if ((a % b != 0) && ((a < 0) != (b < 0))) q = T(q - 1);
+  return q;
+}
+template <typename T> KILN_D T kiln_remainder(T a, T b) {
+  if (b == 0 || b == T(-1)) return T(0);
+  T r = T(a % b);
+  if (r != 0 && ((r < 0) != (b < 0))) r = T(r + b);
+  return r;
+}
+template <typename T> KILN_D T kiln_pow(T a, T b) {
+  if (b < 0) return a == 1 ? T(1) : (a == T(-1) ? T((b % 2) ? -1 : 1) : T(0));
+  T r = 1;
+  while (b) {
+    if (b & 1) r = T(r * a);
+    a = T(a * a);
+    b = T(b >> 1);
+  }
+  return r;
+}
+KILN_D bool kiln_pow(bool a, bool b) { return a || !b; }
+
+// Extremes of the integer types (reduction identities); NVRTC has no <limits>.
+template <typename T> struct kiln_limits;
+#define KILN_LIMITS(T, lo_, hi_)                         \
+  template <> struct kiln_limits<T> {                    \
+    static constexpr T lo = lo_;                         \
+    static constexpr T hi = hi_;                         \
+  };
+KILN_LIMITS(int8_t, -128, 127)
+KILN_LIMITS(int16_t, -32768, 32767)
+KILN_LIMITS(int32_t, -2147483647 - 1, 2147483647)
+KILN_LIMITS(int64_t, -9223372036854775807LL - 1, 9223372036854775807LL)
+KILN_LIMITS(uint8_t, 0, 255)
+KILN_LIMITS(bool, false, true)
+#undef KILN_LIMITS
+template <typename T> KILN_D T kiln_lowest() { return kiln_limits<T>::lo; }
+template <typename T> KILN_D T kiln_highest() { return kiln_limits<T>::hi; }
+
+// Half types are stored as such and computed in float; half constants are kept as float.
+KILN_D float kiln_to_float(float x) { return x; }
+#if defined(KILN_NEED_FP16) || defined(KILN_NEED_BF16)
+KILN_D float kiln_to_float(__half x) { return __half2float(x); }
+KILN_D __half kiln_to_f16(float x) { return __float2half_rn(x); }
+#endif
+#ifdef KILN_NEED_BF16
+KILN_D float kiln_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+KILN_D __nv_bfloat16 kiln_to_bf16(float x) { return __float2bfloat16_rn(x); }
+#endif
+
+// ---- Vector memory access. REQUIRES: `p` aligned to N * sizeof(T) bytes (the launch plan's
+// alignment contract), `r` a local array declared __align__(16).
+template <int kBytes> struct kiln_vec_bytes;
+template <> struct kiln_vec_bytes<16> { typedef uint4 type; };
+template <> struct kiln_vec_bytes<8> { typedef uint2 type; };
+template <> struct kiln_vec_bytes<4> { typedef unsigned int type; };
+template <> struct kiln_vec_bytes<2> { typedef unsigned short type; };
+template <> struct kiln_vec_bytes<1> { typedef unsigned char type; };
+template <int N, typename T> KILN_D void kiln_vload(T* r, const T* p) {
+  typedef typename kiln_vec_bytes<N * sizeof(T)>::type V;
+  *reinterpret_cast<V*>(r) = *reinterpret_cast<const V*>(p);
+}
+template <int N, typename T> KILN_D void kiln_vstore(T* p, const T* r) {
+  typedef typename kiln_vec_bytes<N * sizeof(T)>::type V;
+  *reinterpret_cast<V*>(p) = *reinterpret_cast<const V*>(r);
+}
+
+// ---- Reductions across the threads that share a row. A row is TR consecutive threads of
+// the block (TR a power of two): TR <= 32 stays inside a warp; TR > 32 is the whole block and
+// goes through shared memory (`smem`: 512 bytes, 16-byte aligned). Every thread of the block
+// must call these the same number of times (they contain barriers and full-warp shuffles),
+// and all threads of a row get the same result: each butterfly step combines a pair of
+// values in both lanes with a commutative operation, so the order is fixed and the result
+// deterministic.
+KILN_D float kiln_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+KILN_D double kiln_shfl_xor(double v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+KILN_D int kiln_shfl_xor(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+KILN_D long long kiln_shfl_xor(long long v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+template <typename T> KILN_D T kiln_shfl_xor(T v, int m) {
+  return (T)__shfl_xor_sync(0xffffffffu, (int)v, m);  // narrow integers and bool
+}
+
+struct kiln_op_sum {
+  template <typename T> KILN_D T apply(T a, T b) { return T(a + b); }
+};
+struct kiln_op_prod {
+  template <typename T> KILN_D T apply(T a, T b) { return T(a * b); }
+};
+struct kiln_op_max {
+  template <typename T> KILN_D T apply(T a, T b) { return kiln_maximum(a, b); }
+};
+struct kiln_op_min {
+  template <typename T> KILN_D T apply(T a, T b) { return kiln_minimum(a, b); }
+};
+struct kiln_op_or {
+  template <typename T> KILN_D T apply(T a, T b) { return T(a | b); }
+};
+struct kiln_op_and {
+  template <typename T> KILN_D T apply(T a, T b) { return T(a & b); }
+};
+
+template <int TR, typename Op, typename T> KILN_D T kiln_row_reduce(T v, void* smem) {
+  constexpr int kW = TR < 32 ? TR : 32;
+  for (int m = kW / 2; m > 0; m >>= 1) v = Op::apply(v, kiln_shfl_xor(v, m));
+  if constexpr (TR > 32) {
+    constexpr int kWarps = TR / 32;
+    T* s = static_cast<T*>(smem);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();  // readers of an earlier reduction's partials are done
+    if (lane == 0) s[warp] = v;
+    __syncthreads();
+    v = s[lane & (kWarps - 1)];
+    for (int m = kWarps / 2; m > 0; m >>= 1) v = Op::apply(v, kiln_shfl_xor(v, m));
+  }
+  return v;
+}
+
+// Whether (v, i) beats (a, j) for argmax (kMax) or argmin: the better value, then the lower
+// index; NaN beats numbers (NumPy's rule).
+template <bool kMax> KILN_D bool kiln_arg_better(float v, long long i, float a, long long j) {
+  bool vn = v != v, an = a != a;
+  if (vn || an) return vn && (!an || i < j);
+  if (kMax ? v > a : v < a) return true;
+  return v == a && i < j;
+}
+template <bool kMax> KILN_D bool kiln_arg_better(double v, long long i, double a, long long j) {
+  bool vn = v != v, an = a != a;
+  if (vn || an) return vn && (!an || i < j);
+  if (kMax ? v > a : v < a) return true;
+  return v == a && i < j;
+}
+template <bool kMax, typename T> KILN_D bool kiln_arg_better(T v, long long i, T a, long long j) {
+  if (kMax ? v > a : v < a) return true;
+  return v == a && i < j;
+}
+
+template <int TR, bool kMax, typename T> KILN_D void kiln_row_arg(T& v, long long& i, void* smem) {
+  constexpr int kW = TR < 32 ? TR : 32;
+  for (int m = kW / 2; m > 0; m >>= 1) {
+    T ov = kiln_shfl_xor(v, m);
+    long long oi = kiln_shfl_xor(i, m);
+    if (kiln_arg_better<kMax>(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+  if constexpr (TR > 32) {
+    constexpr int kWarps = TR / 32;
+    T* sv = static_cast<T*>(smem);
+    long long* si = reinterpret_cast<long long*>(static_cast<char*>(smem) + 256);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) {
+      sv[warp] = v;
+      si[warp] = i;
+    }
+    __syncthreads();
+    v = sv[lane & (kWarps - 1)];
+    i = si[lane & (kWarps - 1)];
+    for (int m = kWarps / 2; m > 0; m >>= 1) {
+      T ov = kiln_shfl_xor(v, m);
+      long long oi = kiln_shfl_xor(i, m);
+      if (kiln_arg_better<kMax>(ov, oi, v, i)) {
+        v = ov;
+        i = oi;
+      }
+    }
+  }
+}
