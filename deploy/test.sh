@@ -10,5 +10,5 @@ BUILD_DIR="${KILN_BUILD_DIR:-build}"
 if [ -d tests/python ]; then
   export KILN_BINARY_DIR="$PWD/$BUILD_DIR"
   export PYTHONPATH="$PWD/client/python${PYTHONPATH:+:$PYTHONPATH}"
-  python3 -m pytest -q tests/python
+  python3 -m pytest -q -p no:cacheprovider tests/python
 fi

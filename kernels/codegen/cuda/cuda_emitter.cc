@@ -57,6 +57,8 @@ CudaEmitter::LaneGroup::LaneGroup(CudaEmitter* em, int var, Affine first, int V,
 
 ExprPtr CudaEmitter::LaneGroup::Lane(const ExprPtr& tree, int u) {
   const lower::VarExtents& ext = em_->extents();
+  for (const Expr* n : Nodes(tree))
+    for (int rv : n->rvars) em_->rvars.insert(rv);
   Affine at = lower::AddConst(first_, u);
   RewriteRules rules;
   rules.affine = [&](const Affine& a) { return a.Uses(var_) ? lower::Substitute(a, var_, at, ext) : a; };
@@ -244,7 +246,7 @@ void CudaEmitter::EmitCoopReduce(const Expr& e, const CoopReduce& r, const std::
       },
       [](LaneGroup&, const std::string&) {});
   const int TR = r.split.TR;
-  if (TR > 32) uses_smem = true;
+  if (TR > 32) smem_bytes = std::max(smem_bytes, 512);
   std::string smem = TR > 32 ? "kiln_smem" : "nullptr";
   if (t.nan_flag)
     AddStatement(absl::StrCat(t.acc, " = ", t.acc, "_nan ? ", Literal(t.vt, __builtin_nan(""), 0), " : ", t.acc, ";"));
@@ -274,7 +276,7 @@ void CudaEmitter::EmitColumnReduce(const Expr& e, const CoopReduce& r, const std
                             extents()[r.var], "; ", ev, " += ", r.y_groups, ") {"));
   for (std::string& s : stmts) AddStatement("  " + s);
   AddStatement("}");
-  uses_smem = true;
+  smem_bytes = std::max(smem_bytes, r.y_groups * 32 * 16);
   if (t.nan_flag)
     AddStatement(absl::StrCat(t.acc, " = ", t.acc, "_nan ? ", Literal(t.vt, __builtin_nan(""), 0), " : ", t.acc, ";"));
   if (t.arg) {

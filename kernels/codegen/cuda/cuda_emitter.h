@@ -87,7 +87,7 @@ class CudaEmitter : public ScopedEmitter {
   int threads_per_row = 1;     // TR of cooperative reductions (template argument)
   const RowCache* cache = nullptr;
   std::map<const lower::Expr*, CoopReduce> coop;  // reductions not run sequentially
-  bool uses_smem = false;      // some reduction needs the kernel's shared scratch
+  int smem_bytes = 0;          // shared scratch the cooperative reductions need
 
   // One C block of lanes: rebuilds trees per lane and collects the vector loads they share.
   class LaneGroup {

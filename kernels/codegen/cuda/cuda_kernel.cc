@@ -1,0 +1,286 @@
+#include "kernels/codegen/cuda/cuda_kernel.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/codegen/c_expr.h"
+#include "kernels/codegen/cuda/kernel_gen.h"
+
+namespace kiln::codegen::cuda {
+namespace internal {
+
+absl::StatusOr<std::vector<KernelFunction>> KernelGen::Run() {
+  for (schedule::KernelOutput& o : kern_.outputs) o.value = pool_.InternTree(o.value);
+  if (Product(kern_.domain, 0, kern_.domain.size()) == 0) return fns_;  // nothing to compute
+  bool direct = false;
+  SplitGlobals(&direct);
+  const int rank = static_cast<int>(kern_.domain.size());
+  if (direct || rank == 0) {
+    Row(-1);
+    return fns_;
+  }
+  // Where do the reductions left land? Depth = the deepest output variable they read.
+  FreeVarMap fv;
+  for (const auto& o : kern_.outputs) AddFreeVars(o.value, &fv);
+  int dmax = -1;
+  int64_t r_inner = 0;
+  bool contiguous = false;
+  for (const auto& [n, vars] : fv) {
+    if (n->kind != Expr::Kind::kReduce || vars.empty()) continue;
+    if (vars.back() >= rank) continue;  // nested inside another reduction
+    dmax = std::max(dmax, vars.back());
+    if (vars.back() != rank - 1) continue;
+    r_inner = std::max(r_inner, ReduceExtent(*n, kern_.extents));
+    for (const Expr* m : Nodes(n->args[0]))
+      if (m->kind == Expr::Kind::kLoad && m->buffer >= 0 &&
+          Coefficient(FlatAddress(unit_->buffers[m->buffer], m->index), n->rvars.back()) == 1)
+        contiguous = true;
+  }
+  int64_t n_out = Product(kern_.domain, 0, rank);
+  if (dmax < 0) {
+    Pointwise();
+  } else if (dmax < rank - 1) {
+    Row(dmax);
+  } else if (r_inner >= 64 && contiguous) {
+    Row(rank - 1);
+  } else if (r_inner < 64 || n_out >= int64_t{8} * cfg_.sm_count * kPointwiseBlock) {
+    Pointwise();
+  } else {
+    int64_t y = Pow2Floor(std::max<int64_t>(1, int64_t{8} * cfg_.sm_count * kPointwiseBlock / n_out));
+    y = std::clamp<int64_t>(std::min(y, Pow2Floor(r_inner)), 2, 32);
+    ColumnTile(static_cast<int>(y));
+  }
+  return fns_;
+}
+
+std::unique_ptr<Fn> KernelGen::NewFn() {
+  auto fn = std::make_unique<Fn>();
+  fn->prog.buffers = unit_->buffers;
+  for (Buffer& b : fn->prog.buffers) b.value = ir::Constant{};  // the emitter never reads values
+  fn->real_buffers = fn->prog.buffers.size();
+  fn->kern = kern_;
+  std::vector<std::string> vars, bufs;
+  for (size_t v = 0; v < kern_.extents.size(); ++v) vars.push_back(absl::StrCat("i", v));
+  for (const Buffer& b : fn->prog.buffers) bufs.push_back(BufferName(b));
+  fn->em = std::make_unique<CudaEmitter>(&fn->prog, &fn->kern, vars, bufs, &pool_, cfg_.index_type);
+  return fn;
+}
+
+std::vector<std::string> KernelGen::DefineVars(Fn& fn, const std::vector<int>& vars, const std::string& flat) {
+  std::vector<std::string> out;
+  const lower::VarExtents& ext = fn.em->extents();
+  int64_t inner = 1;
+  for (int k = static_cast<int>(vars.size()) - 1; k >= 0; --k) {
+    std::string v = inner == 1 ? flat : absl::StrCat("(", flat, ") / ", inner);
+    if (k > 0) v = absl::StrCat("(", v, ") % ", ext[vars[k]]);
+    out.push_back(absl::StrCat("const ", cfg_.index_type, " ", fn.em->var_names()[vars[k]], " = ", v, ";"));
+    inner *= ext[vars[k]];
+  }
+  return out;
+}
+
+void KernelGen::RegisterPartialReductions(Fn& fn, const std::vector<ExprPtr>& trees, int tr) {
+  for (const ExprPtr& t : trees)
+    for (const Expr* n : Nodes(t)) {
+      auto it = partial_index_.find(n);
+      if (it == partial_index_.end()) continue;
+      CoopReduce r;
+      r.body = n->args[0];
+      r.var = n->rvars[0];
+      int64_t g = fn.em->extents()[r.var];
+      r.split.extent = g;
+      r.split.V = PickV({r.body}, r.var, g, 0, fn.prog);
+      r.split.TR = tr;
+      r.split.Q = CeilDiv(g, int64_t{r.split.V} * tr);
+      r.split.unrolled = r.split.Q <= kMaxUnrolledVectors;
+      r.index_buffer = it->second;
+      fn.em->coop[n] = r;
+    }
+}
+
+KernelFunction KernelGen::Finish(Fn& fn, const std::string& name, const std::vector<std::string>& body, int64_t grid,
+                      int block, std::string strategy) {
+  std::string lines;
+  for (const std::string& l : fn.head) absl::StrAppend(&lines, "  ", l, "\n");
+  for (const std::string& l : body) absl::StrAppend(&lines, "  ", l, "\n");
+  KernelFunction f;
+  f.name = name;
+  f.grid = static_cast<uint32_t>(grid);
+  f.block = static_cast<uint32_t>(block);
+  f.strategy = std::move(strategy);
+  std::vector<std::string> params;
+  for (size_t b = 0; b < fn.real_buffers; ++b) {
+    const Buffer& buf = fn.prog.buffers[b];
+    if (buf.role == Buffer::Role::kConst || !Mentions(lines, BufferName(buf))) continue;
+    bool w = std::count(fn.written.begin(), fn.written.end(), static_cast<int>(b)) > 0;
+    params.push_back(absl::StrCat(w ? "" : "const ", StorageType(buf.dtype, true), "* __restrict__ ", BufferName(buf)));
+    f.buffers.push_back(static_cast<int>(b));
+  }
+  f.text = absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", block, ") ", name, "(",
+                        absl::StrJoin(params, ", "), ") {\n");
+  if (fn.em->smem_bytes > 0)
+    absl::StrAppend(&f.text, "  __shared__ __align__(16) char kiln_smem[", fn.em->smem_bytes, "];\n");
+  absl::StrAppend(&f.text, lines, "}\n");
+  return f;
+}
+
+std::string KernelGen::StoreText(const Buffer& b, const std::string& v) {
+  std::string stored = b.dtype == ir::DType::kBool ? v : absl::StrCat("(", ComputeTypeName(b.dtype), ")(", v, ")");
+  return StoreConvert(b.dtype, stored);
+}
+
+// ---- Whole-tensor reductions: slices -> partials in the workspace -> consumers.
+
+void KernelGen::SplitGlobals(bool* direct) {
+  FreeVarMap fv;
+  std::vector<const Expr*> globals;
+  for (const auto& o : kern_.outputs) {
+    AddFreeVars(o.value, &fv);
+    for (const Expr* n : Nodes(o.value))
+      if (n->kind == Expr::Kind::kReduce && fv[n].empty() &&
+          std::find(globals.begin(), globals.end(), n) == globals.end())
+        globals.push_back(n);
+  }
+  if (globals.empty()) return;
+  int64_t rmax = 0;
+  for (const Expr* g : globals) rmax = std::max(rmax, ReduceExtent(*g, kern_.extents));
+  if (Product(kern_.domain, 0, kern_.domain.size()) <= kDirectLimit && rmax <= kDirectLimit) {
+    *direct = true;
+    return;
+  }
+  // Levels: a reduction whose body reads another whole-tensor reduction waits for it.
+  std::unordered_map<const Expr*, int> level;
+  int max_level = 0;
+  for (const Expr* g : globals) {  // Nodes() order: bodies before their users
+    int l = 0;
+    for (const Expr* n : Nodes(g->args[0]))
+      if (level.count(n)) l = std::max(l, level[n] + 1);
+    level[g] = l;
+    max_level = std::max(max_level, l);
+  }
+  int64_t G = std::clamp<int64_t>(CeilDiv(rmax, int64_t{kPartialBlock} * 4), 1, int64_t{4} * cfg_.sm_count);
+  if (G > 4) G = CeilDiv(G, 4) * 4;
+  std::unordered_map<const Expr*, ExprPtr> replaced;
+  RewriteRules swap;
+  swap.node = [&](const ExprPtr& e) -> ExprPtr {
+    auto it = replaced.find(e.get());
+    return it == replaced.end() ? nullptr : it->second;
+  };
+  int temps = 0;
+  for (const Buffer& b : unit_->buffers) temps += b.role == Buffer::Role::kTemp;
+  auto add_temp = [&](ir::DType t) {
+    Buffer b;
+    b.role = Buffer::Role::kTemp;
+    b.index = temps++;
+    b.dtype = t;
+    b.shape = {G};
+    b.strides = {1};
+    b.bytes = G * ir::DTypeSize(t);
+    b.offset = CeilDiv(unit_->workspace_bytes, 256) * 256;
+    unit_->workspace_bytes = b.offset + b.bytes;
+    unit_->buffers.push_back(std::move(b));
+    return static_cast<int>(unit_->buffers.size()) - 1;
+  };
+  for (int l = 0; l <= max_level; ++l) {
+    std::vector<ExprPtr> items;
+    std::vector<int> vals, idxs;
+    std::vector<const Expr*> originals;
+    for (const Expr* g : globals) {
+      if (level[g] != l) continue;
+      ExprPtr self = pool_.Intern(Expr(*g));  // the canonical node itself
+      items.push_back(Rewrite(self, swap, &pool_));
+      bool arg = g->op == "argmax" || g->op == "argmin";
+      bool boolean = g->op == "any" || g->op == "all";
+      ir::DType vt = boolean ? ir::DType::kBool : ir::ComputeType(arg ? g->args[0]->dtype : g->dtype);
+      vals.push_back(add_temp(vt));
+      idxs.push_back(arg ? add_temp(ir::DType::kI64) : -1);
+      originals.push_back(g);
+    }
+    Partials(items, vals, idxs, G, l);
+    for (size_t j = 0; j < originals.size(); ++j) {
+      kern_.extents.push_back(G);
+      int pg = static_cast<int>(kern_.extents.size()) - 1;
+      Expr ld;
+      ld.kind = Expr::Kind::kLoad;
+      ld.dtype = unit_->buffers[vals[j]].dtype;
+      ld.buffer = vals[j];
+      ld.index = {Affine::Var(pg)};
+      Expr red;
+      red.kind = Expr::Kind::kReduce;
+      red.dtype = originals[j]->dtype;
+      red.op = originals[j]->op;
+      red.args = {pool_.Intern(std::move(ld))};
+      red.rvars = {pg};
+      ExprPtr pr = pool_.Intern(std::move(red));
+      partial_index_[pr.get()] = idxs[j];
+      replaced[originals[j]] = pr;
+    }
+  }
+  for (schedule::KernelOutput& o : kern_.outputs) o.value = Rewrite(o.value, swap, &pool_);
+}
+
+void KernelGen::Partials(const std::vector<ExprPtr>& items, const std::vector<int>& vals,
+                         const std::vector<int>& idxs, int64_t G, int level) {
+  std::unique_ptr<Fn> fn = NewFn();
+  CudaEmitter& em = *fn->em;
+  const int B = kPartialBlock;
+  em.kt_var = em.NewVar(B, "kt");
+  int kb = em.NewVar(G, "kb");
+  em.threads_per_row = B;
+  fn->head = {absl::StrCat("const ", cfg_.index_type, " kt = threadIdx.x;"),
+              absl::StrCat("const ", cfg_.index_type, " kb = blockIdx.x;")};
+  std::string strategy = absl::StrCat("whole-tensor partials, level ", level, ": ", G, " blocks of ", B);
+  for (size_t j = 0; j < items.size(); ++j) {
+    const Expr& g = *items[j];
+    int64_t R = ReduceExtent(g, em.extents());
+    int var = em.NewVar(R, absl::StrCat("e", em.extents().size()));
+    std::vector<int> rv = g.rvars;
+    RewriteRules flat;
+    flat.affine = [&](const Affine& a) { return FlattenAffine(a, rv, var, em.extents()); };
+    CoopReduce r;
+    r.body = Rewrite(g.args[0], flat, &pool_);
+    r.var = var;
+    int V = PickV({r.body}, var, R, 0, fn->prog);
+    int64_t S = CeilDiv(CeilDiv(R, G), V) * V;
+    std::string end = absl::StrCat("kend", j);
+    fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " ", end, " = ", S, " * kb + ", S, " < ", R, " ? ", S,
+                                    " * kb + ", S, " : ", R, ";"));
+    r.split.extent = R;
+    r.split.V = V;
+    r.split.TR = B;
+    r.split.Q = CeilDiv(S, int64_t{V} * B);
+    r.split.unrolled = false;
+    r.split.base = lower::Scale(Affine::Var(kb), S);
+    r.split.end = end;
+    em.coop[items[j].get()] = r;
+    absl::StrAppend(&strategy, j ? "," : "", " ", g.op, " of ", R, " (V=", V, ")");
+  }
+  RegisterPartialReductions(*fn, items, B);
+  em.PushScope(-1);
+  std::vector<std::string> stores;
+  for (size_t j = 0; j < items.size(); ++j) {
+    std::string name = em.Emit(items[j]);
+    bool arg = idxs[j] >= 0;
+    const Buffer& vb = fn->prog.buffers[vals[j]];
+    stores.push_back(absl::StrCat("  ", BufferName(vb), "[kb] = ", arg ? name + "_v" : name, ";"));
+    fn->written.push_back(vals[j]);
+    if (arg) {
+      stores.push_back(absl::StrCat("  ", BufferName(fn->prog.buffers[idxs[j]]), "[kb] = ", name, ";"));
+      fn->written.push_back(idxs[j]);
+    }
+  }
+  std::vector<std::string> body = em.PopScope();
+  body.push_back("if (kt == 0) {");
+  body.insert(body.end(), stores.begin(), stores.end());
+  body.push_back("}");
+  fns_.push_back(Finish(*fn, absl::StrCat(kern_.name, "_p", level), body, G, B, strategy));
+}
+
+}  // namespace internal
+
+absl::StatusOr<std::vector<KernelFunction>> GenerateKernel(schedule::Program* unit, int index,
+                                                           const KernelConfig& config) {
+  internal::KernelGen gen(unit, index, config);
+  return gen.Run();
+}
+
+}  // namespace kiln::codegen::cuda

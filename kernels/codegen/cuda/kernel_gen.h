@@ -1,0 +1,162 @@
+// Internals of the CUDA kernel generator (cuda_kernel.h), shared by its two source files:
+// cuda_kernel.cc (driver, whole-tensor partials) and cuda_strategies.cc (the strategies).
+// Thread-safety: a KernelGen is used by one thread.
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/codegen/cuda/cuda_emitter.h"
+#include "kernels/codegen/cuda/cuda_kernel.h"
+#include "kernels/codegen/cuda/expr_rewrite.h"
+
+namespace kiln::codegen::cuda::internal {
+
+using lower::Affine;
+using lower::Expr;
+using lower::ExprPtr;
+using schedule::Buffer;
+
+// Whole-tensor reductions this small (and kernels this small) run in one block, in one launch.
+inline constexpr int64_t kDirectLimit = int64_t{1} << 16;
+inline constexpr int kPartialBlock = 512;
+inline constexpr int kPointwiseBlock = 256;
+// Rows of up to this many vectors per thread are unrolled (and may be cached in registers).
+inline constexpr int64_t kMaxUnrolledVectors = 8;
+inline constexpr int64_t kMaxUnrolledElements = 32;
+// Registers (32-bit words) per thread a row cache may take.
+inline constexpr int64_t kCacheBudgetWords = 48;
+// Elements per thread a row aims for: enough loads in flight, few enough registers.
+inline constexpr int64_t kRowElementsPerThread = 8;
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t Pow2Ceil(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+inline int64_t Pow2Floor(int64_t x) {
+  int64_t p = 1;
+  while (p * 2 <= x) p <<= 1;
+  return p;
+}
+inline int64_t Product(const ir::Shape& s, size_t from, size_t to) {
+  int64_t n = 1;
+  for (size_t i = from; i < to; ++i) n *= s[i];
+  return n;
+}
+
+inline bool IsIdentChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+inline bool Mentions(const std::string& text, const std::string& name) {
+  for (size_t pos = text.find(name); pos != std::string::npos; pos = text.find(name, pos + 1)) {
+    bool before = pos == 0 || !IsIdentChar(text[pos - 1]);
+    bool after = pos + name.size() >= text.size() || !IsIdentChar(text[pos + name.size()]);
+    if (before && after) return true;
+  }
+  return false;
+}
+
+inline std::string BufferName(const Buffer& b) {
+  switch (b.role) {
+    case Buffer::Role::kInput: return absl::StrCat("in", b.index);
+    case Buffer::Role::kOutput: return absl::StrCat("out", b.index);
+    case Buffer::Role::kTemp: return absl::StrCat("tmp", b.index);
+    case Buffer::Role::kConst: return absl::StrCat("kconst", b.index);
+  }
+  return "";
+}
+
+using FreeVarMap = std::unordered_map<const Expr*, std::vector<int>>;
+
+inline void AddFreeVars(const ExprPtr& root, FreeVarMap* fv) {
+  for (const Expr* n : Nodes(root)) {
+    if (fv->count(n)) continue;
+    std::vector<int> vs;
+    for (const Affine& a : n->index) a.CollectVars(&vs);
+    for (const ExprPtr& c : n->args) {
+      const std::vector<int>& cv = fv->at(c.get());
+      vs.insert(vs.end(), cv.begin(), cv.end());
+    }
+    std::sort(vs.begin(), vs.end());
+    vs.erase(std::unique(vs.begin(), vs.end()), vs.end());
+    vs.erase(std::remove_if(vs.begin(), vs.end(),
+                            [&](int v) { return std::count(n->rvars.begin(), n->rvars.end(), v) > 0; }),
+             vs.end());
+    (*fv)[n] = std::move(vs);
+  }
+}
+
+inline int64_t ReduceExtent(const Expr& e, const lower::VarExtents& ext) {
+  int64_t r = 1;
+  for (int v : e.rvars) r *= ext[v];
+  return r;
+}
+
+// Vector width for a flat range: 16 bytes of the widest element among the contiguous loads
+// (and `min_bytes`, the outputs' widest), at most 8 lanes, dividing the extent.
+inline int PickV(const std::vector<ExprPtr>& trees, int var, int64_t extent, int64_t min_bytes,
+          const schedule::Program& prog) {
+  int64_t widest = min_bytes;
+  for (const ExprPtr& t : trees)
+    for (const Expr* n : Nodes(t)) {
+      if (n->kind != Expr::Kind::kLoad) continue;
+      const Buffer& b = prog.buffers[n->buffer];
+      if (b.role == Buffer::Role::kConst || b.index < 0) continue;
+      Affine addr = FlatAddress(b, n->index);
+      if (Coefficient(addr, var) == 1 && !UsesVarInAtom(addr, var))
+        widest = std::max(widest, ir::DTypeSize(b.dtype));
+    }
+  if (widest == 0) return 1;
+  int V = static_cast<int>(std::min<int64_t>(8, std::max<int64_t>(1, 16 / widest)));
+  while (V > 1 && extent % V != 0) V /= 2;
+  return V;
+}
+
+// A function being built: private copies of the program and kernel the emitter may extend.
+struct Fn {
+  schedule::Program prog;
+  schedule::Kernel kern;
+  std::unique_ptr<CudaEmitter> em;
+  size_t real_buffers = 0;
+  std::vector<std::string> head;  // thread indices, bounds, caches: before everything else
+  std::vector<int> written;
+};
+
+class KernelGen {
+ public:
+  KernelGen(schedule::Program* unit, int index, const KernelConfig& cfg)
+      : unit_(unit), cfg_(cfg), kern_(unit->kernels[index]) {}
+  absl::StatusOr<std::vector<KernelFunction>> Run();
+
+ private:
+  std::unique_ptr<Fn> NewFn();
+  // Lines defining `vars` (row-major over their extents) from the flat index text `flat`.
+  std::vector<std::string> DefineVars(Fn& fn, const std::vector<int>& vars, const std::string& flat);
+  // Reductions over partial results (left by SplitGlobals) are cooperative over `tr` threads.
+  void RegisterPartialReductions(Fn& fn, const std::vector<ExprPtr>& trees, int tr);
+  KernelFunction Finish(Fn& fn, const std::string& name, const std::vector<std::string>& body, int64_t grid,
+                        int block, std::string strategy);
+  std::string StoreText(const Buffer& b, const std::string& v);
+
+  // Whole-tensor reductions -> partial launches; `direct` when they are small enough for one
+  // block of the main launch.
+  void SplitGlobals(bool* direct);
+  void Partials(const std::vector<ExprPtr>& items, const std::vector<int>& val_buffers,
+                const std::vector<int>& idx_buffers, int64_t G, int level);
+  // The strategies (cuda_strategies.cc).
+  void Pointwise();
+  void Row(int p);  // outer variables 0..p, one row per outer index
+  void ColumnTile(int y);
+
+  schedule::Program* unit_;
+  KernelConfig cfg_;
+  schedule::Kernel kern_;
+  ExprPool pool_;
+  std::unordered_map<const Expr*, int> partial_index_;  // reductions over partials -> index buffer (or -1)
+  std::vector<KernelFunction> fns_;
+};
+
+}  // namespace kiln::codegen::cuda::internal

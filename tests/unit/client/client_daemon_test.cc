@@ -1,0 +1,340 @@
+// The C++ client against the real kilnd: compile a softmax built with ir::Builder, fetch,
+// load and run it against a scalar reference; a second compile is a cache hit that fetches
+// nothing; bad graphs come back as INVALID_ARGUMENT; a dead address is UNAVAILABLE after
+// bounded retries.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "client/cpp/digest.h"
+#include "client/cpp/grpc_status.h"
+#include "client/cpp/kiln.h"
+#include "gtest/gtest.h"
+#include "kernels/ir/builder.h"
+#include "kernels/ir/decode.h"
+#include "tests/integration/kilnd_process.h"
+
+namespace kiln::client {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kRows = 37, kCols = 129;
+
+v1::Graph SoftmaxGraph(int64_t rows, int64_t cols) {
+  ir::Graph in;
+  ir::TensorType x;
+  x.dtype = ir::DType::kF32;
+  x.shape = {rows, cols};
+  in.inputs = {x};
+  in.input_names = {"x"};
+  ir::Builder b(in);
+  absl::StatusOr<ir::ValueId> y = b.Add("softmax", {0}, {{"axis", int64_t{-1}}}, "probs");
+  EXPECT_TRUE(y.ok()) << y.status();
+  return ir::EncodeGraph(b.Finish({*y}));
+}
+
+std::vector<float> Softmax(const std::vector<float>& x, int64_t rows, int64_t cols) {
+  std::vector<float> out(x.size());
+  for (int64_t i = 0; i < rows; ++i) {
+    double m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < cols; ++j) m = std::max<double>(m, x[i * cols + j]);
+    for (int64_t j = 0; j < cols; ++j) s += std::exp(double{x[i * cols + j]} - m);
+    for (int64_t j = 0; j < cols; ++j) {
+      out[i * cols + j] = static_cast<float>(std::exp(double{x[i * cols + j]} - m) / s);
+    }
+  }
+  return out;
+}
+
+std::string MakeTempDir() {
+  std::string tmpl = (fs::temp_directory_path() / "kiln-client-XXXXXX").string();
+  return mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
+}
+
+// A loopback port with (almost certainly) nothing listening: bound, then released.
+int DeadPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// One kilnd for the whole suite: every test uses its own graphs or its own local cache.
+class ClientDaemonTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(MakeTempDir());
+    ASSERT_FALSE(dir_->empty());
+    kilnd_ = new testing::KilndProcess();
+    const std::string error = kilnd_->Start(*dir_ + "/server-cache");
+    ASSERT_EQ(error, "");
+  }
+  static void TearDownTestSuite() {
+    if (kilnd_ != nullptr) {
+      EXPECT_EQ(kilnd_->Stop(), 0);
+    }
+    delete kilnd_;
+    kilnd_ = nullptr;
+    if (dir_ != nullptr) fs::remove_all(*dir_);
+    delete dir_;
+    dir_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_NE(kilnd_, nullptr);
+    ASSERT_FALSE(kilnd_->address().empty());
+  }
+
+  // A session on the suite's daemon with a local cache of its own (or a shared one).
+  std::unique_ptr<Session> NewSession(const std::string& cache_name) {
+    SessionOptions options;
+    options.client.address = kilnd_->address();
+    options.cache_dir = *dir_ + "/" + cache_name;
+    auto session = Session::Create(options);
+    EXPECT_TRUE(session.ok()) << session.status();
+    return session.ok() ? std::move(*session) : nullptr;
+  }
+
+  static testing::KilndProcess* kilnd_;
+  static std::string* dir_;
+};
+
+testing::KilndProcess* ClientDaemonTest::kilnd_ = nullptr;
+std::string* ClientDaemonTest::dir_ = nullptr;
+
+TEST_F(ClientDaemonTest, SoftmaxCompilesLoadsRunsAndIsCachedAtBothEnds) {
+  const v1::Graph graph = SoftmaxGraph(kRows, kCols);
+  std::unique_ptr<Session> session = NewSession("local-a");
+  ASSERT_NE(session, nullptr);
+
+  absl::StatusOr<LoadedKernel> kernel = session->CompileAndLoad(graph);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_FALSE(kernel->cache_hit());
+  EXPECT_EQ(kernel->handle().size(), 64u);
+  EXPECT_EQ(kernel->plan().abi_version(), 1u);
+  EXPECT_EQ(session->client().stats().fetches, 1);
+  EXPECT_TRUE(fs::exists(kernel->library_path()));
+
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<float> x(kRows * kCols), y(kRows * kCols, -1.0f);
+  for (float& v : x) v = dist(rng);
+  const std::vector<float> want = Softmax(x, kRows, kCols);
+  for (int threads : {1, 3}) {
+    std::fill(y.begin(), y.end(), -1.0f);
+    absl::Status ran = kernel->Run({{x.data(), x.size() * sizeof(float)}},
+                                   {{y.data(), y.size() * sizeof(float)}}, threads);
+    ASSERT_TRUE(ran.ok()) << ran;
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], want[i], 1e-6f) << "at " << i;
+  }
+
+  // The same graph again: a hit on the daemon, and the .so is already here.
+  absl::StatusOr<LoadedKernel> again = session->CompileAndLoad(graph);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->cache_hit());
+  EXPECT_EQ(again->handle(), kernel->handle());
+  EXPECT_EQ(again->library_path(), kernel->library_path());
+  EXPECT_EQ(session->client().stats().fetches, 1);
+
+  // Another session (another client, as another process would have) on the same directory
+  // fetches nothing either; by handle alone it loads the same library.
+  std::unique_ptr<Session> second = NewSession("local-a");
+  ASSERT_NE(second, nullptr);
+  absl::StatusOr<LoadedKernel> by_handle = second->LoadHandle(kernel->handle());
+  ASSERT_TRUE(by_handle.ok()) << by_handle.status();
+  EXPECT_EQ(by_handle->library_path(), kernel->library_path());
+  EXPECT_EQ(second->client().stats().fetches, 0);
+  std::fill(y.begin(), y.end(), -1.0f);
+  ASSERT_TRUE(by_handle->Run({{x.data(), x.size() * 4}}, {{y.data(), y.size() * 4}}).ok());
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], want[i], 1e-6f) << "at " << i;
+
+  // A session with an empty directory fetches once.
+  std::unique_ptr<Session> fresh = NewSession("local-b");
+  ASSERT_NE(fresh, nullptr);
+  absl::StatusOr<LoadedKernel> fresh_kernel = fresh->CompileAndLoad(graph);
+  ASSERT_TRUE(fresh_kernel.ok()) << fresh_kernel.status();
+  EXPECT_TRUE(fresh_kernel->cache_hit());
+  EXPECT_EQ(fresh->client().stats().fetches, 1);
+}
+
+TEST_F(ClientDaemonTest, LookupSourceStatsAndFetchThroughTheClient) {
+  std::unique_ptr<Session> session = NewSession("local-c");
+  ASSERT_NE(session, nullptr);
+  Client& client = session->client();
+  const v1::Graph graph = SoftmaxGraph(5, 17);
+  const v1::Target target = HostCpuTarget();
+
+  absl::StatusOr<std::optional<v1::CompileResponse>> miss = client.Lookup(graph, target);
+  ASSERT_TRUE(miss.ok()) << miss.status();
+  EXPECT_FALSE(miss->has_value());
+
+  absl::StatusOr<v1::CompileResponse> compiled = client.Compile(graph, target);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  absl::StatusOr<std::optional<v1::CompileResponse>> hit = client.Lookup(graph, target);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  ASSERT_TRUE(hit->has_value());
+  EXPECT_EQ((*hit)->handle(), compiled->handle());
+
+  absl::StatusOr<v1::GetSourceResponse> source = client.GetSource(compiled->handle());
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ(source->language(), "c++");
+  EXPECT_NE(source->source().find("kiln_run"), std::string::npos);
+
+  const v1::Artifact* so = FindArtifact(*compiled, v1::SHARED_OBJECT);
+  ASSERT_NE(so, nullptr);
+  absl::StatusOr<std::string> bytes = client.FetchArtifact(so->digest());
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_EQ(static_cast<int64_t>(bytes->size()), so->size());
+  EXPECT_EQ(Sha256Hex(*bytes), so->digest());
+
+  EXPECT_EQ(client.FetchArtifact(std::string(64, '0')).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(client.FetchArtifact("../etc/passwd").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client.GetResult(std::string(64, 'f')).status().code(),
+            absl::StatusCode::kNotFound);
+
+  absl::StatusOr<v1::GetStatsResponse> stats = client.GetStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GE(stats->compiles(), 1);
+  EXPECT_GE(stats->requests(), 1);
+  EXPECT_EQ(client.stats().retries, 0);
+}
+
+TEST_F(ClientDaemonTest, LoaderChecksAbiVersionAndBufferSizes) {
+  std::unique_ptr<Session> session = NewSession("local-d");
+  ASSERT_NE(session, nullptr);
+  absl::StatusOr<LoadedKernel> kernel = session->CompileAndLoad(SoftmaxGraph(3, 8));
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+
+  v1::LaunchPlan future = kernel->plan();
+  future.set_abi_version(future.abi_version() + 1);
+  absl::StatusOr<CpuKernel> refused = CpuKernel::Load(kernel->library_path(), future);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  absl::StatusOr<uint32_t> abi = CpuKernel::AbiVersion(kernel->library_path());
+  ASSERT_TRUE(abi.ok());
+  EXPECT_EQ(*abi, 1u);
+  EXPECT_EQ(CpuKernel::Load("/nonexistent/kernel.so", kernel->plan()).status().code(),
+            absl::StatusCode::kNotFound);
+
+  std::vector<float> x(3 * 8, 1.0f), y(3 * 8);
+  EXPECT_EQ(kernel->Run({{x.data(), 4}}, {{y.data(), y.size() * 4}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kernel->Run({{x.data(), x.size() * 4}}, {{y.data(), 4}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kernel->Run({}, {{y.data(), y.size() * 4}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(kernel->Run({{x.data(), x.size() * 4}}, {{y.data(), y.size() * 4}}).ok());
+  for (float v : y) EXPECT_NEAR(v, 1.0f / 8, 1e-6f);
+}
+
+TEST_F(ClientDaemonTest, BadGraphIsInvalidArgumentAndNotRetried) {
+  std::unique_ptr<Session> session = NewSession("local-e");
+  ASSERT_NE(session, nullptr);
+  v1::Graph bad = SoftmaxGraph(4, 4);
+  bad.mutable_nodes(0)->set_op("no_such_op");
+  absl::StatusOr<v1::CompileResponse> compiled = session->client().Compile(bad, HostCpuTarget());
+  EXPECT_EQ(compiled.status().code(), absl::StatusCode::kInvalidArgument) << compiled.status();
+  EXPECT_NE(compiled.status().message().find("no_such_op"), std::string::npos)
+      << compiled.status();
+  EXPECT_EQ(session->CompileAndLoad(v1::Graph()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(session->client().stats().retries, 0);
+  EXPECT_EQ(session->client().stats().fetches, 0);
+
+  v1::Target cuda;
+  cuda.mutable_cuda()->set_sm(90);
+  EXPECT_EQ(session->CompileAndLoad(SoftmaxGraph(4, 4), cuda).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ClientDaemonTest, PrewarmReportsOneEventPerRequest) {
+  std::unique_ptr<Session> session = NewSession("local-f");
+  ASSERT_NE(session, nullptr);
+  std::vector<v1::CompileRequest> requests(3);
+  *requests[0].mutable_graph() = SoftmaxGraph(2, 33);
+  *requests[1].mutable_graph() = SoftmaxGraph(2, 34);
+  // requests[2] keeps an empty graph: invalid.
+  for (v1::CompileRequest& r : requests) {
+    *r.mutable_target() = HostCpuTarget();
+    r.set_priority(v1::PREWARM);
+  }
+  std::vector<v1::PrewarmEvent> events;
+  absl::Status status = session->client().Prewarm(
+      requests, [&](const v1::PrewarmEvent& e) { events.push_back(e); });
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_EQ(events.size(), 3u);
+  for (const v1::PrewarmEvent& e : events) {
+    const absl::Status outcome = FromWireCode(e.code(), e.message());
+    if (e.index() == 2) {
+      EXPECT_EQ(outcome.code(), absl::StatusCode::kInvalidArgument);
+    } else {
+      EXPECT_TRUE(outcome.ok()) << outcome;
+      EXPECT_EQ(e.handle().size(), 64u);
+    }
+  }
+  // Prewarmed graphs are hits afterwards.
+  auto hit = session->client().Lookup(requests[0].graph(), requests[0].target());
+  ASSERT_TRUE(hit.ok());
+  EXPECT_TRUE(hit->has_value());
+}
+
+TEST(ClientRetryTest, DeadAddressIsUnavailableAfterBoundedAttempts) {
+  const int port = DeadPort();
+  ASSERT_GT(port, 0);
+  ClientOptions options;
+  options.address = "127.0.0.1:" + std::to_string(port);
+  options.retry.max_attempts = 3;
+  options.retry.initial_backoff = absl::Milliseconds(20);
+  auto client = Client::Create(options);
+  ASSERT_TRUE(client.ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::CompileResponse> response =
+      (*client)->Compile(SoftmaxGraph(2, 2), HostCpuTarget(), {}, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kUnavailable) << response.status();
+  EXPECT_NE(response.status().message().find("after 3 attempts"), std::string::npos)
+      << response.status();
+  EXPECT_EQ((*client)->stats().attempts, 3);
+  EXPECT_EQ((*client)->stats().retries, 2);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(ClientRetryTest, ShortDeadlineBoundsTheRetries) {
+  const int port = DeadPort();
+  ASSERT_GT(port, 0);
+  ClientOptions options;
+  options.address = "127.0.0.1:" + std::to_string(port);
+  options.retry.max_attempts = 1000;
+  options.retry.initial_backoff = absl::Milliseconds(50);
+  options.retry.max_backoff = absl::Milliseconds(200);
+  auto client = Client::Create(options);
+  ASSERT_TRUE(client.ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::GetStatsResponse> stats = (*client)->GetStats(start + absl::Seconds(1));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kUnavailable) << stats.status();
+  EXPECT_GT((*client)->stats().attempts, 1);
+  EXPECT_LT((*client)->stats().attempts, 1000);
+  EXPECT_LT(took, absl::Milliseconds(1500));
+}
+
+}  // namespace
+}  // namespace kiln::client
