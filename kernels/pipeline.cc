@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/codegen/cpu/cpu_codegen.h"
+#include "kernels/codegen/cuda/cuda_codegen.h"
 #include "kernels/codegen/plan.h"
 #include "kernels/ir/op_registry.h"
 #include "kernels/key/key.h"
@@ -21,6 +22,7 @@
 #include "kernels/schedule/policy.h"
 #include "kernels/schedule/schedule.h"
 #include "kernels/toolchain/host_compiler.h"
+#include "kernels/toolchain/nvrtc_compiler.h"
 #include "kernels/util/status_macros.h"
 
 namespace kiln {
@@ -36,6 +38,10 @@ struct Pipeline::Impl {
   PipelineConfig config;
   std::unique_ptr<toolchain::HostCompiler> host;
   std::string cpu_header_digest;
+  // CUDA: absent when this build or host has no NVRTC (`nvrtc_missing` says why).
+  std::unique_ptr<toolchain::NvrtcCompiler> nvrtc;
+  std::string nvrtc_missing;
+  std::string cuda_header_digest;
 };
 
 Pipeline::Pipeline(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -46,11 +52,24 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig&
   impl->config = config;
   KILN_ASSIGN_OR_RETURN(impl->host, toolchain::HostCompiler::Create(config.host_compiler, config.compile_timeout_s));
   impl->cpu_header_digest = key::Sha256Hex(codegen::CpuRuntimeHeader());
+  // A host without the CUDA toolkit still serves CPU targets.
+  auto nvrtc = toolchain::NvrtcCompiler::Create();
+  if (nvrtc.ok()) {
+    impl->nvrtc = std::move(*nvrtc);
+  } else {
+    impl->nvrtc_missing = std::string(nvrtc.status().message());
+  }
+  impl->cuda_header_digest = key::Sha256Hex(codegen::CudaRuntimeHeader());
   return std::unique_ptr<Pipeline>(new Pipeline(std::move(impl)));
 }
 
 absl::Status Pipeline::CheckTarget(const Target& target) const {
-  if (target.is_cuda()) return absl::FailedPreconditionError("the CUDA backend is not available in this build");
+  if (target.is_cuda()) {
+    if (!impl_->nvrtc) return absl::FailedPreconditionError(impl_->nvrtc_missing);
+    if (!impl_->nvrtc->Supports(target.sm))
+      return absl::FailedPreconditionError(absl::StrCat("NVRTC ", impl_->nvrtc->version(), " cannot build for sm_",
+                                                        target.sm));
+  }
   return absl::OkStatus();
 }
 
@@ -60,6 +79,10 @@ std::string Pipeline::Fingerprint(const Target& target) const {
     return absl::StrCat(common, ";cpu_codegen=", codegen::kCpuCodegenVersion, ";abi=", codegen::kCpuAbiVersion,
                         ";runtime=", impl_->cpu_header_digest.substr(0, 16), ";cc=",
                         impl_->host->Fingerprint(target, CompileOptions{}));
+  if (target.is_cuda())
+    return absl::StrCat(common, ";cuda_codegen=", codegen::kCudaCodegenVersion, ";abi=", codegen::kCudaAbiVersion,
+                        ";runtime=", impl_->cuda_header_digest.substr(0, 16), ";cc=",
+                        impl_->nvrtc ? impl_->nvrtc->Fingerprint(target.sm) : "none");
   return common;
 }
 
@@ -99,6 +122,13 @@ absl::StatusOr<Pipeline::Generated> Pipeline::Generate(const ir::Graph& graph, c
   out.fusion_report = program.report;
   out.num_kernels = static_cast<int>(program.kernels.size());
   out.num_nodes = static_cast<int>(g.nodes.size());
+  if (target.is_cuda()) {
+    KILN_ASSIGN_OR_RETURN(codegen::CudaUnit unit, codegen::GenerateCuda(program, target, options));
+    out.source = std::move(unit.source);
+    out.plan = std::move(unit.plan);
+    out.fusion_report += unit.report;
+    return out;
+  }
   out.source = codegen::GenerateCpu(program, options);
   out.plan = codegen::MakePlan(program, codegen::kCpuAbiVersion);
   return out;
@@ -110,11 +140,22 @@ absl::StatusOr<CompileResult> Pipeline::Compile(const ir::Graph& graph, const Ta
   KILN_ASSIGN_OR_RETURN(Generated gen, Generate(graph, target, options));
   CompileResult r;
   r.stats.frontend_ms = MsSince(t0);
-  auto built = impl_->host->Build(gen.source, {{"kiln_cpu.h", codegen::CpuRuntimeHeader()}}, target, options);
-  if (!built.ok()) return built.status();
-  r.stats.toolchain_ms = built->ms;
-  r.log = built->log;
-  r.artifacts.push_back({ArtifactKind::kSharedObject, std::move(built->binary)});
+  if (target.is_cuda()) {
+    // Cubin first (what a client loads), then PTX for GPUs newer than the target.
+    auto cu = impl_->nvrtc->Build(gen.source, {{"kiln_cuda.h", codegen::CudaRuntimeHeader()}}, target.sm);
+    if (!cu.ok()) return cu.status();
+    r.stats.toolchain_ms = cu->ms;
+    r.log = std::move(cu->log);
+    r.artifacts.push_back({ArtifactKind::kCubin, std::move(cu->cubin)});
+    r.artifacts.push_back({ArtifactKind::kPtx, std::move(cu->ptx)});
+  } else {
+    auto built =
+        impl_->host->Build(gen.source, {{"kiln_cpu.h", codegen::CpuRuntimeHeader()}}, target, options);
+    if (!built.ok()) return built.status();
+    r.stats.toolchain_ms = built->ms;
+    r.log = built->log;
+    r.artifacts.push_back({ArtifactKind::kSharedObject, std::move(built->binary)});
+  }
   r.artifacts.push_back({ArtifactKind::kSource, std::move(gen.source)});
   r.artifacts.push_back({ArtifactKind::kFusionReport, std::move(gen.fusion_report)});
   r.plan = std::move(gen.plan);

@@ -1,9 +1,15 @@
 # kilnd and the gRPC layer it serves (included from server/CMakeLists.txt).
+
+# The one absl <-> gRPC status mapping, shared by the server and the C++ client.
+kiln_cc_library(kiln_status_map
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/status_map.cc
+  DEPS PkgConfig::GRPCPP absl::status absl::strings)
+
 kiln_cc_library(kiln_server
   SRCS
     ${CMAKE_CURRENT_LIST_DIR}/service.cc
-    ${CMAKE_CURRENT_LIST_DIR}/status_map.cc
   DEPS
+    kiln_status_map
     kiln_compile_service
     kiln_proto
     PkgConfig::GRPCPP
@@ -19,6 +25,7 @@ target_link_libraries(kilnd PRIVATE
   kiln_store
   ${GRPCPP_REFLECTION}
   absl::flags
+  absl::flags_config
   absl::flags_parse
   absl::flags_usage
   absl::strings

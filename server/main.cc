@@ -3,14 +3,16 @@
 // Wires the concrete pieces together (this is the only file naming them): the RocksDB store,
 // the kernel compiler, the compile service and the gRPC service, plus the standard health
 // and reflection services. Prints "kilnd listening on HOST:PORT" once it serves (with
-// --listen HOST:0 the port is the one the system chose), and on SIGTERM or SIGINT stops
-// accepting, lets in-flight compiles finish within --grace-s, closes the store and exits 0.
+// --listen HOST:0 the port is the one the system chose). On SIGTERM or SIGINT it turns lame
+// duck (health NOT_SERVING, new compiles refused), lets queued and running compiles finish
+// within --grace-s, stops gRPC, closes the store and exits 0; a second signal exits at once.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,8 +22,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -263,6 +267,13 @@ int Run() {
 }  // namespace kiln::server
 
 int main(int argc, char** argv) {
+  // --help lists the flags of this file (Abseil would look for a file named after the binary).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "server/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "kiln compile server.\n"
       "  kilnd [--listen=127.0.0.1:50051] [--cache-dir=DIR] [--cache-size=10GiB] "

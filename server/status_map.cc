@@ -29,12 +29,15 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(wire, BoundMessage(status.message()));
 }
 
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  const int code = static_cast<int>(status.error_code());
+absl::Status FromWireCode(int code, const std::string& message) {
+  if (code == 0) return absl::OkStatus();
   const absl::StatusCode local =
       IsCanonical(code) ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown;
-  return absl::Status(local, status.error_message());
+  return absl::Status(local, message);
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  return FromWireCode(static_cast<int>(status.error_code()), status.error_message());
 }
 
 int WireCode(const absl::Status& status) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "absl/status/status.h"
 #include "grpcpp/support/status.h"
@@ -19,7 +20,9 @@ inline constexpr size_t kMaxWireMessageBytes = 4096;
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
-// The google.rpc.Code number of `status`, as PrewarmEvent.code carries it.
+// The google.rpc.Code number of `status`, as PrewarmEvent.code carries it, and back (a code
+// outside the canonical set, which a peer might send, becomes UNKNOWN).
 int WireCode(const absl::Status& status);
+absl::Status FromWireCode(int code, const std::string& message);
 
 }  // namespace kiln::server

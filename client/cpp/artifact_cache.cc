@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "client/cpp/digest.h"
+#include "kernels/key/digest.h"
 #include "kernels/util/status_macros.h"
 
 namespace kiln::client {
@@ -138,7 +138,7 @@ absl::StatusOr<ArtifactCache::Check> ArtifactCache::Verify(const std::string& pa
                                                            const std::string& digest) const {
   KILN_ASSIGN_OR_RETURN(std::optional<std::string> bytes, ReadFile(path));
   if (!bytes.has_value()) return Check::kMissing;
-  return Sha256Hex(*bytes) == digest ? Check::kValid : Check::kCorrupt;
+  return key::Sha256Hex(*bytes) == digest ? Check::kValid : Check::kCorrupt;
 }
 
 absl::StatusOr<ArtifactCache::Check> ArtifactCache::VerifyAndRepairLocked(
@@ -154,7 +154,7 @@ absl::StatusOr<ArtifactCache::Check> ArtifactCache::VerifyAndRepairLocked(
 }
 
 absl::StatusOr<std::optional<std::string>> ArtifactCache::Find(const std::string& digest) {
-  if (!IsDigest(digest)) {
+  if (!key::IsDigest(digest)) {
     return absl::InvalidArgumentError(absl::StrCat("'", digest, "' is not a SHA-256 digest"));
   }
   const std::string path = PathFor(digest);
@@ -194,10 +194,10 @@ absl::Status ArtifactCache::WriteAtomically(const std::string& path, const std::
 
 absl::StatusOr<std::string> ArtifactCache::Put(const std::string& digest,
                                                const std::string& bytes) {
-  if (!IsDigest(digest)) {
+  if (!key::IsDigest(digest)) {
     return absl::InvalidArgumentError(absl::StrCat("'", digest, "' is not a SHA-256 digest"));
   }
-  if (const std::string got = Sha256Hex(bytes); got != digest) {
+  if (const std::string got = key::Sha256Hex(bytes); got != digest) {
     return absl::DataLossError(
         absl::StrCat("bytes for artifact ", digest, " hash to ", got, "; not stored"));
   }

@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "client/cpp/digest.h"
-#include "client/cpp/grpc_status.h"
+#include "kernels/key/digest.h"
+#include "server/status_map.h"
 
 namespace kiln::client {
 namespace {
@@ -27,8 +27,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
   // gRPC's own reconnect backoff starts at a second; while it waits, every call fails at once
   // with UNAVAILABLE, which would make our quicker retries useless. Keep the two in step.
+  // (GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left alone: despite its name it bounds how long one
+  // connection attempt may take, and a small value aborts handshakes with a busy daemon.)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ToMillis(options.retry.initial_backoff));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, ToMillis(options.retry.initial_backoff));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ToMillis(options.retry.max_backoff));
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
@@ -96,7 +97,15 @@ absl::Status Client::WithRetries(
       return absl::UnavailableError(absl::StrCat(
           status.message(), " (after ", n, " attempts; the deadline allows no more)"));
     }
-    absl::SleepFor(wait);
+    if (channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
+      // Connected, so the daemon itself said UNAVAILABLE (e.g. its store is down): back off.
+      absl::SleepFor(wait);
+    } else {
+      // Not connected: wait for the channel instead of sleeping, which both drives the
+      // reconnect (a sleeping thread polls nothing, and a blocked sync call may leave the
+      // connection to gRPC's slow backup poller) and retries as soon as the daemon is back.
+      channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + wait));
+    }
     backoff = backoff * options_.retry.multiplier;
   }
 }
@@ -106,7 +115,7 @@ absl::StatusOr<v1::CompileResponse> Client::Compile(const v1::CompileRequest& re
   v1::CompileResponse response;
   absl::Status status = WithRetries(
       Resolve(deadline, options_.compile_timeout), [&](grpc::ClientContext& context) {
-        return FromGrpcStatus(stub_->Compile(&context, request, &response));
+        return server::FromGrpcStatus(stub_->Compile(&context, request, &response));
       });
   if (!status.ok()) return status;
   return response;
@@ -133,7 +142,7 @@ absl::StatusOr<std::optional<v1::CompileResponse>> Client::Lookup(
   v1::CompileResponse response;
   absl::Status status =
       WithRetries(Resolve(deadline, options_.timeout), [&](grpc::ClientContext& context) {
-        return FromGrpcStatus(stub_->Lookup(&context, request, &response));
+        return server::FromGrpcStatus(stub_->Lookup(&context, request, &response));
       });
   if (absl::IsNotFound(status)) return std::nullopt;
   if (!status.ok()) return status;
@@ -147,7 +156,7 @@ absl::StatusOr<v1::CompileResponse> Client::GetResult(const std::string& handle,
   v1::CompileResponse response;
   absl::Status status =
       WithRetries(Resolve(deadline, options_.timeout), [&](grpc::ClientContext& context) {
-        return FromGrpcStatus(stub_->GetResult(&context, request, &response));
+        return server::FromGrpcStatus(stub_->GetResult(&context, request, &response));
       });
   if (!status.ok()) return status;
   return response;
@@ -155,7 +164,7 @@ absl::StatusOr<v1::CompileResponse> Client::GetResult(const std::string& handle,
 
 absl::StatusOr<std::string> Client::FetchArtifact(const std::string& digest,
                                                   absl::Time deadline) {
-  if (!IsDigest(digest)) {
+  if (!key::IsDigest(digest)) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", digest, "' is not a lowercase hex SHA-256 digest"));
   }
@@ -192,7 +201,7 @@ absl::StatusOr<std::string> Client::FetchArtifact(const std::string& digest,
           }
           bytes.append(chunk.data());
         }
-        absl::Status finished = FromGrpcStatus(reader->Finish());
+        absl::Status finished = server::FromGrpcStatus(reader->Finish());
         if (!finished.ok()) return finished;
         if (!framing.ok()) return framing;
         if (total >= 0 && static_cast<int64_t>(bytes.size()) != total) {
@@ -202,7 +211,7 @@ absl::StatusOr<std::string> Client::FetchArtifact(const std::string& digest,
         return absl::OkStatus();
       });
   if (!status.ok()) return status;
-  if (const std::string got = Sha256Hex(bytes); got != digest) {
+  if (const std::string got = key::Sha256Hex(bytes); got != digest) {
     return absl::DataLossError(
         absl::StrCat("artifact ", digest, " arrived with digest ", got));
   }
@@ -217,7 +226,7 @@ absl::StatusOr<v1::GetSourceResponse> Client::GetSource(const std::string& handl
   v1::GetSourceResponse response;
   absl::Status status =
       WithRetries(Resolve(deadline, options_.timeout), [&](grpc::ClientContext& context) {
-        return FromGrpcStatus(stub_->GetSource(&context, request, &response));
+        return server::FromGrpcStatus(stub_->GetSource(&context, request, &response));
       });
   if (!status.ok()) return status;
   return response;
@@ -227,7 +236,7 @@ absl::StatusOr<v1::GetStatsResponse> Client::GetStats(absl::Time deadline) {
   v1::GetStatsResponse response;
   absl::Status status =
       WithRetries(Resolve(deadline, options_.timeout), [&](grpc::ClientContext& context) {
-        return FromGrpcStatus(stub_->GetStats(&context, v1::GetStatsRequest(), &response));
+        return server::FromGrpcStatus(stub_->GetStats(&context, v1::GetStatsRequest(), &response));
       });
   if (!status.ok()) return status;
   return response;
@@ -255,7 +264,7 @@ absl::Status Client::Prewarm(const std::vector<v1::CompileRequest>& requests,
           if (on_event) on_event(event);
         }
         writer.join();
-        return FromGrpcStatus(stream->Finish());
+        return server::FromGrpcStatus(stream->Finish());
       },
       // Once outcomes have been reported, replaying the stream would report them twice.
       [&] { return !any_event; });

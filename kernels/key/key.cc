@@ -1,7 +1,5 @@
 #include "kernels/key/key.h"
 
-#include <openssl/evp.h>
-
 #include <cstring>
 #include <functional>
 
@@ -65,24 +63,7 @@ void WriteAttr(Writer& w, const ir::AttrValue& a) {
   }
 }
 
-std::string HexOf(const unsigned char* d, size_t n) {
-  static const char* kHex = "0123456789abcdef";
-  std::string s(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    s[2 * i] = kHex[d[i] >> 4];
-    s[2 * i + 1] = kHex[d[i] & 15];
-  }
-  return s;
-}
-
 }  // namespace
-
-std::string Sha256Hex(std::string_view bytes) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr);
-  return HexOf(md, len);
-}
 
 std::string CanonicalBytes(const ir::Graph& g) {
   // Renumber values in the depth-first post-order reached from the outputs (operands in

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/ir/graph.h"
+#include "kernels/key/digest.h"
 #include "kernels/target.h"
 
 namespace kiln::key {
@@ -31,7 +32,5 @@ std::string CanonicalBytes(const ir::Graph& graph);
 ActionKey ComputeKey(const ir::Graph& graph, const Target& target, const CompileOptions& options,
                      const std::string& toolchain_fingerprint);
 
-// Lowercase hex SHA-256 of bytes (used for artifact digests too).
-std::string Sha256Hex(std::string_view bytes);
 
 }  // namespace kiln::key

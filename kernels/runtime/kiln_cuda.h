@@ -196,8 +196,12 @@ KILN_D float kiln_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu,
 KILN_D double kiln_shfl_xor(double v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 KILN_D int kiln_shfl_xor(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 KILN_D long long kiln_shfl_xor(long long v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
-template <typename T> KILN_D T kiln_shfl_xor(T v, int m) {
-  return (T)__shfl_xor_sync(0xffffffffu, (int)v, m);  // narrow integers and bool
+template <typename T> KILN_D T kiln_shfl_xor(T v, int m) {  // other integers and bool
+  if constexpr (sizeof(T) == 8) {
+    return (T)__shfl_xor_sync(0xffffffffu, (long long)v, m);
+  } else {
+    return (T)__shfl_xor_sync(0xffffffffu, (int)v, m);
+  }
 }
 
 struct kiln_op_sum {
@@ -284,6 +288,39 @@ template <int TR, bool kMax, typename T> KILN_D void kiln_row_arg(T& v, long lon
         v = ov;
         i = oi;
       }
+    }
+  }
+}
+
+// ---- Reductions across the y-groups of a column tile: the block is 32 x Y threads, lane =
+// column, warp = y-group; each thread gets its column's total, combined in y order (fixed,
+// so deterministic). `smem`: Y * 32 * 16 bytes, 16-byte aligned. Every thread of the block
+// must call these the same number of times.
+template <int Y, typename Op, typename T> KILN_D T kiln_col_reduce(T v, void* smem) {
+  T* s = static_cast<T*>(smem);
+  __syncthreads();
+  s[threadIdx.x] = v;
+  __syncthreads();
+  const int c = threadIdx.x & 31;
+  T r = s[c];
+  for (int y = 1; y < Y; ++y) r = Op::apply(r, s[y * 32 + c]);
+  return r;
+}
+
+template <int Y, bool kMax, typename T> KILN_D void kiln_col_arg(T& v, long long& i, void* smem) {
+  T* sv = static_cast<T*>(smem);
+  long long* si = reinterpret_cast<long long*>(static_cast<char*>(smem) + Y * 32 * 8);
+  __syncthreads();
+  sv[threadIdx.x] = v;
+  si[threadIdx.x] = i;
+  __syncthreads();
+  const int c = threadIdx.x & 31;
+  v = sv[c];
+  i = si[c];
+  for (int y = 1; y < Y; ++y) {
+    if (kiln_arg_better<kMax>(sv[y * 32 + c], si[y * 32 + c], v, i)) {
+      v = sv[y * 32 + c];
+      i = si[y * 32 + c];
     }
   }
 }

@@ -1,12 +1,14 @@
 // kilnc: the compiler alone, without the daemon. Reads a graph (kiln.v1.Graph as protobuf
 // text `.txtpb`/`.pbtxt`, JSON `.json` or binary `.pb`), compiles it for a target and writes
-// the artifacts to a folder: kernel.so or kernel.cubin, kernel.cc/.cu, report.txt, plan.txtpb.
+// the artifacts to a folder: kernel.so or kernel.cubin + kernel.ptx, kernel.cc/.cu, report.txt,
+// key.txt, and the launch plan as plan.json (kernels/codegen/PLAN.md).
 //
 //   kilnc GRAPH [--target cpu:x86-64-v3|cuda:sm_90] [--out DIR] [--source-only] [--trace]
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -21,6 +23,40 @@ namespace {
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "kilnc: %s\n", msg.c_str());
   return 1;
+}
+
+const char* RoleName(kiln::BufferRole r) {
+  switch (r) {
+    case kiln::BufferRole::kInput: return "input";
+    case kiln::BufferRole::kOutput: return "output";
+    case kiln::BufferRole::kTemp: return "temp";
+  }
+  return "?";
+}
+
+// The launch plan as JSON (kernels/codegen/PLAN.md), one buffer or step per line.
+std::string PlanJson(const kiln::LaunchPlan& plan, const std::string& target) {
+  auto ints = [](const auto& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < std::size(v); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+  };
+  std::string j = "{\n  \"abi_version\": " + std::to_string(plan.abi_version) + ",\n  \"target\": \"" + target +
+                  "\",\n  \"workspace_bytes\": " + std::to_string(plan.workspace_bytes) + ",\n  \"buffers\": [";
+  for (size_t i = 0; i < plan.buffers.size(); ++i) {
+    const kiln::PlanBuffer& b = plan.buffers[i];
+    j += std::string(i ? "," : "") + "\n    {\"role\": \"" + RoleName(b.role) + "\", \"index\": " +
+         std::to_string(b.index) + ", \"dtype\": \"" + kiln::ir::DTypeName(b.dtype) + "\", \"shape\": " +
+         ints(b.shape) + ", \"bytes\": " + std::to_string(b.bytes) + ", \"offset\": " + std::to_string(b.offset) + "}";
+  }
+  j += "\n  ],\n  \"steps\": [";
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const kiln::PlanStep& s = plan.steps[i];
+    j += std::string(i ? "," : "") + "\n    {\"kernel\": \"" + s.kernel + "\", \"grid\": " + ints(s.grid) +
+         ", \"block\": " + ints(s.block) + ", \"shared_bytes\": " + std::to_string(s.shared_bytes) +
+         ", \"args\": " + ints(s.args) + "}";
+  }
+  return j + "\n  ]\n}\n";
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
@@ -79,6 +115,7 @@ int main(int argc, char** argv) {
     if (!gen.ok()) return Fail(std::string(gen.status().message()));
     write(cuda ? "kernel.cu" : "kernel.cc", gen->source);
     write("report.txt", gen->fusion_report);
+    write("plan.json", PlanJson(gen->plan, target->ToString()));
     std::printf("%d kernel(s)\n", gen->num_kernels);
     return 0;
   }
@@ -93,6 +130,7 @@ int main(int argc, char** argv) {
       case kiln::ArtifactKind::kFusionReport: write("report.txt", a.bytes); break;
     }
   }
+  write("plan.json", PlanJson(r->plan, target->ToString()));
   auto key = kiln::key::ComputeKey(*graph, *target, kiln::CompileOptions{}, (*pipeline)->Fingerprint(*target));
   write("key.txt", key.DebugString());
   std::printf("%d kernel(s), frontend %.1f ms, toolchain %.1f ms, key %s\n", r->stats.num_kernels,

@@ -21,53 +21,7 @@ uint64_t GetFixed(std::string_view in, size_t offset, size_t width) {
   return value;
 }
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  return -1;
-}
-
 }  // namespace
-
-absl::StatusOr<std::string> Sha256(std::string_view data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int md_len = 0;
-  if (EVP_Digest(data.data(), data.size(), md, &md_len, EVP_sha256(), nullptr) != 1 ||
-      md_len != kDigestBytes) {
-    return absl::InternalError("SHA-256 failed in OpenSSL");
-  }
-  return std::string(reinterpret_cast<const char*>(md), md_len);
-}
-
-absl::StatusOr<std::string> DigestFromHex(std::string_view hex) {
-  if (hex.size() != 2 * kDigestBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("digest must be 64 lowercase hex digits, got ", hex.size(), " characters"));
-  }
-  std::string raw(kDigestBytes, '\0');
-  for (size_t i = 0; i < kDigestBytes; ++i) {
-    const int hi = HexValue(hex[2 * i]);
-    const int lo = HexValue(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("digest must be lowercase hex: '", std::string(hex), "'"));
-    }
-    raw[i] = static_cast<char>(hi * 16 + lo);
-  }
-  return raw;
-}
-
-std::string DigestToHex(std::string_view raw) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(2 * raw.size());
-  for (char c : raw) {
-    const auto byte = static_cast<unsigned char>(c);
-    hex.push_back(kDigits[byte >> 4]);
-    hex.push_back(kDigits[byte & 0xf]);
-  }
-  return hex;
-}
 
 // Header layout (24 bytes, little-endian):
 //   [0]      u8  record version (kAcRecordVersion)

@@ -13,6 +13,8 @@
 
 #include "absl/status/statusor.h"
 
+#include "kernels/key/digest.h"
+
 namespace kiln::store {
 
 // Column families carry their format version in the name: an incompatible change of a layout
@@ -21,20 +23,17 @@ inline constexpr char kCasColumnFamily[] = "cas.v1";  // raw digest -> blob byte
 inline constexpr char kAcColumnFamily[] = "ac.v1";    // action key -> AC record
 inline constexpr char kLruColumnFamily[] = "lru.v1";  // action key -> last-access tick
 
-inline constexpr size_t kDigestBytes = 32;  // SHA-256
+using key::kDigestBytes;
 inline constexpr uint8_t kAcRecordVersion = 1;
 inline constexpr size_t kAcHeaderBytes = 24;
 inline constexpr size_t kTickBytes = 8;
 
-// SHA-256 of `data` (OpenSSL EVP), raw 32 bytes. Internal only if OpenSSL fails to allocate.
-absl::StatusOr<std::string> Sha256(std::string_view data);
-
-// Wire digest (64 lowercase hex digits) -> the raw 32 bytes used as CAS key. Anything else,
-// uppercase included, is InvalidArgument: one spelling per blob keeps keys unique.
-absl::StatusOr<std::string> DigestFromHex(std::string_view hex);
-
-// Raw 32 bytes -> lowercase hex, for messages and for the wire.
-std::string DigestToHex(std::string_view raw);
+// Digests (kernels/key/digest.h): CAS keys are the raw 32 bytes of a wire digest (64
+// lowercase hex digits; anything else, uppercase included, is InvalidArgument, so each blob
+// has one spelling and one key).
+using key::DigestFromHex;
+using key::DigestToHex;
+using key::Sha256;
 
 // A decoded AC record. `payload` points into the value it was decoded from.
 struct AcRecord {

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "grpcpp/generic/generic_stub.h"
@@ -241,6 +242,28 @@ TEST_F(KilndCompileTest, PrewarmStreamsOneEventPerRequest) {
   ASSERT_TRUE(stub->GetStats(&sctx, v1::GetStatsRequest(), &stats).ok());
   EXPECT_EQ(stats.compiles(), 2);
   EXPECT_EQ(kilnd.Stop(SIGTERM), 0);
+}
+
+TEST_F(KilndCompileTest, SigtermLetsTheCompileInFlightFinish) {
+  KilndProcess kilnd;
+  ASSERT_EQ(kilnd.Start(dir_ + "/cache"), "");
+  auto stub = kilnd.Stub();
+  v1::CompileResponse resp;
+  grpc::Status status;
+  std::thread client([&] { status = CompileOnce(*stub, MakeRequest(SinCosGraph(4096, 3.0)), &resp); });
+  // Wait until the compile is running (or queued) on the server, then ask kilnd to stop.
+  for (int i = 0; i < 500; ++i) {
+    grpc::ClientContext ctx;
+    v1::GetStatsResponse stats;
+    ASSERT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok());
+    if (stats.in_flight() + stats.queue_depth() > 0 || stats.compiles() > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const int exit_status = kilnd.Stop(SIGTERM);
+  client.join();
+  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  EXPECT_FALSE(resp.cache_hit());
+  EXPECT_EQ(exit_status, 0);
 }
 
 TEST_F(KilndCompileTest, HealthServiceAnswersServing) {

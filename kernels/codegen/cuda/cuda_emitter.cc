@@ -87,11 +87,11 @@ ExprPtr CudaEmitter::LaneGroup::VectorRead(const Expr& load, const Affine& addr,
   std::string key = LoadKey(load.buffer, addr);
   auto it = vectors_.find(key);
   if (it == vectors_.end()) {
-    const schedule::Buffer& b = em_->program().buffers[load.buffer];
+    const ir::DType dtype = em_->program().buffers[load.buffer].dtype;  // copied: the next line grows buffers
     std::string name = absl::StrCat("kv", em_->next_temp_++);
-    int reg = em_->AddRegisterArray(b.dtype, V_, name);
+    int reg = em_->AddRegisterArray(dtype, V_, name);
     Affine start = lower::Substitute(addr, var_, first_, em_->extents());
-    fills_.push_back(absl::StrCat("__align__(16) ", StorageType(b.dtype, true), " ", name, "[", V_, "];"));
+    fills_.push_back(absl::StrCat("__align__(16) ", StorageType(dtype, true), " ", name, "[", V_, "];"));
     fills_.push_back(absl::StrCat("kiln_vload<", V_, ">(", name, ", ", em_->buffer_names_[load.buffer], " + (",
                                   em_->Text(start), "));"));
     it = vectors_.emplace(key, reg).first;

@@ -10,10 +10,10 @@ namespace internal {
 
 absl::StatusOr<std::vector<KernelFunction>> KernelGen::Run() {
   for (schedule::KernelOutput& o : kern_.outputs) o.value = pool_.InternTree(o.value);
-  if (Product(kern_.domain, 0, kern_.domain.size()) == 0) return fns_;  // nothing to compute
+  if (Product(loops_, 0, loops_.size()) == 0) return fns_;  // nothing to compute
   bool direct = false;
   SplitGlobals(&direct);
-  const int rank = static_cast<int>(kern_.domain.size());
+  const int rank = static_cast<int>(loops_.size());
   if (direct || rank == 0) {
     Row(-1);
     return fns_;
@@ -35,7 +35,7 @@ absl::StatusOr<std::vector<KernelFunction>> KernelGen::Run() {
           Coefficient(FlatAddress(unit_->buffers[m->buffer], m->index), n->rvars.back()) == 1)
         contiguous = true;
   }
-  int64_t n_out = Product(kern_.domain, 0, rank);
+  int64_t n_out = Product(loops_, 0, rank);
   if (dmax < 0) {
     Pointwise();
   } else if (dmax < rank - 1) {
@@ -88,7 +88,7 @@ void KernelGen::RegisterPartialReductions(Fn& fn, const std::vector<ExprPtr>& tr
       r.var = n->rvars[0];
       int64_t g = fn.em->extents()[r.var];
       r.split.extent = g;
-      r.split.V = PickV({r.body}, r.var, g, 0, fn.prog);
+      r.split.V = PickV({r.body}, r.var, g, it->second >= 0 ? 8 : 0, fn.prog);  // indices are 8 bytes
       r.split.TR = tr;
       r.split.Q = CeilDiv(g, int64_t{r.split.V} * tr);
       r.split.unrolled = r.split.Q <= kMaxUnrolledVectors;
@@ -143,7 +143,7 @@ void KernelGen::SplitGlobals(bool* direct) {
   if (globals.empty()) return;
   int64_t rmax = 0;
   for (const Expr* g : globals) rmax = std::max(rmax, ReduceExtent(*g, kern_.extents));
-  if (Product(kern_.domain, 0, kern_.domain.size()) <= kDirectLimit && rmax <= kDirectLimit) {
+  if (Product(loops_, 0, loops_.size()) <= kDirectLimit && rmax <= kDirectLimit) {
     *direct = true;
     return;
   }

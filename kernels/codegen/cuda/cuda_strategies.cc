@@ -24,7 +24,8 @@ int64_t WidestOutput(const schedule::Program& p, const schedule::Kernel& k) {
   return w;
 }
 
-// Stores lane values `vals` (V of them) of output buffer `b` at flat index `at` (+ lane).
+// Stores the lane values `vals` of an output at flat index `at` (lane 0), one vector store
+// when there are several.
 void StoreLanes(CudaEmitter& em, const std::string& bname, const Buffer& b, const std::vector<std::string>& vals,
                 const std::string& at, const std::string& guard, int* counter,
                 const std::function<std::string(const std::string&)>& conv) {
@@ -41,12 +42,42 @@ void StoreLanes(CudaEmitter& em, const std::string& bname, const Buffer& b, cons
   em.AddStatement(absl::StrCat(pre, "kiln_vstore<", vals.size(), ">(", bname, " + (", at, "), ", arr, ");"));
 }
 
-std::vector<std::string> PopAll(CudaEmitter& em, size_t scopes) {
-  std::vector<std::vector<std::string>> parts(scopes);
-  for (size_t i = scopes; i-- > 0;) parts[i] = em.PopScope();
-  std::vector<std::string> out;
-  for (auto& p : parts) out.insert(out.end(), p.begin(), p.end());
-  return out;
+// Pops `n` scopes; returns their statements, outermost scope first.
+std::vector<std::vector<std::string>> PopScopes(CudaEmitter& em, size_t n) {
+  std::vector<std::vector<std::string>> parts(n);
+  for (size_t i = n; i-- > 0;) parts[i] = em.PopScope();
+  return parts;
+}
+
+void Append(std::vector<std::string>* out, const std::vector<std::string>& lines, const std::string& pad = "") {
+  for (const std::string& l : lines) out->push_back(pad + l);
+}
+
+// Reductions whose free variables all lie in `allowed` (output variables), found in `trees`
+// and, transitively, in the bodies `body_of` gives for them.
+std::vector<const Expr*> FindReductions(const std::vector<ExprPtr>& trees, const std::set<int>& allowed,
+                                        bool allow_empty, const std::unordered_map<const Expr*, int>& skip,
+                                        const std::function<ExprPtr(const Expr*)>& body_of) {
+  std::vector<const Expr*> found;
+  std::vector<ExprPtr> work = trees;
+  FreeVarMap fv;
+  while (!work.empty()) {
+    ExprPtr t = work.back();
+    work.pop_back();
+    AddFreeVars(t, &fv);
+    for (const Expr* n : Nodes(t)) {
+      if (n->kind != Expr::Kind::kReduce || skip.count(n)) continue;
+      if (std::find(found.begin(), found.end(), n) != found.end()) continue;
+      const std::vector<int>& vs = fv.at(n);
+      if (vs.empty() && !allow_empty) continue;
+      bool inside = true;
+      for (int v : vs) inside &= allowed.count(v) > 0;
+      if (!inside) continue;
+      found.push_back(n);
+      work.push_back(body_of(n));
+    }
+  }
+  return found;
 }
 
 }  // namespace
@@ -55,10 +86,10 @@ std::vector<std::string> PopAll(CudaEmitter& em, size_t scopes) {
 void KernelGen::Pointwise() {
   std::unique_ptr<Fn> fn = NewFn();
   CudaEmitter& em = *fn->em;
-  const int rank = static_cast<int>(kern_.domain.size());
+  const int rank = static_cast<int>(loops_.size());
   const int x = rank - 1;
-  const int64_t C = kern_.domain[x];
-  const int64_t N = Product(kern_.domain, 0, rank);
+  const int64_t C = loops_[x];
+  const int64_t N = Product(loops_, 0, rank);
   std::vector<ExprPtr> trees;
   for (const auto& o : kern_.outputs) trees.push_back(o.value);
   const int V = PickV(trees, x, C, WidestOutput(fn->prog, kern_), fn->prog);
@@ -90,17 +121,285 @@ void KernelGen::Pointwise() {
     StoreLanes(em, BufferName(b), b, vals[j], V == 1 ? "kv" : absl::StrCat(V, " * kv"), "", &counter,
                [&](const std::string& v) { return StoreText(b, v); });
   }
-  std::vector<std::string> scoped = PopAll(em, rank + 1);
-  // The prologue (scope 0) runs in every thread: it holds block-wide reductions.
-  std::vector<std::string> body;
-  size_t prologue_len = 0;
-  {
-    // Recover the prologue: re-run is costly, so PopAll keeps order and we split by marker.
-  }
-  (void)prologue_len;
+  auto parts = PopScopes(em, vars.size() + 1);
   if (!em.coop.empty()) fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " kt = threadIdx.x;"));
-  body = std::move(scoped);
-  (void)body;
+  // The prologue runs in every thread of the block: it may hold block-wide reductions.
+  std::vector<std::string> body = parts[0];
+  body.push_back(absl::StrCat("const ", cfg_.index_type, " kv = blockIdx.x * ", B, " + threadIdx.x;"));
+  body.push_back(absl::StrCat("if (kv < ", NV, ") {"));
+  Append(&body, DefineVars(*fn, vars, "kv"), "  ");
+  Append(&body, g.fills(), "  ");
+  for (size_t i = 1; i < parts.size(); ++i) Append(&body, parts[i], "  ");
+  body.push_back("}");
+  std::string strategy = absl::StrCat("pointwise: ", NV, " threads x ", V, " element(s), block ", B);
+  fns_.push_back(Finish(*fn, kern_.name, body, CeilDiv(NV, B), B, strategy));
+}
+
+// TR threads per outer index (a row of L elements, flattened); reductions over the row are
+// cooperative; short rows pack several rows into a block.
+void KernelGen::Row(int p) {
+  std::unique_ptr<Fn> fn = NewFn();
+  CudaEmitter& em = *fn->em;
+  const int rank = static_cast<int>(loops_.size());
+  const int64_t rows = Product(loops_, 0, p + 1);
+  const int64_t L = Product(loops_, p + 1, rank);
+  std::vector<int> outer, row_vars;
+  for (int d = 0; d <= p; ++d) outer.push_back(d);
+  for (int d = p + 1; d < rank; ++d) row_vars.push_back(d);
+  std::vector<ExprPtr> trees;
+  for (const auto& o : kern_.outputs) trees.push_back(o.value);
+  int E = -1;
+  if (L > 1) {
+    E = em.NewVar(L, absl::StrCat("e", em.extents().size()));
+    RewriteRules flat;
+    flat.affine = [&](const Affine& a) { return FlattenAffine(a, row_vars, E, em.extents()); };
+    for (ExprPtr& t : trees) t = Rewrite(t, flat, &pool_);
+  }
+
+  // Cooperative reductions: those reading only outer variables. A reduction over exactly a
+  // row shares the row's flat variable, so its loads and the outputs' can be matched.
+  std::set<int> allowed(outer.begin(), outer.end());
+  std::unordered_map<const Expr*, CoopReduce> found;
+  auto body_of = [&](const Expr* n) {
+    int64_t R = ReduceExtent(*n, em.extents());
+    CoopReduce r;
+    r.var = (E >= 0 && R == L) ? E : em.NewVar(R, absl::StrCat("e", em.extents().size()));
+    std::vector<int> rv = n->rvars;
+    int var = r.var;
+    RewriteRules flat;
+    flat.affine = [&](const Affine& a) { return FlattenAffine(a, rv, var, em.extents()); };
+    r.body = Rewrite(n->args[0], flat, &pool_);
+    r.split.extent = R;
+    found[n] = r;
+    return r.body;
+  };
+  std::vector<const Expr*> coops = FindReductions(trees, allowed, p < 0, partial_index_, body_of);
+
+  // Threads per row from the longest range a row walks.
+  int64_t work = L;
+  for (const Expr* n : coops) work = std::max(work, found[n].split.extent);
+  if (rows == 1)  // the block has nothing else to do: spread the partials too
+    for (const ExprPtr& t : trees)
+      for (const Expr* n : Nodes(t))
+        if (partial_index_.count(n)) work = std::max(work, em.extents()[n->rvars[0]]);
+  int64_t TR = std::clamp<int64_t>(Pow2Ceil(CeilDiv(work, kRowElementsPerThread)), rows == 1 ? 32 : 1, 1024);
+  const int64_t RPB = TR <= 32 && rows > 1 ? 128 / TR : 1;
+  const int64_t block = TR * RPB;
+  em.kt_var = em.NewVar(TR, "kt");
+  em.threads_per_row = static_cast<int>(TR);
+
+  RowSplit row;
+  row.extent = L;
+  if (L > 1) {
+    std::vector<ExprPtr> shared = trees;
+    for (const Expr* n : coops)
+      if (found[n].var == E) shared.push_back(found[n].body);
+    row.V = PickV(shared, E, L, WidestOutput(fn->prog, kern_), fn->prog);
+  }
+  row.TR = static_cast<int>(TR);
+  row.Q = CeilDiv(L, row.V * TR);
+  row.unrolled = row.Q <= kMaxUnrolledVectors && row.Q * row.V <= kMaxUnrolledElements;
+
+  // The row cache: loads of the row that two or more users (the outputs, each reduction over
+  // the row) read, while the registers last.
+  RowCache cache;
+  cache.var = E;
+  std::vector<std::string> cached_names;
+  if (L > 1 && row.unrolled) {
+    std::map<std::string, std::pair<std::set<int>, const Expr*>> users;
+    auto scan = [&](const ExprPtr& t, int user) {
+      for (const Expr* n : Nodes(t)) {
+        if (n->kind != Expr::Kind::kLoad) continue;
+        const Buffer& b = fn->prog.buffers[n->buffer];
+        if (b.role == Buffer::Role::kConst || b.index < 0) continue;
+        Affine addr = FlatAddress(b, n->index);
+        if (!addr.Uses(E)) continue;
+        bool ok = true;
+        for (int v : VarsOf(addr)) ok &= v == E || allowed.count(v);
+        if (!ok) continue;
+        auto& u = users[LoadKey(n->buffer, addr)];
+        u.first.insert(user);
+        u.second = n;
+      }
+    };
+    for (const ExprPtr& t : trees) scan(t, 0);
+    for (size_t i = 0; i < coops.size(); ++i)
+      if (found[coops[i]].var == E) scan(found[coops[i]].body, static_cast<int>(i) + 1);
+    int64_t words = 0;
+    for (auto& [key, u] : users) {
+      if (u.first.size() < 2) continue;
+      const Buffer b = fn->prog.buffers[u.second->buffer];  // a copy: AddRegisterArray grows buffers
+      int64_t w = row.Q * row.V * std::max<int64_t>(1, ir::DTypeSize(b.dtype) / 4);
+      if (words + w > kCacheBudgetWords) continue;
+      words += w;
+      RowCache::Entry e;
+      e.name = absl::StrCat("kc", cache.entries.size());
+      e.buffer = u.second->buffer;
+      e.addr = FlatAddress(b, u.second->index);
+      e.dtype = b.dtype;
+      e.reg_buffer = em.AddRegisterArray(b.dtype, row.Q * row.V, e.name);
+      cache.entries[key] = e;
+      cached_names.push_back(BufferName(b));
+    }
+  }
+  if (!cache.entries.empty()) em.cache = &cache;
+
+  for (const Expr* n : coops) {
+    CoopReduce& r = found[n];
+    if (r.var == E) {
+      r.split = row;
+      r.use_cache = !cache.entries.empty();
+    } else {
+      r.split.V = PickV({r.body}, r.var, r.split.extent, 0, fn->prog);
+      r.split.TR = static_cast<int>(TR);
+      r.split.Q = CeilDiv(r.split.extent, r.split.V * TR);
+      r.split.unrolled = r.split.Q <= kMaxUnrolledVectors && r.split.Q * r.split.V <= kMaxUnrolledElements;
+    }
+    em.coop[n] = r;
+  }
+  RegisterPartialReductions(*fn, trees, static_cast<int>(TR));
+  AddReductionVars(trees, &em);
+  for (const Expr* n : coops) AddReductionVars({found[n].body}, &em);
+
+  // Thread and row indices. Rows past the end (a partly filled last block) compute a copy of
+  // the last row, so every thread takes part in the shuffles, and store nothing.
+  const std::string& it = cfg_.index_type;
+  fn->head.push_back(RPB == 1 ? absl::StrCat("const ", it, " kt = threadIdx.x;")
+                              : absl::StrCat("const ", it, " kt = threadIdx.x % ", TR, ";"));
+  std::string kr_raw = RPB == 1 ? "blockIdx.x" : absl::StrCat("blockIdx.x * ", RPB, " + threadIdx.x / ", TR);
+  std::string row_ok;
+  if (rows % RPB == 0) {
+    fn->head.push_back(absl::StrCat("const ", it, " kr = ", kr_raw, ";"));
+  } else {
+    fn->head.push_back(absl::StrCat("const ", it, " kr_raw = ", kr_raw, ";"));
+    fn->head.push_back(absl::StrCat("const bool kr_ok = kr_raw < ", rows, ";"));
+    fn->head.push_back(absl::StrCat("const ", it, " kr = kr_ok ? kr_raw : ", rows - 1, ";"));
+    row_ok = "kr_ok";
+  }
+  for (const std::string& l : DefineVars(*fn, outer, "kr")) fn->head.push_back(l);
+  for (const auto& [key, e] : cache.entries) {
+    std::string t = StorageType(e.dtype, true);
+    const std::string bname = BufferName(fn->prog.buffers[e.buffer]);
+    fn->head.push_back(absl::StrCat("__align__(16) ", t, " ", e.name, "[", row.Q * row.V, "];"));
+    bool vec = row.V > 1 && VectorContiguous(e.addr, E, row.V);
+    for (int64_t q = 0; q < row.Q; ++q) {
+      Affine first = lower::AddConst(lower::Scale(Affine::Var(em.kt_var), row.V), row.V * TR * q);
+      std::string e0 = em.Text(first);
+      std::vector<std::string> load, zero;
+      if (vec) {
+        load.push_back(absl::StrCat("kiln_vload<", row.V, ">(", e.name, " + ", q * row.V, ", ", bname, " + (",
+                                    em.Text(lower::Substitute(e.addr, E, first, em.extents())), "));"));
+      }
+      for (int u = 0; u < row.V; ++u) {
+        std::string at = em.Text(lower::Substitute(e.addr, E, lower::AddConst(first, u), em.extents()));
+        if (!vec) load.push_back(absl::StrCat(e.name, "[", q * row.V + u, "] = ", bname, "[", at, "];"));
+        zero.push_back(absl::StrCat(e.name, "[", q * row.V + u, "] = ", t, "();"));
+      }
+      if (row.V * TR * (q + 1) <= L) {
+        Append(&fn->head, load);
+      } else {
+        fn->head.push_back(absl::StrCat("if (", e0, " < ", L, ") {"));
+        Append(&fn->head, load, "  ");
+        fn->head.push_back("} else {");
+        Append(&fn->head, zero, "  ");
+        fn->head.push_back("}");
+      }
+    }
+  }
+
+  em.PushScope(-1);
+  for (int d : outer) em.PushScope(d);
+  int counter = 0;
+  if (L > 1) {
+    std::vector<std::vector<std::string>> vals(trees.size());
+    em.EmitRowLoop(
+        row, E, !cache.entries.empty(), row_ok,
+        [&](CudaEmitter::LaneGroup& g, int u) {
+          if (u == 0)
+            for (auto& v : vals) v.clear();
+          for (size_t j = 0; j < trees.size(); ++j) vals[j].push_back(em.Emit(g.Lane(trees[j], u)));
+        },
+        [&](CudaEmitter::LaneGroup&, const std::string& e0) {
+          for (size_t j = 0; j < trees.size(); ++j) {
+            const Buffer& b = fn->prog.buffers[kern_.outputs[j].buffer];
+            StoreLanes(em, BufferName(b), b, vals[j], absl::StrCat(L, " * kr + ", e0), "", &counter,
+                       [&](const std::string& v) { return StoreText(b, v); });
+          }
+        });
+  } else {
+    std::string guard = row_ok.empty() ? "kt == 0" : absl::StrCat("kt == 0 && ", row_ok);
+    for (size_t j = 0; j < trees.size(); ++j) {
+      std::string v = em.Emit(trees[j]);  // first: emitting may add register arrays to buffers
+      const Buffer& b = fn->prog.buffers[kern_.outputs[j].buffer];
+      StoreLanes(em, BufferName(b), b, {v}, "kr", guard, &counter, [&](const std::string& s) { return StoreText(b, s); });
+    }
+  }
+  for (const auto& o : kern_.outputs) fn->written.push_back(o.buffer);
+  std::vector<std::string> body;
+  for (auto& part : PopScopes(em, outer.size() + 1)) Append(&body, part);
+  std::string strategy = absl::StrCat("row: ", rows, " row(s) of ", L, ", ", TR, " thread(s) per row, ", RPB,
+                                      " row(s) per block, ", row.Q, " x ", row.V, " element(s) per thread",
+                                      row.unrolled ? "" : " (looped)", ", ", coops.size(), " cooperative reduction(s)");
+  if (!cached_names.empty()) absl::StrAppend(&strategy, ", registers hold ", absl::StrJoin(cached_names, " "));
+  fns_.push_back(Finish(*fn, kern_.name, body, CeilDiv(rows, RPB), static_cast<int>(block), strategy));
+}
+
+// 32 outputs per block; the y-groups of the block split each reduction's range and combine
+// in shared memory.
+void KernelGen::ColumnTile(int y) {
+  std::unique_ptr<Fn> fn = NewFn();
+  CudaEmitter& em = *fn->em;
+  const int rank = static_cast<int>(loops_.size());
+  const int64_t N = Product(loops_, 0, rank);
+  const int block = 32 * y;
+  std::vector<ExprPtr> trees;
+  for (const auto& o : kern_.outputs) trees.push_back(o.value);
+  em.kt_var = em.NewVar(block, "kt");
+  em.ky_var = em.NewVar(y, "ky");
+  em.threads_per_row = block;
+  std::vector<int> vars;
+  for (int d = 0; d < rank; ++d) vars.push_back(d);
+  std::set<int> allowed(vars.begin(), vars.end());
+  std::unordered_map<const Expr*, CoopReduce> found;
+  auto body_of = [&](const Expr* n) {
+    CoopReduce r;
+    r.var = em.NewVar(ReduceExtent(*n, em.extents()), absl::StrCat("e", em.extents().size()));
+    std::vector<int> rv = n->rvars;
+    int var = r.var;
+    RewriteRules flat;
+    flat.affine = [&](const Affine& a) { return FlattenAffine(a, rv, var, em.extents()); };
+    r.body = Rewrite(n->args[0], flat, &pool_);
+    r.y_groups = y;
+    found[n] = r;
+    return r.body;
+  };
+  std::vector<const Expr*> coops = FindReductions(trees, allowed, false, partial_index_, body_of);
+  for (const Expr* n : coops) em.coop[n] = found[n];
+  RegisterPartialReductions(*fn, trees, block);
+  AddReductionVars(trees, &em);
+
+  const std::string& it = cfg_.index_type;
+  fn->head.push_back(absl::StrCat("const ", it, " kt = threadIdx.x;"));
+  fn->head.push_back(absl::StrCat("const ", it, " ky = threadIdx.x >> 5;"));
+  fn->head.push_back(absl::StrCat("const ", it, " kc_raw = blockIdx.x * 32 + (threadIdx.x & 31);"));
+  fn->head.push_back(absl::StrCat("const bool kc_ok = kc_raw < ", N, ";"));
+  fn->head.push_back(absl::StrCat("const ", it, " kc = kc_ok ? kc_raw : ", N - 1, ";"));
+  for (const std::string& l : DefineVars(*fn, vars, "kc")) fn->head.push_back(l);
+  em.PushScope(-1);
+  for (int d : vars) em.PushScope(d);
+  int counter = 0;
+  for (size_t j = 0; j < trees.size(); ++j) {
+    std::string v = em.Emit(trees[j]);  // first: emitting may add register arrays to buffers
+    const Buffer& b = fn->prog.buffers[kern_.outputs[j].buffer];
+    fn->written.push_back(kern_.outputs[j].buffer);
+    StoreLanes(em, BufferName(b), b, {v}, "kc", "ky == 0 && kc_ok", &counter,
+               [&](const std::string& s) { return StoreText(b, s); });
+  }
+  std::vector<std::string> body;
+  for (auto& part : PopScopes(em, vars.size() + 1)) Append(&body, part);
+  std::string strategy = absl::StrCat("column tile: ", N, " output(s), 32 per block, ", y, " y-group(s), ",
+                                      coops.size(), " split reduction(s)");
+  fns_.push_back(Finish(*fn, kern_.name, body, CeilDiv(N, 32), block, strategy));
 }
 
 }  // namespace kiln::codegen::cuda::internal

@@ -128,7 +128,10 @@ struct Fn {
 class KernelGen {
  public:
   KernelGen(schedule::Program* unit, int index, const KernelConfig& cfg)
-      : unit_(unit), cfg_(cfg), kern_(unit->kernels[index]) {}
+      : unit_(unit),
+        cfg_(cfg),
+        kern_(unit->kernels[index]),
+        loops_(kern_.extents.begin(), kern_.extents.begin() + kern_.num_loops) {}
   absl::StatusOr<std::vector<KernelFunction>> Run();
 
  private:
@@ -154,6 +157,7 @@ class KernelGen {
   schedule::Program* unit_;
   KernelConfig cfg_;
   schedule::Kernel kern_;
+  ir::Shape loops_;  // output loop extents (size-1 dimensions have no loop)
   ExprPool pool_;
   std::unordered_map<const Expr*, int> partial_index_;  // reductions over partials -> index buffer (or -1)
   std::vector<KernelFunction> fns_;

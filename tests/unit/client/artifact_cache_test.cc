@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/cpp/digest.h"
+#include "kernels/key/digest.h"
 #include "gtest/gtest.h"
 
 namespace kiln::client {
@@ -60,7 +60,7 @@ class ArtifactCacheTest : public ::testing::Test {
   std::string root_;
   std::unique_ptr<ArtifactCache> cache_;
   const std::string bytes_ = std::string("\x7f" "ELF pretend kernel library\0\1\2", 30);
-  const std::string digest_ = Sha256Hex(bytes_);
+  const std::string digest_ = key::Sha256Hex(bytes_);
   std::atomic<int> fetch_calls_{0};
 };
 

@@ -12,10 +12,11 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "client/cpp/digest.h"
-#include "client/cpp/grpc_status.h"
+#include "kernels/key/digest.h"
+#include "server/status_map.h"
 #include "client/cpp/kiln.h"
 #include "gtest/gtest.h"
 #include "kernels/ir/builder.h"
@@ -203,7 +204,7 @@ TEST_F(ClientDaemonTest, LookupSourceStatsAndFetchThroughTheClient) {
   absl::StatusOr<std::string> bytes = client.FetchArtifact(so->digest());
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   EXPECT_EQ(static_cast<int64_t>(bytes->size()), so->size());
-  EXPECT_EQ(Sha256Hex(*bytes), so->digest());
+  EXPECT_EQ(key::Sha256Hex(*bytes), so->digest());
 
   EXPECT_EQ(client.FetchArtifact(std::string(64, '0')).status().code(),
             absl::StatusCode::kNotFound);
@@ -283,7 +284,7 @@ TEST_F(ClientDaemonTest, PrewarmReportsOneEventPerRequest) {
   ASSERT_TRUE(status.ok()) << status;
   ASSERT_EQ(events.size(), 3u);
   for (const v1::PrewarmEvent& e : events) {
-    const absl::Status outcome = FromWireCode(e.code(), e.message());
+    const absl::Status outcome = server::FromWireCode(e.code(), e.message());
     if (e.index() == 2) {
       EXPECT_EQ(outcome.code(), absl::StatusCode::kInvalidArgument);
     } else {
@@ -334,6 +335,33 @@ TEST(ClientRetryTest, ShortDeadlineBoundsTheRetries) {
   EXPECT_GT((*client)->stats().attempts, 1);
   EXPECT_LT((*client)->stats().attempts, 1000);
   EXPECT_LT(took, absl::Milliseconds(1500));
+}
+
+TEST(ClientRetryTest, RetriesCarryACallOverADaemonThatComesUpLate) {
+  const int port = DeadPort();
+  ASSERT_GT(port, 0);
+  const std::string dir = MakeTempDir();
+  ASSERT_FALSE(dir.empty());
+  ClientOptions options;
+  options.address = "127.0.0.1:" + std::to_string(port);
+  options.retry.max_attempts = 100;
+  options.retry.initial_backoff = absl::Milliseconds(50);
+  options.retry.max_backoff = absl::Milliseconds(200);
+  auto client = Client::Create(options);
+  ASSERT_TRUE(client.ok());
+  absl::StatusOr<v1::GetStatsResponse> stats = absl::UnknownError("not run");
+  std::thread caller([&] { stats = (*client)->GetStats(absl::Now() + absl::Seconds(60)); });
+  absl::SleepFor(absl::Milliseconds(300));
+  testing::KilndProcess kilnd;
+  // A later --listen overrides the helper's port 0.
+  const std::string error =
+      kilnd.Start(dir + "/cache", {"--listen=127.0.0.1:" + std::to_string(port)});
+  caller.join();
+  ASSERT_EQ(error, "");
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GT((*client)->stats().retries, 0);
+  EXPECT_EQ(kilnd.Stop(), 0);
+  fs::remove_all(dir);
 }
 
 }  // namespace

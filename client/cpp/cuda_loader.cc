@@ -1,0 +1,260 @@
+#include "client/cpp/cuda_loader.h"
+
+#include <dlfcn.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace kiln::client {
+namespace {
+
+// The slice of the CUDA driver API the loader uses, declared here so that building needs no
+// CUDA headers. Types and values as in cuda.h.
+typedef int CUresult;
+typedef int CUdevice;
+typedef void* CUcontext;
+typedef void* CUmodule;
+typedef void* CUfunction;
+typedef void* CUstream;
+typedef unsigned long long CUdeviceptr;
+constexpr CUresult kSuccess = 0;
+constexpr uint32_t kSupportedAbi = 1;
+
+struct Driver {
+  CUresult (*cuInit)(unsigned) = nullptr;
+  CUresult (*cuDeviceGet)(CUdevice*, int) = nullptr;
+  CUresult (*cuCtxGetCurrent)(CUcontext*) = nullptr;
+  CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*) = nullptr;
+  CUresult (*cuModuleUnload)(CUmodule) = nullptr;
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void**, void**) = nullptr;
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t) = nullptr;
+  CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
+  CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
+  CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
+  std::string error;  // why the driver is unusable, if it is
+
+  std::string Describe(CUresult r, const char* what) const {
+    const char* name = nullptr;
+    const char* text = nullptr;
+    if (cuGetErrorName) cuGetErrorName(r, &name);
+    if (cuGetErrorString) cuGetErrorString(r, &text);
+    return std::string(what) + ": " + (name ? name : "CUDA error " + std::to_string(r)) + (text ? std::string(" (") + text + ")" : "");
+  }
+};
+
+template <typename F> bool Resolve(void* lib, const char* name, F* out) {
+  *out = reinterpret_cast<F>(dlsym(lib, name));
+  return *out != nullptr;
+}
+
+// Opened once per process, never closed (the driver outlives every module).
+const Driver& GetDriver() {
+  static const Driver* driver = [] {
+    auto* d = new Driver;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      d->error = std::string("cannot open libcuda.so.1 (no NVIDIA driver here?): ") + dlerror();
+      return d;
+    }
+    bool ok = Resolve(lib, "cuInit", &d->cuInit) && Resolve(lib, "cuDeviceGet", &d->cuDeviceGet) &&
+              Resolve(lib, "cuCtxGetCurrent", &d->cuCtxGetCurrent) &&
+              Resolve(lib, "cuCtxSetCurrent", &d->cuCtxSetCurrent) &&
+              Resolve(lib, "cuDevicePrimaryCtxRetain", &d->cuDevicePrimaryCtxRetain) &&
+              Resolve(lib, "cuModuleLoadData", &d->cuModuleLoadData) &&
+              Resolve(lib, "cuModuleUnload", &d->cuModuleUnload) &&
+              Resolve(lib, "cuModuleGetFunction", &d->cuModuleGetFunction) &&
+              Resolve(lib, "cuLaunchKernel", &d->cuLaunchKernel) && Resolve(lib, "cuMemAlloc_v2", &d->cuMemAlloc) &&
+              Resolve(lib, "cuMemFree_v2", &d->cuMemFree) && Resolve(lib, "cuGetErrorName", &d->cuGetErrorName) &&
+              Resolve(lib, "cuGetErrorString", &d->cuGetErrorString);
+    if (!ok) {
+      d->error = "libcuda.so.1 lacks a driver API entry point the loader needs";
+      return d;
+    }
+    if (CUresult r = d->cuInit(0); r != kSuccess) d->error = d->Describe(r, "cuInit");
+    return d;
+  }();
+  return *driver;
+}
+
+// Makes sure the calling thread has a current context.
+bool EnsureContext(const Driver& d, std::string* error) {
+  CUcontext ctx = nullptr;
+  if (CUresult r = d.cuCtxGetCurrent(&ctx); r != kSuccess) {
+    *error = d.Describe(r, "cuCtxGetCurrent");
+    return false;
+  }
+  if (ctx) return true;
+  CUdevice dev = 0;
+  CUresult r = d.cuDeviceGet(&dev, 0);
+  if (r == kSuccess) r = d.cuDevicePrimaryCtxRetain(&ctx, dev);
+  if (r == kSuccess) r = d.cuCtxSetCurrent(ctx);
+  if (r != kSuccess) *error = d.Describe(r, "making device 0's primary context current");
+  return r == kSuccess;
+}
+
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+}  // namespace
+
+std::unique_ptr<CudaModule> CudaModule::Load(std::string_view cubin, std::string_view ptx, CudaPlan plan,
+                                             std::string* error) {
+  const Driver& d = GetDriver();
+  if (!d.error.empty()) {
+    *error = d.error;
+    return nullptr;
+  }
+  if (plan.abi_version != kSupportedAbi) {
+    *error = "launch plan ABI version " + std::to_string(plan.abi_version) + " (this loader runs version " +
+             std::to_string(kSupportedAbi) + ")";
+    return nullptr;
+  }
+  if (!EnsureContext(d, error)) return nullptr;
+  std::unique_ptr<CudaModule> m(new CudaModule);
+  CUresult r = cubin.empty() ? 1 : d.cuModuleLoadData(&m->module_, cubin.data());
+  if (r != kSuccess) {
+    std::string cubin_error = cubin.empty() ? "no cubin" : d.Describe(r, "loading the cubin");
+    if (ptx.empty()) {
+      *error = cubin_error;
+      return nullptr;
+    }
+    std::string text(ptx);  // NUL-terminated for the driver's JIT
+    r = d.cuModuleLoadData(&m->module_, text.c_str());
+    if (r != kSuccess) {
+      *error = cubin_error + "; " + d.Describe(r, "JIT-compiling the PTX");
+      return nullptr;
+    }
+    m->from_ptx_ = true;
+  }
+  for (const CudaPlan::Step& s : plan.steps) {
+    CUfunction f = nullptr;
+    if (CUresult fr = d.cuModuleGetFunction(&f, m->module_, s.kernel.c_str()); fr != kSuccess) {
+      *error = d.Describe(fr, ("kernel " + s.kernel).c_str());
+      return nullptr;
+    }
+    m->functions_.push_back(f);
+  }
+  m->plan_ = std::move(plan);
+  return m;
+}
+
+std::unique_ptr<CudaModule> CudaModule::LoadDir(const std::string& dir, std::string* error) {
+  std::string cubin, ptx, json;
+  if (!ReadFile(dir + "/plan.json", &json)) {
+    *error = "cannot read " + dir + "/plan.json";
+    return nullptr;
+  }
+  bool have_cubin = ReadFile(dir + "/kernel.cubin", &cubin);
+  bool have_ptx = ReadFile(dir + "/kernel.ptx", &ptx);
+  if (!have_cubin && !have_ptx) {
+    *error = "neither " + dir + "/kernel.cubin nor kernel.ptx is readable";
+    return nullptr;
+  }
+  CudaPlan plan;
+  if (!ParseCudaPlan(json, &plan, error)) return nullptr;
+  return Load(cubin, ptx, std::move(plan), error);
+}
+
+CudaModule::~CudaModule() {
+  const Driver& d = GetDriver();
+  if (!d.error.empty()) return;
+  if (workspace_) d.cuMemFree(workspace_);
+  if (module_) d.cuModuleUnload(module_);
+}
+
+bool CudaModule::Run(void* const* buffers, void* workspace, void* stream, std::string* error) {
+  const Driver& d = GetDriver();
+  CUdeviceptr ws = reinterpret_cast<CUdeviceptr>(workspace);
+  if (!ws && plan_.workspace_bytes > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!workspace_) {
+      if (CUresult r = d.cuMemAlloc(&workspace_, static_cast<size_t>(plan_.workspace_bytes)); r != kSuccess) {
+        *error = d.Describe(r, "allocating the workspace");
+        return false;
+      }
+    }
+    ws = workspace_;
+  }
+  const int num_inputs = plan_.num_inputs();
+  std::vector<CUdeviceptr> ptrs;
+  for (const CudaPlan::Buffer& b : plan_.buffers) {
+    switch (b.role) {
+      case CudaPlan::Role::kInput: ptrs.push_back(reinterpret_cast<CUdeviceptr>(buffers[b.index])); break;
+      case CudaPlan::Role::kOutput:
+        ptrs.push_back(reinterpret_cast<CUdeviceptr>(buffers[num_inputs + b.index]));
+        break;
+      case CudaPlan::Role::kTemp: ptrs.push_back(ws + static_cast<CUdeviceptr>(b.offset)); break;
+    }
+  }
+  for (size_t i = 0; i < plan_.steps.size(); ++i) {
+    const CudaPlan::Step& s = plan_.steps[i];
+    std::vector<void*> params;
+    for (int a : s.args) params.push_back(&ptrs[a]);
+    CUresult r = d.cuLaunchKernel(functions_[i], s.grid[0], s.grid[1], s.grid[2], s.block[0], s.block[1], s.block[2],
+                                  s.shared_bytes, static_cast<CUstream>(stream), params.data(), nullptr);
+    if (r != kSuccess) {
+      *error = d.Describe(r, ("launching " + s.kernel).c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace kiln::client
+
+// ---- C API.
+
+struct kiln_cuda_module {
+  std::unique_ptr<kiln::client::CudaModule> module;
+};
+
+namespace {
+thread_local std::string last_error;
+
+kiln_cuda_module* Wrap(std::unique_ptr<kiln::client::CudaModule> m) {
+  if (!m) return nullptr;
+  return new kiln_cuda_module{std::move(m)};
+}
+}  // namespace
+
+extern "C" {
+
+kiln_cuda_module* kiln_cuda_load(const void* cubin, size_t cubin_bytes, const char* ptx, const char* plan_json) {
+  kiln::client::CudaPlan plan;
+  if (!plan_json || !kiln::client::ParseCudaPlan(plan_json, &plan, &last_error)) {
+    if (!plan_json) last_error = "no plan";
+    return nullptr;
+  }
+  std::string_view c(static_cast<const char*>(cubin), cubin ? cubin_bytes : 0);
+  return Wrap(kiln::client::CudaModule::Load(c, ptx ? ptx : "", std::move(plan), &last_error));
+}
+
+kiln_cuda_module* kiln_cuda_load_dir(const char* dir) {
+  return Wrap(kiln::client::CudaModule::LoadDir(dir ? dir : ".", &last_error));
+}
+
+int kiln_cuda_run(kiln_cuda_module* m, void* const* buffers, void* workspace, void* stream) {
+  if (!m) {
+    last_error = "null module";
+    return -1;
+  }
+  return m->module->Run(buffers, workspace, stream, &last_error) ? 0 : -1;
+}
+
+int64_t kiln_cuda_workspace_bytes(const kiln_cuda_module* m) { return m ? m->module->plan().workspace_bytes : 0; }
+int kiln_cuda_num_inputs(const kiln_cuda_module* m) { return m ? m->module->plan().num_inputs() : 0; }
+int kiln_cuda_num_outputs(const kiln_cuda_module* m) { return m ? m->module->plan().num_outputs() : 0; }
+const char* kiln_cuda_last_error(void) { return last_error.c_str(); }
+void kiln_cuda_free(kiln_cuda_module* m) { delete m; }
+
+}  // extern "C"

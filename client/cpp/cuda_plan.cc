@@ -1,0 +1,212 @@
+#include "client/cpp/cuda_plan.h"
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+
+namespace kiln::client {
+namespace {
+
+// A JSON value: just enough of JSON for plan files (objects, arrays, strings without
+// escapes beyond \" and \\, numbers, true/false/null).
+struct Json {
+  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject } kind = Kind::kNull;
+  double number = 0;
+  bool boolean = false;
+  std::string text;
+  std::vector<Json> items;
+  std::map<std::string, Json> fields;
+};
+
+class Parser {
+ public:
+  explicit Parser(std::string_view s) : s_(s) {}
+
+  bool Parse(Json* out, std::string* error) {
+    if (!Value(out, 0) || (Skip(), pos_ != s_.size())) {
+      *error = "plan.json: malformed JSON near byte " + std::to_string(pos_);
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  void Skip() {
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\t' || s_[pos_] == '\r')) ++pos_;
+  }
+  bool Eat(char c) {
+    Skip();
+    if (pos_ < s_.size() && s_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  bool Word(std::string_view w) {
+    if (s_.substr(pos_, w.size()) != w) return false;
+    pos_ += w.size();
+    return true;
+  }
+  bool String(std::string* out) {
+    if (!Eat('"')) return false;
+    while (pos_ < s_.size() && s_[pos_] != '"') {
+      if (s_[pos_] == '\\') {
+        if (++pos_ >= s_.size()) return false;
+        char e = s_[pos_];
+        if (e != '"' && e != '\\' && e != '/') return false;
+      }
+      out->push_back(s_[pos_++]);
+    }
+    return Eat('"');
+  }
+  bool Value(Json* v, int depth) {
+    if (depth > 16) return false;
+    Skip();
+    if (pos_ >= s_.size()) return false;
+    char c = s_[pos_];
+    if (c == '{') {
+      v->kind = Json::Kind::kObject;
+      ++pos_;
+      if (Eat('}')) return true;
+      do {
+        std::string key;
+        Json item;
+        if (!String(&key) || !Eat(':') || !Value(&item, depth + 1)) return false;
+        v->fields[key] = std::move(item);
+      } while (Eat(','));
+      return Eat('}');
+    }
+    if (c == '[') {
+      v->kind = Json::Kind::kArray;
+      ++pos_;
+      if (Eat(']')) return true;
+      do {
+        v->items.emplace_back();
+        if (!Value(&v->items.back(), depth + 1)) return false;
+      } while (Eat(','));
+      return Eat(']');
+    }
+    if (c == '"') {
+      v->kind = Json::Kind::kString;
+      return String(&v->text);
+    }
+    if (Word("true") || Word("false")) {
+      v->kind = Json::Kind::kBool;
+      v->boolean = c == 't';
+      return true;
+    }
+    if (Word("null")) return true;
+    std::string num(s_.substr(pos_, std::min<size_t>(32, s_.size() - pos_)));
+    char* end = nullptr;
+    v->number = std::strtod(num.c_str(), &end);
+    if (end == num.c_str()) return false;
+    v->kind = Json::Kind::kNumber;
+    pos_ += static_cast<size_t>(end - num.c_str());
+    return true;
+  }
+
+  std::string_view s_;
+  size_t pos_ = 0;
+};
+
+// Field access that records the first problem and keeps going with defaults.
+class Reader {
+ public:
+  explicit Reader(std::string* error) : error_(error) {}
+  const Json* Field(const Json& o, const char* name, Json::Kind kind) {
+    auto it = o.fields.find(name);
+    if (it == o.fields.end() || it->second.kind != kind) {
+      Fail(std::string("plan.json: field '") + name + "' missing or of the wrong type");
+      return nullptr;
+    }
+    return &it->second;
+  }
+  int64_t Int(const Json& o, const char* name) {
+    const Json* f = Field(o, name, Json::Kind::kNumber);
+    return f ? static_cast<int64_t>(f->number) : 0;
+  }
+  std::string Str(const Json& o, const char* name) {
+    const Json* f = Field(o, name, Json::Kind::kString);
+    return f ? f->text : "";
+  }
+  std::vector<int64_t> Ints(const Json& o, const char* name) {
+    std::vector<int64_t> out;
+    if (const Json* f = Field(o, name, Json::Kind::kArray))
+      for (const Json& i : f->items) {
+        if (i.kind != Json::Kind::kNumber) Fail(std::string("plan.json: '") + name + "' holds a non-number");
+        out.push_back(static_cast<int64_t>(i.number));
+      }
+    return out;
+  }
+  void Fail(const std::string& why) {
+    if (error_->empty()) *error_ = why;
+  }
+  bool ok() const { return error_->empty(); }
+
+ private:
+  std::string* error_;
+};
+
+}  // namespace
+
+int CudaPlan::num_inputs() const {
+  int n = 0;
+  for (const Buffer& b : buffers) n += b.role == Role::kInput;
+  return n;
+}
+
+int CudaPlan::num_outputs() const {
+  int n = 0;
+  for (const Buffer& b : buffers) n += b.role == Role::kOutput;
+  return n;
+}
+
+bool ParseCudaPlan(std::string_view json, CudaPlan* plan, std::string* error) {
+  error->clear();
+  Json root;
+  if (!Parser(json).Parse(&root, error)) return false;
+  if (root.kind != Json::Kind::kObject) {
+    *error = "plan.json: not an object";
+    return false;
+  }
+  Reader r(error);
+  CudaPlan p;
+  p.abi_version = static_cast<uint32_t>(r.Int(root, "abi_version"));
+  p.workspace_bytes = r.Int(root, "workspace_bytes");
+  if (const Json* bufs = r.Field(root, "buffers", Json::Kind::kArray)) {
+    for (const Json& b : bufs->items) {
+      CudaPlan::Buffer out;
+      std::string role = r.Str(b, "role");
+      if (role == "input") out.role = CudaPlan::Role::kInput;
+      else if (role == "output") out.role = CudaPlan::Role::kOutput;
+      else if (role == "temp") out.role = CudaPlan::Role::kTemp;
+      else r.Fail("plan.json: unknown buffer role '" + role + "'");
+      out.index = static_cast<int>(r.Int(b, "index"));
+      out.dtype = r.Str(b, "dtype");
+      out.shape = r.Ints(b, "shape");
+      out.bytes = r.Int(b, "bytes");
+      out.offset = r.Int(b, "offset");
+      p.buffers.push_back(std::move(out));
+    }
+  }
+  if (const Json* steps = r.Field(root, "steps", Json::Kind::kArray)) {
+    for (const Json& s : steps->items) {
+      CudaPlan::Step out;
+      out.kernel = r.Str(s, "kernel");
+      std::vector<int64_t> grid = r.Ints(s, "grid"), block = r.Ints(s, "block");
+      for (size_t k = 0; k < 3 && k < grid.size(); ++k) out.grid[k] = static_cast<unsigned>(grid[k]);
+      for (size_t k = 0; k < 3 && k < block.size(); ++k) out.block[k] = static_cast<unsigned>(block[k]);
+      out.shared_bytes = static_cast<unsigned>(r.Int(s, "shared_bytes"));
+      for (int64_t a : r.Ints(s, "args")) {
+        if (a < 0 || a >= static_cast<int64_t>(p.buffers.size())) r.Fail("plan.json: step argument out of range");
+        out.args.push_back(static_cast<int>(a));
+      }
+      p.steps.push_back(std::move(out));
+    }
+  }
+  if (!r.ok()) return false;
+  *plan = std::move(p);
+  return true;
+}
+
+}  // namespace kiln::client

@@ -1,0 +1,111 @@
+"""kiln.torch: the ``kiln`` backend of ``torch.compile`` (PyTorch is an optional dependency).
+
+Example::
+
+    import kiln.torch  # registers the backend (also found through its entry point when installed)
+
+    @torch.compile(backend="kiln")
+    def f(x):
+        return torch.sin(x) ** 2 + torch.cos(x) ** 2
+
+Forward and backward graphs both reach kiln through AOTAutograd as ATen graphs. The ops kiln
+supports (elementwise math, reductions, views, concatenation, softmax, layer_norm, gelu...) are
+compiled on the kiln daemon in fused parts; the rest (matmul, convolution, indexing, random
+ops...) runs in torch between them. CPU tensors run the parts' shared objects, CUDA tensors
+their kernels on torch's current stream; ``mode="reduce-overhead"`` replays GPU graphs through
+CUDA graphs. A part kiln cannot compile runs in torch after one :class:`KilnFallbackWarning`.
+
+- :func:`kiln_backend`: the backend function (what ``backend="kiln"`` resolves to).
+- :func:`backend`: a backend with options bound (``backend=kiln.torch.backend(server=...)``).
+- :func:`stats`, :func:`reset_stats`, :func:`last_graphs`: what the backend did, for tests and
+  diagnostics. :func:`register_lowering` extends the ATen-to-kiln mapping table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch  # noqa: F401  (a clear ImportError when PyTorch is absent)
+
+from .dynamo_backend import BackendConfig, backend, compile_aten_graph, kiln_backend, make_backend
+from .lowering import Unsupported, lowered_ops, register_lowering, unregister_lowering
+from .runtime import KilnFallbackWarning, KilnPart, clear_memo
+from .runtime import reset_stats as _reset_stats
+
+#: The name the backend is registered under.
+BACKEND_NAME = "kiln"
+#: The entry point group torch.compile searches for backends.
+ENTRY_POINT_GROUP = "torch_dynamo_backends"
+
+
+def stats() -> dict[str, Any]:
+    """A copy of the process-wide counters (see :class:`kiln.torch.runtime.Stats`)."""
+    from .runtime import STATS, _stats_lock
+
+    with _stats_lock:
+        return STATS.as_dict()
+
+
+def reset_stats() -> None:
+    """Zeroes the counters :func:`stats` reports and forgets :func:`last_graphs`."""
+    from .dynamo_backend import RECENT
+
+    _reset_stats()
+    RECENT.clear()
+
+
+def last_graphs() -> list[dict[str, Any]]:
+    """The most recently compiled ATen graphs (up to 32): for each, its kind (forward, backward,
+    inference), its number of segments, and per kiln part the ops, the handle or the error."""
+    from .dynamo_backend import RECENT
+
+    return list(RECENT)
+
+
+def _entry_point_installed() -> bool:
+    try:
+        from importlib.metadata import entry_points
+
+        return any(ep.name == BACKEND_NAME for ep in entry_points(group=ENTRY_POINT_GROUP))
+    except Exception:
+        return False
+
+
+def register() -> bool:
+    """Registers :func:`kiln_backend` with Dynamo as ``"kiln"``; returns whether it did.
+
+    Skipped when the name is taken already, and when the package's entry point is installed:
+    Dynamo then loads the backend through it, and registering here too would make that load
+    fail on a duplicate name.
+    """
+    try:
+        from torch._dynamo.backends import registry
+    except Exception:  # a torch without Dynamo: nothing to register with
+        return False
+    if BACKEND_NAME in registry._COMPILER_FNS or _entry_point_installed():
+        return False
+    registry.register_backend(kiln_backend, name=BACKEND_NAME)
+    return True
+
+
+register()
+
+__all__ = [
+    "BACKEND_NAME",
+    "BackendConfig",
+    "KilnFallbackWarning",
+    "KilnPart",
+    "Unsupported",
+    "backend",
+    "clear_memo",
+    "compile_aten_graph",
+    "kiln_backend",
+    "last_graphs",
+    "lowered_ops",
+    "make_backend",
+    "register",
+    "register_lowering",
+    "reset_stats",
+    "stats",
+    "unregister_lowering",
+]

@@ -1,0 +1,966 @@
+"""ATen FX nodes to kiln graph nodes: the mapping table.
+
+AOTAutograd hands the backend graphs of core ATen ops (after decompositions). Each entry of the
+table maps a torch ``OpOverload`` (or a whole ``OpOverloadPacket``) to a lowering function::
+
+    @register_lowering(aten.add.Tensor, aten.add.Scalar)
+    def _add(ctx, x, other, alpha=1): ...
+
+A lowering receives the node's arguments with every tensor argument replaced by a kiln
+:class:`~kiln.builder.Value` (Python numbers, lists, dtypes and None arrive as they are) and
+returns a Value, or a tuple of Values for an op with several outputs. It emits nodes through
+``ctx.b`` (a :class:`kiln.GraphBuilder`). It raises :class:`Unsupported` for a call it cannot
+express (an attribute value it does not handle, a dtype kiln lacks...): the node then runs in
+torch.
+
+Torch and NumPy promote types differently (a Python float next to an int tensor gives float32
+in torch, float64 in NumPy; 0-d tensors are weak in torch), so lowerings never rely on the
+builder's promotion: they cast operands to the dtype torch computes in, which the node's
+FakeTensor (``node.meta["val"]``) tells. :func:`lower_node` then checks the result against that
+FakeTensor and reconciles dtype and shape, so a lowering that disagrees with torch is caught
+when the graph is partitioned, not at run time.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+import torch.fx
+
+from ..builder import GraphBuilder, Value
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+Lowered = Union[Value, tuple[Value, ...]]
+LoweringFn = Callable[..., Lowered]
+
+#: torch dtypes kiln computes on, with their kiln names.
+TORCH_TO_KILN: dict[torch.dtype, str] = {
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.uint8: "u8",
+    torch.bool: "bool",
+}
+KILN_TO_TORCH: dict[str, torch.dtype] = {v: k for k, v in TORCH_TO_KILN.items()}
+
+
+class Unsupported(Exception):
+    """A node (or one call of it) that kiln cannot take; it runs in torch instead."""
+
+
+def kiln_dtype(dtype: torch.dtype) -> str:
+    """The kiln name of a torch dtype; :class:`Unsupported` for complex, float8, uint16..."""
+    try:
+        return TORCH_TO_KILN[dtype]
+    except KeyError:
+        raise Unsupported(f"dtype {dtype}") from None
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a kiln dtype name."""
+    return KILN_TO_TORCH[name]
+
+
+# ---------------------------------------------------------------------------------- registry
+
+_LOWERINGS: dict[Any, LoweringFn] = {}
+
+
+def register_lowering(*ops: Any) -> Callable[[LoweringFn], LoweringFn]:
+    """Decorator: ``fn`` lowers each of ``ops`` (OpOverloads, or packets for every overload).
+
+    A later registration of the same op replaces the earlier one, which lets a program extend
+    or override the table.
+    """
+
+    def deco(fn: LoweringFn) -> LoweringFn:
+        for op in ops:
+            _LOWERINGS[op] = fn
+        return fn
+
+    return deco
+
+
+def unregister_lowering(*ops: Any) -> None:
+    """Removes ``ops`` from the table (their nodes run in torch from then on)."""
+    for op in ops:
+        _LOWERINGS.pop(op, None)
+
+
+def find_lowering(target: Any) -> Optional[LoweringFn]:
+    """The lowering of an FX call_function target, or None."""
+    fn = _LOWERINGS.get(target)
+    if fn is None and isinstance(target, torch._ops.OpOverload):
+        fn = _LOWERINGS.get(target.overloadpacket)
+    return fn
+
+
+# ---------------------------------------------------------------------------------- context
+
+def node_meta(node: Any) -> Any:
+    """The FakeTensor (or tuple of them, or SymInt...) an FX node produces, or None."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    meta = node.meta
+    return meta.get("val", meta.get("example_value"))
+
+
+def is_static_tensor(v: Any) -> bool:
+    """Whether ``v`` is a strided tensor with concrete sizes and strides."""
+    if not isinstance(v, torch.Tensor) or v.layout != torch.strided:
+        return False
+    try:
+        return all(isinstance(d, int) for d in v.shape) and all(isinstance(s, int) for s in v.stride())
+    except Exception:  # sparse or otherwise unusual tensors
+        return False
+
+
+class LoweringContext:
+    """What a lowering sees besides its arguments: the builder and the node's torch types."""
+
+    def __init__(self, builder: GraphBuilder, node: torch.fx.Node) -> None:
+        self.b = builder
+        self.node = node
+        self.meta = node_meta(node)
+
+    # -- the node's output as torch types it
+
+    @property
+    def out_dtype(self) -> str:
+        """The kiln dtype of the node's (single) output."""
+        if not isinstance(self.meta, torch.Tensor):
+            raise Unsupported("the node has no single tensor output")
+        return kiln_dtype(self.meta.dtype)
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        if not isinstance(self.meta, torch.Tensor):
+            raise Unsupported("the node has no single tensor output")
+        return tuple(int(d) for d in self.meta.shape)
+
+    def out_meta(self, i: int) -> torch.Tensor:
+        """The FakeTensor of output ``i`` of a multi-output node."""
+        if not isinstance(self.meta, (tuple, list)) or not isinstance(self.meta[i], torch.Tensor):
+            raise Unsupported(f"the node has no tensor output {i}")
+        return self.meta[i]
+
+    def output_used(self, i: int) -> bool:
+        """Whether some getitem user of this multi-output node reads output ``i``."""
+        return any(u.target is operator.getitem and u.args[1] == i for u in self.node.users)
+
+    # -- operands
+
+    def value(self, x: Any, dtype: str) -> Value:
+        """``x`` (a Value or a Python number) as a Value of kiln dtype ``dtype``."""
+        if isinstance(x, Value):
+            return x if x.dtype == dtype else self.b.cast(x, dtype)
+        if isinstance(x, (bool, int, float)):
+            try:
+                return self.b.constant(x, dtype)
+            except (OverflowError, ValueError, TypeError) as e:
+                raise Unsupported(f"scalar {x!r} as {dtype}: {e}") from None
+        raise Unsupported(f"operand of type {type(x).__name__}")
+
+    def cast(self, v: Value, dtype: str) -> Value:
+        return v if v.dtype == dtype else self.b.cast(v, dtype)
+
+    def result_type(self, x: Any, other: Any) -> str:
+        """The dtype torch promotes two operands (Values or Python numbers) to.
+
+        Torch's rules depend on each operand's dtype, on whether it is a 0-d tensor, and on
+        Python numbers' kinds; meta tensors of the right dtype and rank stand in for Values.
+        """
+
+        def stand_in(v: Any) -> Any:
+            if isinstance(v, Value):
+                shape = () if v.ndim == 0 else (0,)
+                return torch.empty(shape, dtype=torch_dtype(v.dtype), device="meta")
+            if isinstance(v, (bool, int, float)):
+                return v
+            raise Unsupported(f"operand of type {type(v).__name__}")
+
+        a, b = stand_in(x), stand_in(other)
+        if not (isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor)):
+            raise Unsupported("no tensor operand")
+        return kiln_dtype(torch.result_type(a, b))
+
+
+# ---------------------------------------------------------------------------------- lowering
+
+def _map_args(a: Any, env: Callable[[torch.fx.Node], Any]) -> Any:
+    if isinstance(a, torch.fx.Node):
+        return env(a)
+    if isinstance(a, (list, tuple)):
+        return type(a)(_map_args(x, env) for x in a)
+    if isinstance(a, dict):
+        return {k: _map_args(v, env) for k, v in a.items()}
+    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise Unsupported("symbolic scalar argument")
+    return a
+
+
+def lower_node(b: GraphBuilder, node: torch.fx.Node, env: Callable[[torch.fx.Node], Any]) -> Any:
+    """Emits ``node`` into ``b``; ``env`` maps an FX node to its Value (or tuple of Values).
+
+    Returns what the node produces in kiln terms, checked against its FakeTensor: dtype
+    differences are cast away, shape differences with the same element count become a
+    reshape, anything else raises :class:`Unsupported`.
+    """
+    if node.op != "call_function":
+        raise Unsupported(f"{node.op} node")
+    if node.target is operator.getitem:
+        src, idx = node.args
+        produced = env(src)
+        if not isinstance(produced, tuple) or not isinstance(idx, int):
+            raise Unsupported("getitem of a non-tuple")
+        return produced[idx]
+    fn = find_lowering(node.target)
+    if fn is None:
+        raise Unsupported(f"no lowering for {node.target}")
+    meta = node_meta(node)
+    metas = meta if isinstance(meta, (tuple, list)) else [meta]
+    for m in metas:
+        if not is_static_tensor(m):
+            raise Unsupported("an output is not a tensor of static shape")
+        kiln_dtype(m.dtype)
+    args = _map_args(node.args, env)
+    kwargs = _map_args(dict(node.kwargs), env)
+    # Schemas name the first operand "self" or "input"; lowerings take it positionally.
+    for first in ("self", "input"):
+        if first in kwargs:
+            args = (kwargs.pop(first),) + tuple(args)
+    ctx = LoweringContext(b, node)
+    with b.name_scope(node.name):
+        try:
+            out = fn(ctx, *args, **kwargs)
+        except (Unsupported, TypeError, ValueError, KeyError, OverflowError, IndexError) as e:
+            if isinstance(e, Unsupported):
+                raise
+            raise Unsupported(f"{node.target}: {type(e).__name__}: {e}") from None
+        if isinstance(meta, (tuple, list)):
+            if not isinstance(out, tuple) or len(out) != len(meta):
+                raise Unsupported(f"{node.target}: lowered to {type(out).__name__}, expected {len(meta)} outputs")
+            return tuple(_conform(b, v, m) if v is not None else None for v, m in zip(out, meta))
+        if not isinstance(out, Value):
+            raise Unsupported(f"{node.target}: lowered to {type(out).__name__}")
+        return _conform(b, out, meta)
+
+
+def _conform(b: GraphBuilder, v: Value, m: torch.Tensor) -> Value:
+    want_dtype = kiln_dtype(m.dtype)
+    want_shape = tuple(int(d) for d in m.shape)
+    if v.dtype != want_dtype:
+        v = b.cast(v, want_dtype)
+    if v.shape != want_shape:
+        if math.prod(v.shape) != math.prod(want_shape):
+            raise Unsupported(f"lowered shape {v.shape}, torch says {want_shape}")
+        v = b.reshape(v, want_shape)
+    return v
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+def _axes(dim: Any, rank: int) -> Optional[list[int]]:
+    """Torch's reduction dims: None or empty means every axis."""
+    if dim is None:
+        return None
+    if isinstance(dim, int):
+        dim = [dim]
+    dims = list(dim)
+    if not dims:
+        return None
+    return [d % rank if rank else 0 for d in dims]
+
+
+def _norm_dim(d: int, rank: int) -> int:
+    if not -max(rank, 1) <= d < max(rank, 1):
+        raise Unsupported(f"dim {d} for rank {rank}")
+    return d % max(rank, 1)
+
+
+def _check_plain_alloc(**kwargs: Any) -> None:
+    """Allocation attributes of factory ops that kiln cannot honour."""
+    if kwargs.get("layout") not in (None, torch.strided):
+        raise Unsupported("non-strided layout")
+    if kwargs.get("pin_memory"):
+        raise Unsupported("pinned memory")
+
+
+# ---------------------------------------------------------------------------------- elementwise
+
+_UNARY_FLOAT = {
+    aten.exp: "exp", aten.exp2: "exp2", aten.expm1: "expm1", aten.log: "log", aten.log2: "log2",
+    aten.log1p: "log1p", aten.sqrt: "sqrt", aten.rsqrt: "rsqrt", aten.sin: "sin", aten.cos: "cos",
+    aten.tan: "tan", aten.tanh: "tanh", aten.asin: "asin", aten.acos: "acos", aten.atan: "atan",
+    aten.sinh: "sinh", aten.cosh: "cosh", aten.sigmoid: "sigmoid", aten.erf: "erf",
+    aten.reciprocal: "reciprocal",
+}
+_UNARY_SAME = {
+    aten.neg: "neg", aten.abs: "abs", aten.sign: "sign", aten.floor: "floor", aten.ceil: "ceil",
+    aten.trunc: "trunc", aten.bitwise_not: "bitwise_not",
+}
+_UNARY_BOOL = {aten.logical_not: "logical_not", aten.isnan: "isnan", aten.isinf: "isinf"}
+
+
+def _unary_float(kop: str) -> LoweringFn:
+    def lower(ctx: LoweringContext, x: Value) -> Value:
+        # Integer inputs compute in the float type torch chose (float32 by default).
+        return ctx.b.unary(kop, ctx.value(x, ctx.out_dtype))
+
+    return lower
+
+
+def _unary_same(kop: str) -> LoweringFn:
+    def lower(ctx: LoweringContext, x: Value) -> Value:
+        return ctx.b.unary(kop, ctx.value(x, ctx.out_dtype))
+
+    return lower
+
+
+def _unary_bool(kop: str) -> LoweringFn:
+    def lower(ctx: LoweringContext, x: Value) -> Value:
+        return ctx.b.unary(kop, x)
+
+    return lower
+
+
+for _op, _k in _UNARY_FLOAT.items():
+    register_lowering(_op.default)(_unary_float(_k))
+for _op, _k in _UNARY_SAME.items():
+    register_lowering(_op.default)(_unary_same(_k))
+for _op, _k in _UNARY_BOOL.items():
+    register_lowering(_op.default)(_unary_bool(_k))
+
+
+@register_lowering(aten.round.default)
+def _round(ctx: LoweringContext, x: Value) -> Value:
+    return ctx.b.round(ctx.value(x, ctx.out_dtype))
+
+
+@register_lowering(aten.round.decimals)
+def _round_decimals(ctx: LoweringContext, x: Value, decimals: int = 0) -> Value:
+    if decimals != 0:
+        raise Unsupported("round with decimals")
+    return ctx.b.round(ctx.value(x, ctx.out_dtype))
+
+
+@register_lowering(aten.log10.default)
+def _log10(ctx: LoweringContext, x: Value) -> Value:
+    dt = ctx.out_dtype
+    return ctx.b.mul(ctx.b.log(ctx.value(x, dt)), ctx.value(1.0 / math.log(10.0), dt))
+
+
+@register_lowering(aten.relu.default)
+def _relu(ctx: LoweringContext, x: Value) -> Value:
+    return ctx.b.relu(ctx.value(x, ctx.out_dtype))
+
+
+@register_lowering(aten.silu.default)
+def _silu(ctx: LoweringContext, x: Value) -> Value:
+    return ctx.b.silu(ctx.value(x, ctx.out_dtype))
+
+
+@register_lowering(aten.gelu.default)
+def _gelu(ctx: LoweringContext, x: Value, approximate: str = "none") -> Value:
+    return ctx.b.gelu(ctx.value(x, ctx.out_dtype), approximate=approximate)
+
+
+@register_lowering(aten.elu.default)
+def _elu(ctx: LoweringContext, x: Value, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Value:
+    dt = ctx.out_dtype
+    x = ctx.value(x, dt)
+    if scale == 1 and input_scale == 1:
+        return ctx.b.elu(x, alpha=float(alpha))
+    # SELU-style parameters: scale * (x > 0 ? x : alpha * (exp(x * input_scale) - 1)).
+    neg = ctx.b.mul(ctx.b.expm1(ctx.b.mul(x, ctx.value(float(input_scale), dt))), ctx.value(float(alpha), dt))
+    return ctx.b.mul(ctx.b.where(ctx.b.gt(x, ctx.value(0.0, dt)), x, neg), ctx.value(float(scale), dt))
+
+
+@register_lowering(aten.leaky_relu.default)
+def _leaky_relu(ctx: LoweringContext, x: Value, negative_slope: float = 0.01) -> Value:
+    return ctx.b.leaky_relu(ctx.value(x, ctx.out_dtype), negative_slope=float(negative_slope))
+
+
+@register_lowering(aten.hardtanh.default)
+def _hardtanh(ctx: LoweringContext, x: Value, min_val: float = -1.0, max_val: float = 1.0) -> Value:
+    return ctx.b.clamp(ctx.value(x, ctx.out_dtype), float(min_val), float(max_val))
+
+
+@register_lowering(aten.softplus.default)
+def _softplus(ctx: LoweringContext, x: Value, beta: float = 1.0, threshold: float = 20.0) -> Value:
+    # torch: x * beta > threshold ? x : log1p(exp(x * beta)) / beta.
+    dt = ctx.out_dtype
+    x = ctx.value(x, dt)
+    bx = ctx.b.mul(x, ctx.value(float(beta), dt))
+    soft = ctx.b.div(ctx.b.log1p(ctx.b.exp(bx)), ctx.value(float(beta), dt))
+    return ctx.b.where(ctx.b.gt(bx, ctx.value(float(threshold), dt)), x, soft)
+
+
+def _binary_arith(kop: str, has_alpha: bool = False) -> LoweringFn:
+    def lower(ctx: LoweringContext, x: Any, other: Any, alpha: Any = 1) -> Value:
+        dt = ctx.out_dtype
+        a, o = ctx.value(x, dt), ctx.value(other, dt)
+        if has_alpha and alpha != 1:
+            o = ctx.b.mul(o, ctx.value(alpha, dt))
+        return ctx.b.binary(kop, a, o)
+
+    return lower
+
+
+register_lowering(aten.add.Tensor, aten.add.Scalar)(_binary_arith("add", has_alpha=True))
+register_lowering(aten.sub.Tensor, aten.sub.Scalar)(_binary_arith("sub", has_alpha=True))
+register_lowering(aten.mul.Tensor, aten.mul.Scalar)(_binary_arith("mul"))
+register_lowering(aten.div.Tensor, aten.div.Scalar)(_binary_arith("div"))
+register_lowering(aten.maximum.default)(_binary_arith("maximum"))
+register_lowering(aten.minimum.default)(_binary_arith("minimum"))
+register_lowering(aten.atan2.default)(_binary_arith("atan2"))
+register_lowering(aten.remainder.Tensor, aten.remainder.Scalar)(_binary_arith("remainder"))
+register_lowering(aten.floor_divide.default)(_binary_arith("floordiv"))
+for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+    _packet = getattr(aten, _name)
+    register_lowering(_packet.Tensor, _packet.Scalar)(_binary_arith(_name))
+
+
+@register_lowering(aten.rsub.Tensor, aten.rsub.Scalar)
+def _rsub(ctx: LoweringContext, x: Any, other: Any, alpha: Any = 1) -> Value:
+    dt = ctx.out_dtype
+    a, o = ctx.value(x, dt), ctx.value(other, dt)
+    if alpha != 1:
+        a = ctx.b.mul(a, ctx.value(alpha, dt))
+    return ctx.b.sub(o, a)
+
+
+@register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div_mode(ctx: LoweringContext, x: Any, other: Any, rounding_mode: Optional[str] = None) -> Value:
+    dt = ctx.out_dtype
+    a, o = ctx.value(x, dt), ctx.value(other, dt)
+    if rounding_mode is None:
+        return ctx.b.div(a, o)
+    if rounding_mode == "floor":
+        return ctx.b.floordiv(a, o)
+    if rounding_mode == "trunc":
+        if dt in ("f16", "bf16", "f32", "f64"):
+            return ctx.b.trunc(ctx.b.div(a, o))
+        # Integers: floor division, plus one where the signs differ and it was not exact.
+        q = ctx.b.floordiv(a, o)
+        inexact = ctx.b.ne(ctx.b.remainder(a, o), ctx.value(0, dt))
+        signs = ctx.b.logical_xor(ctx.b.lt(a, ctx.value(0, dt)), ctx.b.lt(o, ctx.value(0, dt)))
+        return ctx.b.where(ctx.b.logical_and(inexact, signs), ctx.b.add(q, ctx.value(1, dt)), q)
+    raise Unsupported(f"rounding_mode {rounding_mode!r}")
+
+
+@register_lowering(aten.pow.Tensor_Scalar)
+def _pow_scalar(ctx: LoweringContext, x: Value, exponent: Any) -> Value:
+    dt = ctx.out_dtype
+    x = ctx.value(x, dt)
+    # Small integral exponents as multiplications: exact, and what torch computes too.
+    if exponent == 1:
+        return x
+    if exponent == 2:
+        return ctx.b.mul(x, x)
+    if exponent == 3:
+        return ctx.b.mul(ctx.b.mul(x, x), x)
+    if dt in ("f16", "bf16", "f32", "f64"):
+        if exponent == 0.5:
+            return ctx.b.sqrt(x)
+        if exponent == -0.5:
+            return ctx.b.rsqrt(x)
+        if exponent == -1:
+            return ctx.b.reciprocal(x)
+    return ctx.b.pow(x, ctx.value(exponent, dt))
+
+
+@register_lowering(aten.pow.Tensor_Tensor, aten.pow.Scalar)
+def _pow(ctx: LoweringContext, x: Any, exponent: Any) -> Value:
+    dt = ctx.out_dtype
+    return ctx.b.pow(ctx.value(x, dt), ctx.value(exponent, dt))
+
+
+def _compare(kop: str) -> LoweringFn:
+    def lower(ctx: LoweringContext, x: Any, other: Any) -> Value:
+        ct = ctx.result_type(x, other)
+        return ctx.b.binary(kop, ctx.value(x, ct), ctx.value(other, ct))
+
+    return lower
+
+
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _packet = getattr(aten, _name)
+    register_lowering(_packet.Tensor, _packet.Scalar)(_compare(_name))
+
+
+def _logical(kop: str) -> LoweringFn:
+    def lower(ctx: LoweringContext, x: Any, other: Any) -> Value:
+        # Logical ops read "non-zero" in each operand's own type.
+        a = ctx.b.cast(x, "bool") if isinstance(x, Value) and x.dtype != "bool" else ctx.value(x, "bool")
+        o = ctx.b.cast(other, "bool") if isinstance(other, Value) and other.dtype != "bool" else ctx.value(other, "bool")
+        return ctx.b.binary(kop, a, o)
+
+    return lower
+
+
+for _name in ("logical_and", "logical_or", "logical_xor"):
+    register_lowering(getattr(aten, _name).default)(_logical(_name))
+
+
+@register_lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where(ctx: LoweringContext, condition: Value, x: Any, other: Any) -> Value:
+    dt = ctx.out_dtype
+    return ctx.b.where(ctx.value(condition, "bool"), ctx.value(x, dt), ctx.value(other, dt))
+
+
+@register_lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(ctx: LoweringContext, x: Value, mask: Value, value: Any) -> Value:
+    dt = ctx.out_dtype
+    return ctx.b.where(ctx.value(mask, "bool"), ctx.value(value, dt), ctx.value(x, dt))
+
+
+@register_lowering(aten.clamp.default, aten.clamp.Tensor)
+def _clamp(ctx: LoweringContext, x: Value, min: Any = None, max: Any = None) -> Value:
+    dt = ctx.out_dtype
+    v = ctx.value(x, dt)
+    if isinstance(min, Value) or isinstance(max, Value):
+        if min is not None:
+            v = ctx.b.maximum(v, ctx.value(min, dt))
+        if max is not None:
+            v = ctx.b.minimum(v, ctx.value(max, dt))
+        return v
+    if min is None and max is None:
+        return v
+    return ctx.b.clamp(v, None if min is None else float(min), None if max is None else float(max))
+
+
+@register_lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
+def _clamp_min(ctx: LoweringContext, x: Value, min: Any) -> Value:
+    return _clamp(ctx, x, min=min)
+
+
+@register_lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
+def _clamp_max(ctx: LoweringContext, x: Value, max: Any) -> Value:
+    return _clamp(ctx, x, max=max)
+
+
+# ---------------------------------------------------------------------------------- conversions
+
+@register_lowering(aten._to_copy.default)
+def _to_copy(ctx: LoweringContext, x: Value, dtype: Optional[torch.dtype] = None, layout: Any = None,
+             device: Any = None, pin_memory: Any = None, non_blocking: bool = False,
+             memory_format: Any = None) -> Value:
+    _check_plain_alloc(layout=layout, pin_memory=pin_memory)
+    src = node_meta(ctx.node.args[0]) if ctx.node.args else None
+    if device is not None and src is not None and torch.device(device) != src.device:
+        raise Unsupported("a copy to another device")
+    return ctx.cast(x, ctx.out_dtype)
+
+
+@register_lowering(prims.convert_element_type.default)
+def _convert_element_type(ctx: LoweringContext, x: Value, dtype: torch.dtype) -> Value:
+    return ctx.cast(x, kiln_dtype(dtype))
+
+
+@register_lowering(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default)
+def _identity(ctx: LoweringContext, x: Value, memory_format: Any = None) -> Value:
+    return x
+
+
+@register_lowering(aten.copy.default)
+def _copy(ctx: LoweringContext, x: Value, src: Value, non_blocking: bool = False) -> Value:
+    v = ctx.cast(src, x.dtype)
+    return v if v.shape == x.shape else ctx.b.broadcast_to(v, x.shape)
+
+
+# ---------------------------------------------------------------------------------- sources
+
+def _full(ctx: LoweringContext, value: Any) -> Value:
+    if not isinstance(value, (bool, int, float)):
+        raise Unsupported("fill value is not a number")
+    return ctx.b.full(ctx.out_shape, float(value), ctx.out_dtype)
+
+
+@register_lowering(aten.full.default)
+def _full_op(ctx: LoweringContext, size: Sequence[int], fill_value: Any, **kw: Any) -> Value:
+    _check_plain_alloc(**kw)
+    return _full(ctx, fill_value)
+
+
+@register_lowering(aten.full_like.default)
+def _full_like(ctx: LoweringContext, x: Value, fill_value: Any, **kw: Any) -> Value:
+    _check_plain_alloc(**kw)
+    return _full(ctx, fill_value)
+
+
+@register_lowering(aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default)
+def _zeros(ctx: LoweringContext, *args: Any, **kw: Any) -> Value:
+    _check_plain_alloc(**kw)
+    return _full(ctx, 0)
+
+
+@register_lowering(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
+def _ones(ctx: LoweringContext, *args: Any, **kw: Any) -> Value:
+    _check_plain_alloc(**kw)
+    return _full(ctx, 1)
+
+
+@register_lowering(aten.scalar_tensor.default)
+def _scalar_tensor(ctx: LoweringContext, s: Any, **kw: Any) -> Value:
+    _check_plain_alloc(**kw)
+    return _full(ctx, s)
+
+
+@register_lowering(aten.fill.Scalar)
+def _fill(ctx: LoweringContext, x: Value, value: Any) -> Value:
+    return _full(ctx, value)
+
+
+@register_lowering(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def _arange(ctx: LoweringContext, *args: Any, **kw: Any) -> Value:
+    _check_plain_alloc(**kw)
+    nums = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    if len(nums) != len(args):
+        raise Unsupported("arange bounds are not numbers")
+    start, step = 0, 1
+    if len(nums) == 1:
+        (end,) = nums
+    elif len(nums) == 2:
+        start, end = nums
+    else:
+        start, end, step = nums[:3]
+    dt = ctx.out_dtype
+    (n,) = ctx.out_shape
+    i = ctx.b.iota((n,), 0, "i64" if dt not in ("f16", "bf16", "f32", "f64") else dt)
+    v = i
+    if step != 1:
+        v = ctx.b.mul(v, ctx.value(step, v.dtype))
+    if start != 0:
+        v = ctx.b.add(v, ctx.value(start, v.dtype))
+    return ctx.cast(v, dt)
+
+
+# ---------------------------------------------------------------------------------- layout
+
+@register_lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default)
+def _view(ctx: LoweringContext, x: Value, size: Sequence[int]) -> Value:
+    shape = tuple(int(d) for d in size)
+    return x if shape == x.shape else ctx.b.reshape(x, shape)
+
+
+@register_lowering(aten.expand.default, aten.expand_copy.default)
+def _expand(ctx: LoweringContext, x: Value, size: Sequence[int], implicit: bool = False) -> Value:
+    lead = len(size) - x.ndim
+    if lead < 0:
+        raise Unsupported("expand to a lower rank")
+    shape = tuple(x.shape[i - lead] if int(d) == -1 else int(d) for i, d in enumerate(size))
+    return x if shape == x.shape else ctx.b.broadcast_to(x, shape)
+
+
+@register_lowering(aten.permute.default, aten.permute_copy.default)
+def _permute(ctx: LoweringContext, x: Value, dims: Sequence[int]) -> Value:
+    d = [_norm_dim(int(a), x.ndim) for a in dims]
+    return x if d == list(range(x.ndim)) else ctx.b.permute(x, d)
+
+
+@register_lowering(aten.t.default)
+def _t(ctx: LoweringContext, x: Value) -> Value:
+    return x if x.ndim < 2 else ctx.b.permute(x, [1, 0])
+
+
+@register_lowering(aten.transpose.int)
+def _transpose(ctx: LoweringContext, x: Value, dim0: int, dim1: int) -> Value:
+    d0, d1 = _norm_dim(dim0, x.ndim), _norm_dim(dim1, x.ndim)
+    if d0 == d1 or x.ndim < 2:
+        return x
+    dims = list(range(x.ndim))
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return ctx.b.permute(x, dims)
+
+
+@register_lowering(aten.unsqueeze.default, aten.unsqueeze_copy.default)
+def _unsqueeze(ctx: LoweringContext, x: Value, dim: int) -> Value:
+    return ctx.b.unsqueeze(x, [_norm_dim(dim, x.ndim + 1)])
+
+
+@register_lowering(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.squeeze_copy.dims)
+def _squeeze(ctx: LoweringContext, x: Value, dim: Any = None) -> Value:
+    if x.ndim == 0:
+        return x
+    if dim is None:
+        axes = [i for i, d in enumerate(x.shape) if d == 1]
+    else:
+        dims = [dim] if isinstance(dim, int) else list(dim)
+        axes = sorted({_norm_dim(d, x.ndim) for d in dims if x.shape[_norm_dim(d, x.ndim)] == 1})
+    return ctx.b.squeeze(x, axes) if axes else x
+
+
+@register_lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+def _slice(ctx: LoweringContext, x: Value, dim: int = 0, start: Optional[int] = None,
+           end: Optional[int] = None, step: int = 1) -> Value:
+    if x.ndim == 0:
+        raise Unsupported("slice of a 0-d tensor")
+    d = _norm_dim(dim, x.ndim)
+    size = x.shape[d]
+    if step <= 0:
+        raise Unsupported("slice step must be positive in torch")
+    s0, s1, st = slice(start, end, step).indices(size)
+    if (s0, s1, st) == (0, size, 1):
+        return x
+    return ctx.b.slice(x, [d], [s0], [max(s1, s0)], [st])
+
+
+@register_lowering(aten.select.int)
+def _select(ctx: LoweringContext, x: Value, dim: int, index: int) -> Value:
+    d = _norm_dim(dim, x.ndim)
+    size = x.shape[d]
+    if not -size <= index < size:
+        raise Unsupported("select index out of range")
+    i = index % size
+    v = ctx.b.slice(x, [d], [i], [i + 1], [1]) if size != 1 else x
+    return ctx.b.squeeze(v, [d])
+
+
+def _split_at(ctx: LoweringContext, x: Value, sizes: Sequence[int], dim: int) -> tuple[Value, ...]:
+    d = _norm_dim(dim, x.ndim)
+    outs: list[Value] = []
+    start = 0
+    for s in sizes:
+        s = int(s)
+        if (start, start + s) == (0, x.shape[d]):
+            outs.append(x)
+        else:
+            outs.append(ctx.b.slice(x, [d], [start], [start + s], [1]))
+        start += s
+    return tuple(outs)
+
+
+@register_lowering(aten.split_with_sizes.default, aten.split_with_sizes_copy.default)
+def _split_with_sizes(ctx: LoweringContext, x: Value, split_sizes: Sequence[int], dim: int = 0) -> tuple[Value, ...]:
+    return _split_at(ctx, x, split_sizes, dim)
+
+
+@register_lowering(aten.split.Tensor)
+def _split(ctx: LoweringContext, x: Value, split_size: int, dim: int = 0) -> tuple[Value, ...]:
+    d = _norm_dim(dim, x.ndim)
+    n = x.shape[d]
+    if split_size <= 0:
+        raise Unsupported("split size")
+    sizes = [min(split_size, n - i) for i in range(0, n, split_size)] or [0]
+    return _split_at(ctx, x, sizes, d)
+
+
+@register_lowering(aten.unbind.int)
+def _unbind(ctx: LoweringContext, x: Value, dim: int = 0) -> tuple[Value, ...]:
+    d = _norm_dim(dim, x.ndim)
+    return tuple(_select(ctx, x, d, i) for i in range(x.shape[d]))
+
+
+@register_lowering(aten.cat.default)
+def _cat(ctx: LoweringContext, tensors: Sequence[Value], dim: int = 0) -> Value:
+    dt = ctx.out_dtype
+    vals = [ctx.value(t, dt) for t in tensors]
+    # torch skips 1-D empty tensors in cat (a legacy rule); so does this.
+    vals = [v for v in vals if not (v.ndim == 1 and v.shape[0] == 0)] or vals[:1]
+    if len(vals) == 1:
+        return vals[0]
+    return ctx.b.concat(vals, axis=_norm_dim(dim, vals[0].ndim))
+
+
+@register_lowering(aten.flip.default)
+def _flip(ctx: LoweringContext, x: Value, dims: Sequence[int]) -> Value:
+    axes = sorted({_norm_dim(int(d), x.ndim) for d in dims})
+    axes = [a for a in axes if x.shape[a] > 1]
+    if not axes:
+        return x
+    return ctx.b.slice(x, axes, [-1] * len(axes), [-x.shape[a] - 1 for a in axes], [-1] * len(axes))
+
+
+# ---------------------------------------------------------------------------------- reductions
+
+def _reduce(kop: str) -> LoweringFn:
+    def lower(ctx: LoweringContext, x: Value, dim: Any = None, keepdim: bool = False,
+              dtype: Optional[torch.dtype] = None) -> Value:
+        if dtype is not None:
+            x = ctx.cast(x, kiln_dtype(dtype))
+        elif kop in ("mean",):
+            x = ctx.cast(x, ctx.out_dtype)
+        return ctx.b.reduce(kop, x, _axes(dim, x.ndim), bool(keepdim))
+
+    return lower
+
+
+register_lowering(aten.sum.dim_IntList, aten.sum.default)(_reduce("sum"))
+register_lowering(aten.mean.dim, aten.mean.default)(_reduce("mean"))
+register_lowering(aten.prod.dim_int, aten.prod.default)(_reduce("prod"))
+register_lowering(aten.amax.default)(_reduce("max"))
+register_lowering(aten.amin.default)(_reduce("min"))
+register_lowering(aten.max.default)(_reduce("max"))
+register_lowering(aten.min.default)(_reduce("min"))
+register_lowering(aten.logsumexp.default)(_reduce("logsumexp"))
+
+
+def _bool_reduce(kop: str) -> LoweringFn:
+    def lower(ctx: LoweringContext, x: Value, dim: Any = None, keepdim: bool = False) -> Value:
+        return ctx.b.reduce(kop, x, _axes(dim, x.ndim), bool(keepdim))
+
+    return lower
+
+
+register_lowering(aten.any.dim, aten.any.dims, aten.any.default)(_bool_reduce("any"))
+register_lowering(aten.all.dim, aten.all.dims, aten.all.default)(_bool_reduce("all"))
+
+
+def _minmax_dim(kop: str, argop: str) -> LoweringFn:
+    def lower(ctx: LoweringContext, x: Value, dim: int, keepdim: bool = False) -> tuple[Value, Value]:
+        d = _norm_dim(dim, x.ndim)
+        return (ctx.b.reduce(kop, x, [d], bool(keepdim)), ctx.b._arg(argop, x, d, bool(keepdim)))
+
+    return lower
+
+
+register_lowering(aten.max.dim)(_minmax_dim("max", "argmax"))
+register_lowering(aten.min.dim)(_minmax_dim("min", "argmin"))
+
+
+def _arg_reduce(kop: str) -> LoweringFn:
+    def lower(ctx: LoweringContext, x: Value, dim: Optional[int] = None, keepdim: bool = False) -> Value:
+        if dim is None:
+            return ctx.b._arg(kop, x, None, False)  # torch's keepdim shape comes from _conform
+        return ctx.b._arg(kop, x, _norm_dim(dim, x.ndim), bool(keepdim))
+
+    return lower
+
+
+register_lowering(aten.argmax.default)(_arg_reduce("argmax"))
+register_lowering(aten.argmin.default)(_arg_reduce("argmin"))
+
+
+def _correction(correction: Any, unbiased: Optional[bool] = None) -> float:
+    if correction is None:
+        return 0.0 if unbiased is False else 1.0
+    return float(correction)
+
+
+@register_lowering(aten.var.correction, aten.std.correction)
+def _var(ctx: LoweringContext, x: Value, dim: Any = None, correction: Any = None, keepdim: bool = False) -> Value:
+    op = "std" if ctx.node.target is aten.std.correction else "var"
+    x = ctx.cast(x, ctx.out_dtype)
+    return ctx.b.reduce(op, x, _axes(dim, x.ndim), bool(keepdim), _correction(correction) or None)
+
+
+@register_lowering(aten.var.dim, aten.std.dim)
+def _var_dim(ctx: LoweringContext, x: Value, dim: Any = None, unbiased: bool = True, keepdim: bool = False) -> Value:
+    op = "std" if ctx.node.target is aten.std.dim else "var"
+    x = ctx.cast(x, ctx.out_dtype)
+    return ctx.b.reduce(op, x, _axes(dim, x.ndim), bool(keepdim), _correction(None, unbiased) or None)
+
+
+@register_lowering(aten.var_mean.correction, aten.std_mean.correction)
+def _var_mean(ctx: LoweringContext, x: Value, dim: Any = None, correction: Any = None, keepdim: bool = False) -> tuple[Value, Value]:
+    op = "std" if ctx.node.target is aten.std_mean.correction else "var"
+    x = ctx.cast(x, kiln_dtype(ctx.out_meta(0).dtype))
+    axes = _axes(dim, x.ndim)
+    return (ctx.b.reduce(op, x, axes, bool(keepdim), _correction(correction) or None),
+            ctx.b.reduce("mean", x, axes, bool(keepdim)))
+
+
+# ---------------------------------------------------------------------------------- composites
+
+@register_lowering(aten._softmax.default)
+def _softmax(ctx: LoweringContext, x: Value, dim: int, half_to_float: bool = False) -> Value:
+    return ctx.b.softmax(ctx.cast(x, ctx.out_dtype), axis=_norm_dim(dim, x.ndim))
+
+
+@register_lowering(aten._log_softmax.default)
+def _log_softmax(ctx: LoweringContext, x: Value, dim: int, half_to_float: bool = False) -> Value:
+    return ctx.b.log_softmax(ctx.cast(x, ctx.out_dtype), axis=_norm_dim(dim, x.ndim))
+
+
+@register_lowering(aten.native_layer_norm.default)
+def _native_layer_norm(ctx: LoweringContext, x: Value, normalized_shape: Sequence[int], weight: Optional[Value],
+                       bias: Optional[Value], eps: float) -> tuple[Value, Value, Value]:
+    k = len(normalized_shape)
+    if k == 0 or k > x.ndim:
+        raise Unsupported("layer_norm over no axis")
+    axes = list(range(x.ndim - k, x.ndim))
+    out_dt = kiln_dtype(ctx.out_meta(0).dtype)
+    stat_dt = kiln_dtype(ctx.out_meta(1).dtype)
+    if not (ctx.output_used(1) or ctx.output_used(2)):
+        # Inference: the composite, which the compiler schedules as one row-persistent kernel.
+        xin = ctx.cast(x, out_dt)
+        w = ctx.cast(weight, out_dt) if weight is not None else None
+        bb = ctx.cast(bias, out_dt) if bias is not None else None
+        if bb is not None and w is None:
+            w = ctx.b.full(bb.shape, 1.0, out_dt)
+        out = ctx.b.layer_norm(xin, w, bb, axes=axes, eps=float(eps))
+        return (out, None, None)  # type: ignore[return-value]
+    # Training: the saved mean and rstd are outputs too; one set of statistics serves all.
+    xs = ctx.cast(x, stat_dt)
+    mean = ctx.b.mean(xs, axes, keepdim=True)
+    centered = ctx.b.sub(xs, mean)
+    var = ctx.b.mean(ctx.b.mul(centered, centered), axes, keepdim=True)
+    rstd = ctx.b.rsqrt(ctx.b.add(var, ctx.value(float(eps), stat_dt)))
+    out = ctx.b.mul(centered, rstd)
+    if weight is not None:
+        out = ctx.b.mul(out, ctx.cast(weight, stat_dt))
+    if bias is not None:
+        out = ctx.b.add(out, ctx.cast(bias, stat_dt))
+    return (ctx.cast(out, out_dt), mean, rstd)
+
+
+@register_lowering(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm_inference(ctx: LoweringContext, x: Value, weight: Optional[Value], bias: Optional[Value],
+                          running_mean: Value, running_var: Value, momentum: float,
+                          eps: float) -> tuple[Value, Value, Value]:
+    if ctx.output_used(1) or ctx.output_used(2) or x.ndim < 2:
+        raise Unsupported("batch_norm statistics outputs")
+    dt = kiln_dtype(ctx.out_meta(0).dtype)
+    c = x.shape[1]
+    pshape = (1, c) + (1,) * (x.ndim - 2)
+
+    def chan(v: Value) -> Value:
+        return ctx.b.reshape(ctx.cast(v, dt), pshape)
+
+    scale = ctx.b.rsqrt(ctx.b.add(chan(running_var), ctx.value(float(eps), dt)))
+    if weight is not None:
+        scale = ctx.b.mul(scale, chan(weight))
+    out = ctx.b.mul(ctx.b.sub(ctx.cast(x, dt), chan(running_mean)), scale)
+    if bias is not None:
+        out = ctx.b.add(out, chan(bias))
+    return (out, None, None)  # type: ignore[return-value]
+
+
+#: Ops whose output is a rearrangement of one input (free in torch, index math in kiln).
+VIEW_OPS: frozenset[Any] = frozenset({
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
+    aten.permute.default, aten.t.default, aten.transpose.int, aten.unsqueeze.default,
+    aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.slice.Tensor,
+    aten.select.int, aten.alias.default, aten.detach.default, aten.clone.default,
+    aten.lift_fresh_copy.default,
+})
+
+#: Ops that make a tensor from nothing but attributes.
+SOURCE_OPS: frozenset[Any] = frozenset({
+    aten.full.default, aten.zeros.default, aten.ones.default, aten.scalar_tensor.default,
+    aten.arange.start_step, aten.arange.start, aten.arange.default,
+})
+
+#: Ops that compute nothing by themselves: a kiln part made only of these is not worth a kernel.
+NON_COMPUTE_OPS: frozenset[Any] = VIEW_OPS | SOURCE_OPS | frozenset({
+    aten.split_with_sizes.default, aten.split.Tensor, aten.unbind.int, operator.getitem,
+    aten.full_like.default, aten.zeros_like.default, aten.ones_like.default,
+    aten.new_zeros.default, aten.new_ones.default, aten.fill.Scalar,
+})
+
+
+def lowered_ops() -> list[str]:
+    """The names of every op the table lowers (for diagnostics and documentation)."""
+    return sorted(str(k) for k in _LOWERINGS)
+

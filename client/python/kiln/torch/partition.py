@@ -1,0 +1,337 @@
+"""Partitioning an ATen FX graph into kiln parts and torch parts.
+
+1. **Support.** Every call node is tried against the mapping table (:mod:`.lowering`) on its own,
+   with graph inputs made from its arguments' FakeTensors. A node is supported when it lowers,
+   its tensors have static shapes and kiln dtypes, and all of them live on one CPU or CUDA
+   device; the device is the node's *color*. Unsupported nodes (matmul, convolution, random
+   ops, indexing...) are colored ``None``: they run in torch.
+2. **Views stay in torch when only torch reads them.** A view or a constant whose every user
+   runs in torch is free there and would cost a copy in kiln, so it is recolored ``None``.
+   A getitem always takes its producer's color.
+3. **Scheduling.** A topological order is chosen that keeps nodes of one color together:
+   among the ready nodes, those of the current color are taken first, and the color changes
+   only when none is left. Maximal runs of one color in that order are the parts; as each part
+   is a contiguous run of a topological order, the parts form no cycle.
+4. A kiln part that computes nothing (only views and constants) runs in torch.
+
+:func:`build_part` then turns a kiln part into a kiln graph plus the specs the runtime needs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from ..builder import GraphBuilder, Value
+from . import lowering as L
+
+log = logging.getLogger("kiln.torch")
+
+Color = Optional[str]  # None: torch; else the device kiln runs the node on ("cpu", "cuda:0")
+
+
+@dataclass
+class Segment:
+    """A run of nodes executed together: by torch (``color`` None) or as one kiln graph."""
+
+    color: Color
+    nodes: list[torch.fx.Node]
+    inputs: list[torch.fx.Node] = field(default_factory=list)
+    outputs: list[torch.fx.Node] = field(default_factory=list)
+
+    @property
+    def is_kiln(self) -> bool:
+        return self.color is not None
+
+
+@dataclass
+class TensorSpec:
+    """The dtype, shape and (when not contiguous) strides of a part's argument or result."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    strides: Optional[tuple[int, ...]] = None
+
+
+@dataclass
+class PartGraph:
+    """A kiln part ready to compile.
+
+    ``graph`` is the kiln.v1.Graph; ``inputs`` describe its arguments (``strides`` set where the
+    graph declares a non-contiguous layout); ``outputs`` describe the part's results in the
+    order of :attr:`Segment.outputs`, each produced by kiln output ``source`` or, where the
+    result is an argument passed through unchanged, copied from input ``passthrough``.
+    ``restride`` gives the strides a result must have where torch's graph relies on them.
+    """
+
+    graph: Any
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    sources: list[tuple[str, int]]  # ("kiln", k) or ("input", i)
+    restride: list[Optional[tuple[int, ...]]]
+    num_kiln_outputs: int
+    num_nodes: int
+
+
+# ---------------------------------------------------------------------------------- support
+
+def _device_color(t: torch.Tensor) -> Color:
+    dev = t.device
+    if dev.type == "cpu":
+        return "cpu"
+    if dev.type == "cuda":
+        return f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}"
+    return None
+
+
+def node_color(node: torch.fx.Node) -> tuple[Color, str]:
+    """The device kiln would run ``node`` on, or None with the reason it cannot."""
+    if node.op != "call_function":
+        return None, node.op
+    if node.target is operator.getitem:
+        return None, "getitem takes its producer's color"
+    if L.find_lowering(node.target) is None:
+        return None, f"no lowering for {node.target}"
+    meta = L.node_meta(node)
+    outs = meta if isinstance(meta, (tuple, list)) else [meta]
+    tensors = [m for m in outs if isinstance(m, torch.Tensor)]
+    if not tensors:
+        return None, "no tensor output"
+    color = _device_color(tensors[0])
+    if color is None:
+        return None, f"device {tensors[0].device}"
+    for m in tensors:
+        if _device_color(m) != color:
+            return None, "outputs on several devices"
+    b = GraphBuilder()
+    inputs: dict[torch.fx.Node, Value] = {}
+
+    def env(n: torch.fx.Node) -> Any:
+        v = inputs.get(n)
+        if v is None:
+            m = L.node_meta(n)
+            if not L.is_static_tensor(m):
+                raise L.Unsupported(f"argument {n.name} is not a tensor of static shape")
+            if _device_color(m) != color:
+                raise L.Unsupported(f"argument {n.name} is on {m.device}")
+            v = b.input(n.name, L.kiln_dtype(m.dtype), tuple(m.shape))
+            inputs[n] = v
+        return v
+
+    try:
+        L.lower_node(b, node, env)
+    except L.Unsupported as e:
+        return None, str(e)
+    except Exception as e:  # a lowering bug must not take the program down
+        return None, f"{type(e).__name__}: {e}"
+    return color, ""
+
+
+def color_nodes(graph: torch.fx.Graph) -> dict[torch.fx.Node, Color]:
+    """Steps 1 and 2 of the module docstring: the color of every node."""
+    colors: dict[torch.fx.Node, Color] = {}
+    reasons: dict[str, int] = {}
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target is operator.getitem:
+            continue
+        c, why = node_color(n)
+        colors[n] = c
+        if c is None and n.op == "call_function":
+            reasons[why] = reasons.get(why, 0) + 1
+    # Views and constants read only by torch stay in torch (reverse order: chains recolor whole).
+    for n in reversed(list(graph.nodes)):
+        if colors.get(n) is None or (n.target not in L.VIEW_OPS and n.target not in L.SOURCE_OPS):
+            continue
+        if n.users and all(colors.get(u) is None or u.op == "output" for u in n.users):
+            colors[n] = None
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target is operator.getitem:
+            colors[n] = colors.get(n.args[0])
+    if reasons and log.isEnabledFor(logging.DEBUG):
+        for why, count in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            log.debug("kiln.torch: %d node(s) stay in torch: %s", count, why)
+    return colors
+
+
+# ---------------------------------------------------------------------------------- scheduling
+
+def schedule(graph: torch.fx.Graph, colors: dict[torch.fx.Node, Color]) -> list[Segment]:
+    """Step 3: a color-grouping topological order cut into segments (placeholders and the
+    output node are left out)."""
+    nodes = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
+    index = {n: i for i, n in enumerate(graph.nodes)}
+    pending = {n: sum(1 for a in n.all_input_nodes if a.op != "placeholder") for n in nodes}
+    ready: dict[Color, list[tuple[int, torch.fx.Node]]] = {}
+
+    def push(n: torch.fx.Node) -> None:
+        heapq.heappush(ready.setdefault(colors.get(n), []), (index[n], n))
+
+    for n in nodes:
+        if pending[n] == 0:
+            push(n)
+    order: list[tuple[Color, torch.fx.Node]] = []
+    current: Color = None
+    while any(ready.values()):
+        if not ready.get(current):
+            # Torch first: its results may unlock more of a kiln run; then the earliest kiln.
+            if ready.get(None):
+                current = None
+            else:
+                current = min((h[0][0], c) for c, h in ready.items() if h)[1]
+        _, n = heapq.heappop(ready[current])
+        order.append((current, n))
+        for u in n.users:
+            if u in pending:
+                pending[u] -= 1
+                if pending[u] == 0:
+                    push(u)
+    if len(order) != len(nodes):  # pragma: no cover - an FX graph is acyclic
+        raise RuntimeError("kiln.torch: the graph has a cycle")
+    segments = [Segment(c, [n for _, n in grp]) for c, grp in itertools.groupby(order, key=lambda cn: cn[0])]
+    return _finish(segments)
+
+
+def _finish(segments: list[Segment]) -> list[Segment]:
+    """Step 4, then the inputs and outputs of every kiln segment; adjacent torch runs merge."""
+    for s in segments:
+        if s.is_kiln and all(n.target in L.NON_COMPUTE_OPS for n in s.nodes):
+            s.color = None
+    for s in segments:
+        if not s.is_kiln:
+            continue
+        members = set(s.nodes)
+        for n in s.nodes:
+            for a in n.all_input_nodes:
+                if a not in members and a not in s.inputs:
+                    s.inputs.append(a)
+            if isinstance(L.node_meta(n), (tuple, list)):
+                if any(u not in members for u in n.users):
+                    s.color = None  # a tuple leaving kiln: keep the whole run in torch
+                    break
+                continue
+            if any(u not in members for u in n.users):
+                s.outputs.append(n)
+        if s.is_kiln and not s.outputs:
+            s.color = None
+        if not s.is_kiln:
+            s.inputs, s.outputs = [], []
+    merged: list[Segment] = []
+    for s in segments:
+        if merged and not s.is_kiln and not merged[-1].is_kiln:
+            merged[-1].nodes.extend(s.nodes)
+        else:
+            merged.append(s)
+    return merged
+
+
+def partition(gm: torch.fx.GraphModule) -> list[Segment]:
+    """Colors, schedules and cuts ``gm``'s graph; see the module docstring."""
+    return schedule(gm.graph, color_nodes(gm.graph))
+
+
+# ---------------------------------------------------------------------------------- kiln graphs
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def effective_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides with those of size-1 axes zeroed: two layouts agree iff these agree."""
+    return tuple(0 if d == 1 else s for d, s in zip(shape, strides))
+
+
+def is_contiguous_layout(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    return effective_strides(shape, strides) == effective_strides(shape, _contiguous_strides(shape))
+
+
+def _needs_layout(n: torch.fx.Node) -> bool:
+    """Whether torch's graph relies on the strides of ``n``: a graph output, or read by a node
+    that addresses raw storage."""
+    return any(u.op == "output" or u.target in (torch.ops.aten.as_strided.default,) for u in n.users)
+
+
+def build_part(seg: Segment) -> PartGraph:
+    """The kiln graph of a kiln segment; raises :class:`~.lowering.Unsupported` if a node does
+    not lower in context."""
+    b = GraphBuilder()
+    env: dict[torch.fx.Node, Any] = {}
+    in_specs: list[TensorSpec] = []
+    for i, n in enumerate(seg.inputs):
+        m = L.node_meta(n)
+        if not L.is_static_tensor(m):
+            raise L.Unsupported(f"argument {n.name} is not a tensor of static shape")
+        shape = tuple(int(d) for d in m.shape)
+        strides = tuple(int(s) for s in m.stride())
+        declared = None if is_contiguous_layout(shape, strides) else effective_strides(shape, strides)
+        in_specs.append(TensorSpec(m.dtype, shape, declared))
+        env[n] = b.input(n.name, L.kiln_dtype(m.dtype), shape, strides=declared)
+
+    def lookup(n: torch.fx.Node) -> Any:
+        try:
+            return env[n]
+        except KeyError:
+            raise L.Unsupported(f"{n.name} is used before it is computed") from None
+
+    for n in seg.nodes:
+        env[n] = L.lower_node(b, n, lookup)
+
+    input_ids = {id(v): i for i, v in enumerate(env[n] for n in seg.inputs)}
+    kiln_outs: list[Value] = []
+    sources: list[tuple[str, int]] = []
+    out_specs: list[TensorSpec] = []
+    restride: list[Optional[tuple[int, ...]]] = []
+    for n in seg.outputs:
+        v = env[n]
+        if not isinstance(v, Value):
+            raise L.Unsupported(f"{n.name} is not a single tensor")
+        m = L.node_meta(n)
+        shape = tuple(int(d) for d in m.shape)
+        out_specs.append(TensorSpec(m.dtype, shape))
+        if id(v) in input_ids:
+            sources.append(("input", input_ids[id(v)]))
+        else:
+            k = next((j for j, o in enumerate(kiln_outs) if o is v), None)
+            if k is None:
+                kiln_outs.append(v)
+                k = len(kiln_outs) - 1
+            sources.append(("kiln", k))
+        strides = tuple(int(s) for s in m.stride())
+        keep = None
+        if _needs_layout(n) and not is_contiguous_layout(shape, strides):
+            try:
+                dense = torch._prims_common.is_non_overlapping_and_dense(m)
+            except Exception:
+                dense = False
+            keep = strides if dense else None
+        restride.append(keep)
+    if not kiln_outs:
+        raise L.Unsupported("the part computes nothing")
+    graph = b.build(kiln_outs)
+    return PartGraph(graph, in_specs, out_specs, sources, restride, len(kiln_outs), len(graph.nodes))
+
+
+def eager_module(seg: Segment) -> torch.fx.GraphModule:
+    """A GraphModule running ``seg``'s nodes in torch: arguments in ``seg.inputs`` order,
+    returning a tuple in ``seg.outputs`` order. The fallback of a kiln part."""
+    g = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for i, n in enumerate(seg.inputs):
+        p = g.placeholder(f"arg{i}")
+        p.meta = dict(n.meta)
+        env[n] = p
+    for n in seg.nodes:
+        env[n] = g.node_copy(n, lambda a: env[a])
+    g.output(tuple(env[n] for n in seg.outputs))
+    return torch.fx.GraphModule(torch.nn.Module(), g)

@@ -1,0 +1,358 @@
+"""Kiln parts at run time: compiling them on the daemon, loading their kernels, calling them on
+torch tensors, and falling back to torch when anything goes wrong.
+
+A :class:`KilnPart` is a ``torch.nn.Module`` standing in the rewritten FX graph where a run of
+supported nodes was. Calling it with torch tensors (in the order of the part's inputs) returns
+a tuple of tensors (in the order of its outputs):
+
+- CPU: output tensors come from ``torch.empty``, the workspace too (torch's CPU allocator aligns
+  to 64 bytes, which the kernel ABI asks for); ``kiln_run`` gets the tensors' ``data_ptr``s
+  and ``torch.get_num_threads()`` threads.
+- CUDA: the same, with the kernels launched on torch's current stream by :mod:`.cuda`.
+
+A part whose compile fails warns once (:class:`KilnFallbackWarning`) and runs its nodes in
+torch from then on. An argument whose layout differs from the one the part was compiled for is
+copied into that layout first; a call whose arguments differ otherwise (shape, dtype, device)
+runs in torch for that call only. Nothing kiln does makes the user's program fail.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+import warnings
+from dataclasses import dataclass, fields
+from typing import Any, Optional, Sequence
+
+import torch
+
+from .. import service_pb2
+from ..errors import KilnError, RpcError
+from .partition import PartGraph, Segment, effective_strides, eager_module
+
+log = logging.getLogger("kiln.torch")
+
+
+class KilnFallbackWarning(UserWarning):
+    """A kiln part could not be compiled or run; its nodes run in torch instead."""
+
+
+@dataclass
+class Stats:
+    """Counters of this process's kiln.torch activity (see :func:`kiln.torch.stats`).
+
+    ``graphs``: ATen graphs the backend received (forward, backward and inference graphs
+    count separately). ``parts``: kiln parts cut from them. ``compiled``: parts whose kernels
+    were built or found and loaded; ``cache_hits``: of those, the daemon answered from its
+    cache; ``memo_hits``: found in this process without asking. ``failed``: parts that fell
+    back to torch. ``kiln_nodes``/``torch_nodes``: ATen nodes placed in kiln parts or left to
+    torch. ``kernel_calls``/``eager_calls``: part calls that ran the kernels or torch.
+    ``compile_s``: wall time spent compiling and loading parts.
+    """
+
+    graphs: int = 0
+    parts: int = 0
+    compiled: int = 0
+    cache_hits: int = 0
+    memo_hits: int = 0
+    failed: int = 0
+    kiln_nodes: int = 0
+    torch_nodes: int = 0
+    kernel_calls: int = 0
+    eager_calls: int = 0
+    compile_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+STATS = Stats()
+_stats_lock = threading.Lock()
+
+
+def bump(**deltas: Any) -> None:
+    """Adds to the process-wide counters."""
+    with _stats_lock:
+        for k, v in deltas.items():
+            setattr(STATS, k, getattr(STATS, k) + v)
+
+
+def reset_stats() -> None:
+    with _stats_lock:
+        for f in fields(STATS):
+            setattr(STATS, f.name, f.default)
+
+
+# Compiled results by (daemon, target, options, graph bytes): a graph seen again in this process
+# (a recompile, the same block in another frame) needs no round trip.
+_memo: dict[tuple[str, str, bytes, bytes], Any] = {}
+_memo_lock = threading.Lock()
+
+
+def clear_memo() -> None:
+    """Forgets the compiled results this process remembers, and which daemons were
+    unreachable."""
+    with _memo_lock:
+        _memo.clear()
+    _unreachable.clear()
+
+
+def target_for(device: torch.device, cpu_target: str = "cpu") -> str:
+    """The kiln target of a device: ``cpu_target`` for CPU, ``cuda:sm_XY`` for a CUDA device."""
+    if device.type == "cpu":
+        return cpu_target
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"cuda:sm_{major}{minor}"
+    raise KilnError(f"kiln has no target for device {device}")
+
+
+# Daemons that could not be reached, by address, with the time until which none is asked again:
+# without this, every new graph would wait out the client's retries before falling back.
+_unreachable: dict[str, float] = {}
+UNREACHABLE_BACKOFF_S = 30.0
+
+
+def _compile_remote(settings: "CompileSettings", graph: Any, target: str, options: Any) -> Any:
+    client = settings.client
+    now = time.monotonic()
+    if _unreachable.get(client.address, 0.0) > now:
+        raise KilnError(f"the kiln daemon at {client.address} was unreachable moments ago")
+    try:
+        return client.compile(graph, target=target, options=options, timeout=settings.timeout)
+    except RpcError as e:
+        if e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+            _unreachable[client.address] = time.monotonic() + UNREACHABLE_BACKOFF_S
+        raise
+
+
+@dataclass
+class CompileSettings:
+    """What a part needs to compile: the client, the CPU target, the daemon's options."""
+
+    client: Any
+    cpu_target: str = "cpu"
+    options: Any = None
+    timeout: Optional[float] = None
+
+
+class KilnPart(torch.nn.Module):
+    """One kiln part of a rewritten graph (see the module docstring).
+
+    ``name`` labels it in warnings; ``segment`` is the run of FX nodes it replaces (kept, as a
+    small GraphModule, to run in torch when kiln cannot); ``part`` is its kiln graph, or None
+    when building one failed; ``device`` the device it runs on.
+    """
+
+    def __init__(self, name: str, segment: Segment, part: Optional[PartGraph], device: torch.device,
+                 build_error: Optional[str] = None) -> None:
+        super().__init__()
+        self.part_name = name
+        self.eager = eager_module(segment)
+        self.part = part
+        self.device = device
+        self.ops = sorted({str(n.target).replace("aten.", "") for n in segment.nodes if n.op == "call_function"})
+        self.kernel: Any = None
+        self.compiled: Any = None
+        self.error: Optional[str] = build_error
+        self.workspace_bytes = 0
+        self._warned = False
+        self._is_cuda = device.type == "cuda"
+        if part is not None:
+            self._kiln_specs = [None] * part.num_kiln_outputs
+            for spec, (kind, k) in zip(part.outputs, part.sources):
+                if kind == "kiln" and self._kiln_specs[k] is None:
+                    self._kiln_specs[k] = spec
+
+    def extra_repr(self) -> str:
+        state = "kiln" if self.kernel is not None else f"torch ({self.error})" if self.error else "pending"
+        return f"{self.part_name}: {state}; ops: {', '.join(self.ops)}"
+
+    # ------------------------------------------------------------------ compile
+
+    def compile(self, settings: CompileSettings) -> Optional[str]:
+        """Gets the part's kernels (memo, then daemon) and loads them; returns None on success,
+        else the reason (the part then runs in torch). Never raises."""
+        if self.part is None:
+            return self.error or "no kiln graph"
+        try:
+            target = target_for(self.device, settings.cpu_target)
+            opts = settings.options
+            opts_bytes = opts.SerializeToString(deterministic=True) if opts is not None else b""
+            key = (settings.client.address, target, opts_bytes, self.part.graph.SerializeToString(deterministic=True))
+            with _memo_lock:
+                compiled = _memo.get(key)
+            if compiled is not None:
+                bump(memo_hits=1)
+            else:
+                compiled = _compile_remote(settings, self.part.graph, target, opts)
+                with _memo_lock:
+                    _memo[key] = compiled
+                if compiled.cache_hit:
+                    bump(cache_hits=1)
+            self._check_plan(compiled)
+            if self._is_cuda:
+                from . import cuda
+
+                self.kernel = cuda.load_kernel(compiled, self.device)
+            else:
+                self.kernel = compiled.load()
+            self.compiled = compiled
+            self.workspace_bytes = int(compiled.plan.workspace_bytes)
+            return None
+        except Exception as e:  # compile errors, daemon down, load failures: all fall back
+            self.kernel = None
+            self.error = f"{type(e).__name__}: {e}"
+            return self.error
+
+    def _check_plan(self, compiled: Any) -> None:
+        """The plan's arguments must be what this part passes: a mismatch would corrupt memory."""
+        plan = compiled.plan
+        ins = sorted((b for b in plan.buffers if b.role == service_pb2.INPUT), key=lambda b: b.index)
+        outs = sorted((b for b in plan.buffers if b.role == service_pb2.OUTPUT), key=lambda b: b.index)
+        assert self.part is not None
+        if ins and len(ins) != len(self.part.inputs):
+            raise KilnError(f"the plan has {len(ins)} inputs, the part {len(self.part.inputs)}")
+        if len(outs) != len(self._kiln_specs):
+            raise KilnError(f"the plan has {len(outs)} outputs, the part {len(self._kiln_specs)}")
+        for b, spec in zip(outs, self._kiln_specs):
+            if tuple(b.shape) != spec.shape:
+                raise KilnError(f"plan output {b.index} has shape {tuple(b.shape)}, torch expects {spec.shape}")
+
+    def warn_fallback(self, why: str, when: str = "compile") -> None:
+        """Warns once for this part."""
+        if self._warned:
+            return
+        self._warned = True
+        msg = why if len(why) <= 600 else why[:600] + "..."
+        warnings.warn(
+            f"kiln: part {self.part_name} ({', '.join(self.ops[:8])}{', ...' if len(self.ops) > 8 else ''}) "
+            f"failed to {when}; running it in torch: {msg}",
+            KilnFallbackWarning,
+            stacklevel=3,
+        )
+
+    # ------------------------------------------------------------------ run
+
+    def forward(self, *args: torch.Tensor) -> tuple[Any, ...]:
+        if self.kernel is not None:
+            try:
+                out = self._run(args)
+            except Exception as e:
+                self.kernel = None
+                self.error = f"{type(e).__name__}: {e}"
+                bump(failed=1)
+                self.warn_fallback(self.error, when="run")
+                out = None
+            if out is not None:
+                bump(kernel_calls=1)
+                return out
+        bump(eager_calls=1)
+        return self.eager(*args)
+
+    def _run(self, args: Sequence[torch.Tensor]) -> Optional[tuple[torch.Tensor, ...]]:
+        """Runs the kernels; None when the arguments do not fit (the caller runs torch)."""
+        part = self.part
+        assert part is not None
+        ptrs: list[int] = []
+        keep: list[torch.Tensor] = []
+        for i, (t, spec) in enumerate(zip(args, part.inputs)):
+            if t.dtype != spec.dtype or tuple(t.shape) != spec.shape or t.device != self.device or t.numel() == 0:
+                log.debug("kiln.torch: %s: argument %d is %s %s on %s, compiled for %s %s; running torch",
+                          self.part_name, i, t.dtype, tuple(t.shape), t.device, spec.dtype, spec.shape)
+                return None
+            if spec.strides is None:
+                if not t.is_contiguous():
+                    t = t.contiguous()
+                    keep.append(t)
+            elif effective_strides(spec.shape, tuple(t.stride())) != spec.strides:
+                # The graph declared the layout torch traced (a slice of a wider tensor, say)
+                # but this tensor has another: copy it into the declared layout. Broadcast
+                # layouts (stride 0) cannot be written; those run in torch.
+                if any(st == 0 and d > 1 for st, d in zip(spec.strides, spec.shape)):
+                    log.debug("kiln.torch: %s: argument %d has strides %s, compiled for %s; running torch",
+                              self.part_name, i, tuple(t.stride()), spec.strides)
+                    return None
+                t = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device).copy_(t)
+                keep.append(t)
+            ptrs.append(t.data_ptr())
+        outs = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in self._kiln_specs]
+        if any(o.numel() == 0 for o in outs):
+            return None
+        ptrs.extend(o.data_ptr() for o in outs)
+        ws = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.device) if self.workspace_bytes else None
+        ws_ptr = ws.data_ptr() if ws is not None else None
+        if self._is_cuda:
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+            self.kernel.launch(ptrs, ws_ptr, stream)
+        else:
+            rc = self.kernel.run(ptrs, ws_ptr, torch.get_num_threads())
+            if rc != 0:
+                raise KilnError(f"kiln_run returned {rc}")
+        del keep
+        results: list[torch.Tensor] = []
+        for (kind, k), rs, spec in zip(part.sources, part.restride, part.outputs):
+            v = outs[k] if kind == "kiln" else args[k].clone()
+            if rs is not None:
+                v = torch.empty_strided(spec.shape, rs, dtype=spec.dtype, device=self.device).copy_(v)
+            results.append(v)
+        # The workspace goes back to torch's allocator here; on CUDA the caching allocator
+        # reuses it only for work ordered after these kernels on this stream.
+        del ws
+        return tuple(results)
+
+
+def compile_parts(parts: Sequence[KilnPart], settings: CompileSettings) -> None:
+    """Compiles the parts concurrently (the daemon builds them in parallel), then warns, in
+    the calling thread, once for each part that falls back to torch."""
+    if not parts:
+        return
+    t0 = time.perf_counter()
+    workers = max(1, min(8, len(parts)))
+    if workers == 1:
+        errors = [p.compile(settings) for p in parts]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kiln-compile") as ex:
+            errors = list(ex.map(lambda p: p.compile(settings), parts))
+    bump(compile_s=time.perf_counter() - t0)
+    for p, err in zip(parts, errors):
+        if err is None:
+            bump(compiled=1)
+        else:
+            bump(failed=1)
+            p.warn_fallback(err)
+
+
+def describe(parts: Sequence[KilnPart]) -> list[dict[str, Any]]:
+    """One dict per part: name, device, ops, whether kiln runs it, the handle or the error."""
+    out = []
+    for p in parts:
+        out.append({
+            "name": p.part_name,
+            "device": str(p.device),
+            "ops": list(p.ops),
+            "kiln": p.kernel is not None,
+            "handle": p.compiled.handle if p.compiled is not None else None,
+            "cache_hit": bool(p.compiled.cache_hit) if p.compiled is not None else None,
+            "nodes": p.part.num_nodes if p.part is not None else 0,
+            "error": p.error,
+        })
+    return out
+
+
+__all__ = [
+    "CompileSettings",
+    "KilnFallbackWarning",
+    "KilnPart",
+    "STATS",
+    "Stats",
+    "bump",
+    "clear_memo",
+    "compile_parts",
+    "describe",
+    "reset_stats",
+    "target_for",
+]
+

@@ -1,0 +1,41 @@
+// CUDA backend, codegen half: a scheduled Program -> one CUDA C++ translation unit and its
+// launch plan (format: kernels/codegen/PLAN.md).
+//
+// Each scheduled kernel becomes an `extern "C" __global__` function named like it (k0,
+// k1, ...); a kernel with whole-tensor reductions first launches k<i>_p<level> functions that
+// leave per-block partial results in the workspace. Launch shapes come from the tensor shapes
+// and the target's SM count (see cuda_kernel.h for the strategies). The unit includes
+// "kiln_cuda.h" (CudaRuntimeHeader()). Knows no compiler: kernels/toolchain builds the text.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/schedule/program.h"
+#include "kernels/target.h"
+
+namespace kiln::codegen {
+
+inline constexpr int kCudaCodegenVersion = 1;
+inline constexpr uint32_t kCudaAbiVersion = 1;
+
+struct CudaUnit {
+  std::string source;
+  LaunchPlan plan;
+  std::string report;  // one line per launch: its strategy and shape
+};
+
+// REQUIRES: target.is_cuda(). InvalidArgument when a tensor is too large for the launch
+// shapes used (more than 2^31 - 1 blocks).
+absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Target& target,
+                                      const CompileOptions& options);
+
+// The text of kernels/runtime/kiln_cuda.h, which the generated unit includes.
+const std::string& CudaRuntimeHeader();
+
+// Streaming multiprocessors of the reference part of an architecture (e.g. sm_90: H100 SXM,
+// 132). Used only to size grids; any part of the architecture runs the code correctly.
+int SmCount(int sm);
+
+}  // namespace kiln::codegen

@@ -1,0 +1,457 @@
+#!/usr/bin/env python3
+"""The kiln torch.compile backend on an NVIDIA GPU: checks against eager, then benchmarks.
+
+Checks (``backend="kiln"`` vs eager on CUDA tensors; outputs and gradients within tolerance):
+``sin(x)**2 + cos(x)**2`` forward and backward (the gradient is zero), the LLTM cell forward and
+backward, torchvision's resnet18 inference at batch 16 (when torchvision is importable), a
+transformer encoder block forward and backward, the k-means assignment step; and the same
+sin/cos and encoder graphs under ``mode="reduce-overhead"`` (CUDA graphs). A check also says
+how many kiln parts ran on the GPU and how many fell back to torch.
+
+Benchmarks, against eager and the default backend (Inductor), same inputs:
+
+- time to first result in a fresh process: cold (empty kiln daemon cache and local artifact
+  cache; Inductor with empty caches) and warm (kiln's caches full; Inductor's caches warm);
+- steady state: median per-call time from CUDA events over rotating inputs, for inference
+  (``no_grad``) and, for the trainable workloads, a forward+backward step.
+
+It starts its own kilnd from ``$KILND`` (a built binary) with a temporary cache and imports
+kiln from ``PYTHONPATH``; it needs torch (with CUDA), numpy, grpcio and protobuf, and
+torchvision for resnet18. Prints a table; with ``$OUT`` set also writes
+``$OUT/torch_backend.md``. Exits 1 when a check does not match eager (``--strict``: also when
+kiln fell back to torch anywhere).
+
+    KILND=build/server/kilnd PYTHONPATH=client/python python tests/gpu/torch_backend_gpu.py
+    ... --quick        smaller sizes and fewer iterations
+    ... --checks-only  no benchmarks
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+# ---------------------------------------------------------------------------------- daemon
+
+
+class Kilnd:
+    """A kilnd child process on a free loopback port with its own cache folder."""
+
+    def __init__(self, binary: str, cache_dir: Path, log_path: Path) -> None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_path
+        log = open(log_path, "wb")
+        self.proc = subprocess.Popen([binary, "--listen", "127.0.0.1:0", "--cache-dir", str(cache_dir)],
+                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.monotonic() + 60
+        self.address = ""
+        while time.monotonic() < deadline:
+            m = re.search(r"kilnd listening on (\S+:\d+)", log_path.read_text(errors="replace"))
+            if m:
+                self.address = m.group(1)
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kilnd exited with {self.proc.returncode}:\n{log_path.read_text(errors='replace')}")
+            time.sleep(0.05)
+        if not self.address:
+            self.stop()
+            raise RuntimeError("kilnd did not print its address within 60 s")
+        import kiln
+
+        with kiln.Client(self.address) as probe:
+            while probe.health() != "SERVING":
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("kilnd never became SERVING")
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# ---------------------------------------------------------------------------------- workloads
+
+def workloads(quick: bool) -> dict[str, dict[str, Any]]:
+    """Name -> fn, make(seed) -> args, trainable, tolerance, and the sizes used."""
+    from kiln.torch import examples as E
+
+    dev = "cuda"
+    n_sin = (1 << 22) if quick else (64 << 20)
+    lltm = dict(batch=512, features=128, state=256) if quick else dict(batch=4096, features=256, state=1024)
+    enc = dict(batch=4, seq=128, dim=256) if quick else dict(batch=16, seq=512, dim=768)
+    heads = 4 if quick else 12
+    km = (1 << 20) if quick else 20_000_000
+
+    def encoder(*a: torch.Tensor) -> torch.Tensor:
+        return E.encoder_block(*a, heads=heads)
+
+    out: dict[str, dict[str, Any]] = {
+        "sin2+cos2": dict(fn=E.sin2_cos2, make=lambda s: E.make_sin(n_sin, device=dev, seed=s), trainable=True,
+                          tol=(1e-5, 1e-5), size=f"{n_sin} f32"),
+        "lltm": dict(fn=E.lltm_cell, make=lambda s: E.make_lltm(**lltm, device=dev, seed=s), trainable=True,
+                     tol=(1e-4, 1e-4), size=f"batch {lltm['batch']}, state {lltm['state']}"),
+        "encoder": dict(fn=encoder, make=lambda s: E.make_encoder(**enc, device=dev, seed=s), trainable=True,
+                        tol=(2e-3, 2e-3), size=f"B{enc['batch']} T{enc['seq']} C{enc['dim']} h{heads}"),
+        "kmeans": dict(fn=E.kmeans_step, make=lambda s: E.make_kmeans(km, 8, device=dev, seed=s), trainable=False,
+                       tol=None, size=f"{km} 2-D points, k=8"),
+    }
+    try:
+        import torchvision  # noqa: F401
+
+        out["resnet18"] = dict(fn=None, make=None, trainable=False, tol=(2e-3, 2e-3), size="batch 16, 224x224")
+    except ImportError:
+        pass
+    return out
+
+
+def resnet18_model() -> torch.nn.Module:
+    import torchvision
+
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(weights=None).eval().to("cuda")
+
+
+def resnet18_input(seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(16, 3, 224, 224, generator=g).to("cuda")]
+
+
+def fn_and_args(name: str, w: dict[str, Any], seed: int = 0, grad: bool = False) -> tuple[Callable[..., Any], list[torch.Tensor]]:
+    if name == "resnet18":
+        return resnet18_model(), resnet18_input(seed)
+    args = w["make"](seed)
+    if not grad:
+        args = [a.detach() for a in args]
+    return w["fn"], args
+
+
+# ---------------------------------------------------------------------------------- checks
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: tuple[float, float]) -> Optional[str]:
+    try:
+        torch.testing.assert_close(a, b, rtol=tol[0], atol=tol[1])
+        return None
+    except AssertionError as e:
+        return str(e).splitlines()[0] + " " + " ".join(str(e).splitlines()[1:3])
+
+
+def run_check(name: str, w: dict[str, Any], mode: Optional[str] = None) -> dict[str, Any]:
+    import kiln.torch as kt
+    from kiln.torch import examples as E
+
+    torch._dynamo.reset()
+    kt.reset_stats()
+    label = name + (f" ({mode})" if mode else "")
+    result: dict[str, Any] = {"check": label, "status": "ok", "detail": ""}
+    try:
+        backward = w["trainable"]
+        fn, args = fn_and_args(name, w, seed=1, grad=backward)
+        compiled = torch.compile(fn, backend="kiln", mode=mode) if mode else torch.compile(fn, backend="kiln")
+        a_k = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+        a_r = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+        problems: list[str] = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ctx = torch.enable_grad() if backward else torch.no_grad()
+            with ctx:
+                # Twice: under reduce-overhead the second call is the first replay.
+                for _ in range(3 if mode else 1):
+                    got = compiled(*a_k)
+                want = fn(*a_r)
+            got_t = got if isinstance(got, tuple) else (got,)
+            want_t = want if isinstance(want, tuple) else (want,)
+            if name == "kmeans":
+                if not E.kmeans_labels_agree(got_t[0], a_r[0], a_r[1], want_t[0]):
+                    problems.append("labels differ beyond ties")
+            else:
+                for i, (g, r) in enumerate(zip(got_t, want_t)):
+                    p = _close(g, r, w["tol"])
+                    if p:
+                        problems.append(f"output {i}: {p}")
+            if backward:
+                for a in a_k:
+                    a.grad = None
+                got = compiled(*a_k)
+                got_t = got if isinstance(got, tuple) else (got,)
+                weights = [torch.linspace(-1, 1, r.numel(), device=r.device, dtype=r.dtype).reshape(r.shape) for r in want_t]
+                sum((g * wt).sum() for g, wt in zip(got_t, weights)).backward()
+                sum((r * wt).sum() for r, wt in zip(want_t, weights)).backward()
+                for i, (ak, ar) in enumerate(zip(a_k, a_r)):
+                    if ar.grad is None:
+                        continue
+                    if ak.grad is None:
+                        problems.append(f"grad {i}: missing")
+                        continue
+                    p = _close(ak.grad, ar.grad, w["tol"])
+                    if p:
+                        problems.append(f"grad {i}: {p}")
+                if name == "sin2+cos2" and float(a_k[0].grad.abs().max()) > 1e-4:
+                    problems.append(f"gradient is not zero: max {float(a_k[0].grad.abs().max()):.3g}")
+        torch.cuda.synchronize()
+        s = kt.stats()
+        fallbacks = [str(c.message) for c in caught if issubclass(c.category, kt.KilnFallbackWarning)]
+        result.update(parts=s["parts"], compiled=s["compiled"], failed=s["failed"], kernel_calls=s["kernel_calls"])
+        if problems:
+            result["status"] = "MISMATCH"
+            result["detail"] = "; ".join(problems)[:400]
+        elif s["compiled"] == 0:
+            result["status"] = "torch only"
+            result["detail"] = (fallbacks[0] if fallbacks else "no kiln part")[:400]
+        elif s["failed"]:
+            result["status"] = "ok, partial fallback"
+            result["detail"] = (fallbacks[0] if fallbacks else "")[:400]
+    except Exception as e:
+        result["status"] = "ERROR"
+        result["detail"] = f"{type(e).__name__}: {e}"[:400]
+        traceback.print_exc()
+    return result
+
+
+# ---------------------------------------------------------------------------------- timing
+
+def median_ms(step: Callable[[int], Any], iters: int, warmup: int) -> float:
+    for i in range(warmup):
+        step(i)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(iters):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        step(i)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def steady_state(name: str, w: dict[str, Any], backend: str, train: bool, iters: int, warmup: int) -> float:
+    """Median ms per call (inference) or per forward+backward step (``train``)."""
+    torch._dynamo.reset()
+    sets = []
+    rotate = 1 if name in ("resnet18",) else 3
+    model = None
+    for s in range(rotate):
+        fn, args = fn_and_args(name, w, seed=s, grad=train)
+        model = fn if model is None else model
+        sets.append(args)
+    if name == "resnet18":
+        sets = [resnet18_input(s) for s in range(3)]
+    fn = model
+    if backend == "eager":
+        f = fn
+    elif backend == "inductor":
+        f = torch.compile(fn)
+    elif backend == "inductor-ro":
+        f = torch.compile(fn, mode="reduce-overhead")
+    elif backend == "kiln":
+        f = torch.compile(fn, backend="kiln")
+    elif backend == "kiln-ro":
+        f = torch.compile(fn, backend="kiln", mode="reduce-overhead")
+    else:
+        raise ValueError(backend)
+
+    if train:
+        def step(i: int) -> None:
+            out = f(*sets[i % len(sets)])
+            out_t = out if isinstance(out, tuple) else (out,)
+            sum(o.sum() for o in out_t).backward()
+    else:
+        def step(i: int) -> None:
+            with torch.no_grad():
+                f(*sets[i % len(sets)])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return median_ms(step, iters, warmup)
+
+
+def first_result_child(name: str, backend: str, quick: bool) -> None:
+    """In a fresh process: seconds from torch.compile to the first (inference) result."""
+    w = workloads(quick)[name]
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    fn, args = fn_and_args(name, w, seed=0, grad=False)
+    if backend == "kiln":
+        import kiln.torch  # noqa: F401  (registers the backend; not timed, as an entry point would)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        f = torch.compile(fn, backend=backend)
+        with torch.no_grad():
+            f(*args)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+    extra: dict[str, Any] = {}
+    if backend == "kiln":
+        import kiln.torch as kt
+
+        s = kt.stats()
+        extra = {"compiled": s["compiled"], "failed": s["failed"], "cache_hits": s["cache_hits"]}
+    print("RESULT " + json.dumps({"seconds": t1 - t0, **extra}), flush=True)
+
+
+def time_to_first_result(name: str, backend: str, env: dict[str, str], quick: bool) -> dict[str, Any]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", name, backend] + (["--quick"] if quick else [])
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    m = re.search(r"^RESULT (.*)$", p.stdout, re.M)
+    if p.returncode != 0 or not m:
+        return {"seconds": float("nan"), "error": (p.stderr or p.stdout)[-400:]}
+    return json.loads(m.group(1))
+
+
+# ---------------------------------------------------------------------------------- report
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = "| " + " | ".join(h.ljust(widths[i]) for i, h in enumerate(headers)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    body = ["| " + " | ".join(r[i].ljust(widths[i]) for i in range(len(headers))) + " |" for r in cells]
+    return "\n".join([line, sep, *body])
+
+
+def fmt_ms(v: float) -> str:
+    return "n/a" if v != v else (f"{v:.3f}" if v < 10 else f"{v:.1f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer iterations")
+    ap.add_argument("--checks-only", action="store_true")
+    ap.add_argument("--strict", action="store_true", help="a fallback to torch fails the run too")
+    ap.add_argument("--iters", type=int, default=0)
+    ap.add_argument("--child", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
+    opts = ap.parse_args()
+    if opts.child:
+        first_result_child(opts.child[0], opts.child[1], opts.quick)
+        return 0
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to do")
+        return 1
+    binary = os.environ.get("KILND") or str(Path(__file__).resolve().parents[2] / "build" / "server" / "kilnd")
+    if not Path(binary).is_file():
+        print(f"kilnd not found at {binary}: set KILND")
+        return 1
+    torch.backends.cuda.matmul.allow_tf32 = False  # checks compare against eager in full f32
+    torch.backends.cudnn.allow_tf32 = False
+
+    work = Path(tempfile.mkdtemp(prefix="kiln-torch-gpu-"))
+    os.environ["KILN_CACHE_DIR"] = str(work / "client-cache")
+    daemon = Kilnd(binary, work / "kilnd-cache", work / "kilnd.log")
+    os.environ["KILN_SERVER"] = daemon.address
+    import kiln.torch  # noqa: F401
+
+    name_dev = torch.cuda.get_device_name()
+    cap = torch.cuda.get_device_capability()
+    report: list[str] = [f"# kiln torch.compile backend on {name_dev} (sm_{cap[0]}{cap[1]})", "",
+                         f"torch {torch.__version__}" + (", quick sizes" if opts.quick else ""), ""]
+    failed = False
+    try:
+        work_items = workloads(opts.quick)
+        # ------------------------------------------------------------------ checks
+        checks = [run_check(n, w) for n, w in work_items.items()]
+        checks.append(run_check("sin2+cos2", work_items["sin2+cos2"], mode="reduce-overhead"))
+        checks.append(run_check("encoder", work_items["encoder"], mode="reduce-overhead"))
+        rows = [(c["check"], c["status"], f"{c.get('compiled', 0)}/{c.get('parts', 0)}", c["detail"]) for c in checks]
+        t = table(["check vs eager", "status", "kiln parts run", "detail"], rows)
+        print(t, flush=True)
+        report += ["## Checks against eager", "", t, ""]
+        for c in checks:
+            if c["status"] in ("MISMATCH", "ERROR") or (opts.strict and c["status"] != "ok"):
+                failed = True
+
+        if not opts.checks_only:
+            iters = opts.iters or (20 if opts.quick else 50)
+            warmup = 5 if opts.quick else 10
+            # ------------------------------------------------------------------ first result
+            cold_rows = []
+            ind_dir = work / "inductor-cache"
+            for n in work_items:
+                env_k = dict(os.environ)
+                # Cold: a daemon with an empty cache and an empty local artifact cache.
+                cold_d = Kilnd(binary, work / f"kilnd-cold-{n}", work / f"kilnd-cold-{n}.log")
+                try:
+                    env_k.update(KILN_SERVER=cold_d.address, KILN_CACHE_DIR=str(work / f"client-cold-{n}"))
+                    k_cold = time_to_first_result(n, "kiln", env_k, opts.quick)
+                    k_warm = time_to_first_result(n, "kiln", env_k, opts.quick)  # caches now full
+                finally:
+                    cold_d.stop()
+                env_i = dict(os.environ)
+                d = ind_dir / n
+                shutil.rmtree(d, ignore_errors=True)
+                env_i.update(TORCHINDUCTOR_CACHE_DIR=str(d), TRITON_CACHE_DIR=str(d / "triton"))
+                i_cold = time_to_first_result(n, "inductor", env_i, opts.quick)
+                i_warm = time_to_first_result(n, "inductor", env_i, opts.quick)
+                note = ""
+                for r in (k_cold, k_warm, i_cold, i_warm):
+                    if "error" in r:
+                        note = r["error"].strip().splitlines()[-1][:120] if r["error"].strip() else "error"
+                if not note and k_cold.get("failed"):
+                    note = f"kiln: {k_cold['failed']} part(s) fell back to torch"
+                cold_rows.append((n, f"{k_cold['seconds']:.2f}", f"{k_warm['seconds']:.2f}",
+                                  f"{i_cold['seconds']:.2f}", f"{i_warm['seconds']:.2f}", note))
+                print(cold_rows[-1], flush=True)
+            t = table(["workload", "kiln cold s", "kiln warm s", "inductor cold s", "inductor warm s", "note"], cold_rows)
+            print(t, flush=True)
+            report += ["## Time to first result (fresh process, inference)", "",
+                       "Cold: empty kiln daemon and artifact caches / empty Inductor caches. Warm: a new "
+                       "process with kiln's caches full / Inductor's caches warm. From torch.compile to the "
+                       "first result on the host, CUDA already initialised.", "", t, ""]
+            # ------------------------------------------------------------------ steady state
+            ss_rows = []
+            for n, w in work_items.items():
+                for train in ([False, True] if w["trainable"] else [False]):
+                    res = {}
+                    for be in ("eager", "inductor", "kiln", "inductor-ro", "kiln-ro"):
+                        try:
+                            res[be] = steady_state(n, w, be, train, iters, warmup)
+                        except Exception as e:
+                            print(f"{n} {be}: {type(e).__name__}: {e}", flush=True)
+                            res[be] = float("nan")
+                    ratio = res["kiln"] / res["inductor"] if res["inductor"] == res["inductor"] else float("nan")
+                    ss_rows.append((n + (" fwd+bwd" if train else ""), w["size"], fmt_ms(res["eager"]),
+                                    fmt_ms(res["inductor"]), fmt_ms(res["kiln"]), f"{ratio:.2f}x",
+                                    fmt_ms(res["inductor-ro"]), fmt_ms(res["kiln-ro"])))
+                    print(ss_rows[-1], flush=True)
+            t = table(["workload", "size", "eager ms", "inductor ms", "kiln ms", "kiln/inductor",
+                       "inductor r-o ms", "kiln r-o ms"], ss_rows)
+            print(t, flush=True)
+            report += ["## Steady state (median ms per call, CUDA events, rotating inputs)", "",
+                       "r-o: mode=\"reduce-overhead\" (CUDA graphs).", "", t, ""]
+    finally:
+        daemon.stop()
+        out_dir = os.environ.get("OUT")
+        if out_dir:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            (Path(out_dir) / "torch_backend.md").write_text("\n".join(report))
+            shutil.copy(work / "kilnd.log", Path(out_dir) / "torch_backend_kilnd.log")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

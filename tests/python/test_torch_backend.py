@@ -1,0 +1,302 @@
+"""The torch.compile backend (kiln.torch) on CPU tensors against eager PyTorch.
+
+Skipped when PyTorch is not installed. Each test compiles with ``backend="kiln"`` against the
+session's daemon and checks outputs (and gradients) against eager, and that kiln actually ran
+kernels: a test must not pass by falling back to torch everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Callable, Sequence
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import kiln  # noqa: E402
+import kiln.torch as kt  # noqa: E402
+from kiln.torch import examples as E  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Any:
+    """Each test compiles from scratch and counts from zero."""
+    torch._dynamo.reset()
+    kt.reset_stats()
+    kt.clear_memo()
+    yield
+    torch._dynamo.reset()
+
+
+def compiled(fn: Callable[..., Any], client: Any, **kwargs: Any) -> Callable[..., Any]:
+    return torch.compile(fn, backend="kiln", options={"client": client}, **kwargs)
+
+
+def clone_args(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+
+
+def as_tuple(x: Any) -> tuple[Any, ...]:
+    return x if isinstance(x, tuple) else (x,)
+
+
+def check_fwd_bwd(fn: Callable[..., Any], args: Sequence[torch.Tensor], client: Any, *, rtol: float = 1e-5,
+                  atol: float = 1e-5, backward: bool = True) -> None:
+    """Compiled vs eager: every output, and with ``backward`` the gradient of every input."""
+    a_kiln, a_ref = clone_args(args), clone_args(args)
+    got = as_tuple(compiled(fn, client)(*a_kiln))
+    want = as_tuple(fn(*a_ref))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
+    if backward:
+        # A weighted sum, so each output's gradient differs from a plain ones tensor.
+        weights = [torch.linspace(-1, 1, w.numel(), dtype=w.dtype).reshape(w.shape) for w in want]
+        sum((g * wt).sum() for g, wt in zip(got, weights)).backward()
+        sum((w * wt).sum() for w, wt in zip(want, weights)).backward()
+        for i, (ak, ar) in enumerate(zip(a_kiln, a_ref)):
+            if ar.grad is None:
+                continue
+            assert ak.grad is not None, f"input {i} has no gradient"
+            torch.testing.assert_close(ak.grad, ar.grad, rtol=rtol, atol=atol, msg=lambda m: f"grad of input {i}: {m}")
+
+
+def assert_kiln_ran(min_parts: int = 1, graphs: int = 1) -> dict[str, Any]:
+    s = kt.stats()
+    assert s["graphs"] >= graphs, s
+    assert s["compiled"] >= min_parts, (s, kt.last_graphs())
+    assert s["kernel_calls"] >= min_parts, s
+    assert s["failed"] == 0, kt.last_graphs()
+    return s
+
+
+# ---------------------------------------------------------------------------------- registration
+
+def test_backend_is_registered() -> None:
+    assert "kiln" in torch._dynamo.list_backends()
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend("kiln") is kt.kiln_backend
+
+
+# ---------------------------------------------------------------------------------- workloads
+
+def test_sin2_cos2_forward_and_backward(client: Any) -> None:
+    before = client.stats()
+    (x,) = E.make_sin(10000)
+    xk = x.detach().clone().requires_grad_()
+    y = compiled(E.sin2_cos2, client)(xk)
+    torch.testing.assert_close(y, torch.ones_like(y), rtol=0, atol=1e-5)
+    y.sum().backward()
+    torch.testing.assert_close(xk.grad, torch.zeros_like(x), rtol=0, atol=1e-5)
+    check_fwd_bwd(E.sin2_cos2, [x], client)
+    s = assert_kiln_ran(min_parts=2, graphs=2)  # a forward and a backward part
+    assert s["kiln_nodes"] > 0
+    after = client.stats()
+    assert after.requests > before.requests  # the daemon saw the parts
+
+
+def test_sin2_cos2_float64(client: Any) -> None:
+    (x,) = E.make_sin(777, dtype=torch.float64)
+    check_fwd_bwd(E.sin2_cos2, [x], client, rtol=1e-12, atol=1e-12)
+    assert_kiln_ran(min_parts=2)
+
+
+def test_lltm_forward_and_backward(client: Any) -> None:
+    check_fwd_bwd(E.lltm_cell, E.make_lltm(batch=8, features=16, state=32), client)
+    s = assert_kiln_ran(min_parts=2, graphs=2)
+    # linear stays in torch, the gates' arithmetic goes to kiln.
+    assert s["torch_nodes"] > 0
+    ops = {op for g in kt.last_graphs() for p in g["parts"] for op in p["ops"]}
+    assert any("sigmoid" in op for op in ops) and any("elu" in op for op in ops), ops
+
+
+def test_encoder_block_forward_and_backward(client: Any) -> None:
+    check_fwd_bwd(E.encoder_block, E.make_encoder(batch=2, seq=8, dim=32), client, rtol=1e-4, atol=1e-4)
+    assert_kiln_ran(min_parts=4, graphs=2)
+    ops = {op for g in kt.last_graphs() for p in g["parts"] for op in p["ops"] if p["kiln"]}
+    assert any("softmax" in op for op in ops) and any("layer_norm" in op for op in ops), ops
+
+
+def test_encoder_block_inference(client: Any) -> None:
+    args = [a.detach() for a in E.make_encoder(batch=2, seq=8, dim=32, seed=3)]
+    with torch.no_grad():
+        got = compiled(E.encoder_block, client)(*args)
+        want = E.encoder_block(*args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert kt.last_graphs()[-1]["kind"] == "inference"
+    assert_kiln_ran(min_parts=3)
+
+
+def test_kmeans_step(client: Any) -> None:
+    X, means = E.make_kmeans(points=5000, k=7)
+    labels = compiled(E.kmeans_step, client)(X, means)
+    want = E.kmeans_step(X, means)
+    assert labels.dtype == torch.int64 and labels.shape == want.shape
+    assert E.kmeans_labels_agree(labels, X, means, want)
+    assert_kiln_ran(min_parts=1)
+
+
+def test_conv_net_inference(client: Any) -> None:
+    """convolution and pooling stay in torch; batch norm (inference), relu and the average
+    pool's mean go to kiln."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(3, 2, 1), torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d((1, 1)), torch.nn.Flatten(), torch.nn.Linear(8, 10),
+    ).eval()
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):  # non-trivial statistics
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        got = compiled(net, client)(x)
+        want = net(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert_kiln_ran(min_parts=2)
+
+
+# ---------------------------------------------------------------------------------- op coverage
+
+def many_ops(x: torch.Tensor, y: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (
+        x.var(1, keepdim=True) + x.std(0).sum(),
+        x.amax(0) - x.amin(1).mean(),
+        torch.where(x > 0, x, 0.5 * y).clamp(-1.0, 2.0),
+        F.softplus(x) + F.silu(y) - F.leaky_relu(x, 0.2) + F.hardtanh(y),
+        torch.log_softmax(x, dim=1),
+        torch.cat([x.flip(0), y[:, ::2].repeat(1, 2)], dim=1),
+        x.argmax(1) + y.argmin(0).sum(),
+        (n // 3) * 2 + n % 5 - torch.div(n, 4, rounding_mode="trunc"),
+        n.float() / 7 + x.to(torch.float64).sum(),
+        torch.rsqrt(x.abs() + 1) * torch.exp(-y * y) + torch.erf(x) + torch.log1p(x.abs()),
+        (x[1:, None, :] * y[None, :-1, :]).sum(-1),
+        x.max(dim=1).values * y.min(dim=0).values.sum(),
+        (x >= y) | (x < 0.3),
+    )
+
+
+def test_many_ops_match_eager(client: Any) -> None:
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 8, generator=g)
+    y = torch.randn(6, 8, generator=g)
+    n = torch.randint(-50, 50, (6, 8), generator=g)
+    got = compiled(many_ops, client)(x, y, n)
+    want = many_ops(x, y, n)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.dtype == b.dtype, f"output {i}: {a.dtype} vs {b.dtype}"
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m: f"output {i}: {m}")
+    assert_kiln_ran(min_parts=1)
+
+
+def test_non_contiguous_input(client: Any) -> None:
+    base = torch.randn(16, 24)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * 2 + x.sum(0)
+
+    xt = base.t()
+    got = compiled(fn, client)(xt)
+    torch.testing.assert_close(got, fn(xt))
+    assert_kiln_ran(min_parts=1)
+
+
+# ---------------------------------------------------------------------------------- fallbacks
+
+def test_unsupported_op_runs_in_torch_silently(client: Any) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(torch.sin(x) * 2, dim=0).exp()
+
+    x = torch.randn(50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kt.KilnFallbackWarning)
+        got = compiled(fn, client)(x)
+    torch.testing.assert_close(got, fn(x))
+    s = assert_kiln_ran(min_parts=2)  # sin*2 before cumsum, exp after
+    assert s["torch_nodes"] >= 1
+
+
+def test_part_that_fails_to_compile_warns_once_and_matches(client: Any) -> None:
+    """A lowering that emits an op the daemon lacks: the part falls back to torch with one
+    warning, however often it runs, and the other parts still run in kiln."""
+    aten = torch.ops.aten
+
+    @kt.register_lowering(aten.cumsum.default)
+    def _cumsum(ctx: Any, x: Any, dim: int, dtype: Any = None) -> Any:
+        return ctx.b.node("cumsum", [x], {"axis": ("i", dim % x.ndim)}, x.dtype, x.shape)
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        c = torch.cumsum(torch.relu(x @ w), dim=1) + 1  # one kiln part, which fails to compile
+        return torch.sigmoid(c @ w.t())  # another kiln part, which compiles
+
+    try:
+        x, w = torch.randn(8, 5), torch.randn(5, 5)
+        f = compiled(fn, client)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            outs = [f(x, w) for _ in range(3)]
+        fallbacks = [w_ for w_ in caught if issubclass(w_.category, kt.KilnFallbackWarning)]
+        assert len(fallbacks) == 1, [str(w_.message) for w_ in caught]
+        assert "cumsum" in str(fallbacks[0].message)
+        for o in outs:
+            torch.testing.assert_close(o, fn(x, w))
+        s = kt.stats()
+        assert s["failed"] == 1 and s["compiled"] == 1 and s["eager_calls"] == 3 and s["kernel_calls"] == 3, s
+    finally:
+        kt.unregister_lowering(aten.cumsum.default)
+
+
+def test_unreachable_daemon_falls_back(kilnd: Any) -> None:
+    dead = kiln.Client("127.0.0.1:1", max_attempts=1, timeout=2, compile_timeout=2)
+    try:
+        f = torch.compile(E.sin2_cos2, backend="kiln", options={"client": dead})
+        (x,) = E.make_sin(100, requires_grad=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            y = f(x)
+        torch.testing.assert_close(y, E.sin2_cos2(x))
+        assert any(issubclass(w.category, kt.KilnFallbackWarning) for w in caught)
+        assert kt.stats()["compiled"] == 0
+    finally:
+        dead.close()
+
+
+# ---------------------------------------------------------------------------------- caching and modes
+
+def test_recompile_hits_caches(client: Any) -> None:
+    (x,) = E.make_sin(300, requires_grad=False)
+    compiled(E.sin2_cos2, client)(x)
+    assert kt.stats()["compiled"] == 1
+    torch._dynamo.reset()
+    compiled(E.sin2_cos2, client)(x)  # same graph again: remembered in this process
+    assert kt.stats()["memo_hits"] == 1
+    kt.clear_memo()
+    torch._dynamo.reset()
+    compiled(E.sin2_cos2, client)(x)  # asked again: the daemon has it cached
+    assert kt.stats()["cache_hits"] >= 1
+
+
+def test_reduce_overhead_on_cpu_runs(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA graphs apply to GPU graphs only: on CPU the mode changes nothing."""
+    monkeypatch.setenv("KILN_SERVER", server)  # torch.compile takes mode or options, not both
+    (x,) = E.make_sin(256)
+    f = torch.compile(E.sin2_cos2, backend="kiln", mode="reduce-overhead")
+    xk = x.detach().clone().requires_grad_()
+    y = f(xk)
+    y.sum().backward()
+    torch.testing.assert_close(y, E.sin2_cos2(x.detach()))
+    assert xk.grad is not None and float(xk.grad.abs().max()) < 1e-5
+    assert_kiln_ran(min_parts=2)
+
+
+def test_backend_factory_with_options(client: Any) -> None:
+    be = kt.backend(client=client, opt_level=1, mode="reduce-overhead")
+    (x,) = E.make_sin(64, requires_grad=False)
+    y = torch.compile(E.sin2_cos2, backend=be)(x)
+    assert math.isclose(float(y.mean()), 1.0, rel_tol=1e-5)
+    assert_kiln_ran(min_parts=1)

@@ -1,0 +1,160 @@
+// Generated CUDA kernels run in emulation (cuda_emulation.h) against the CPU backend, one
+// test per strategy and per family of ops. Shapes are chosen to hit each path: vector and
+// scalar lanes, unrolled and looped rows, rows packed into a block, cached rows, column
+// tiles, and whole-tensor partials.
+#include "tests/unit/kernels/cuda_test_util.h"
+
+namespace kiln {
+namespace {
+
+using ir::DType;
+using ir::ValueId;
+using namespace kiln::testing;  // NOLINT: test helpers
+
+ir::Graph Binary(const char* op, std::vector<ir::TensorType> in) {
+  return Make(std::move(in), [&](ir::Builder& b) { return std::vector<ValueId>{*b.Add(op, {0, 1})}; });
+}
+
+ir::Graph Reduce(const char* op, ir::TensorType in, ir::AttrMap attrs) {
+  return Make({std::move(in)}, [&](ir::Builder& b) { return std::vector<ValueId>{*b.Add(op, {0}, attrs)}; });
+}
+
+TEST(CudaEmulation, Pointwise) {
+  ExpectMatchesCpu(Binary("add", {Ty(DType::kF32, {1000}), Ty(DType::kF32, {1000})}));       // vectors of 4
+  ExpectMatchesCpu(Binary("add", {Ty(DType::kF32, {37, 129}), Ty(DType::kF32, {37, 129})}));  // scalar lanes
+  ExpectMatchesCpu(Binary("mul", {Ty(DType::kF32, {64, 48}), Ty(DType::kF32, {48})}));         // row broadcast
+  ExpectMatchesCpu(Binary("sub", {Ty(DType::kF64, {64, 48}), Ty(DType::kF64, {64, 1})}));      // column broadcast
+  ExpectMatchesCpu(Binary("add", {Ty(DType::kI8, {256}), Ty(DType::kF16, {256})}));            // mixed types
+  ExpectMatchesCpu(SinCos(1024));
+}
+
+TEST(CudaEmulation, Views) {
+  // Transposed and sliced reads (no vector loads), concat, iota, strided input.
+  ExpectMatchesCpu(Make({Ty(DType::kF32, {24, 16})}, [](ir::Builder& b) {
+    auto t = *b.Add("permute", {0}, {{"dims", ir::IntList{1, 0}}});
+    auto s = *b.Add("slice", {t}, {{"axes", ir::IntList{1}}, {"starts", ir::IntList{20}}, {"stops", ir::IntList{2}},
+                                   {"steps", ir::IntList{-3}}});
+    auto c = *b.Add("concat", {s, s}, {{"axis", int64_t{0}}});
+    auto i = *b.Add("iota", {}, {{"shape", ir::IntList{32, 6}}, {"axis", int64_t{1}}, {"dtype", DType::kF32}});
+    return std::vector<ValueId>{*b.Add("add", {c, i})};
+  }));
+  ir::TensorType strided = Ty(DType::kF32, {16, 24});
+  strided.strides = {1, 16};
+  ExpectMatchesCpu(Make({strided, Ty(DType::kF16, {24})}, [](ir::Builder& b) {
+    return std::vector<ValueId>{*b.Add("mul", {0, 1})};
+  }));
+}
+
+TEST(CudaEmulation, UnaryOpsEveryDtype) {
+  for (DType t : kAllTypes) {
+    SCOPED_TRACE(ir::DTypeName(t));
+    ExpectMatchesCpu(AllElementwise(t, {3, 40}, false));
+  }
+}
+
+TEST(CudaEmulation, BinaryOpsEveryDtype) {
+  for (DType t : kAllTypes) {
+    SCOPED_TRACE(ir::DTypeName(t));
+    ExpectMatchesCpu(AllElementwise(t, {3, 40}, true));
+  }
+}
+
+TEST(CudaEmulation, ReductionsEveryDtype) {
+  for (DType t : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI32, DType::kI8, DType::kBool}) {
+    SCOPED_TRACE(ir::DTypeName(t));
+    ExpectMatchesCpu(AllReductions(t, {37, 129}));
+  }
+}
+
+TEST(CudaEmulation, RowKernels) {
+  ExpectMatchesCpu(Softmax(37, 129));                 // 32 threads per row, 4 rows per block, cached
+  ExpectMatchesCpu(Softmax(6, 4096));                 // 512 threads per row, shared memory, vectors
+  ExpectMatchesCpu(Softmax(3, 50000, DType::kF32));   // looped row
+  ExpectMatchesCpu(Softmax(50, 7, DType::kF16));      // short rows
+  ExpectMatchesCpu(LayerNormGelu(64, 256));
+  ExpectMatchesCpu(LayerNormGelu(16, 200, DType::kBF16));
+  // Normalizing over the last two axes, with weight and bias.
+  ExpectMatchesCpu(Make({Ty(DType::kF32, {4, 6, 10}), Ty(DType::kF32, {6, 10}), Ty(DType::kF32, {6, 10})},
+                        [](ir::Builder& b) {
+                          return std::vector<ValueId>{
+                              *b.Add("layer_norm", {0, 1, 2}, {{"axes", ir::IntList{-2, -1}}})};
+                        }));
+  // A row reduction feeding a row op, and a row sum stored beside it (two outputs).
+  ExpectMatchesCpu(Make({Ty(DType::kF64, {20, 300})}, [](ir::Builder& b) {
+    auto s = *b.Add("sum", {0}, {{"axes", ir::IntList{1}}, {"keepdim", true}});
+    return std::vector<ValueId>{*b.Add("div", {0, s}), s};
+  }));
+}
+
+TEST(CudaEmulation, PerOutputReductions) {
+  ExpectMatchesCpu(KMeans(1001, 5, DType::kF64));
+  ExpectMatchesCpu(KMeans(1000, 8, DType::kF32));
+  ExpectMatchesCpu(Reduce("sum", Ty(DType::kF32, {300, 700}), {{"axes", ir::IntList{1}}}));  // block per output
+  ExpectMatchesCpu(Reduce("max", Ty(DType::kF32, {40, 300}), {{"axes", ir::IntList{1}}}),
+                   [](int, HostTensor* t) {  // NaN in some rows
+                     float* p = reinterpret_cast<float*>(t->data.get());
+                     for (int r = 0; r < 40; r += 3) p[r * 300 + r] = NAN;
+                   });
+  auto ties = [](int, HostTensor* t) {  // constant rows, NaN rows, repeated maxima
+    float* p = reinterpret_cast<float*>(t->data.get());
+    for (int c = 0; c < 300; ++c) p[0 * 300 + c] = 1.0f;
+    p[1 * 300 + 7] = NAN;
+    p[1 * 300 + 200] = NAN;
+    p[2 * 300 + 5] = 100;
+    p[2 * 300 + 250] = 100;
+    p[3 * 300 + 5] = -100;
+    p[3 * 300 + 250] = -100;
+  };
+  ExpectMatchesCpu(Reduce("argmax", Ty(DType::kF32, {50, 300}), {{"axis", int64_t{1}}}), ties);
+  ExpectMatchesCpu(Reduce("argmin", Ty(DType::kF32, {50, 300}), {{"axis", int64_t{1}}}), ties);
+}
+
+TEST(CudaEmulation, ColumnTiles) {
+  ExpectMatchesCpu(Reduce("sum", Ty(DType::kF32, {2000, 48}), {{"axes", ir::IntList{0}}}));
+  ExpectMatchesCpu(Reduce("var", Ty(DType::kF64, {1500, 40}), {{"axes", ir::IntList{0}}}));
+  ExpectMatchesCpu(Reduce("argmin", Ty(DType::kI32, {3000, 40}), {{"axis", int64_t{0}}}));
+  ExpectMatchesCpu(Reduce("max", Ty(DType::kF32, {2000, 33}), {{"axes", ir::IntList{0}}}),
+                   [](int, HostTensor* t) { reinterpret_cast<float*>(t->data.get())[1999 * 33 + 4] = NAN; });
+}
+
+TEST(CudaEmulation, WholeTensorReductions) {
+  // Small: one block, one launch.
+  ExpectMatchesCpu(Reduce("sum", Ty(DType::kF32, {1000}), {}));
+  ExpectMatchesCpu(Reduce("var", Ty(DType::kF64, {70, 70}), {}));
+  ExpectMatchesCpu(Softmax(1, 3000));
+  // Large: partials in the workspace, then the consumer.
+  ExpectMatchesCpu(Reduce("sum", Ty(DType::kF32, {300000}), {}));
+  // Two levels (the mean, then squares about it), checked on the host in double.
+  ExpectMatchesCpu(Reduce("var", Ty(DType::kF32, {100000}), {}), nullptr,
+                   [](const std::vector<HostTensor>& in, std::vector<HostTensor>* out) {
+                     double mean = 0, ss = 0;
+                     for (int64_t i = 0; i < 100000; ++i) mean += in[0].At(i);
+                     mean /= 100000;
+                     for (int64_t i = 0; i < 100000; ++i) ss += (in[0].At(i) - mean) * (in[0].At(i) - mean);
+                     *reinterpret_cast<float*>((*out)[0].data.get()) = static_cast<float>(ss / 100000);
+                   });
+  ExpectMatchesCpu(Reduce("argmin", Ty(DType::kF32, {100000}), {}), [](int, HostTensor* t) {
+    float* p = reinterpret_cast<float*>(t->data.get());
+    p[70000] = -1000;
+    p[90000] = -1000;  // a tie: the first wins
+  });
+  ExpectMatchesCpu(Reduce("any", Ty(DType::kBool, {100000}), {}), [](int, HostTensor* t) {
+    std::memset(t->data.get(), 0, 100000);
+    t->data.get()[77777] = 1;
+  });
+  // A whole-tensor reduction feeding every element (x - max(x)).
+  ExpectMatchesCpu(Make({Ty(DType::kF32, {100000})}, [](ir::Builder& b) {
+    return std::vector<ValueId>{*b.Add("sub", {0, *b.Add("max", {0})})};
+  }));
+}
+
+TEST(CudaEmulation, MultiKernelWithTemps) {
+  // x / sum(x, axis=0): the column sum is stored, then read by a second kernel.
+  ExpectMatchesCpu(Make({Ty(DType::kF32, {64, 16})}, [](ir::Builder& b) {
+    auto s = *b.Add("sum", {0}, {{"axes", ir::IntList{0}}, {"keepdim", true}});
+    return std::vector<ValueId>{*b.Add("div", {0, s})};
+  }));
+}
+
+}  // namespace
+}  // namespace kiln
