@@ -200,6 +200,7 @@ bool CudaModule::Run(void* const* buffers, void* workspace, void* stream, std::s
     const CudaPlan::Step& s = plan_.steps[i];
     std::vector<void*> params;
     for (int a : s.args) params.push_back(&ptrs[a]);
+    params.push_back(nullptr);  // the driver reads as many as the kernel takes; tools may count
     CUresult r = d.cuLaunchKernel(functions_[i], s.grid[0], s.grid[1], s.grid[2], s.block[0], s.block[1], s.block[2],
                                   s.shared_bytes, static_cast<CUstream>(stream), params.data(), nullptr);
     if (r != kSuccess) {

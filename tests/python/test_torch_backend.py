@@ -178,6 +178,7 @@ def many_ops(x: torch.Tensor, y: torch.Tensor, n: torch.Tensor) -> tuple[torch.T
         (x[1:, None, :] * y[None, :-1, :]).sum(-1),
         x.max(dim=1).values * y.min(dim=0).values.sum(),
         (x >= y) | (x < 0.3),
+        torch.ops.aten.linalg_vector_norm(x, 2, [1]) + torch.ops.aten.linalg_vector_norm(y, 3.0, [0], True).sum(),
     )
 
 

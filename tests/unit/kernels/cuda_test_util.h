@@ -143,6 +143,7 @@ class EmulatedUnit {
   ~EmulatedUnit() {
     if (handle_) dlclose(handle_);
   }
+  void* handle() const { return handle_; }
 
   // `tensors`: the graph's inputs then its outputs, as for the CPU library.
   absl::Status Run(const LaunchPlan& plan, const std::vector<HostTensor>& tensors, int num_inputs) {

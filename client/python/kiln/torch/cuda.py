@@ -154,7 +154,7 @@ class CudaKernel:
                 else:
                     raise KilnError(f"plan buffer with role {b.role}")
             functions: dict[str, ctypes.c_void_p] = {}
-            self._steps: list[tuple[Any, tuple[int, int, int], tuple[int, int, int], int, list[tuple[int, int]]]] = []
+            self._steps: list[tuple[Any, ...]] = []
             for s in plan.steps:
                 fn = functions.get(s.kernel)
                 if fn is None:
@@ -167,7 +167,14 @@ class CudaKernel:
                               f"cuFuncSetAttribute({s.kernel})")
                 if not s.grid or not s.block:
                     raise KilnError(f"step {s.kernel} has no grid or block")
-                self._steps.append((fn, _dims(s.grid), _dims(s.block), int(s.shared_bytes), [where[a] for a in s.args]))
+                refs = [where[a] for a in s.args]
+                # The argument block is built once: each launch only rewrites the pointer
+                # values (the driver copies them at launch, so the block can be reused).
+                vals = (ctypes.c_void_p * max(len(refs), 1))()
+                params = (ctypes.c_void_p * max(len(refs), 1))(
+                    *[ctypes.addressof(vals) + i * ctypes.sizeof(ctypes.c_void_p) for i in range(len(refs))])
+                self._steps.append((fn, _dims(s.grid), _dims(s.block), int(s.shared_bytes), refs, vals, params))
+        self._launch_lock = threading.Lock()
         self.handle = compiled.handle
 
     def launch(self, ptrs: Sequence[int], workspace: Optional[int], stream: int) -> None:
@@ -176,13 +183,14 @@ class CudaKernel:
         drv.make_current(self.ctx)
         ws = workspace or 0
         s = ctypes.c_void_p(stream)
-        for fn, grid, block, shared, refs in self._steps:
-            n = len(refs)
-            vals = (ctypes.c_void_p * max(n, 1))(*[(ws if slot < 0 else ptrs[slot]) + off for slot, off in refs])
-            params = (ctypes.c_void_p * max(n, 1))(
-                *[ctypes.addressof(vals) + i * ctypes.sizeof(ctypes.c_void_p) for i in range(n)])
-            rc = drv.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, s, params, None)
-            drv.check(rc, "cuLaunchKernel")
+        launch = drv.cuLaunchKernel
+        with self._launch_lock:
+            for fn, grid, block, shared, refs, vals, params in self._steps:
+                for i, (slot, off) in enumerate(refs):
+                    vals[i] = (ws if slot < 0 else ptrs[slot]) + off
+                rc = launch(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, s, params, None)
+                if rc != 0:
+                    drv.check(rc, "cuLaunchKernel")
 
 
 _kernels: dict[tuple[str, int], CudaKernel] = {}
@@ -215,9 +223,9 @@ class CudaGraphRunner:
     ``fn`` directly from then on, after one warning.
     """
 
-    _boxed_call = True
-
     def __init__(self, fn: Callable[[list[Any]], Any], name: str = "graph") -> None:
+        # An instance attribute: AOTAutograd looks for it on wrappers that copy __dict__ only.
+        self._boxed_call = True
         self.fn = fn
         self.name = name
         self._graphs: dict[Any, tuple[Any, list[torch.Tensor], Any]] = {}

@@ -871,6 +871,22 @@ def _var_mean(ctx: LoweringContext, x: Value, dim: Any = None, correction: Any =
             ctx.b.reduce("mean", x, axes, bool(keepdim)))
 
 
+@register_lowering(aten.linalg_vector_norm.default)
+def _vector_norm(ctx: LoweringContext, x: Value, ord: Any = 2, dim: Any = None, keepdim: bool = False,
+                 dtype: Optional[torch.dtype] = None) -> Value:
+    x = ctx.cast(x, ctx.out_dtype)
+    axes = _axes(dim, x.ndim)
+    if ord in (1, 2, math.inf):
+        return ctx.b.norm(x, float(ord), axes, bool(keepdim))
+    if ord == -math.inf:
+        return ctx.b.reduce("min", ctx.b.abs(x), axes, bool(keepdim))
+    if isinstance(ord, (int, float)) and ord > 0:
+        p = ctx.value(float(ord), x.dtype)
+        s = ctx.b.reduce("sum", ctx.b.pow(ctx.b.abs(x), p), axes, bool(keepdim))
+        return ctx.b.pow(s, ctx.value(1.0 / float(ord), x.dtype))
+    raise Unsupported(f"vector norm of order {ord}")
+
+
 # ---------------------------------------------------------------------------------- composites
 
 @register_lowering(aten._softmax.default)

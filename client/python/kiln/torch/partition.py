@@ -12,7 +12,8 @@
    among the ready nodes, those of the current color are taken first, and the color changes
    only when none is left. Maximal runs of one color in that order are the parts; as each part
    is a contiguous run of a topological order, the parts form no cycle.
-4. A kiln part that computes nothing (only views and constants) runs in torch.
+4. A kiln part that computes nothing (only views and constants, or zero-size tensors) runs in
+   torch.
 
 :func:`build_part` then turns a kiln part into a kiln graph plus the specs the runtime needs.
 """
@@ -218,7 +219,8 @@ def _finish(segments: list[Segment]) -> list[Segment]:
                 continue
             if any(u not in members for u in n.users):
                 s.outputs.append(n)
-        if s.is_kiln and not s.outputs:
+        if s.is_kiln and (not s.outputs or any(_empty(n) for n in s.inputs + s.outputs)):
+            # Nothing to return, or zero-size tensors (nothing to compute, maybe no address).
             s.color = None
         if not s.is_kiln:
             s.inputs, s.outputs = [], []
@@ -229,6 +231,11 @@ def _finish(segments: list[Segment]) -> list[Segment]:
         else:
             merged.append(s)
     return merged
+
+
+def _empty(n: torch.fx.Node) -> bool:
+    m = L.node_meta(n)
+    return isinstance(m, torch.Tensor) and m.numel() == 0
 
 
 def partition(gm: torch.fx.GraphModule) -> list[Segment]:

@@ -259,7 +259,7 @@ class KilnPart(torch.nn.Module):
         ptrs: list[int] = []
         keep: list[torch.Tensor] = []
         for i, (t, spec) in enumerate(zip(args, part.inputs)):
-            if t.dtype != spec.dtype or tuple(t.shape) != spec.shape or t.device != self.device or t.numel() == 0:
+            if t.dtype != spec.dtype or t.shape != spec.shape or t.device != self.device:
                 log.debug("kiln.torch: %s: argument %d is %s %s on %s, compiled for %s %s; running torch",
                           self.part_name, i, t.dtype, tuple(t.shape), t.device, spec.dtype, spec.shape)
                 return None
@@ -279,8 +279,6 @@ class KilnPart(torch.nn.Module):
                 keep.append(t)
             ptrs.append(t.data_ptr())
         outs = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in self._kiln_specs]
-        if any(o.numel() == 0 for o in outs):
-            return None
         ptrs.extend(o.data_ptr() for o in outs)
         ws = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.device) if self.workspace_bytes else None
         ws_ptr = ws.data_ptr() if ws is not None else None

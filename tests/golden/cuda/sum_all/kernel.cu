@@ -29,10 +29,9 @@ extern "C" __global__ void __launch_bounds__(512) k0_p0(const float* __restrict_
 }
 
 extern "C" __global__ void __launch_bounds__(128) k0(float* __restrict__ out0, const float* __restrict__ tmp0) {
-  const int kt = threadIdx.x % 32;
-  const int kr_raw = blockIdx.x * 4 + threadIdx.x / 32;
-  const bool kr_ok = kr_raw < 1;
-  const int kr = kr_ok ? kr_raw : 0;
+  __shared__ __align__(16) char kiln_smem[512];
+  const int kt = threadIdx.x;
+  const int kr = blockIdx.x;
   float t0_acc = (0.0f);
   {
     __align__(16) float kv1[4];
@@ -46,9 +45,9 @@ extern "C" __global__ void __launch_bounds__(128) k0(float* __restrict__ out0, c
     const float t5 = kv1[3];
     t0_acc += t5;
   }
-  {
+  if (4 * kt + 512 < 528) {
     __align__(16) float kv6[4];
-    kiln_vload<4>(kv6, tmp0 + (4 * kt + 128));
+    kiln_vload<4>(kv6, tmp0 + (4 * kt + 512));
     const float t7 = kv6[0];
     t0_acc += t7;
     const float t8 = kv6[1];
@@ -58,43 +57,7 @@ extern "C" __global__ void __launch_bounds__(128) k0(float* __restrict__ out0, c
     const float t10 = kv6[3];
     t0_acc += t10;
   }
-  {
-    __align__(16) float kv11[4];
-    kiln_vload<4>(kv11, tmp0 + (4 * kt + 256));
-    const float t12 = kv11[0];
-    t0_acc += t12;
-    const float t13 = kv11[1];
-    t0_acc += t13;
-    const float t14 = kv11[2];
-    t0_acc += t14;
-    const float t15 = kv11[3];
-    t0_acc += t15;
-  }
-  {
-    __align__(16) float kv16[4];
-    kiln_vload<4>(kv16, tmp0 + (4 * kt + 384));
-    const float t17 = kv16[0];
-    t0_acc += t17;
-    const float t18 = kv16[1];
-    t0_acc += t18;
-    const float t19 = kv16[2];
-    t0_acc += t19;
-    const float t20 = kv16[3];
-    t0_acc += t20;
-  }
-  if (4 * kt + 512 < 528) {
-    __align__(16) float kv21[4];
-    kiln_vload<4>(kv21, tmp0 + (4 * kt + 512));
-    const float t22 = kv21[0];
-    t0_acc += t22;
-    const float t23 = kv21[1];
-    t0_acc += t23;
-    const float t24 = kv21[2];
-    t0_acc += t24;
-    const float t25 = kv21[3];
-    t0_acc += t25;
-  }
-  t0_acc = kiln_row_reduce<32, kiln_op_sum>(t0_acc, nullptr);
+  t0_acc = kiln_row_reduce<128, kiln_op_sum>(t0_acc, kiln_smem);
   const float t0 = t0_acc;
-  if (kt == 0 && kr_ok) out0[kr] = (float)(t0);
+  if (kt == 0) out0[kr] = (float)(t0);
 }

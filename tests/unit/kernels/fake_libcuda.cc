@@ -1,0 +1,96 @@
+// A stand-in for the CUDA driver (built as a library with soname libcuda.so.1) for testing the
+// CUDA loader without a GPU: "device memory" is host memory, a "module" is an emulated kernel
+// library (see cuda_emulation.h) registered beforehand with fake_cuda_use_library, and a launch
+// runs the kernel there. Images passed to cuModuleLoadData are checked to be a cubin (ELF) or
+// PTX text and otherwise ignored.
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+void* emulated = nullptr;  // the kernels' library
+int (*emu_launch)(void*, unsigned, unsigned, void**, int) = nullptr;
+struct Function {
+  void* fn;
+  int nargs;
+};
+std::vector<std::string> launched;
+int context = 1;
+
+}  // namespace
+
+extern "C" {
+
+// Test hooks.
+void fake_cuda_use_library(void* handle) {
+  emulated = handle;
+  emu_launch = reinterpret_cast<int (*)(void*, unsigned, unsigned, void**, int)>(dlsym(handle, "kiln_emu_launch"));
+}
+int fake_cuda_launch_count() { return static_cast<int>(launched.size()); }
+const char* fake_cuda_launched(int i) { return launched[i].c_str(); }
+
+// The driver API subset the loader resolves; return codes as in cuda.h.
+int cuInit(unsigned) { return 0; }
+int cuDeviceGet(int* d, int ordinal) {
+  *d = ordinal;
+  return ordinal == 0 ? 0 : 101;  // CUDA_ERROR_INVALID_DEVICE
+}
+int cuCtxGetCurrent(void** ctx) {
+  *ctx = &context;
+  return 0;
+}
+int cuCtxSetCurrent(void*) { return 0; }
+int cuDevicePrimaryCtxRetain(void** ctx, int) {
+  *ctx = &context;
+  return 0;
+}
+int cuModuleLoadData(void** module, const void* image) {
+  const char* p = static_cast<const char*>(image);
+  bool cubin = std::memcmp(p, "\x7f" "ELF", 4) == 0;
+  bool ptx = std::strstr(p, ".target") != nullptr;
+  if (!cubin && !ptx) return 200;  // CUDA_ERROR_INVALID_IMAGE
+  *module = emulated;
+  return emulated ? 0 : 200;
+}
+int cuModuleUnload(void*) { return 0; }
+int cuModuleGetFunction(void** fn, void* module, const char* name) {
+  void* f = dlsym(module, name);
+  if (!f) return 500;  // CUDA_ERROR_NOT_FOUND
+  // The name travels with the handle, for the launch record.
+  auto* rec = new std::pair<void*, std::string>(f, name);
+  *fn = rec;
+  return 0;
+}
+int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned shared, void*, void** params, void** extra) {
+  auto* rec = static_cast<std::pair<void*, std::string>*>(fn);
+  if (gy != 1 || gz != 1 || by != 1 || bz != 1 || shared != 0 || extra) return 1;  // CUDA_ERROR_INVALID_VALUE
+  // Parameters are all device pointers: count them by the kernel's arity, which the emulated
+  // library cannot tell us, so pass up to 16 and let the kernel read what it declares.
+  std::vector<void*> args;
+  for (int i = 0; i < 16 && params[i]; ++i) args.push_back(*static_cast<void**>(params[i]));
+  launched.push_back(rec->second);
+  return emu_launch(rec->first, gx, bx, args.data(), static_cast<int>(args.size()));
+}
+int cuMemAlloc_v2(unsigned long long* p, size_t bytes) {
+  *p = reinterpret_cast<unsigned long long>(std::aligned_alloc(256, (bytes + 255) / 256 * 256));
+  return 0;
+}
+int cuMemFree_v2(unsigned long long p) {
+  std::free(reinterpret_cast<void*>(p));
+  return 0;
+}
+int cuGetErrorName(int, const char** s) {
+  *s = "CUDA_ERROR_FAKE";
+  return 0;
+}
+int cuGetErrorString(int, const char** s) {
+  *s = "fake driver error";
+  return 0;
+}
+
+}  // extern "C"
