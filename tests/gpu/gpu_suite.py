@@ -233,6 +233,17 @@ def time_ms(fn, sets, iters, warmup=3):
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def kmeans_ties(got, want, X, means):
+    """Assignments may differ where two centres are equally far to within rounding (the two
+    sides round the squared distances differently); anywhere else they must agree."""
+    d = torch.linalg.vector_norm(X[None].double() - means[:, None].double(), dim=2)
+    differ = got != want
+    dg = d.gather(0, got[None].clamp(0, means.shape[0] - 1))[0][differ]
+    dw = d.gather(0, want[None])[0][differ]
+    near = ((dg - dw).abs() <= 1e-5 * dw.abs() + 1e-6).all().item() and bool(((got >= 0) & (got < means.shape[0])).all())
+    return near, "%d assignment(s) differ, all between equidistant centres: %s" % (differ.sum().item(), near)
+
+
 def lltm(gates, c):
     ig, og, cc = gates.chunk(3, dim=1)
     c_new = c + F.elu(cc) * torch.sigmoid(ig)
@@ -282,21 +293,27 @@ def run_bench(cuda, manifest, seed, iters, results):
         kernel.run(sets[0], outs)
         torch.cuda.synchronize()
         checks = [compare(g, w, o.get("rtol"), o.get("atol")) for g, w, o in zip(outs, want, entry["outputs"])]
+        if entry["name"] == "bench_kmeans" and not checks[0][0]:
+            checks = [kmeans_ties(outs[0], want[0], *sets[0])]
         ok = all(c[0] for c in checks)
         all_ok &= ok
         if not ok:
             print("  WRONG %s: %s" % (entry["name"], "; ".join(c[1] for c in checks)))
         # Timings, rotating over three input sets (each with its own outputs).
-        out_sets = [[torch.empty_like(w) for w in want] for _ in sets]
+        out_sets = [[torch.empty(w.shape, dtype=w.dtype, device=w.device) for w in want] for _ in sets]
         launches = [kernel.prepare(s, o) for s, o in zip(sets, out_sets)]
         t_kiln = time_ms(lambda i: kernel.launch(launches[i]), [0, 1, 2], iters)
         t_eager = time_ms(lambda i: fn(*sets[i]), [0, 1, 2], iters)
-        compiled = torch.compile(fn)
-        t0 = time.perf_counter()
-        compiled(*sets[0])
-        torch.cuda.synchronize()
-        first_call_s = time.perf_counter() - t0
-        t_inductor = time_ms(lambda i: compiled(*sets[i]), [0, 1, 2], iters)
+        try:
+            compiled = torch.compile(fn)
+            t0 = time.perf_counter()
+            compiled(*sets[0])
+            torch.cuda.synchronize()
+            first_call_s = time.perf_counter() - t0
+            t_inductor = time_ms(lambda i: compiled(*sets[i]), [0, 1, 2], iters)
+        except Exception as e:  # report the rest even if Inductor fails here
+            print("  torch.compile failed on %s: %s" % (entry["name"], e))
+            compiled, first_call_s, t_inductor = None, float("nan"), float("nan")
         gbs = kernel.bytes_moved() / (t_kiln * 1e-3) / 1e9
         row = dict(name=entry["name"], title=title, kiln=t_kiln, eager=t_eager, inductor=t_inductor,
                    ratio=t_kiln / t_inductor, gbs=gbs, copy_frac=gbs / copy_gbs, ok=ok,

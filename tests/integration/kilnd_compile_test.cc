@@ -1,6 +1,7 @@
 // End to end through the real kilnd binary and the real compiler: compile sin(x)^2 + cos(x)^2,
 // fetch the .so, load it and run it against a scalar reference; restart kilnd on the same
-// cache directory and get a hit with identical bytes; SIGTERM exits 0.
+// cache directory and get a hit with identical bytes; SIGTERM exits 0 and lets a compile in
+// flight finish; Prewarm answers each request of its stream; the health service says SERVING.
 #include <dlfcn.h>
 #include <openssl/sha.h>
 #include <stdlib.h>

@@ -301,3 +301,18 @@ def test_backend_factory_with_options(client: Any) -> None:
     y = torch.compile(E.sin2_cos2, backend=be)(x)
     assert math.isclose(float(y.mean()), 1.0, rel_tol=1e-5)
     assert_kiln_ran(min_parts=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_types(client: Any, dtype: torch.dtype) -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x * 2 + y, dim=-1) + torch.tanh(y).sum(0)
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(8, 16, generator=g).to(dtype)
+    y = torch.randn(8, 16, generator=g).to(dtype)
+    got = compiled(fn, client)(x, y)
+    want = fn(x, y)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert_kiln_ran(min_parts=1)

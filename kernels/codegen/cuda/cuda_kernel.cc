@@ -18,17 +18,23 @@ absl::StatusOr<std::vector<KernelFunction>> KernelGen::Run() {
     Row(-1);
     return fns_;
   }
-  // Where do the reductions left land? Depth = the deepest output variable they read.
+  // Where do the reductions left land? Depth = the deepest output variable they read. Any
+  // landing above the innermost loop makes a row kernel (so each is computed once per row);
+  // otherwise the innermost ones decide between a thread, a row of threads or a column tile
+  // per output.
   FreeVarMap fv;
   for (const auto& o : kern_.outputs) AddFreeVars(o.value, &fv);
-  int dmax = -1;
+  int d_outer = -1;
+  bool inner = false, contiguous = false;
   int64_t r_inner = 0;
-  bool contiguous = false;
   for (const auto& [n, vars] : fv) {
     if (n->kind != Expr::Kind::kReduce || vars.empty()) continue;
     if (vars.back() >= rank) continue;  // nested inside another reduction
-    dmax = std::max(dmax, vars.back());
-    if (vars.back() != rank - 1) continue;
+    if (vars.back() < rank - 1) {
+      d_outer = std::max(d_outer, vars.back());
+      continue;
+    }
+    inner = true;
     r_inner = std::max(r_inner, ReduceExtent(*n, kern_.extents));
     for (const Expr* m : Nodes(n->args[0]))
       if (m->kind == Expr::Kind::kLoad && m->buffer >= 0 &&
@@ -36,10 +42,10 @@ absl::StatusOr<std::vector<KernelFunction>> KernelGen::Run() {
         contiguous = true;
   }
   int64_t n_out = Product(loops_, 0, rank);
-  if (dmax < 0) {
+  if (d_outer >= 0) {
+    Row(d_outer);
+  } else if (!inner) {
     Pointwise();
-  } else if (dmax < rank - 1) {
-    Row(dmax);
   } else if (r_inner >= 64 && contiguous) {
     Row(rank - 1);
   } else if (r_inner < 64 || n_out >= int64_t{8} * cfg_.sm_count * kPointwiseBlock) {

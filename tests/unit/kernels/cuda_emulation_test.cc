@@ -79,6 +79,12 @@ TEST(CudaEmulation, RowKernels) {
                           return std::vector<ValueId>{
                               *b.Add("layer_norm", {0, 1, 2}, {{"axes", ir::IntList{-2, -1}}})};
                         }));
+  // A row reduction over a small per-element reduction: z = sum(x, 2); z - max(z, 1).
+  ExpectMatchesCpu(Make({Ty(DType::kF32, {20, 64, 3})}, [](ir::Builder& b) {
+    auto z = *b.Add("sum", {0}, {{"axes", ir::IntList{2}}});
+    auto m = *b.Add("max", {z}, {{"axes", ir::IntList{1}}, {"keepdim", true}});
+    return std::vector<ValueId>{*b.Add("sub", {z, m})};
+  }));
   // A row reduction feeding a row op, and a row sum stored beside it (two outputs).
   ExpectMatchesCpu(Make({Ty(DType::kF64, {20, 300})}, [](ir::Builder& b) {
     auto s = *b.Add("sum", {0}, {{"axes", ir::IntList{1}}, {"keepdim", true}});
