@@ -6,9 +6,11 @@ references gpu_suite.py uses. It checks the references and the generated kernels
 a GPU is at hand; it says nothing about CUDA's math library or speed.
 
   python3 tests/gpu/emulate_suite.py [GRAPH ...]     (needs g++ and PyTorch; after build_artifacts.sh)
+  KILN_SEED=N picks the random inputs (default 1).
 """
 import ctypes
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -56,7 +58,8 @@ def main():
     only = set(sys.argv[1:]) or None
     results = {}
     with tempfile.TemporaryDirectory() as work:
-        ok = gpu_suite.run_suite(lambda folder: EmulatedKernel(folder, work), manifest, 1, results, only)
+        seed = int(os.environ.get("KILN_SEED", "1"))
+        ok = gpu_suite.run_suite(lambda folder: EmulatedKernel(folder, work), manifest, seed, results, only)
     return 0 if ok else 1
 
 

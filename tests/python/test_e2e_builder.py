@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -200,9 +202,12 @@ def test_artifacts_fetched_once_verified_and_loaded_once(server, tmp_path, rng):
         np.testing.assert_allclose(again(xv), np.sqrt(np.abs(xv)) + 0.987)
         assert downloads == [so.digest]
         assert loader.loaded_kernel_count() == n_loaded
-    # a corrupted local copy is detected and fetched again
-    path.chmod(0o644)
-    path.write_bytes(b"garbage")
+    # a corrupted local copy is detected and fetched again. The file is replaced, not
+    # rewritten in place: this process still has the library mapped, and truncating a mapped
+    # file under it would crash the process later (SIGBUS).
+    bad = path.with_name(path.name + ".bad")
+    bad.write_bytes(b"garbage")
+    os.replace(bad, path)
     with kiln.Client(server, cache_dir=tmp_path / "cache") as c2:
         p = c2.fetch(so.digest)
         assert kiln.cache.sha256_file(p) == so.digest
