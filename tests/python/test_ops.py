@@ -328,3 +328,16 @@ def test_odd_shapes(client, rng, shape) -> None:
     check(got[0], np.exp(host * np.float32(2)), "f32", f"exp(2x) {shape}")
     if len(outs) > 1:
         np.testing.assert_allclose(got[1], np.exp(host * np.float32(2)).sum(-1, keepdims=True), rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "var", "std", "mean", "all"])
+def test_whole_tensor_reductions_run_in_parallel(client, rng, op: str) -> None:
+    # Large enough that the outermost reduction loop is split across threads, including
+    # reductions nested in reductions (var: a mean inside a sum).
+    shape = (64, 512)
+    host = random_array(rng, "f64", shape, "small")
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f64", shape)
+    got = client.compile(b.build([b.reduce(op, x)]))(host, num_threads=2)
+    want = np.asarray(getattr(np, op)(host))
+    check(got, want, str(want.dtype), f"{op} over all axes")

@@ -23,29 +23,29 @@ class CpuKernelEmitter : public ScopedEmitter {
   bool parallel_top_reduce = false;
 
  protected:
-  std::string ReducePragma(const lower::Expr& e, const std::string& acc) const override {
-    return ScopedEmitter::ReducePragma(e, acc);
-  }
   void EmitReduce(const lower::Expr& e, const std::string& result, size_t target) override {
-    size_t mark = scopes_[target].stmts.size();
     ScopedEmitter::EmitReduce(e, result, target);
     if (!parallel_top_reduce || target != 0 || e.op == "argmax" || e.op == "argmin") return;
     int64_t work = 1;
     for (int rv : e.rvars) work *= kernel_.extents[rv];
     if (work < kMinParallelWork) return;
-    // Turn the outermost reduction loop into a parallel one: find its `for`.
+    // Turn this reduction's outermost loop into a parallel one. Its statements were appended
+    // last: accumulator declarations, then the loop (after any reduction its body needed,
+    // which came first and must not be touched).
     auto& stmts = scopes_[target].stmts;
-    for (size_t i = mark; i < stmts.size(); ++i) {
-      if (stmts[i].rfind("for (", 0) != 0 && stmts[i].rfind("#pragma omp simd", 0) != 0) continue;
+    const std::string decl = " " + result + "_acc = ";
+    size_t i = stmts.size();
+    while (i > 0 && stmts[i - 1].find(decl) == std::string::npos) --i;
+    while (i < stmts.size() && stmts[i].rfind("for (", 0) != 0 && stmts[i].rfind("#pragma", 0) != 0) ++i;
+    if (i == stmts.size()) return;
+    const std::string simd = "#pragma omp simd";
+    if (stmts[i].rfind(simd, 0) == 0) {
+      // A single loop: parallel and simd together.
+      stmts[i].replace(0, simd.size(), "#pragma omp parallel for simd num_threads(nt)");
+    } else {
       std::string clause = ScopedEmitter::ReducePragma(e, result + "_acc");
-      clause.replace(0, std::string("#pragma omp simd").size(), "#pragma omp parallel for num_threads(nt)");
-      if (stmts[i].rfind("#pragma omp simd", 0) == 0) {
-        // Single loop: parallel and simd together.
-        stmts[i].replace(0, std::string("#pragma omp simd").size(), "#pragma omp parallel for simd num_threads(nt)");
-      } else {
-        stmts.insert(stmts.begin() + static_cast<long>(i), clause);
-      }
-      break;
+      clause.replace(0, simd.size(), "#pragma omp parallel for num_threads(nt)");
+      stmts.insert(stmts.begin() + static_cast<long>(i), clause);
     }
   }
 };
