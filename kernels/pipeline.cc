@@ -16,6 +16,7 @@
 #include "kernels/codegen/cpu/cpu_codegen.h"
 #include "kernels/codegen/cuda/cuda_codegen.h"
 #include "kernels/codegen/plan.h"
+#include "kernels/codegen/runtime_headers.h"
 #include "kernels/ir/op_registry.h"
 #include "kernels/key/key.h"
 #include "kernels/passes/passes.h"
@@ -51,7 +52,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig&
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   KILN_ASSIGN_OR_RETURN(impl->host, toolchain::HostCompiler::Create(config.host_compiler, config.compile_timeout_s));
-  impl->cpu_header_digest = key::Sha256Hex(codegen::CpuRuntimeHeader());
+  impl->cpu_header_digest = key::Sha256Hex(codegen::CpuRuntimeHeader() + codegen::CommonRuntimeHeader());
   // A host without the CUDA toolkit still serves CPU targets.
   auto nvrtc = toolchain::NvrtcCompiler::Create();
   if (nvrtc.ok()) {
@@ -59,7 +60,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig&
   } else {
     impl->nvrtc_missing = std::string(nvrtc.status().message());
   }
-  impl->cuda_header_digest = key::Sha256Hex(codegen::CudaRuntimeHeader());
+  impl->cuda_header_digest = key::Sha256Hex(codegen::CudaRuntimeHeader() + codegen::CommonRuntimeHeader());
   return std::unique_ptr<Pipeline>(new Pipeline(std::move(impl)));
 }
 
@@ -142,7 +143,7 @@ absl::StatusOr<CompileResult> Pipeline::Compile(const ir::Graph& graph, const Ta
   r.stats.frontend_ms = MsSince(t0);
   if (target.is_cuda()) {
     // Cubin first (what a client loads), then PTX for GPUs newer than the target.
-    auto cu = impl_->nvrtc->Build(gen.source, {{"kiln_cuda.h", codegen::CudaRuntimeHeader()}}, target.sm);
+    auto cu = impl_->nvrtc->Build(gen.source, codegen::RuntimeHeaders(/*cuda=*/true), target.sm);
     if (!cu.ok()) return cu.status();
     r.stats.toolchain_ms = cu->ms;
     r.log = std::move(cu->log);
@@ -150,7 +151,7 @@ absl::StatusOr<CompileResult> Pipeline::Compile(const ir::Graph& graph, const Ta
     r.artifacts.push_back({ArtifactKind::kPtx, std::move(cu->ptx)});
   } else {
     auto built =
-        impl_->host->Build(gen.source, {{"kiln_cpu.h", codegen::CpuRuntimeHeader()}}, target, options);
+        impl_->host->Build(gen.source, codegen::RuntimeHeaders(/*cuda=*/false), target, options);
     if (!built.ok()) return built.status();
     r.stats.toolchain_ms = built->ms;
     r.log = built->log;

@@ -71,69 +71,12 @@ template <typename T> KILN_INLINE T kiln_sign(T x) { return T((x > 0) - (x < 0))
 KILN_INLINE bool kiln_isinf(float x) { return __builtin_fabsf(x) == __builtin_inff(); }
 KILN_INLINE bool kiln_isinf(double x) { return __builtin_fabs(x) == __builtin_inf(); }
 
-// maximum/minimum propagate NaN from either side.
-KILN_INLINE float kiln_maximum(float a, float b) { return (a > b || a != a) ? a : b; }
-KILN_INLINE double kiln_maximum(double a, double b) { return (a > b || a != a) ? a : b; }
-KILN_INLINE float kiln_minimum(float a, float b) { return (a < b || a != a) ? a : b; }
-KILN_INLINE double kiln_minimum(double a, double b) { return (a < b || a != a) ? a : b; }
-template <typename T> KILN_INLINE T kiln_maximum(T a, T b) { return a > b ? a : b; }
-template <typename T> KILN_INLINE T kiln_minimum(T a, T b) { return a < b ? a : b; }
-
-template <typename T> KILN_INLINE T kiln_clamp(T x, T lo, T hi) { return x < lo ? lo : (x > hi ? hi : x); }
-KILN_INLINE int64_t kiln_clampi(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
-
-// Python's floor division and modulo on floats, computed as NumPy's divmod does.
 KILN_INLINE float kiln_fmod(float a, float b) { return fmodf(a, b); }
 KILN_INLINE double kiln_fmod(double a, double b) { return fmod(a, b); }
-template <typename T> KILN_INLINE T kiln_float_floordiv(T a, T b) {
-  if (b == 0) return a / b;
-  T mod = kiln_fmod(a, b);
-  T div = (a - mod) / b;
-  if (mod != 0 && ((b < 0) != (mod < 0))) div -= T(1);
-  if (div == 0) return __builtin_copysign(T(0), a / b);
-  T fl = kiln_floor(div);
-  if (div - fl > T(0.5)) fl += T(1);
-  return fl;
-}
-template <typename T> KILN_INLINE T kiln_float_remainder(T a, T b) {
-  if (b == 0) return kiln_fmod(a, b);
-  T mod = kiln_fmod(a, b);
-  if (mod != 0) {
-    if ((b < 0) != (mod < 0)) mod += b;
-  } else {
-    mod = __builtin_copysign(T(0), b);
-  }
-  return mod;
-}
-KILN_INLINE float kiln_floordiv(float a, float b) { return kiln_float_floordiv(a, b); }
-KILN_INLINE double kiln_floordiv(double a, double b) { return kiln_float_floordiv(a, b); }
-KILN_INLINE float kiln_remainder(float a, float b) { return kiln_float_remainder(a, b); }
-KILN_INLINE double kiln_remainder(double a, double b) { return kiln_float_remainder(a, b); }
-// Integers: division by zero gives 0 (NumPy warns and gives 0); no trap on MIN / -1.
-template <typename T> KILN_INLINE T kiln_floordiv(T a, T b) {
-  if (b == 0) return T(0);
-  if (b == T(-1)) return T(-a);
-  T q = T(a / b);
-  if ((a % b != 0) && ((a < 0) != (b < 0))) q = T(q - 1);
-  return q;
-}
-template <typename T> KILN_INLINE T kiln_remainder(T a, T b) {
-  if (b == 0 || b == T(-1)) return T(0);
-  T r = T(a % b);
-  if (r != 0 && ((r < 0) != (b < 0))) r = T(r + b);
-  return r;
-}
-template <typename T> KILN_INLINE T kiln_pow(T a, T b) {
-  if (b < 0) return a == 1 ? T(1) : (a == T(-1) ? T((b % 2) ? -1 : 1) : T(0));
-  T r = 1;
-  while (b) {
-    if (b & 1) r = T(r * a);
-    a = T(a * a);
-    b = T(b >> 1);
-  }
-  return r;
-}
-KILN_INLINE bool kiln_pow(bool a, bool b) { return a || !b; }
+KILN_INLINE float kiln_copysign(float a, float b) { return __builtin_copysignf(a, b); }
+KILN_INLINE double kiln_copysign(double a, double b) { return __builtin_copysign(a, b); }
+#define KILN_FN KILN_INLINE
+#include "kiln_common.h"
 
 template <typename T> KILN_INLINE T kiln_lowest() { return std::numeric_limits<T>::lowest(); }
 template <typename T> KILN_INLINE T kiln_highest() { return std::numeric_limits<T>::max(); }

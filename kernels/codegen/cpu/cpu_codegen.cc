@@ -4,7 +4,6 @@
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/c_expr.h"
 #include "kernels/codegen/emitter.h"
-#include "kernels/runtime/kiln_cpu_header.h"
 
 namespace kiln::codegen {
 namespace {
@@ -148,11 +147,6 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k)
 }
 
 }  // namespace
-
-const std::string& CpuRuntimeHeader() {
-  static const std::string* h = new std::string(runtime::kKilnCpuHeader);
-  return *h;
-}
 
 std::string GenerateCpu(const schedule::Program& p, const CompileOptions& options) {
   std::string src;

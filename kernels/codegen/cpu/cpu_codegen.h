@@ -15,8 +15,7 @@ namespace kiln::codegen {
 inline constexpr int kCpuCodegenVersion = 1;
 inline constexpr uint32_t kCpuAbiVersion = 1;
 
-// The generated source includes "kiln_cpu.h"; CpuRuntimeHeader() is its text.
+// The generated source includes "kiln_cpu.h" (codegen/runtime_headers.h).
 std::string GenerateCpu(const schedule::Program& program, const CompileOptions& options);
-const std::string& CpuRuntimeHeader();
 
 }  // namespace kiln::codegen

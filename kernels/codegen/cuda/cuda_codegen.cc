@@ -6,7 +6,6 @@
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/c_expr.h"
 #include "kernels/codegen/cuda/cuda_kernel.h"
-#include "kernels/runtime/kiln_cuda_header.h"
 
 namespace kiln::codegen {
 namespace {
@@ -36,11 +35,6 @@ std::string ConstArray(const Buffer& b) {
 bool Needs(const std::string& text, const char* what) { return text.find(what) != std::string::npos; }
 
 }  // namespace
-
-const std::string& CudaRuntimeHeader() {
-  static const std::string* h = new std::string(runtime::kKilnCudaHeader);
-  return *h;
-}
 
 int SmCount(int sm) {
   // Reference parts: the data-centre part where there is one, else a common one.

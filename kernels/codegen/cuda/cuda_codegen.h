@@ -5,7 +5,7 @@
 // k1, ...); a kernel with whole-tensor reductions first launches k<i>_p<level> functions that
 // leave per-block partial results in the workspace. Launch shapes come from the tensor shapes
 // and the target's SM count (see cuda_kernel.h for the strategies). The unit includes
-// "kiln_cuda.h" (CudaRuntimeHeader()). Knows no compiler: kernels/toolchain builds the text.
+// "kiln_cuda.h" (codegen/runtime_headers.h). Knows no compiler: kernels/toolchain builds the text.
 // Thread-safety: pure functions.
 #pragma once
 
@@ -31,8 +31,6 @@ struct CudaUnit {
 absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Target& target,
                                       const CompileOptions& options);
 
-// The text of kernels/runtime/kiln_cuda.h, which the generated unit includes.
-const std::string& CudaRuntimeHeader();
 
 // Streaming multiprocessors of the reference part of an architecture (e.g. sm_90: H100 SXM,
 // 132). Used only to size grids; any part of the architecture runs the code correctly.

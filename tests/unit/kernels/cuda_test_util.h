@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/codegen/cuda/cuda_codegen.h"
+#include "kernels/codegen/runtime_headers.h"
 #include "kernels/util/status_macros.h"
 #include "tests/unit/kernels/test_util.h"
 
@@ -124,7 +125,8 @@ class EmulatedUnit {
     if (!dir.ok()) return dir.status();
     auto u = std::unique_ptr<EmulatedUnit>(new EmulatedUnit(std::move(*dir)));
     const std::string& d = u->dir_.path();
-    KILN_RETURN_IF_ERROR(toolchain::WriteFile(d + "/kiln_cuda.h", codegen::CudaRuntimeHeader()));
+    for (const auto& [name, text] : codegen::RuntimeHeaders(/*cuda=*/true))
+      KILN_RETURN_IF_ERROR(toolchain::WriteFile(d + "/" + name, text));
     KILN_RETURN_IF_ERROR(toolchain::WriteFile(
         d + "/cuda_emulation.h", SlurpFile(std::string(src) + "/tests/unit/kernels/cuda_emulation.h")));
     KILN_RETURN_IF_ERROR(toolchain::WriteFile(d + "/kernel.cu", source));

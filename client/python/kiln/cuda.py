@@ -1,0 +1,692 @@
+"""Running kiln's CUDA artifacts from Python: the driver API through ctypes, a per-device module
+cache, and launching a compiled graph's launch plan on CUDA arrays.
+
+Nothing here is built: the module talks to ``libcuda.so.1`` through ctypes, and it imports
+neither PyTorch nor CuPy unless the arrays it is given come from them (or a DLPack capsule has
+to be wrapped). Three layers, each usable alone:
+
+- :class:`Driver`: the few driver entry points kiln needs, bound once per process.
+- :class:`CudaKernel` / :func:`load_kernel`: a compiled result's cubin (or, failing that, its
+  PTX) loaded once per device into the device's primary context, the context the CUDA runtime,
+  PyTorch and CuPy all use. :meth:`CudaKernel.launch` runs the plan's steps given raw device
+  pointers (inputs in graph order, then outputs), a workspace pointer and a ``CUstream``.
+- :func:`run_compiled`: what ``Compiled.__call__`` does for a CUDA target. It takes PyTorch CUDA
+  tensors, CuPy arrays, objects with ``__cuda_array_interface__`` or a CUDA ``__dlpack__``;
+  allocates outputs and the workspace with the arrays' own allocator; launches on that
+  framework's current stream; returns arrays of the same kind.
+
+The launch plan (``kiln.v1.LaunchPlan``) is executed as documented with the CUDA code
+generator: ``buffers`` are the inputs and outputs (numbered by ``index`` in graph order) and
+temporaries at a byte ``offset`` in one workspace of ``workspace_bytes``; each step is one
+``cuLaunchKernel`` of ``kernel`` with ``grid``, ``block``, ``shared_bytes`` of dynamic shared
+memory, and ``args`` (positions in ``buffers``) passed as device pointers in order. Every
+pointer must be 16-byte aligned (generated kernels use vector loads); :func:`run_compiled`
+copies an argument that is not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import sys
+import threading
+from typing import Any, Iterator, Optional, Sequence, Union
+
+import numpy as np
+
+from . import dtypes as dt
+from .errors import KilnError
+from .v1 import service_pb2
+
+# CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: needed before launching with more than 48 KiB.
+_MAX_DYNAMIC_SHARED = 8
+_STATIC_SHARED_LIMIT = 48 * 1024
+# CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
+_CC_MAJOR = 75
+_CC_MINOR = 76
+#: Every buffer pointer a kiln kernel receives must be a multiple of this.
+ALIGNMENT = 16
+# DLPack device types that CUDA kernels can read: kDLCUDA and kDLCUDAManaged.
+_DLPACK_CUDA = (2, 13)
+
+
+# ---------------------------------------------------------------------------------- the driver
+
+class Driver:
+    """The CUDA driver entry points kiln needs, bound once per process (:meth:`get`).
+
+    Each entry point is an attribute returning the raw ``CUresult``; :meth:`check` turns a
+    nonzero one into a :class:`KilnError` naming the call and the driver's error.
+    """
+
+    _instance: Optional["Driver"] = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise KilnError(f"cannot open the CUDA driver (libcuda.so.1): {e}") from e
+        vp, P, ci, cu = ctypes.c_void_p, ctypes.POINTER, ctypes.c_int, ctypes.c_uint
+        self._fns: dict[str, Any] = {}
+        sigs: dict[str, list[Any]] = {
+            "cuInit": [cu],
+            "cuDeviceGetCount": [P(ci)],
+            "cuDeviceGet": [P(ci), ci],
+            "cuDeviceGetAttribute": [P(ci), ci, ci],
+            "cuDevicePrimaryCtxRetain": [P(vp), ci],
+            "cuCtxGetCurrent": [P(vp)],
+            "cuCtxSetCurrent": [vp],
+            "cuCtxGetDevice": [P(ci)],
+            "cuModuleLoadData": [P(vp), ctypes.c_char_p],
+            "cuModuleGetFunction": [P(vp), vp, ctypes.c_char_p],
+            "cuFuncSetAttribute": [vp, ci, ci],
+            "cuLaunchKernel": [vp, cu, cu, cu, cu, cu, cu, cu, vp, P(vp), P(vp)],
+            "cuGetErrorString": [ci, P(ctypes.c_char_p)],
+            "cuGetErrorName": [ci, P(ctypes.c_char_p)],
+        }
+        for name, argtypes in sigs.items():
+            fn = getattr(lib, name)
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int
+            self._fns[name] = fn
+        self.lib = lib
+        self.check(self._fns["cuInit"](0), "cuInit")
+
+    @classmethod
+    def get(cls) -> "Driver":
+        """The process's driver bindings; KilnError when there is no usable CUDA driver."""
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = Driver()
+            return cls._instance
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._fns[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def error_text(self, rc: int) -> str:
+        """``NAME (description)`` of a CUresult."""
+        name, msg = ctypes.c_char_p(), ctypes.c_char_p()
+        self._fns["cuGetErrorName"](rc, ctypes.byref(name))
+        self._fns["cuGetErrorString"](rc, ctypes.byref(msg))
+        n = name.value.decode(errors="replace") if name.value else f"error {rc}"
+        m = msg.value.decode(errors="replace") if msg.value else "unknown error"
+        return f"{n} ({m})"
+
+    def check(self, rc: int, what: str) -> None:
+        """Raises KilnError when ``rc`` (the CUresult of ``what``) is not CUDA_SUCCESS."""
+        if rc != 0:
+            raise KilnError(f"{what} failed: CUDA error {rc}, {self.error_text(rc)}")
+
+    def current_context(self) -> int:
+        """The calling thread's current context handle (0 when none)."""
+        cur = ctypes.c_void_p()
+        self.check(self.cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
+        return int(cur.value or 0)
+
+    def primary_context(self, device_index: int) -> int:
+        """The primary context of device ``device_index`` (retained for the process's life;
+        not made current)."""
+        dev = ctypes.c_int()
+        self.check(self.cuDeviceGet(ctypes.byref(dev), device_index), "cuDeviceGet")
+        ctx = ctypes.c_void_p()
+        self.check(self.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        return int(ctx.value or 0)
+
+    @contextlib.contextmanager
+    def context(self, ctx: int) -> Iterator[None]:
+        """Makes ``ctx`` current for the block, then restores the thread's previous context,
+        so that loading or launching never changes the caller's current device. A thread that
+        had no context keeps ``ctx`` (autograd's backward threads start with none)."""
+        prev = self.current_context()
+        if prev == ctx:
+            yield
+            return
+        self.check(self.cuCtxSetCurrent(ctypes.c_void_p(ctx)), "cuCtxSetCurrent")
+        try:
+            yield
+        finally:
+            if prev:
+                self.cuCtxSetCurrent(ctypes.c_void_p(prev))
+
+    def make_current(self, ctx: int) -> None:
+        """Makes ``ctx`` current on this thread unless it already is."""
+        if self.current_context() != ctx:
+            self.check(self.cuCtxSetCurrent(ctypes.c_void_p(ctx)), "cuCtxSetCurrent")
+
+    def device_count(self) -> int:
+        n = ctypes.c_int()
+        self.check(self.cuDeviceGetCount(ctypes.byref(n)), "cuDeviceGetCount")
+        return int(n.value)
+
+    def compute_capability(self, device_index: int) -> tuple[int, int]:
+        """(major, minor) of device ``device_index``."""
+        dev = ctypes.c_int()
+        self.check(self.cuDeviceGet(ctypes.byref(dev), device_index), "cuDeviceGet")
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self.check(self.cuDeviceGetAttribute(ctypes.byref(major), _CC_MAJOR, dev), "cuDeviceGetAttribute")
+        self.check(self.cuDeviceGetAttribute(ctypes.byref(minor), _CC_MINOR, dev), "cuDeviceGetAttribute")
+        return int(major.value), int(minor.value)
+
+
+# ---------------------------------------------------------------------------------- devices
+
+def _loaded(name: str) -> Any:
+    """A framework module if this process already imported it (never imports it)."""
+    return sys.modules.get(name)
+
+
+def _import(name: str) -> Any:
+    """A framework module, imported on demand; None when it is not installed."""
+    mod = sys.modules.get(name)
+    if mod is not None:
+        return mod
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def cuda_available() -> bool:
+    """Whether this process can run CUDA kernels: a driver and at least one device."""
+    try:
+        return Driver.get().device_count() > 0
+    except (KilnError, AttributeError):
+        return False
+
+
+def current_device() -> int:
+    """The current CUDA device: PyTorch's or CuPy's when the process uses one of them, else the
+    device of the thread's current driver context, else 0."""
+    torch = _loaded("torch")
+    if torch is not None and torch.cuda.is_available():
+        return int(torch.cuda.current_device())
+    cupy = _loaded("cupy")
+    if cupy is not None:
+        return int(cupy.cuda.runtime.getDevice())
+    drv = Driver.get()
+    if drv.current_context():
+        dev = ctypes.c_int()
+        drv.check(drv.cuCtxGetDevice(ctypes.byref(dev)), "cuCtxGetDevice")
+        return int(dev.value)
+    return 0
+
+
+_sm_cache: dict[int, int] = {}
+
+
+def device_sm(device_index: int) -> int:
+    """The compute capability of a device as kiln's sm number (90 for 9.0): from
+    ``torch.cuda.get_device_capability`` when PyTorch is in use, else from the driver."""
+    sm = _sm_cache.get(device_index)
+    if sm is None:
+        torch = _loaded("torch")
+        if torch is not None and torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(device_index)
+        else:
+            major, minor = Driver.get().compute_capability(device_index)
+        sm = int(major) * 10 + int(minor)
+        _sm_cache[device_index] = sm
+    return sm
+
+
+def current_device_sm() -> int:
+    """The sm number of the current device (what a plain ``"cuda"`` target means)."""
+    return device_sm(current_device())
+
+
+# ---------------------------------------------------------------------------------- kernels
+
+def _dims(v: Sequence[int]) -> tuple[int, int, int]:
+    d = [int(x) for x in v][:3]
+    while len(d) < 3:
+        d.append(1)
+    return d[0], d[1], d[2]
+
+
+def _device_index(device: Any) -> int:
+    """A device index from an int or anything with an ``index`` (a ``torch.device``)."""
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    return int(index) if index is not None else current_device()
+
+
+class CudaKernel:
+    """A compiled result's kernels loaded on one device, launchable on any stream there.
+
+    ``compiled`` is a :class:`kiln.Compiled` for a CUDA target (its plan and artifacts are read;
+    the image is fetched through its client). ``device`` is a device index (or a
+    ``torch.device``). Loading fails with KilnError when the device is older than the target,
+    or when neither the cubin nor the PTX loads. Use :func:`load_kernel` to load once per
+    process. :meth:`launch` is thread-safe.
+    """
+
+    def __init__(self, compiled: Any, device: Any) -> None:
+        plan = compiled.plan
+        self.handle: str = compiled.handle
+        self.device_index = _device_index(device)
+        drv = Driver.get()
+        self._drv = drv
+        target = getattr(compiled, "target", None)
+        dev_sm = drv.compute_capability(self.device_index)
+        dev_sm_n = dev_sm[0] * 10 + dev_sm[1]
+        if target is not None and target.is_cuda and target.sm > dev_sm_n:
+            raise KilnError(f"{self.handle[:12]} was compiled for {target}, but device {self.device_index} is "
+                            f"sm_{dev_sm_n}: compile for cuda:sm_{dev_sm_n}")
+        self.ctx = drv.primary_context(self.device_index)
+        with drv.context(self.ctx):
+            self._module = self._load_module(compiled, dev_sm_n)
+            n_in = sum(1 for b in plan.buffers if b.role == service_pb2.INPUT)
+            n_out = sum(1 for b in plan.buffers if b.role == service_pb2.OUTPUT)
+            self.num_pointers = n_in + n_out
+            # Each plan buffer as (slot in the pointer list, byte offset): inputs first, then
+            # outputs, then the workspace at slot -1.
+            where: list[tuple[int, int]] = []
+            for b in plan.buffers:
+                if b.role == service_pb2.INPUT:
+                    where.append((b.index, 0))
+                elif b.role == service_pb2.OUTPUT:
+                    where.append((n_in + b.index, 0))
+                elif b.role == service_pb2.TEMP:
+                    if b.offset % ALIGNMENT:
+                        raise KilnError(f"{self.handle[:12]}: temp {b.index} at workspace offset {b.offset} is not aligned")
+                    where.append((-1, int(b.offset)))
+                else:
+                    raise KilnError(f"{self.handle[:12]}: plan buffer with role {b.role}")
+            functions: dict[str, ctypes.c_void_p] = {}
+            self._steps: list[tuple[Any, ...]] = []
+            for s in plan.steps:
+                if not s.grid or not s.block:
+                    raise KilnError(f"{self.handle[:12]}: step {s.kernel} has no grid or block")
+                grid, block = _dims(s.grid), _dims(s.block)
+                if 0 in grid:
+                    continue  # an empty iteration space (a zero-size tensor): nothing to run
+                fn = functions.get(s.kernel)
+                if fn is None:
+                    fn = ctypes.c_void_p()
+                    drv.check(drv.cuModuleGetFunction(ctypes.byref(fn), self._module, s.kernel.encode()),
+                              f"cuModuleGetFunction({s.kernel})")
+                    functions[s.kernel] = fn
+                if s.shared_bytes > _STATIC_SHARED_LIMIT:
+                    drv.check(drv.cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, int(s.shared_bytes)),
+                              f"cuFuncSetAttribute({s.kernel})")
+                for a in s.args:
+                    if not 0 <= a < len(where):
+                        raise KilnError(f"{self.handle[:12]}: step {s.kernel} names buffer {a} of {len(where)}")
+                refs = [where[a] for a in s.args]
+                # The argument block is built once: each launch only rewrites the pointer
+                # values (the driver copies them at launch, so the block can be reused).
+                vals = (ctypes.c_void_p * max(len(refs), 1))()
+                params = (ctypes.c_void_p * max(len(refs), 1))(
+                    *[ctypes.addressof(vals) + i * ctypes.sizeof(ctypes.c_void_p) for i in range(len(refs))])
+                self._steps.append((fn, grid, block, int(s.shared_bytes), refs, vals, params))
+        self._launch_lock = threading.Lock()
+
+    def _load_module(self, compiled: Any, dev_sm: int) -> ctypes.c_void_p:
+        """Loads the cubin; when the driver refuses it (a device of another major version),
+        the PTX, which the driver compiles for the device."""
+        drv = self._drv
+        errors: list[str] = []
+        for kind in (service_pb2.CUBIN, service_pb2.PTX):
+            art = compiled.artifact(kind)
+            if art is None:
+                continue
+            image = compiled.client.fetch(art.digest, size=art.size or None).read_bytes()
+            if kind == service_pb2.PTX and not image.endswith(b"\0"):
+                image += b"\0"  # the driver reads PTX as a C string
+            module = ctypes.c_void_p()
+            # The image must stay alive during the call only: the driver copies it.
+            rc = drv.cuModuleLoadData(ctypes.byref(module), image)
+            if rc == 0:
+                self.image_kind = service_pb2.ArtifactKind.Name(kind)
+                return module
+            errors.append(f"{service_pb2.ArtifactKind.Name(kind)}: {drv.error_text(rc)}")
+        if not errors:
+            raise KilnError(f"{self.handle[:12]} has neither a cubin nor PTX")
+        raise KilnError(f"cannot load {self.handle[:12]} on device {self.device_index} (sm_{dev_sm}): " + "; ".join(errors))
+
+    def launch(self, ptrs: Sequence[int], workspace: Optional[int], stream: int) -> None:
+        """Launches every step, in order, on ``stream`` (a ``CUstream`` handle as an int; 0 is
+        the legacy default stream).
+
+        ``ptrs``: device pointers of the inputs in graph order, then the outputs.
+        ``workspace``: ``plan.workspace_bytes`` bytes of device memory (None when 0).
+        Launches are asynchronous; the caller keeps the buffers alive (and, with a
+        stream-ordered allocator such as PyTorch's or CuPy's, allocated on ``stream``) until
+        the kernels are done.
+        """
+        if len(ptrs) != self.num_pointers:
+            raise KilnError(f"{self.handle[:12]} takes {self.num_pointers} buffer pointers, got {len(ptrs)}")
+        drv = self._drv
+        ws = workspace or 0
+        s = ctypes.c_void_p(stream)
+        launch = drv.cuLaunchKernel
+        with self._launch_lock, drv.context(self.ctx):
+            for fn, grid, block, shared, refs, vals, params in self._steps:
+                for i, (slot, off) in enumerate(refs):
+                    vals[i] = (ws if slot < 0 else ptrs[slot]) + off
+                rc = launch(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, s, params, None)
+                if rc != 0:
+                    drv.check(rc, "cuLaunchKernel")
+
+
+_kernels: dict[tuple[str, int], CudaKernel] = {}
+_kernels_lock = threading.Lock()
+
+
+def load_kernel(compiled: Any, device: Any = None) -> CudaKernel:
+    """The kernels of ``compiled`` on ``device`` (an index, a ``torch.device``, or None for the
+    current device): fetched and loaded once per process per device."""
+    index = current_device() if device is None else _device_index(device)
+    key = (compiled.handle, index)
+    k = _kernels.get(key)
+    if k is not None:
+        return k
+    with _kernels_lock:
+        k = _kernels.get(key)
+        if k is None:
+            k = CudaKernel(compiled, index)
+            _kernels[key] = k
+        return k
+
+
+def loaded_kernel_count() -> int:
+    """How many (result, device) pairs this process has loaded (for tests and diagnostics)."""
+    with _kernels_lock:
+        return len(_kernels)
+
+
+# ---------------------------------------------------------------------------------- arrays
+
+class _Torch:
+    """PyTorch CUDA tensors: torch's caching allocator and current stream."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+        self._to_kiln = {
+            torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64",
+            torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64",
+            torch.uint8: "u8", torch.bool: "bool",
+        }
+        self._from_kiln = {v: k for k, v in self._to_kiln.items()}
+
+    def owns(self, a: Any) -> bool:
+        return isinstance(a, self.torch.Tensor)
+
+    def dtype(self, a: Any) -> str:
+        try:
+            return self._to_kiln[a.dtype]
+        except KeyError:
+            raise TypeError(f"kiln does not support dtype {a.dtype} (supported: {', '.join(dt.DTYPES)})") from None
+
+    def shape(self, a: Any) -> tuple[int, ...]:
+        return tuple(a.shape)
+
+    def device(self, a: Any) -> int:
+        return int(a.device.index) if a.device.index is not None else int(self.torch.cuda.current_device())
+
+    def ptr(self, a: Any) -> int:
+        return int(a.data_ptr())
+
+    def strides(self, a: Any) -> tuple[int, ...]:
+        return tuple(a.stride())
+
+    def is_contiguous(self, a: Any) -> bool:
+        return bool(a.is_contiguous())
+
+    def contiguous_copy(self, a: Any) -> Any:
+        return a.clone(memory_format=self.torch.contiguous_format)
+
+    def empty(self, shape: Sequence[int], dtype: str, device: int) -> Any:
+        return self.torch.empty(tuple(shape), dtype=self._from_kiln[dtype], device=self.torch.device("cuda", device))
+
+    def empty_bytes(self, nbytes: int, device: int) -> Any:
+        return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.torch.device("cuda", device))
+
+    def stream(self, device: int) -> int:
+        return int(self.torch.cuda.current_stream(device).cuda_stream)
+
+    def on_device(self, device: int) -> Any:
+        return contextlib.nullcontext()  # every call above names the device
+
+    def wrap(self, a: Any) -> Any:
+        """A zero-copy tensor over another CUDA array (``__cuda_array_interface__``)."""
+        return self.torch.as_tensor(a)
+
+    def from_dlpack(self, a: Any) -> Any:
+        return self.torch.from_dlpack(a)
+
+
+class _Cupy:
+    """CuPy arrays: CuPy's memory pool and the current device's current stream."""
+
+    name = "cupy"
+
+    def __init__(self) -> None:
+        import cupy
+
+        self.cupy = cupy
+
+    def owns(self, a: Any) -> bool:
+        return isinstance(a, self.cupy.ndarray)
+
+    def dtype(self, a: Any) -> str:
+        return dt.dtype_name(a.dtype)
+
+    def shape(self, a: Any) -> tuple[int, ...]:
+        return tuple(a.shape)
+
+    def device(self, a: Any) -> int:
+        return int(a.device.id)
+
+    def ptr(self, a: Any) -> int:
+        return int(a.data.ptr)
+
+    def strides(self, a: Any) -> tuple[int, ...]:
+        size = a.itemsize
+        if any(s % size for s in a.strides):
+            return tuple(-1 for _ in a.strides)  # not expressible in elements: never matches
+        return tuple(s // size for s in a.strides)
+
+    def is_contiguous(self, a: Any) -> bool:
+        return bool(a.flags.c_contiguous)
+
+    def contiguous_copy(self, a: Any) -> Any:
+        return self.cupy.array(a, order="C", copy=True)
+
+    def empty(self, shape: Sequence[int], dtype: str, device: int) -> Any:
+        with self.cupy.cuda.Device(device):
+            return self.cupy.empty(tuple(shape), dtype=dt.to_numpy(dtype))
+
+    def empty_bytes(self, nbytes: int, device: int) -> Any:
+        with self.cupy.cuda.Device(device):
+            return self.cupy.empty(nbytes, dtype=np.uint8)
+
+    def stream(self, device: int) -> int:
+        with self.cupy.cuda.Device(device):
+            return int(self.cupy.cuda.get_current_stream().ptr)
+
+    def on_device(self, device: int) -> Any:
+        # CuPy allocates on, and copies with the stream of, the current device.
+        return self.cupy.cuda.Device(device)
+
+    def wrap(self, a: Any) -> Any:
+        return self.cupy.asarray(a)
+
+    def from_dlpack(self, a: Any) -> Any:
+        return self.cupy.from_dlpack(a)
+
+
+_frameworks: dict[str, Any] = {}
+
+
+def _framework(name: str) -> Any:
+    fw = _frameworks.get(name)
+    if fw is None:
+        fw = _Torch() if name == "torch" else _Cupy()
+        _frameworks[name] = fw
+    return fw
+
+
+_HOST_HINT = ("pass a CUDA array (a PyTorch CUDA tensor, a CuPy array, or an object with "
+              "__cuda_array_interface__ or a CUDA __dlpack__), e.g. torch.as_tensor(x, device='cuda') "
+              "or cupy.asarray(x)")
+
+
+def as_cuda_array(obj: Any, what: str) -> tuple[Any, str]:
+    """``obj`` as a PyTorch tensor or CuPy array on a CUDA device, and which of the two.
+
+    PyTorch tensors and CuPy arrays are taken as they are. Other objects with
+    ``__cuda_array_interface__`` are wrapped without a copy (by CuPy when installed, else
+    PyTorch); objects with a CUDA ``__dlpack__`` go through ``torch.from_dlpack`` (or CuPy's).
+    Raises TypeError, naming ``what``, for host memory (NumPy arrays, CPU tensors) and for
+    anything else.
+    """
+    torch = _loaded("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.device.type != "cuda":
+            raise TypeError(f"{what} is a torch tensor on {obj.device}; {_HOST_HINT}")
+        return obj, "torch"
+    cupy = _loaded("cupy")
+    if cupy is not None and isinstance(obj, cupy.ndarray):
+        return obj, "cupy"
+    if isinstance(obj, (np.ndarray, np.generic)):
+        raise TypeError(f"{what} is a NumPy {'array' if isinstance(obj, np.ndarray) else 'scalar'} in host memory; {_HOST_HINT}")
+    if hasattr(obj, "__cuda_array_interface__"):
+        for name in ("cupy", "torch"):
+            if _import(name) is not None:
+                fw = _framework(name)
+                return fw.wrap(obj), name
+        raise TypeError(f"{what} ({type(obj).__name__}) has __cuda_array_interface__, but wrapping it needs CuPy or PyTorch")
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        dev_type = int(obj.__dlpack_device__()[0])
+        if dev_type not in _DLPACK_CUDA:
+            raise TypeError(f"{what} ({type(obj).__name__}) lives on DLPack device type {dev_type}, not CUDA; {_HOST_HINT}")
+        for name in ("torch", "cupy"):
+            if _import(name) is not None:
+                fw = _framework(name)
+                return fw.from_dlpack(obj), name
+        raise TypeError(f"{what} ({type(obj).__name__}) is a DLPack CUDA array, but importing it needs PyTorch or CuPy")
+    raise TypeError(f"{what} ({type(obj).__name__}) is not a CUDA array; {_HOST_HINT}")
+
+
+def describe(obj: Any, framework: str) -> tuple[str, tuple[int, ...], int]:
+    """(kiln dtype, shape, device index) of an array :func:`as_cuda_array` returned."""
+    fw = _framework(framework)
+    return fw.dtype(obj), fw.shape(obj), fw.device(obj)
+
+
+def default_framework() -> str:
+    """The framework outputs come from when a call has no array inputs: PyTorch when this
+    process uses it, else CuPy, else whichever is installed."""
+    for name in ("torch", "cupy"):
+        if _loaded(name) is not None:
+            return name
+    for name in ("torch", "cupy"):
+        if _import(name) is not None:
+            return name
+    raise KilnError("running a CUDA graph without array inputs needs PyTorch or CuPy to allocate its outputs")
+
+
+def run_compiled(compiled: Any, arrays: Sequence[Any], out: Optional[Sequence[Any]] = None) -> Any:
+    """Runs a CUDA-compiled graph on CUDA arrays; what ``Compiled.__call__`` does for CUDA.
+
+    ``arrays``: the inputs in graph order (see :func:`as_cuda_array` for what is accepted), on
+    one device, with the graph's dtypes and shapes (TypeError/ValueError otherwise). An input
+    that is not C-contiguous is copied first, unless the graph declared its strides, in which
+    case it must have exactly those; one that is not 16-byte aligned is copied too.
+
+    Outputs (unless ``out`` gives contiguous arrays of the right dtypes and shapes on that
+    device) and the workspace are allocated by the inputs' framework: ``torch.empty`` when any
+    input is a PyTorch tensor (CuPy inputs are then viewed as tensors), else ``cupy.empty``.
+    The kernels run on that framework's current stream for the device, asynchronously, like
+    its own operations. Returns the output array for a one-output graph, else a tuple.
+    """
+    handle = compiled.handle[:12]
+    specs = compiled.inputs
+    if len(arrays) != len(specs):
+        raise TypeError(f"{handle} takes {len(specs)} inputs, got {len(arrays)}")
+    adapted: list[Any] = []
+    kinds: list[str] = []
+    for spec, a in zip(specs, arrays):
+        obj, kind = as_cuda_array(a, f"input {spec.name!r} of {handle} (compiled for {compiled.target})")
+        adapted.append(obj)
+        kinds.append(kind)
+    name = "torch" if "torch" in kinds else "cupy" if kinds else default_framework()
+    fw = _framework(name)
+    # A CuPy array next to PyTorch tensors is viewed as a tensor (no copy).
+    adapted = [a if k == name else fw.wrap(a) for a, k in zip(adapted, kinds)]
+    devices = {fw.device(a) for a in adapted}
+    if len(devices) > 1:
+        raise ValueError(f"{handle}: inputs on several devices {sorted(devices)}; kiln runs a graph on one")
+    device = devices.pop() if devices else current_device()
+
+    with fw.on_device(device):
+        keep: list[Any] = []
+        ptrs: list[int] = []
+        for spec, a in zip(specs, adapted):
+            dtype = fw.dtype(a)
+            if dtype != spec.dtype:
+                raise TypeError(f"input {spec.name!r}: dtype {dtype}, expected {spec.dtype}")
+            if fw.shape(a) != tuple(spec.shape):
+                raise ValueError(f"input {spec.name!r}: shape {fw.shape(a)}, expected {tuple(spec.shape)}")
+            if spec.strides:
+                if fw.strides(a) != tuple(spec.strides):
+                    raise ValueError(f"input {spec.name!r}: strides {fw.strides(a)} (elements), the graph declared {tuple(spec.strides)}")
+            elif not fw.is_contiguous(a):
+                a = fw.contiguous_copy(a)
+            if fw.ptr(a) % ALIGNMENT and not spec.strides:
+                # A view at an odd offset: kiln's vector loads need 16-byte alignment.
+                a = fw.contiguous_copy(a)
+            elif fw.ptr(a) % ALIGNMENT:
+                raise ValueError(f"input {spec.name!r}: a strided view at address {fw.ptr(a):#x}, "
+                                 f"not {ALIGNMENT}-byte aligned as kiln's kernels need")
+            keep.append(a)
+            ptrs.append(fw.ptr(a))
+        results: list[Any] = []
+        for i, spec in enumerate(compiled.outputs):
+            if out is not None:
+                o = out[i]
+                if (not fw.owns(o) or fw.dtype(o) != spec.dtype or fw.shape(o) != tuple(spec.shape)
+                        or not fw.is_contiguous(o) or fw.device(o) != device or fw.ptr(o) % ALIGNMENT):
+                    raise ValueError(f"out[{i}] must be a contiguous, {ALIGNMENT}-byte aligned {name} array of "
+                                     f"{spec.dtype} {tuple(spec.shape)} on device {device}")
+            else:
+                o = fw.empty(spec.shape, spec.dtype, device)
+            results.append(o)
+            ptrs.append(fw.ptr(o))
+        ws_bytes = int(compiled.plan.workspace_bytes)
+        ws = fw.empty_bytes(ws_bytes, device) if ws_bytes > 0 else None
+        kernel = load_kernel(compiled, device)
+        kernel.launch(ptrs, fw.ptr(ws) if ws is not None else None, fw.stream(device))
+        # The input copies and the workspace go back to the allocator here. Both PyTorch's
+        # and CuPy's are stream-ordered: the memory is reused only by work queued after these
+        # kernels on this stream.
+        del keep, ws
+    return results[0] if len(results) == 1 else tuple(results)
+
+
+__all__ = [
+    "ALIGNMENT",
+    "CudaKernel",
+    "Driver",
+    "as_cuda_array",
+    "cuda_available",
+    "current_device",
+    "current_device_sm",
+    "default_framework",
+    "describe",
+    "device_sm",
+    "load_kernel",
+    "loaded_kernel_count",
+    "run_compiled",
+]
