@@ -5,13 +5,12 @@
 
 namespace kiln::codegen {
 
-LaunchPlan MakePlan(const schedule::Program& p, uint32_t abi_version) {
-  LaunchPlan plan;
-  plan.abi_version = abi_version;
-  plan.workspace_bytes = p.workspace_bytes;
-  std::vector<int> plan_index(p.buffers.size(), -1);
-  for (size_t b = 0; b < p.buffers.size(); ++b) {
-    const schedule::Buffer& buf = p.buffers[b];
+std::vector<PlanBuffer> MakePlanBuffers(const std::vector<schedule::Buffer>& buffers,
+                                        std::vector<int>* plan_index) {
+  std::vector<PlanBuffer> out;
+  plan_index->assign(buffers.size(), -1);
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    const schedule::Buffer& buf = buffers[b];
     if (buf.role == schedule::Buffer::Role::kConst) continue;
     PlanBuffer pb;
     pb.role = buf.role == schedule::Buffer::Role::kInput    ? BufferRole::kInput
@@ -22,9 +21,18 @@ LaunchPlan MakePlan(const schedule::Program& p, uint32_t abi_version) {
     pb.shape = buf.shape;
     pb.bytes = buf.bytes;
     pb.offset = buf.offset;
-    plan_index[b] = static_cast<int>(plan.buffers.size());
-    plan.buffers.push_back(std::move(pb));
+    (*plan_index)[b] = static_cast<int>(out.size());
+    out.push_back(std::move(pb));
   }
+  return out;
+}
+
+LaunchPlan MakePlan(const schedule::Program& p, uint32_t abi_version) {
+  LaunchPlan plan;
+  plan.abi_version = abi_version;
+  plan.workspace_bytes = p.workspace_bytes;
+  std::vector<int> plan_index;
+  plan.buffers = MakePlanBuffers(p.buffers, &plan_index);
   for (const schedule::Kernel& k : p.kernels) {
     PlanStep step;
     step.kernel = k.name;

@@ -12,4 +12,9 @@ namespace kiln::codegen {
 // CPU steps carry no grid; backends that launch kernels fill grid and block themselves.
 LaunchPlan MakePlan(const schedule::Program& program, uint32_t abi_version);
 
+// The plan's buffers alone (everything but constants), for backends that build their own
+// steps. `plan_index[b]` becomes the plan position of program buffer b, or -1.
+std::vector<PlanBuffer> MakePlanBuffers(const std::vector<schedule::Buffer>& buffers,
+                                        std::vector<int>* plan_index);
+
 }  // namespace kiln::codegen

@@ -1,10 +1,13 @@
-"""kiln.Client: compile graphs on a kilnd daemon, fetch the artifacts, run them on NumPy arrays.
+"""kiln.Client: compile graphs on a kilnd daemon, fetch the artifacts, run them locally.
 
 Example::
 
     client = kiln.Client()                      # $KILN_SERVER or localhost:50051
     compiled = client.compile(graph, target="cpu")
     (out,) = compiled(x, y)                     # or a single array for a one-output graph
+
+A CPU result runs on NumPy arrays; a CUDA result (``target="cuda:sm_90"``) on CUDA arrays
+(PyTorch tensors, CuPy arrays), through :mod:`kiln.cuda`.
 
 Calls retry on UNAVAILABLE with exponential backoff until their deadline. Artifacts are kept in
 a local content-addressed folder (see :mod:`kiln.cache`) and verified before use; a shared
@@ -403,12 +406,13 @@ class TensorSpec:
 
 
 class Compiled:
-    """A compiled graph: its handle, the daemon's result, and (CPU) a callable kernel.
+    """A compiled graph: its handle, the daemon's result, and a callable kernel.
 
     ``handle``: the action key (hex). ``cache_hit``: whether the daemon answered from its cache.
     ``result``: the kiln.v1.ActionResult; ``plan`` its launch plan; ``stats`` its compile stats;
     ``target``: the :class:`kiln.Target`. ``inputs``/``outputs``: :class:`TensorSpec` lists.
-    Calling it runs the kernel on NumPy arrays (CPU targets only).
+    Calling it runs the kernel: on NumPy arrays for a CPU target, on CUDA arrays (PyTorch
+    tensors, CuPy arrays...) for a CUDA target.
     """
 
     def __init__(self, client: Client, response: Any, graph: Any = None) -> None:
@@ -481,14 +485,32 @@ class Compiled:
         """The daemon's fusion report: kernels, their nodes, and why pairs were not fused."""
         return self._get_source().fusion_report
 
+    @property
+    def is_cuda(self) -> bool:
+        """Whether this result runs on CUDA devices (its target, else its artifacts, say so)."""
+        if self.target is not None:
+            return self.target.is_cuda
+        return self.artifact(service_pb2.CUBIN) is not None or self.artifact(service_pb2.PTX) is not None
+
+    def load_cuda(self, device: Any = None) -> Any:
+        """The :class:`kiln.cuda.CudaKernel` of a CUDA result on ``device`` (an index, a
+        ``torch.device``, or None for the current device): fetched and loaded once per process
+        per device. Needs the CUDA driver."""
+        if not self.is_cuda:
+            raise KilnError(f"{self.handle[:12]} was compiled for {self.target}, not a CUDA target")
+        from . import cuda
+
+        return cuda.load_kernel(self, device)
+
     def load(self) -> CpuKernel:
-        """Fetches (once, verified) and opens (once per process) the CPU shared object."""
+        """Fetches (once, verified) and opens (once per process) the CPU shared object; for a
+        CUDA result see :meth:`load_cuda`."""
         if self._kernel is not None:
             return self._kernel
         with self._kernel_lock:
             if self._kernel is None:
-                if self.target is not None and not self.target.is_cpu:
-                    raise KilnError(f"{self.handle[:12]} was compiled for {self.target}; only CPU artifacts run from Python so far")
+                if self.is_cuda:
+                    raise KilnError(f"{self.handle[:12]} was compiled for {self.target}: load it with load_cuda()")
                 if self.target is not None and not _host_runs(self.target):
                     raise KilnError(f"{self.handle[:12]} was compiled for {self.target}, which this CPU ({host_isa()}) cannot run")
                 art = self.artifact(service_pb2.SHARED_OBJECT)
@@ -498,16 +520,24 @@ class Compiled:
                 self._kernel = load_cpu_kernel(path, art.digest, int(self.plan.abi_version or 1))
         return self._kernel
 
-    def __call__(self, *arrays: Any, num_threads: Optional[int] = None, out: Optional[Sequence[np.ndarray]] = None) -> Any:
+    def __call__(self, *arrays: Any, num_threads: Optional[int] = None, out: Optional[Sequence[Any]] = None) -> Any:
         """Runs the kernel: inputs in graph order; returns the outputs (a tuple, or the array
         itself for a one-output graph), freshly allocated unless ``out`` gives C-contiguous
         arrays of the right dtypes and shapes.
 
         Inputs must have the graph's dtypes and shapes (TypeError/ValueError otherwise);
         non-contiguous arrays are copied unless the graph declared their strides, in which case
-        they must have exactly those strides. ``num_threads`` defaults to
-        ``$KILN_NUM_THREADS`` or the CPUs this process may use.
+        they must have exactly those strides.
+
+        CPU targets take NumPy arrays; ``num_threads`` defaults to ``$KILN_NUM_THREADS`` or the
+        CPUs this process may use. CUDA targets take CUDA arrays and return arrays of the same
+        kind, computed asynchronously on that framework's current stream (see
+        :func:`kiln.cuda.run_compiled`); host arrays raise TypeError there.
         """
+        if self.is_cuda:
+            from . import cuda
+
+            return cuda.run_compiled(self, arrays, out=out)
         kernel = self.load()
         if len(arrays) != len(self.inputs):
             raise TypeError(f"{self.handle[:12]} takes {len(self.inputs)} inputs, got {len(arrays)}")

@@ -15,12 +15,29 @@ arrays are walked. Each signature is traced and compiled once per process (the d
 makes a compile in a new process a lookup); after that a call validates its inputs and runs the
 kernel. Outputs come back with the structure the function returned (a tensor, or tuples, lists
 and dicts of them); 0-d results are NumPy scalars, as NumPy's reductions give.
+
+On GPUs::
+
+    @kiln.jit(target="cuda")       # or "cuda:sm_90"
+    def kmeans(X, means): ...
+
+    labels = kmeans(X_gpu, means_gpu)    # torch CUDA tensors in, a torch tensor out
+
+The function is traced the same way (still as NumPy code: shapes and dtypes come from the
+arguments), compiled to a cubin, and run through the CUDA driver on the arguments' device. The
+array arguments are CUDA arrays: PyTorch tensors, CuPy arrays, or anything with
+``__cuda_array_interface__`` or a CUDA ``__dlpack__`` (see :func:`kiln.cuda.as_cuda_array`);
+NumPy arrays raise TypeError, and NumPy scalars are constants. Outputs are arrays of the
+inputs' kind (0-d ones stay 0-d device arrays), computed asynchronously on that framework's
+current stream. A plain ``"cuda"`` target compiles for the sm of the device the arguments live
+on.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 from typing import Any, Callable, Optional, Union
 
@@ -58,23 +75,74 @@ class _Leaf:
         self.index = index
 
 
-def _flatten_args(obj: Any, path: str, arrays: list[np.ndarray], names: list[str]) -> Any:
+# How array arguments are taken: NumPy arrays (a CPU target); CUDA arrays (a CUDA target's
+# call); CUDA arrays or NumPy arrays standing for them (a CUDA target's trace or compile only).
+_HOST, _DEVICE, _EXAMPLE = "host", "device", "example"
+
+
+class _Args:
+    """The array arguments of one call, in graph input order."""
+
+    __slots__ = ("arrays", "names", "types", "devices")
+
+    def __init__(self) -> None:
+        self.arrays: list[Any] = []
+        self.names: list[str] = []
+        self.types: list[tuple[str, tuple[int, ...]]] = []  # (kiln dtype, shape)
+        self.devices: list[int] = []  # the device of each CUDA array (none for host examples)
+
+    def add(self, arr: Any, path: str, dtype: str, shape: tuple[int, ...]) -> int:
+        self.arrays.append(arr)
+        self.names.append(path)
+        self.types.append((dtype, shape))
+        return len(self.arrays) - 1
+
+
+def _is_device_array(obj: Any) -> bool:
+    """Whether ``obj`` looks like an array of PyTorch, CuPy or another GPU framework (checked
+    without importing any of them: a process that made such an array has imported it)."""
+    for name, cls in (("torch", "Tensor"), ("cupy", "ndarray")):
+        mod = sys.modules.get(name)
+        if mod is not None and isinstance(obj, getattr(mod, cls)):
+            return True
+    return hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack__")
+
+
+def _flatten_args(obj: Any, path: str, args: _Args, mode: str) -> Any:
     """Returns a hashable description of ``obj`` with arrays replaced by their input index.
 
-    Appends the arrays (and their input names) in order. Raises TypeError for an argument that
-    is neither an array nor a hashable constant.
+    Appends the arrays (and their input names and types) to ``args`` in order. Raises TypeError
+    for an argument that is neither an array nor a hashable constant, and for an array of the
+    wrong kind for ``mode`` (host memory for a CUDA call, device memory for a CPU target).
     """
-    if isinstance(obj, (np.ndarray, np.generic)):
+    if isinstance(obj, np.ndarray) or (mode == _HOST and isinstance(obj, np.generic)):
         arr = np.asarray(obj)
-        dt.dtype_name(arr.dtype)  # rejects dtypes kiln lacks, naming them
-        arrays.append(arr)
-        names.append(path)
-        return ("A", len(arrays) - 1, arr.shape, arr.dtype.str)
+        name = dt.dtype_name(arr.dtype)  # rejects dtypes kiln lacks, naming them
+        if mode == _HOST:
+            return ("A", args.add(arr, path, arr.dtype, arr.shape), arr.shape, arr.dtype.str)
+        if mode == _DEVICE:
+            raise TypeError(f"kiln.jit: argument {path} is a NumPy array in host memory, but the function is "
+                            "compiled for CUDA: pass a CUDA array (a PyTorch CUDA tensor, a CuPy array, or an "
+                            "object with __cuda_array_interface__ or a CUDA __dlpack__), e.g. "
+                            "torch.as_tensor(x, device='cuda') or cupy.asarray(x)")
+        return ("A", args.add(arr, path, name, arr.shape), arr.shape, name)
+    if not isinstance(obj, (np.generic, list, tuple, dict)) and _is_device_array(obj):
+        if mode == _HOST:
+            raise TypeError(f"kiln.jit: argument {path} is a {type(obj).__module__}.{type(obj).__name__}, but the "
+                            "function is compiled for a CPU target, which takes NumPy arrays; use "
+                            "kiln.jit(target='cuda') for CUDA arrays")
+        from .cuda import as_cuda_array, describe
+
+        # A CPU tensor or another host array raises TypeError here, saying what to pass.
+        arr, framework = as_cuda_array(obj, f"kiln.jit: argument {path}")
+        dtype, shape, device = describe(arr, framework)
+        args.devices.append(device)
+        return ("A", args.add(arr, path, dtype, shape), shape, dtype)
     if isinstance(obj, (list, tuple)):
         kind = "L" if isinstance(obj, list) else "T"
-        return (kind, tuple(_flatten_args(x, f"{path}[{i}]", arrays, names) for i, x in enumerate(obj)))
+        return (kind, tuple(_flatten_args(x, f"{path}[{i}]", args, mode) for i, x in enumerate(obj)))
     if isinstance(obj, dict):
-        return ("D", tuple((k, _flatten_args(v, f"{path}.{k}", arrays, names)) for k, v in obj.items()))
+        return ("D", tuple((k, _flatten_args(v, f"{path}.{k}", args, mode)) for k, v in obj.items()))
     try:
         hash(obj)
     except TypeError:
@@ -119,11 +187,13 @@ def _flatten_result(obj: Any, trace: Trace, outputs: list[Any]) -> Any:
     return ("C", obj)
 
 
-def _scalarize(a: np.ndarray) -> Any:
-    return a[()] if a.ndim == 0 else a
+def _scalarize(a: Any) -> Any:
+    # NumPy's 0-d results are scalars; device arrays stay arrays (reading one would wait for
+    # the GPU).
+    return a[()] if isinstance(a, np.ndarray) and a.ndim == 0 else a
 
 
-def _rebuild_result(desc: Any, outs: tuple[np.ndarray, ...], inputs: list[np.ndarray]) -> Any:
+def _rebuild_result(desc: Any, outs: tuple[Any, ...], inputs: list[Any]) -> Any:
     kind = desc[0]
     if kind == "O":
         return _scalarize(outs[desc[1]])
@@ -164,8 +234,8 @@ class _Entry:
         self.traced = traced
         self.compiled = compiled
 
-    def run(self, arrays: list[np.ndarray], num_threads: Optional[int]) -> Any:
-        outs: tuple[np.ndarray, ...] = ()
+    def run(self, arrays: list[Any], num_threads: Optional[int]) -> Any:
+        outs: tuple[Any, ...] = ()
         if self.compiled is not None:
             r = self.compiled(*arrays, num_threads=num_threads)
             outs = r if isinstance(r, tuple) else (r,)
@@ -179,11 +249,18 @@ class JitFunction:
     members: :meth:`trace` (the graph, without compiling), :meth:`compiled_for` (the
     :class:`kiln.Compiled` of a signature), ``signatures`` (how many are cached) and
     ``compile_count`` (how many compiles this object asked for). Thread-safe.
+
+    ``target``: a :class:`kiln.Target`, or the string ``"cuda"`` for "the sm of the device
+    the arguments are on" (resolved at each new signature). ``is_cuda`` says which kind of
+    arrays calls take.
     """
 
     def __init__(self, fn: Callable[..., Any], target: Union[str, Target], client: Any = None, options: Any = None, num_threads: Optional[int] = None) -> None:
         self.fn = fn
-        self.target = target
+        self.target: Union[Target, str] = _parse_target(target)
+        # A plain "cuda" target: the sm is part of each signature's key.
+        self._per_device = self.target == "cuda"
+        self.is_cuda = self._per_device or (isinstance(self.target, Target) and self.target.is_cuda)
         self.options = options
         self.num_threads = num_threads
         self._client = client
@@ -206,9 +283,8 @@ class JitFunction:
         """How many input signatures have been compiled."""
         return len(self._cache)
 
-    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, list[np.ndarray], list[str]]:
-        arrays: list[np.ndarray] = []
-        names: list[str] = []
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any], mode: str) -> tuple[Any, _Args]:
+        found = _Args()
         descs: list[Any] = []
         if self._signature is not None:
             bound = self._signature.bind(*args, **kwargs)
@@ -217,17 +293,17 @@ class JitFunction:
             for name, value in items:
                 p = params[name]
                 if p.kind is inspect.Parameter.VAR_POSITIONAL:
-                    descs.append((name, "*", _flatten_args(tuple(value), name, arrays, names)))
+                    descs.append((name, "*", _flatten_args(tuple(value), name, found, mode)))
                 elif p.kind is inspect.Parameter.VAR_KEYWORD:
-                    descs.append((name, "**", _flatten_args(dict(value), name, arrays, names)))
+                    descs.append((name, "**", _flatten_args(dict(value), name, found, mode)))
                 else:
-                    descs.append((name, "", _flatten_args(value, name, arrays, names)))
+                    descs.append((name, "", _flatten_args(value, name, found, mode)))
         else:
             for i, value in enumerate(args):
-                descs.append((f"arg{i}", "", _flatten_args(value, f"arg{i}", arrays, names)))
+                descs.append((f"arg{i}", "", _flatten_args(value, f"arg{i}", found, mode)))
             for k, value in kwargs.items():
-                descs.append((k, "=", _flatten_args(value, k, arrays, names)))
-        return tuple(descs), arrays, names
+                descs.append((k, "=", _flatten_args(value, k, found, mode)))
+        return tuple(descs), found
 
     def _call_with(self, desc: Any, leaves: list[Any]) -> Any:
         args: list[Any] = []
@@ -253,44 +329,59 @@ class JitFunction:
                 kwargs[name] = value
         return self.fn(*args, **kwargs)
 
-    def _trace(self, desc: Any, arrays: list[np.ndarray], names: list[str]) -> Traced:
+    def _trace(self, desc: Any, found: _Args) -> Traced:
         trace = Trace()
-        leaves = [trace.input(n, a.dtype, a.shape) for n, a in zip(names, arrays)]
+        leaves = [trace.input(n, dtype, shape) for n, (dtype, shape) in zip(found.names, found.types)]
         result = self._call_with(desc, leaves)
         outputs: list[Any] = []
         rdesc = _flatten_result(result, trace, outputs)
         graph = trace.b.build(outputs) if outputs else None
-        return Traced(graph, names, [(v.dtype, v.shape) for v in outputs], rdesc)
+        return Traced(graph, list(found.names), [(v.dtype, v.shape) for v in outputs], rdesc)
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
-        """Traces the function for these arguments without compiling; see :class:`Traced`."""
-        desc, arrays, names = self._bind(args, kwargs)
-        return self._trace(desc, arrays, names)
+        """Traces the function for these arguments without compiling; see :class:`Traced`.
 
-    def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, list[np.ndarray]]:
-        desc, arrays, names = self._bind(args, kwargs)
-        entry = self._cache.get(desc)
+        For a CUDA target, NumPy arrays may stand for CUDA arrays of their shape and dtype."""
+        desc, found = self._bind(args, kwargs, _EXAMPLE if self.is_cuda else _HOST)
+        return self._trace(desc, found)
+
+    def _target_for(self, found: _Args) -> Target:
+        """The target of this call: a plain ``"cuda"`` is the sm of the arguments' device (or
+        of the current device when no argument is on one)."""
+        if isinstance(self.target, Target):
+            return self.target
+        from . import cuda
+
+        device = found.devices[0] if found.devices else cuda.current_device()
+        return Target.cuda(cuda.device_sm(device))
+
+    def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any], mode: str) -> tuple[_Entry, list[Any]]:
+        desc, found = self._bind(args, kwargs, mode)
+        target = self._target_for(found)
+        key = (desc, target) if self._per_device else desc
+        entry = self._cache.get(key)
         if entry is None:
             with self._lock:
-                entry = self._cache.get(desc)
+                entry = self._cache.get(key)
                 if entry is None:
-                    traced = self._trace(desc, arrays, names)
+                    traced = self._trace(desc, found)
                     compiled = None
                     if traced.graph is not None:
-                        compiled = self.client.compile(traced.graph, self.target, self.options)
+                        compiled = self.client.compile(traced.graph, target, self.options)
                         self.compile_count += 1
                         _check_plan(compiled, traced)
                     entry = _Entry(traced, compiled)
-                    self._cache[desc] = entry
-        return entry, arrays
+                    self._cache[key] = entry
+        return entry, found.arrays
 
     def compiled_for(self, *args: Any, **kwargs: Any) -> Any:
         """The :class:`kiln.Compiled` for these arguments' signature (compiling if needed);
-        None when the function computes nothing."""
-        return self._entry(args, kwargs)[0].compiled
+        None when the function computes nothing. For a CUDA target, NumPy arrays may stand
+        for CUDA arrays of their shape and dtype (nothing runs)."""
+        return self._entry(args, kwargs, _EXAMPLE if self.is_cuda else _HOST)[0].compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        entry, arrays = self._entry(args, kwargs)
+        entry, arrays = self._entry(args, kwargs, _DEVICE if self.is_cuda else _HOST)
         return entry.run(arrays, self.num_threads)
 
     def __repr__(self) -> str:
@@ -306,21 +397,30 @@ def _check_plan(compiled: Any, traced: Traced) -> None:
         raise KilnError(f"the daemon's launch plan for {compiled.handle[:12]} gives outputs {got}, the trace expected {want}")
 
 
+def _parse_target(target: Union[str, Target, Any]) -> Union[Target, str]:
+    """A :class:`Target`, or ``"cuda"`` for a CUDA target whose sm comes from the device at
+    call time (so that declaring a function needs no GPU). ValueError for a bad target."""
+    if isinstance(target, str) and target.strip() == "cuda":
+        return "cuda"
+    return Target.parse(target)
+
+
 def jit(fn: Optional[Callable[..., Any]] = None, *, target: Union[str, Target] = "cpu", client: Any = None,
         options: Any = None, num_threads: Optional[int] = None) -> Any:
     """Compiles a NumPy function with kiln; use as ``@kiln.jit`` or ``@kiln.jit(target=...)``.
 
-    ``target``: a CPU target (``"cpu"``, the default, is this machine's best ISA level).
+    ``target``: a CPU target (``"cpu"``, the default, is this machine's best ISA level) or a
+    CUDA one: ``"cuda:sm_90"``, or ``"cuda"`` for the compute capability of the device the
+    arguments are on. A CUDA-targeted function takes CUDA arrays (PyTorch tensors, CuPy
+    arrays...) and returns arrays of the same kind; see the module's documentation.
     ``client``: the :class:`kiln.Client` to compile with (default: a shared one for
     ``$KILN_SERVER``). ``options``: compile options (see :meth:`kiln.Client.compile`).
-    ``num_threads``: threads the kernel may use (default: all this process may use).
+    ``num_threads``: threads a CPU kernel may use (default: all this process may use).
 
-    Raises :class:`kiln.UnsupportedError` at the first call if the function does something kiln
-    cannot express, naming the NumPy function. CUDA targets are not implemented yet.
+    Raises ValueError at once for a bad target, and :class:`kiln.UnsupportedError` at the first
+    call if the function does something kiln cannot express, naming the NumPy function.
     """
-    t = Target.parse(target) if not (isinstance(target, str) and target.startswith("cuda")) else None
-    if t is None or t.is_cuda:
-        raise NotImplementedError("kiln.jit(target='cuda') is not implemented yet; use a CPU target")
+    t = _parse_target(target)
 
     def wrap(f: Callable[..., Any]) -> JitFunction:
         return JitFunction(f, t, client=client, options=options, num_threads=num_threads)

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/c_expr.h"
+#include "kernels/codegen/plan.h"
 #include "kernels/codegen/cuda/cuda_kernel.h"
 
 namespace kiln::codegen {
@@ -87,21 +88,7 @@ absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Ta
   out.plan.abi_version = kCudaAbiVersion;
   out.plan.workspace_bytes = unit.workspace_bytes;
   std::vector<int> plan_index(unit.buffers.size(), -1);
-  for (size_t b = 0; b < unit.buffers.size(); ++b) {
-    const Buffer& buf = unit.buffers[b];
-    if (buf.role == Buffer::Role::kConst) continue;
-    PlanBuffer pb;
-    pb.role = buf.role == Buffer::Role::kInput    ? BufferRole::kInput
-              : buf.role == Buffer::Role::kOutput ? BufferRole::kOutput
-                                                  : BufferRole::kTemp;
-    pb.index = buf.index;
-    pb.dtype = buf.dtype;
-    pb.shape = buf.shape;
-    pb.bytes = buf.bytes;
-    pb.offset = buf.offset;
-    plan_index[b] = static_cast<int>(out.plan.buffers.size());
-    out.plan.buffers.push_back(std::move(pb));
-  }
+  out.plan.buffers = MakePlanBuffers(unit.buffers, &plan_index);
   std::string kernels;
   for (const cuda::KernelFunction& f : fns) {
     if (f.grid == 0 || f.grid > 0x7fffffffu)
