@@ -179,8 +179,3 @@ def test_returning_only_inputs_or_constants_needs_no_graph():
     t = kiln.jit(lambda a: (a, 3)).trace(x)
     assert t.graph is None
     assert _rebuild_result(t.result_desc, (), [x])[1] == 3
-
-
-def test_cuda_jit_is_not_implemented_yet():
-    with pytest.raises(NotImplementedError):
-        kiln.jit(kmeans, target="cuda")

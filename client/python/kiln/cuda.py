@@ -31,7 +31,7 @@ import ctypes
 import importlib
 import sys
 import threading
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -360,7 +360,7 @@ class CudaKernel:
         stream-ordered allocator such as PyTorch's or CuPy's, allocated on ``stream``) until
         the kernels are done.
         """
-        if len(ptrs) != self.num_pointers:
+        if len(ptrs) < self.num_pointers:
             raise KilnError(f"{self.handle[:12]} takes {self.num_pointers} buffer pointers, got {len(ptrs)}")
         drv = self._drv
         ws = workspace or 0
@@ -621,7 +621,7 @@ def run_compiled(compiled: Any, arrays: Sequence[Any], out: Optional[Sequence[An
         obj, kind = as_cuda_array(a, f"input {spec.name!r} of {handle} (compiled for {compiled.target})")
         adapted.append(obj)
         kinds.append(kind)
-    name = "torch" if "torch" in kinds else "cupy" if kinds else default_framework()
+    name = "torch" if "torch" in kinds else kinds[0] if kinds else default_framework()
     fw = _framework(name)
     # A CuPy array next to PyTorch tensors is viewed as a tensor (no copy).
     adapted = [a if k == name else fw.wrap(a) for a, k in zip(adapted, kinds)]

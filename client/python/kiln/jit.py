@@ -119,7 +119,7 @@ def _flatten_args(obj: Any, path: str, args: _Args, mode: str) -> Any:
         arr = np.asarray(obj)
         name = dt.dtype_name(arr.dtype)  # rejects dtypes kiln lacks, naming them
         if mode == _HOST:
-            return ("A", args.add(arr, path, arr.dtype, arr.shape), arr.shape, arr.dtype.str)
+            return ("A", args.add(arr, path, name, arr.shape), arr.shape, arr.dtype.str)
         if mode == _DEVICE:
             raise TypeError(f"kiln.jit: argument {path} is a NumPy array in host memory, but the function is "
                             "compiled for CUDA: pass a CUDA array (a PyTorch CUDA tensor, a CuPy array, or an "
