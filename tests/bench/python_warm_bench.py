@@ -26,9 +26,7 @@ import argparse
 import importlib.util
 import json
 import os
-import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -36,7 +34,6 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET_MS = 100.0
@@ -73,32 +70,6 @@ CHILD = textwrap.dedent(
 )
 
 
-def find_kilnd(explicit: Optional[str]) -> Optional[Path]:
-    for cand in (explicit, os.environ.get("KILND"),
-                 os.environ.get("KILN_BINARY_DIR") and str(Path(os.environ["KILN_BINARY_DIR"]) / "server" / "kilnd"),
-                 str(REPO / "build" / "server" / "kilnd")):
-        if cand and Path(cand).is_file():
-            return Path(cand)
-    return None
-
-
-def start_kilnd(binary: Path, workdir: Path) -> tuple[subprocess.Popen, str]:
-    log_path = workdir / "kilnd.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(binary), "--listen", "127.0.0.1:0", "--cache-dir", str(workdir / "cache")],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        m = re.search(r"kilnd listening on (\S+:\d+)", log_path.read_text(errors="replace"))
-        if m:
-            return proc, m.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    sys.exit(f"kilnd did not start:\n{log_path.read_text(errors='replace')}")
-
-
 def run_child(env: dict[str, str], n: int, k: int, verify: bool) -> dict:
     p = subprocess.run([sys.executable, "-c", CHILD, str(n), str(k), "1" if verify else "0"],
                        env=env, capture_output=True, text=True, timeout=600)
@@ -118,14 +89,18 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help=f"exit 1 when the median first call exceeds {TARGET_MS:.0f} ms")
     args = ap.parse_args()
 
+    sys.path.insert(0, str(REPO / "client" / "python"))
+    import kiln.local
+
     tmp = Path(tempfile.mkdtemp(prefix="kiln-bench-"))
-    proc = None
+    daemon = None
     address = args.server
     if not address:
-        binary = find_kilnd(args.kilnd)
+        binary = kiln.local.find_kilnd(args.kilnd)
         if binary is None:
             sys.exit("no kilnd: pass --server or --kilnd, or build build/server/kilnd")
-        proc, address = start_kilnd(binary, tmp)
+        daemon = kiln.local.LocalDaemon(binary, tmp)
+        address = daemon.address
     env = dict(os.environ, KILN_SERVER=address, KILN_CACHE_DIR=str(tmp / "local-0"))
     env.pop("KILN_RECORD_DIR", None)
     if importlib.util.find_spec("kiln") is None:  # not installed: use the source tree
@@ -149,12 +124,8 @@ def main() -> int:
               f"{med:.1f} ms (target <= {TARGET_MS:.0f} ms): {verdict}")
         return 1 if args.check and med > TARGET_MS else 0
     finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        if daemon is not None:
+            daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

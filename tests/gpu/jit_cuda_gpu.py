@@ -30,10 +30,7 @@ Exit status: 0 when every check passed, 1 when one failed, 2 when the setup is m
 from __future__ import annotations
 
 import os
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -77,58 +74,6 @@ def softmax(x):
 
 
 # ---------------------------------------------------------------------------------- daemon
-
-class Kilnd:
-    """A kilnd child process on a free loopback port with its own cache folder."""
-
-    def __init__(self, binary: str, workdir: Path) -> None:
-        cache = workdir / "kilnd-cache"
-        cache.mkdir(parents=True, exist_ok=True)
-        self.log_path = workdir / "kilnd.log"
-        log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([binary, "--listen", "127.0.0.1:0", "--cache-dir", str(cache)],
-                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log.close()
-        deadline = time.monotonic() + 30
-        self.address = ""
-        while time.monotonic() < deadline:
-            m = re.search(r"kilnd listening on (\S+:\d+)", self.log_path.read_text(errors="replace"))
-            if m:
-                self.address = m.group(1)
-                break
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kilnd exited with {self.proc.returncode}:\n{self.log()}")
-            time.sleep(0.05)
-        if not self.address:
-            self.stop()
-            raise RuntimeError(f"kilnd did not print its address within 30 s:\n{self.log()}")
-        with kiln.Client(self.address) as probe:
-            while True:
-                try:
-                    if probe.health() == "SERVING":
-                        break
-                except kiln.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"kilnd never became SERVING:\n{self.log()}")
-                time.sleep(0.1)
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
 
 # ---------------------------------------------------------------------------------- frameworks
 
@@ -391,7 +336,7 @@ def main() -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kiln-jit-cuda-") as tmp:
         try:
-            daemon = Kilnd(binary, Path(tmp))
+            daemon = kiln.local.LocalDaemon(binary, Path(tmp), timeout=30)
         except RuntimeError as e:
             print(f"jit_cuda_gpu: {e}", file=sys.stderr)
             return 2

@@ -34,7 +34,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -48,48 +47,6 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 # ---------------------------------------------------------------------------------- daemon
-
-
-class Kilnd:
-    """A kilnd child process on a free loopback port with its own cache folder."""
-
-    def __init__(self, binary: str, cache_dir: Path, log_path: Path) -> None:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_path
-        log = open(log_path, "wb")
-        self.proc = subprocess.Popen([binary, "--listen", "127.0.0.1:0", "--cache-dir", str(cache_dir)],
-                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log.close()
-        deadline = time.monotonic() + 60
-        self.address = ""
-        while time.monotonic() < deadline:
-            m = re.search(r"kilnd listening on (\S+:\d+)", log_path.read_text(errors="replace"))
-            if m:
-                self.address = m.group(1)
-                break
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kilnd exited with {self.proc.returncode}:\n{log_path.read_text(errors='replace')}")
-            time.sleep(0.05)
-        if not self.address:
-            self.stop()
-            raise RuntimeError("kilnd did not print its address within 60 s")
-        import kiln
-
-        with kiln.Client(self.address) as probe:
-            while probe.health() != "SERVING":
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError("kilnd never became SERVING")
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 # ---------------------------------------------------------------------------------- workloads
@@ -421,7 +378,9 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="kiln-torch-gpu-"))
     os.environ["KILN_CACHE_DIR"] = str(work / "client-cache")
-    daemon = Kilnd(binary, work / "kilnd-cache", work / "kilnd.log")
+    import kiln.local
+
+    daemon = kiln.local.LocalDaemon(binary, work)
     os.environ["KILN_SERVER"] = daemon.address
     import kiln.torch  # noqa: F401
 
@@ -457,7 +416,7 @@ def main() -> int:
             for n in work_items:
                 env_k = dict(os.environ)
                 # Cold: a daemon with an empty cache and an empty local artifact cache.
-                cold_d = Kilnd(binary, work / f"kilnd-cold-{n}", work / f"kilnd-cold-{n}.log")
+                cold_d = kiln.local.LocalDaemon(binary, work / f"kilnd-cold-{n}")
                 try:
                     env_k.update(KILN_SERVER=cold_d.address, KILN_CACHE_DIR=str(work / f"client-cold-{n}"))
                     k_cold = time_to_first_result(n, "kiln", env_k, opts.quick)

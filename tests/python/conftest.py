@@ -13,12 +13,8 @@ never the user's.
 from __future__ import annotations
 
 import os
-import re
 import shlex
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -38,83 +34,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def find_kilnd() -> Optional[Path]:
-    """The kilnd binary to test, or None."""
-    env = os.environ.get("KILND")
-    if env:
-        return Path(env) if Path(env).is_file() else None
-    bdir = os.environ.get("KILN_BINARY_DIR")
-    if bdir and (Path(bdir) / "server" / "kilnd").is_file():
-        return Path(bdir) / "server" / "kilnd"
-    default = REPO / "build" / "server" / "kilnd"
-    return default if default.is_file() else None
+    """The kilnd binary to test, or None (kiln.local.find_kilnd's search order)."""
+    return kiln.local.find_kilnd()
 
 
-class Daemon:
-    """A running kilnd: its address, cache folder and log file."""
-
-    def __init__(self, proc: subprocess.Popen, address: str, cache_dir: Path, log_path: Path) -> None:
-        self.proc = proc
-        self.address = address
-        self.cache_dir = cache_dir
-        self.log_path = log_path
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+# A running kilnd: kiln.local.LocalDaemon (address, cache_dir, log_path, log(), stop()).
+Daemon = kiln.local.LocalDaemon
 
 
 def start_kilnd(binary: Path, workdir: Path, timeout: float = 60.0, listen: str = "127.0.0.1:0") -> Daemon:
-    """Starts kilnd listening on ``listen`` and waits until it is SERVING."""
-    cache = workdir / "kilnd-cache"
-    cache.mkdir(parents=True, exist_ok=True)
-    log_path = workdir / "kilnd.log"
-    cmd = [str(binary), "--listen", listen, "--cache-dir", str(cache)]
-    cmd += shlex.split(os.environ.get("KILND_ARGS", ""))
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    log.close()
-    deadline = time.monotonic() + timeout
-    address = None
-    pattern = re.compile(r"kilnd listening on (\S+:\d+)")
-    while time.monotonic() < deadline:
-        m = pattern.search(log_path.read_text(errors="replace"))
-        if m:
-            address = m.group(1)
-            break
-        if proc.poll() is not None:
-            raise RuntimeError(f"kilnd exited with {proc.returncode}:\n{log_path.read_text(errors='replace')}")
-        time.sleep(0.05)
-    if address is None:
-        proc.kill()
-        raise RuntimeError(f"kilnd did not print its address in {timeout} s:\n{log_path.read_text(errors='replace')}")
-
-    from kiln import Client, RpcError
-
-    with Client(address) as probe:
-        while True:
-            try:
-                if probe.health() == "SERVING":
-                    break
-            except RpcError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError(f"kilnd at {address} never became SERVING:\n{log_path.read_text(errors='replace')}")
-            time.sleep(0.1)
-    return Daemon(proc, address, cache, log_path)
+    """Starts kilnd listening on ``listen`` and waits until it is SERVING. ``$KILND_ARGS``
+    adds flags (e.g. ``--log-level debug``)."""
+    return Daemon(binary, workdir, listen=listen, args=shlex.split(os.environ.get("KILND_ARGS", "")),
+                  timeout=timeout)
 
 
 def stop_kilnd(d: Daemon) -> None:
     """SIGTERM, then SIGKILL if it has not exited after 20 s."""
-    if d.proc.poll() is None:
-        d.proc.send_signal(signal.SIGTERM)
-        try:
-            d.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            d.proc.kill()
-            d.proc.wait()
+    d.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -26,6 +26,7 @@ if _proto_pkg not in __path__:
 from .v1 import graph_pb2, service_pb2, service_pb2_grpc  # noqa: E402
 
 from . import dtypes  # noqa: E402
+from . import local  # noqa: E402
 from .builder import GraphBuilder, Value  # noqa: E402
 from .client import Client, Compiled, TensorSpec, make_options  # noqa: E402
 from .errors import (  # noqa: E402
