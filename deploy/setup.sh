@@ -6,7 +6,7 @@ set -euo pipefail
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  librocksdb-dev libabsl-dev libspdlog-dev libfmt-dev libssl-dev
+  librocksdb-dev libabsl-dev libspdlog-dev libfmt-dev libssl-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 PY_PACKAGES=(numpy grpcio "protobuf>=4.21" grpcio-tools pytest)

@@ -18,9 +18,16 @@ kiln_cc_library(kiln_server
     absl::time
     spdlog::spdlog)
 
+# The Prometheus /metrics endpoint (cpp-httplib), beside gRPC.
+kiln_cc_library(kiln_metrics
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/metrics.cc
+  DEPS kiln_proto PkgConfig::CPPHTTPLIB absl::status absl::statusor absl::strings
+    absl::str_format Threads::Threads)
+
 add_executable(kilnd ${CMAKE_CURRENT_LIST_DIR}/main.cc)
 target_link_libraries(kilnd PRIVATE
   kiln_server
+  kiln_metrics
   kiln_compile_service
   kiln_store
   ${GRPCPP_REFLECTION}

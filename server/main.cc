@@ -2,10 +2,12 @@
 //
 // Wires the concrete pieces together (this is the only file naming them): the RocksDB store,
 // the kernel compiler, the compile service and the gRPC service, plus the standard health
-// and reflection services. Prints "kilnd listening on HOST:PORT" once it serves (with
-// --listen HOST:0 the port is the one the system chose). On SIGTERM or SIGINT it turns lame
-// duck (health NOT_SERVING, new compiles refused), lets queued and running compiles finish
-// within --grace-s, stops gRPC, closes the store and exits 0; a second signal exits at once.
+// and reflection services, and with --metrics-listen a Prometheus endpoint. Prints "kilnd
+// metrics on HOST:PORT" when that endpoint is bound, then "kilnd listening on HOST:PORT" once
+// gRPC serves (with port 0 the port is the one the system chose). On SIGTERM or SIGINT it
+// turns lame duck (health NOT_SERVING, /healthz 503, new compiles refused), lets queued and
+// running compiles finish within --grace-s, stops gRPC and the metrics endpoint, closes the
+// store and exits 0; a second signal exits at once.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -37,6 +39,7 @@
 #include "grpcpp/server_builder.h"
 #include "server/compile/compile_service.h"
 #include "server/compile/compiler.h"
+#include "server/metrics.h"
 #include "server/service.h"
 #include "server/store/rocksdb_store.h"
 #include "spdlog/sinks/base_sink.h"
@@ -44,6 +47,9 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "Address to serve on, HOST:PORT; port 0 lets the system choose one.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Address of the Prometheus endpoint (GET /metrics, GET /healthz), HOST:PORT; port 0 "
+          "lets the system choose one; empty: no endpoint.");
 ABSL_FLAG(std::string, cache_dir, "./.kiln-cache", "Directory of the RocksDB cache.");
 ABSL_FLAG(std::string, cache_size, "10GiB",
           "Byte budget of the cache, e.g. 512MiB, 10GiB, 2GB or a plain byte count; 0 is "
@@ -208,6 +214,22 @@ int Run() {
       compiler->get(), store->get(), compile_options);
   auto service = std::make_unique<KilnService>(compile_service.get(), store->get());
 
+  // Bound before gRPC so a bad address fails the start with nothing else serving yet. It reads
+  // the same snapshot as GetStats, so the two never disagree on what a counter means.
+  std::unique_ptr<MetricsServer> metrics;
+  if (const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+      !metrics_listen.empty()) {
+    metrics = std::make_unique<MetricsServer>(
+        [stats = compile_service.get()] { return stats->Stats(); });
+    absl::StatusOr<int> metrics_port = metrics->Start(metrics_listen);
+    if (!metrics_port.ok()) {
+      return Fail(absl::StrCat("cannot serve metrics: ", metrics_port.status().ToString()));
+    }
+    const std::string metrics_address = BoundAddress(metrics_listen, *metrics_port);
+    spdlog::info("metrics on http://{}/metrics", metrics_address);
+    std::printf("kilnd metrics on %s\n", metrics_address.c_str());
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -246,12 +268,14 @@ int Run() {
   // and they get one more second.
   const absl::Time drain_deadline = absl::Now() + grace;
   server->GetHealthCheckService()->SetServingStatus(false);
+  if (metrics != nullptr) metrics->SetDraining();
   compile_service->StopAccepting();
   compile_service->Shutdown(drain_deadline);
   spdlog::debug("compile workers stopped");
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   server->Wait();
   spdlog::debug("gRPC server stopped");
+  metrics.reset();  // stops it, before the compile service it reads goes away
   server.reset();
   service.reset();
   compile_service.reset();

@@ -1,7 +1,8 @@
 // KilndProcess: runs the real kilnd binary as a child process for tests and benchmarks.
 //
 // Start() launches it with --listen 127.0.0.1:0 and the given cache directory, and waits for
-// the "kilnd listening on HOST:PORT" line on its stdout to learn the address. Stop() sends a
+// the "kilnd listening on HOST:PORT" line on its stdout to learn the address; what kilnd printed
+// until then (e.g. its "kilnd metrics on" line) is kept in startup_output(). Stop() sends a
 // signal and reaps the process; the destructor kills a child still running.
 // Thread-safety: not thread-safe; one owner.
 #pragma once
@@ -102,6 +103,7 @@ class KilndProcess {
       const size_t eol = at == std::string::npos ? at : buffer.find('\n', at);
       if (eol != std::string::npos) {
         address_ = buffer.substr(at + marker.size(), eol - at - marker.size());
+        startup_output_ = buffer;
         return "";
       }
     }
@@ -128,6 +130,7 @@ class KilndProcess {
   }
 
   const std::string& address() const { return address_; }
+  const std::string& startup_output() const { return startup_output_; }
   pid_t pid() const { return pid_; }
 
   std::shared_ptr<grpc::Channel> Channel() const {
@@ -139,6 +142,7 @@ class KilndProcess {
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
   std::string address_;
+  std::string startup_output_;
 };
 
 }  // namespace kiln::testing

@@ -1,0 +1,135 @@
+#include "server/metrics.h"
+
+#include <chrono>
+#include <cstdint>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "httplib.h"
+
+namespace kiln::server {
+namespace {
+
+constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+
+// Scrapes are rare (every few seconds) and tiny: two threads are plenty, and a busy scraper
+// cannot take threads the daemon needs for compiles.
+constexpr size_t kHttpThreads = 2;
+
+void AppendMetric(std::string* out, const char* name, const char* type, const char* help,
+                  const std::string& value) {
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name,
+                  " ", value, "\n");
+}
+
+void AppendCounter(std::string* out, const char* name, const char* help, int64_t value) {
+  AppendMetric(out, name, "counter", help, absl::StrCat(value));
+}
+
+void AppendGauge(std::string* out, const char* name, const char* help, int64_t value) {
+  AppendMetric(out, name, "gauge", help, absl::StrCat(value));
+}
+
+}  // namespace
+
+std::string RenderPrometheus(const v1::GetStatsResponse& s) {
+  std::string out;
+  AppendCounter(&out, "kiln_requests_total", "Compile, prewarm and lookup requests received.",
+                s.requests());
+  AppendCounter(&out, "kiln_cache_hits_total", "Requests answered from the cache.",
+                s.cache_hits());
+  AppendCounter(&out, "kiln_compiles_total", "Jobs that ran the compiler.", s.compiles());
+  AppendCounter(&out, "kiln_compile_failures_total", "Jobs whose compile failed.",
+                s.compile_failures());
+  AppendCounter(&out, "kiln_joined_in_flight_total",
+                "Requests that waited on an identical job already in flight.",
+                s.joined_in_flight());
+  AppendCounter(&out, "kiln_negative_hits_total",
+                "Requests answered from the compile failure cache.", s.negative_hits());
+  AppendCounter(&out, "kiln_rejected_total", "Requests refused because the queue was full.",
+                s.rejected());
+  AppendGauge(&out, "kiln_queue_depth", "Compile jobs waiting for a worker.", s.queue_depth());
+  AppendGauge(&out, "kiln_in_flight", "Compile jobs running now.", s.in_flight());
+  AppendGauge(&out, "kiln_workers", "Compile worker threads.", s.workers());
+  // %g-style formatting would round a long uptime to six digits; three decimals keep
+  // millisecond resolution.
+  AppendMetric(&out, "kiln_uptime_seconds", "gauge", "Seconds since kilnd started.",
+               absl::StrFormat("%.3f", s.uptime_s()));
+  const v1::StoreStats& st = s.store();
+  AppendCounter(&out, "kiln_store_hits_total", "Result lookups found in the store.", st.hits());
+  AppendCounter(&out, "kiln_store_misses_total", "Result lookups not found in the store.",
+                st.misses());
+  AppendGauge(&out, "kiln_store_bytes", "Bytes of results and artifacts held in the store.",
+              st.bytes());
+  AppendGauge(&out, "kiln_store_entries", "Results held in the store.", st.entries());
+  AppendCounter(&out, "kiln_store_evictions_total",
+                "Results evicted to stay within the byte budget.", st.evictions());
+  AppendCounter(&out, "kiln_store_corruptions_total",
+                "Store records that failed verification.", st.corruptions());
+  AppendGauge(&out, "kiln_store_capacity_bytes", "Byte budget of the store; 0 is unlimited.",
+              st.capacity_bytes());
+  return out;
+}
+
+MetricsServer::MetricsServer(StatsSnapshot snapshot) : snapshot_(std::move(snapshot)) {}
+
+MetricsServer::~MetricsServer() { Stop(); }
+
+absl::StatusOr<int> MetricsServer::Start(const std::string& address) {
+  if (http_ != nullptr) return absl::FailedPreconditionError("the metrics server is started");
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address '", address, "' is not HOST:PORT"));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+
+  auto http = std::make_unique<httplib::Server>();
+  http->new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
+  // Short keep-alive: Stop() waits for open connections, and shutdown must not stall on an
+  // idle scraper connection.
+  http->set_keep_alive_timeout(1);
+  http->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(RenderPrometheus(snapshot_()), kContentType);
+  });
+  http->Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
+    if (draining_.load(std::memory_order_relaxed)) {
+      res.status = 503;
+      res.set_content("draining", "text/plain");
+    } else {
+      res.set_content("ok", "text/plain");
+    }
+  });
+
+  int bound = port;
+  if (port == 0) {
+    bound = http->bind_to_any_port(host);
+  } else if (!http->bind_to_port(host, port)) {
+    bound = -1;
+  }
+  if (bound <= 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  http_ = std::move(http);
+  thread_ = std::thread([server = http_.get()] { server->listen_after_bind(); });
+  // stop() only takes effect once the loop runs: wait for it, or an early Stop() would hang.
+  while (!http_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return bound;
+}
+
+void MetricsServer::Stop() {
+  if (http_ == nullptr) return;
+  http_->stop();
+  if (thread_.joinable()) thread_.join();
+  http_.reset();
+}
+
+}  // namespace kiln::server
