@@ -110,15 +110,21 @@ absl::Status Client::WithRetries(
   }
 }
 
-absl::StatusOr<v1::CompileResponse> Client::Compile(const v1::CompileRequest& request,
-                                                    absl::Time deadline) {
-  v1::CompileResponse response;
-  absl::Status status = WithRetries(
-      Resolve(deadline, options_.compile_timeout), [&](grpc::ClientContext& context) {
-        return server::FromGrpcStatus(stub_->Compile(&context, request, &response));
-      });
+template <typename Request, typename Response>
+absl::StatusOr<Response> Client::CallUnary(
+    grpc::Status (v1::Kiln::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+    const Request& request, absl::Time deadline) {
+  Response response;
+  absl::Status status = WithRetries(deadline, [&](grpc::ClientContext& context) {
+    return server::FromGrpcStatus(((*stub_).*method)(&context, request, &response));
+  });
   if (!status.ok()) return status;
   return response;
+}
+
+absl::StatusOr<v1::CompileResponse> Client::Compile(const v1::CompileRequest& request,
+                                                    absl::Time deadline) {
+  return CallUnary(&v1::Kiln::Stub::Compile, request, Resolve(deadline, options_.compile_timeout));
 }
 
 absl::StatusOr<v1::CompileResponse> Client::Compile(const v1::Graph& graph,
@@ -139,27 +145,18 @@ absl::StatusOr<std::optional<v1::CompileResponse>> Client::Lookup(
   *request.mutable_graph() = graph;
   *request.mutable_target() = target;
   *request.mutable_options() = options;
-  v1::CompileResponse response;
-  absl::Status status =
-      WithRetries(Resolve(deadline, options_.timeout), [&](grpc::ClientContext& context) {
-        return server::FromGrpcStatus(stub_->Lookup(&context, request, &response));
-      });
-  if (absl::IsNotFound(status)) return std::nullopt;
-  if (!status.ok()) return status;
-  return response;
+  absl::StatusOr<v1::CompileResponse> response =
+      CallUnary(&v1::Kiln::Stub::Lookup, request, Resolve(deadline, options_.timeout));
+  if (absl::IsNotFound(response.status())) return std::nullopt;
+  if (!response.ok()) return response.status();
+  return *std::move(response);
 }
 
 absl::StatusOr<v1::CompileResponse> Client::GetResult(const std::string& handle,
                                                       absl::Time deadline) {
   v1::GetResultRequest request;
   request.set_handle(handle);
-  v1::CompileResponse response;
-  absl::Status status =
-      WithRetries(Resolve(deadline, options_.timeout), [&](grpc::ClientContext& context) {
-        return server::FromGrpcStatus(stub_->GetResult(&context, request, &response));
-      });
-  if (!status.ok()) return status;
-  return response;
+  return CallUnary(&v1::Kiln::Stub::GetResult, request, Resolve(deadline, options_.timeout));
 }
 
 absl::StatusOr<std::string> Client::FetchArtifact(const std::string& digest,
@@ -223,23 +220,11 @@ absl::StatusOr<v1::GetSourceResponse> Client::GetSource(const std::string& handl
                                                         absl::Time deadline) {
   v1::GetSourceRequest request;
   request.set_handle(handle);
-  v1::GetSourceResponse response;
-  absl::Status status =
-      WithRetries(Resolve(deadline, options_.timeout), [&](grpc::ClientContext& context) {
-        return server::FromGrpcStatus(stub_->GetSource(&context, request, &response));
-      });
-  if (!status.ok()) return status;
-  return response;
+  return CallUnary(&v1::Kiln::Stub::GetSource, request, Resolve(deadline, options_.timeout));
 }
 
 absl::StatusOr<v1::GetStatsResponse> Client::GetStats(absl::Time deadline) {
-  v1::GetStatsResponse response;
-  absl::Status status =
-      WithRetries(Resolve(deadline, options_.timeout), [&](grpc::ClientContext& context) {
-        return server::FromGrpcStatus(stub_->GetStats(&context, v1::GetStatsRequest(), &response));
-      });
-  if (!status.ok()) return status;
-  return response;
+  return CallUnary(&v1::Kiln::Stub::GetStats, v1::GetStatsRequest(), Resolve(deadline, options_.timeout));
 }
 
 absl::Status Client::Prewarm(const std::vector<v1::CompileRequest>& requests,

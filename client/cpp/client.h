@@ -124,6 +124,11 @@ class Client {
                            const std::function<absl::Status(grpc::ClientContext&)>& attempt,
                            const std::function<bool()>& may_retry = nullptr);
   absl::Time Resolve(absl::Time deadline, absl::Duration default_timeout) const;
+  // One unary RPC through WithRetries: `method` is the stub's synchronous call.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> CallUnary(
+      grpc::Status (v1::Kiln::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+      const Request& request, absl::Time deadline);
 
   // Immutable after construction.
   const std::string address_;
