@@ -326,6 +326,9 @@ class CudaKernel:
                     *[ctypes.addressof(vals) + i * ctypes.sizeof(ctypes.c_void_p) for i in range(len(refs))])
                 self._steps.append((fn, grid, block, int(s.shared_bytes), refs, vals, params))
         self._launch_lock = threading.Lock()
+        # Reused by launch() under the lock: the calling thread's current context.
+        self._cur_ctx = ctypes.c_void_p()
+        self._cur_ctx_ref = ctypes.byref(self._cur_ctx)
 
     def _load_module(self, compiled: Any, dev_sm: int) -> ctypes.c_void_p:
         """Loads the cubin; when the driver refuses it (a device of another major version),
@@ -366,13 +369,24 @@ class CudaKernel:
         ws = workspace or 0
         s = ctypes.c_void_p(stream)
         launch = drv.cuLaunchKernel
-        with self._launch_lock, drv.context(self.ctx):
-            for fn, grid, block, shared, refs, vals, params in self._steps:
-                for i, (slot, off) in enumerate(refs):
-                    vals[i] = (ws if slot < 0 else ptrs[slot]) + off
-                rc = launch(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, s, params, None)
-                if rc != 0:
-                    drv.check(rc, "cuLaunchKernel")
+        with self._launch_lock:
+            # The context switch is inlined (no context manager): this runs once per call of a
+            # kiln part, and the caller's thread nearly always has this context current already.
+            cur = self._cur_ctx
+            drv.check(drv.cuCtxGetCurrent(self._cur_ctx_ref), "cuCtxGetCurrent")
+            prev = cur.value or 0
+            if prev != self.ctx:
+                drv.check(drv.cuCtxSetCurrent(ctypes.c_void_p(self.ctx)), "cuCtxSetCurrent")
+            try:
+                for fn, grid, block, shared, refs, vals, params in self._steps:
+                    for i, (slot, off) in enumerate(refs):
+                        vals[i] = (ws if slot < 0 else ptrs[slot]) + off
+                    rc = launch(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, s, params, None)
+                    if rc != 0:
+                        drv.check(rc, "cuLaunchKernel")
+            finally:
+                if prev and prev != self.ctx:
+                    drv.cuCtxSetCurrent(ctypes.c_void_p(prev))
 
 
 _kernels: dict[tuple[str, int], CudaKernel] = {}

@@ -160,6 +160,7 @@ class KilnPart(torch.nn.Module):
         self.workspace_bytes = 0
         self._warned = False
         self._is_cuda = device.type == "cuda"
+        self._in_fast: Optional[list[list[Any]]] = None  # built on the first call (_prepare_run)
         if part is not None:
             self._kiln_specs = [None] * part.num_kiln_outputs
             for spec, (kind, k) in zip(part.outputs, part.sources):
@@ -247,59 +248,110 @@ class KilnPart(torch.nn.Module):
                 self.warn_fallback(self.error, when="run")
                 out = None
             if out is not None:
-                bump(kernel_calls=1)
+                # A plain increment: this is the hot path, and the counter is for diagnostics.
+                STATS.kernel_calls += 1
                 return out
         bump(eager_calls=1)
         return self.eager(*args)
 
-    def _run(self, args: Sequence[torch.Tensor]) -> Optional[tuple[torch.Tensor, ...]]:
-        """Runs the kernels; None when the arguments do not fit (the caller runs torch)."""
+    def _prepare_run(self) -> None:
+        """What every call needs and no call changes, computed once after loading: the call
+        path then costs a few comparisons per argument and one allocation per output."""
         part = self.part
         assert part is not None
+        dev = self.device
+        if dev.type == "cuda":
+            self._dev_index = dev.index if dev.index is not None else torch.cuda.current_device()
+        else:
+            self._dev_index = -1  # what Tensor.get_device() answers for CPU tensors
+        # Per input: dtype, shape, and the raw strides last accepted without a copy (a stride
+        # tuple equal to it needs no further check).
+        self._in_fast = []
+        for spec in part.inputs:
+            shape = torch.Size(spec.shape)
+            accepted = spec.strides if spec.strides is not None else _contiguous(spec.shape)
+            self._in_fast.append([spec.dtype, shape, accepted])
+        self._out_alloc = [(torch.Size(s.shape), s.dtype) for s in self._kiln_specs]
+        self._results = [(kind == "kiln", k, rs, spec)
+                         for (kind, k), rs, spec in zip(part.sources, part.restride, part.outputs)]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        idx = self._dev_index
+        if self._is_cuda:
+            self._stream = (lambda: raw(idx)) if raw is not None else (
+                lambda: torch.cuda.current_stream(dev).cuda_stream)
+
+    def _run(self, args: Sequence[torch.Tensor]) -> Optional[tuple[torch.Tensor, ...]]:
+        """Runs the kernels; None when the arguments do not fit (the caller runs torch)."""
+        if self._in_fast is None:
+            self._prepare_run()
+        dev, idx = self.device, self._dev_index
         ptrs: list[int] = []
         keep: list[torch.Tensor] = []
-        for i, (t, spec) in enumerate(zip(args, part.inputs)):
-            if t.dtype != spec.dtype or t.shape != spec.shape or t.device != self.device:
+        for i, (t, fast) in enumerate(zip(args, self._in_fast)):
+            if t.dtype != fast[0] or t.shape != fast[1] or t.get_device() != idx:
+                spec = self.part.inputs[i]
                 log.debug("kiln.torch: %s: argument %d is %s %s on %s, compiled for %s %s; running torch",
                           self.part_name, i, t.dtype, tuple(t.shape), t.device, spec.dtype, spec.shape)
                 return None
-            if spec.strides is None:
-                if not t.is_contiguous():
-                    t = t.contiguous()
-                    keep.append(t)
-            elif effective_strides(spec.shape, tuple(t.stride())) != spec.strides:
-                # The graph declared the layout torch traced (a slice of a wider tensor, say)
-                # but this tensor has another: copy it into the declared layout. Broadcast
-                # layouts (stride 0) cannot be written; those run in torch.
-                if any(st == 0 and d > 1 for st, d in zip(spec.strides, spec.shape)):
-                    log.debug("kiln.torch: %s: argument %d has strides %s, compiled for %s; running torch",
-                              self.part_name, i, tuple(t.stride()), spec.strides)
+            stride = t.stride()
+            if stride != fast[2]:
+                t = self._fit_layout(i, t, stride)
+                if t is None:
                     return None
-                t = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device).copy_(t)
                 keep.append(t)
             ptrs.append(t.data_ptr())
-        outs = [torch.empty(s.shape, dtype=s.dtype, device=self.device) for s in self._kiln_specs]
+        outs = [torch.empty(shape, dtype=dtype, device=dev) for shape, dtype in self._out_alloc]
         ptrs.extend(o.data_ptr() for o in outs)
-        ws = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.device) if self.workspace_bytes else None
+        ws = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=dev) if self.workspace_bytes else None
         ws_ptr = ws.data_ptr() if ws is not None else None
         if self._is_cuda:
-            stream = torch.cuda.current_stream(self.device).cuda_stream
-            self.kernel.launch(ptrs, ws_ptr, stream)
+            self.kernel.launch(ptrs, ws_ptr, self._stream())
         else:
             rc = self.kernel.run(ptrs, ws_ptr, torch.get_num_threads())
             if rc != 0:
                 raise KilnError(f"kiln_run returned {rc}")
         del keep
         results: list[torch.Tensor] = []
-        for (kind, k), rs, spec in zip(part.sources, part.restride, part.outputs):
-            v = outs[k] if kind == "kiln" else args[k].clone()
+        for is_kiln, k, rs, spec in self._results:
+            v = outs[k] if is_kiln else args[k].clone()
             if rs is not None:
-                v = torch.empty_strided(spec.shape, rs, dtype=spec.dtype, device=self.device).copy_(v)
+                v = torch.empty_strided(spec.shape, rs, dtype=spec.dtype, device=dev).copy_(v)
             results.append(v)
         # The workspace goes back to torch's allocator here; on CUDA the caching allocator
         # reuses it only for work ordered after these kernels on this stream.
         del ws
         return tuple(results)
+
+    def _fit_layout(self, i: int, t: torch.Tensor, stride: tuple[int, ...]) -> Optional[torch.Tensor]:
+        """Argument ``i`` whose raw strides differ from the last accepted ones: the tensor to
+        pass (``t`` itself when its layout is equivalent, which is then remembered, else a copy
+        in the declared layout), or None when it cannot be passed (the call runs in torch)."""
+        spec = self.part.inputs[i]
+        if spec.strides is None:
+            if t.is_contiguous():
+                self._in_fast[i][2] = stride
+                return t
+            return t.contiguous()
+        if effective_strides(spec.shape, stride) == spec.strides:
+            self._in_fast[i][2] = stride
+            return t
+        # The graph declared the layout torch traced (a slice of a wider tensor, say) but this
+        # tensor has another: copy it into the declared layout. Broadcast layouts (stride 0)
+        # cannot be written; those run in torch.
+        if any(st == 0 and d > 1 for st, d in zip(spec.strides, spec.shape)):
+            log.debug("kiln.torch: %s: argument %d has strides %s, compiled for %s; running torch",
+                      self.part_name, i, stride, spec.strides)
+            return None
+        return torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major strides of ``shape``, as torch reports them for a contiguous tensor."""
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(int(d), 1)
+    return tuple(reversed(out))
 
 
 def compile_parts(parts: Sequence[KilnPart], settings: CompileSettings) -> None:

@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Where kiln.torch spends a step on an NVIDIA GPU, beside eager and Inductor.
+
+For each workload it measures the steady-state step time of eager, Inductor and
+``backend="kiln"`` (median of CUDA-event timings over the same inputs), then profiles a few
+kiln steps and a few Inductor steps with ``torch.profiler`` and reports, per step:
+
+- GPU kernel time and launches, split into kiln's kernels (the names in the parts' launch
+  plans) and everything else (cuBLAS/cuDNN, torch's own kernels);
+- host time: the step's wall time, and the time spent inside kiln parts' Python call path
+  (``KilnPart.forward``), with the number of part calls;
+- layout copies and allocations torch recorded (``aten::copy_``, ``aten::clone``,
+  ``aten::contiguous``, ``aten::empty*``) and driver launches (``cuLaunchKernel``);
+- parts compiled, parts that fell back to torch, and ATen nodes placed in kiln vs torch.
+
+Workloads: Hugging Face ``BertModel(BertConfig())`` (BERT-base, random weights, nothing
+downloaded) at batch 16, sequence 128, inference under ``no_grad`` and a training step with
+AdamW; layer_norm -> gelu forward+backward on f32[32768, 4096].
+
+    KILND=path/to/kilnd PYTHONPATH=client/python python3 tests/gpu/profile_torch.py [--workloads ...]
+
+Writes ``$OUT/profile_torch.md`` and ``$OUT/profile_torch.json`` when ``OUT`` is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+
+def bert_workload(train: bool) -> tuple[Callable[[int], Any], list[torch.nn.Module]]:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig()).cuda()
+    model.train(train)
+    ids = [torch.randint(0, 30522, (16, 128), device="cuda") for _ in range(3)]
+    mask = torch.ones(16, 128, dtype=torch.long, device="cuda")
+    weight = torch.randn(16, 128, 768, device="cuda")
+
+    def make(backend: str | None) -> Callable[[int], Any]:
+        fn = model if backend is None else torch.compile(model, backend=backend)
+        if not train:
+            def step(i: int) -> Any:
+                with torch.no_grad():
+                    return fn(input_ids=ids[i % 3], attention_mask=mask).last_hidden_state
+            return step
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+        def train_step(i: int) -> Any:
+            opt.zero_grad(set_to_none=True)
+            out = fn(input_ids=ids[i % 3], attention_mask=mask).last_hidden_state
+            (out * weight).sum().backward()
+            opt.step()
+            return out
+        return train_step
+    return make, [model]
+
+
+def ln_gelu_workload() -> tuple[Callable[[str | None], Callable[[int], Any]], list[torch.nn.Module]]:
+    torch.manual_seed(0)
+    xs = [torch.randn(32768, 4096, device="cuda", requires_grad=True) for _ in range(2)]
+    w = torch.randn(4096, device="cuda", requires_grad=True)
+    b = torch.randn(4096, device="cuda", requires_grad=True)
+    g = torch.randn(32768, 4096, device="cuda")
+
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (4096,), w, b))
+
+    def make(backend: str | None) -> Callable[[int], Any]:
+        fn = f if backend is None else torch.compile(f, backend=backend)
+
+        def step(i: int) -> Any:
+            out = fn(xs[i % 2], w, b)
+            out.backward(g)
+            return out
+        return step
+    return make, []
+
+
+WORKLOADS = {
+    "bert_infer": lambda: bert_workload(train=False),
+    "bert_train": lambda: bert_workload(train=True),
+    "ln_gelu_train": ln_gelu_workload,
+}
+
+
+def median_ms(step: Callable[[int], Any], iters: int, warmup: int) -> float:
+    for i in range(warmup):
+        step(i)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step(i)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+_PARTS: list[Any] = []
+
+
+def track_parts() -> None:
+    """Remembers every KilnPart built from now on (the compiled graphs hold them)."""
+    from kiln.torch.runtime import KilnPart
+
+    init = KilnPart.__init__
+
+    def tracked(self: Any, *a: Any, **k: Any) -> None:
+        init(self, *a, **k)
+        _PARTS.append(self)
+
+    KilnPart.__init__ = tracked  # type: ignore[method-assign]
+
+
+def kiln_parts() -> list[Any]:
+    return list(_PARTS)
+
+
+def kiln_kernel_names() -> set[str]:
+    names: set[str] = set()
+    for p in kiln_parts():
+        if p.compiled is not None:
+            for s in getattr(p.compiled.plan, "steps", []):
+                names.add(s.kernel)
+    return names
+
+
+def profile_steps(step: Callable[[int], Any], steps: int, kiln_names: set[str]) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    from kiln.torch.runtime import KilnPart
+
+    part_calls: list[float] = []
+    orig = KilnPart.forward
+
+    def timed(self: Any, *a: Any) -> Any:
+        t0 = time.perf_counter()
+        r = orig(self, *a)
+        part_calls.append(time.perf_counter() - t0)
+        return r
+
+    KilnPart.forward = timed  # type: ignore[method-assign]
+    try:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for i in range(steps):
+                step(i)
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - t0) / steps
+    finally:
+        KilnPart.forward = orig  # type: ignore[method-assign]
+    kern = collections.Counter()
+    kern_ms = collections.Counter()
+    cpu_ops = collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            is_kiln = e.name in kiln_names
+            if "memcpy" in e.name.lower() or "memset" in e.name.lower():
+                kind = "memcpy/memset"
+            else:
+                kind = "kiln" if is_kiln else "torch"
+            kern[kind] += 1
+            kern_ms[kind] += e.device_time / 1000.0 if hasattr(e, "device_time") else e.cuda_time / 1000.0
+        elif e.name in ("aten::copy_", "aten::clone", "aten::contiguous", "aten::empty", "aten::empty_strided",
+                        "cuLaunchKernel", "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync",
+                        "aten::to", "aten::_to_copy"):
+            cpu_ops[e.name] += 1
+    return {
+        "wall_ms": wall * 1000,
+        "gpu_ms": {k: v / steps for k, v in kern_ms.items()},
+        "launches": {k: v / steps for k, v in kern.items()},
+        "cpu_ops": {k: v / steps for k, v in cpu_ops.items()},
+        "part_calls": len(part_calls) / steps,
+        "part_host_ms": sum(part_calls) * 1000 / steps,
+        "part_call_us_median": statistics.median(part_calls) * 1e6 if part_calls else 0.0,
+    }
+
+
+def python_profile(step: Callable[[int], Any], steps: int) -> str:
+    """The Python functions a kiln step spends its host time in (cProfile, top 30 by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(steps):
+        step(i)
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+    return buf.getvalue()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--cprofile", action="store_true",
+                    help="also run cProfile over kiln steps and print the top Python functions")
+    opts = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device")
+        return 1
+    import kiln.local
+
+    binary = kiln.local.find_kilnd()
+    if binary is None:
+        print("kilnd not found: set KILND")
+        return 1
+    work = Path(tempfile.mkdtemp(prefix="kiln-profile-"))
+    os.environ["KILN_CACHE_DIR"] = str(work / "client-cache")
+    daemon = kiln.local.LocalDaemon(binary, work)
+    os.environ["KILN_SERVER"] = daemon.address
+    import kiln.torch
+    from kiln.torch import runtime as R
+
+    track_parts()
+
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": {}}
+    lines = [f"# kiln.torch profile on {results['device']}, torch {torch.__version__}", ""]
+    try:
+        for name in opts.workloads.split(","):
+            make, _ = WORKLOADS[name]()
+            row: dict[str, Any] = {}
+            for backend in (None, "inductor", "kiln"):
+                label = backend or "eager"
+                torch._dynamo.reset()
+                R.reset_stats()
+                _PARTS.clear()
+                t0 = time.perf_counter()
+                step = make(backend)
+                step(0)
+                torch.cuda.synchronize()
+                first = time.perf_counter() - t0
+                ms = median_ms(step, opts.iters, warmup=3)
+                row[label] = {"median_ms": ms, "first_s": first}
+                if backend == "kiln":
+                    row["kiln_stats"] = R.STATS.as_dict()
+                    parts = kiln_parts()
+                    row["kiln_parts"] = [{"name": p.part_name, "ops": p.ops, "kiln": p.kernel is not None,
+                                          "error": p.error} for p in parts]
+                if backend == "kiln" and opts.cprofile:
+                    row["cprofile"] = python_profile(step, opts.profile_steps)
+                    print(row["cprofile"], flush=True)
+                if backend is not None:
+                    names = kiln_kernel_names() if backend == "kiln" else set()
+                    row[label]["profile"] = profile_steps(step, opts.profile_steps, names)
+                print(f"{name} {label}: {ms:.3f} ms (first call {first:.1f} s)", flush=True)
+            results["rows"][name] = row
+            e, i, k = row["eager"]["median_ms"], row["inductor"]["median_ms"], row["kiln"]["median_ms"]
+            st = row["kiln_stats"]
+            pk, pi = row["kiln"]["profile"], row["inductor"]["profile"]
+            lines += [f"## {name}", "",
+                      f"steady state: eager {e:.3f} ms, Inductor {i:.3f} ms, kiln {k:.3f} ms "
+                      f"(kiln/Inductor {k / i:.2f}, kiln/eager {k / e:.2f})", "",
+                      f"kiln parts: {st['parts']} ({st['compiled']} compiled, {st['failed']} fell back); "
+                      f"ATen nodes in kiln {st['kiln_nodes']}, in torch {st['torch_nodes']}", "",
+                      "| per step | Inductor | kiln |", "| --- | ---: | ---: |",
+                      f"| wall ms (profiled) | {pi['wall_ms']:.3f} | {pk['wall_ms']:.3f} |"]
+            kinds = sorted(set(pi["gpu_ms"]) | set(pk["gpu_ms"]))
+            for kd in kinds:
+                lines.append(f"| GPU ms, {kd} kernels | {pi['gpu_ms'].get(kd, 0):.3f} | {pk['gpu_ms'].get(kd, 0):.3f} |")
+                lines.append(f"| launches, {kd} | {pi['launches'].get(kd, 0):.1f} | {pk['launches'].get(kd, 0):.1f} |")
+            ops = sorted(set(pi["cpu_ops"]) | set(pk["cpu_ops"]))
+            for op in ops:
+                lines.append(f"| {op} calls | {pi['cpu_ops'].get(op, 0):.1f} | {pk['cpu_ops'].get(op, 0):.1f} |")
+            lines.append(f"| kiln part calls | | {pk['part_calls']:.1f} |")
+            lines.append(f"| host ms inside kiln parts | | {pk['part_host_ms']:.3f} |")
+            lines.append(f"| host us per part call (median) | | {pk['part_call_us_median']:.1f} |")
+            lines.append("")
+            fell = [p for p in row["kiln_parts"] if not p["kiln"]]
+            if fell:
+                lines.append("fallbacks: " + "; ".join(f"{p['name']}: {p['error']}" for p in fell[:10]))
+                lines.append("")
+            del make
+            gc.collect()
+            torch.cuda.empty_cache()
+    finally:
+        daemon.stop()
+    text = "\n".join(lines)
+    print(text)
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "profile_torch.md").write_text(text + "\n")
+        Path(out, "profile_torch.json").write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
