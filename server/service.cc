@@ -37,6 +37,16 @@ std::string_view Outcome(const CompileReply& r) {
 }
 
 // One line per request; the first line of an error message is enough to find it in the log.
+// The trailer that tells clients an overload is worth retrying, and after how long
+// (client/RETRY.md); from the status payload the compile service sets on a full queue.
+inline constexpr char kRetryAfterTrailer[] = "kiln-retry-after-ms";
+
+void AddRetryAfter(const absl::Status& status, grpc::CallbackServerContext* context) {
+  if (auto ms = status.GetPayload(compile::kRetryAfterPayload); ms.has_value()) {
+    context->AddTrailingMetadata(kRetryAfterTrailer, std::string(*ms));
+  }
+}
+
 void LogReply(std::string_view method, const CompileReply& r, double ms) {
   const std::string_view prefix =
       r.handle.empty() ? std::string_view("-") : std::string_view(r.handle).substr(0, 12);
@@ -260,9 +270,10 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* cont
   // The callback runs inline for a hit or a rejection, or later on a worker thread; both may
   // finish the call, and the response outlives it until Finish.
   compile_->Compile(*request, compile::PriorityFromWire(request->priority()),
-                    DeadlineOf(context), [reactor, response, start](CompileReply reply) {
+                    DeadlineOf(context), [context, reactor, response, start](CompileReply reply) {
                       FillResponse(reply, start, response);
                       LogReply("Compile", reply, MsSince(start));
+                      AddRetryAfter(reply.status, context);
                       reactor->Finish(ToGrpcStatus(reply.status));
                     });
   return reactor;
@@ -279,6 +290,16 @@ grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* conte
                 reply.status.ok() ? "hit" : absl::StatusCodeToString(reply.status.code()),
                 MsSince(start));
   reactor->Finish(ToGrpcStatus(reply.status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KilnService::Explain(grpc::CallbackServerContext* context,
+                                               const v1::ExplainRequest* request,
+                                               v1::ExplainResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::ExplainResponse> explained = compile_->Explain(*request);
+  if (explained.ok()) *response = *std::move(explained);
+  reactor->Finish(ToGrpcStatus(explained.status()));
   return reactor;
 }
 

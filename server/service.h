@@ -47,6 +47,9 @@ class KilnService final : public v1::Kiln::CallbackService {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const v1::GetStatsRequest* request,
                                      v1::GetStatsResponse* response) override;
+  grpc::ServerUnaryReactor* Explain(grpc::CallbackServerContext* context,
+                                    const v1::ExplainRequest* request,
+                                    v1::ExplainResponse* response) override;
 
  private:
   // Immutable after construction.

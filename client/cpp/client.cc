@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <random>
 #include <thread>
 #include <utility>
 
@@ -42,12 +41,6 @@ std::string ResolveAddress(const std::string& address) {
   return kDefaultServer;
 }
 
-// Uniform in [1 - 0.2, 1 + 0.2].
-double Jitter() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  return std::uniform_real_distribution<double>(0.8, 1.2)(rng);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
@@ -78,35 +71,32 @@ absl::Status Client::WithRetries(
     absl::Time deadline, const std::function<absl::Status(grpc::ClientContext&)>& attempt,
     const std::function<bool()>& may_retry) {
   calls_.fetch_add(1, std::memory_order_relaxed);
-  const int max_attempts = std::max(1, options_.retry.max_attempts);
-  absl::Duration backoff = options_.retry.initial_backoff;
-  absl::Status status;
+  const absl::Time start = absl::Now();
   for (int n = 1;; ++n) {
     grpc::ClientContext context;  // one per attempt: a context cannot be reused
     if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
     attempts_.fetch_add(1, std::memory_order_relaxed);
     if (n > 1) retries_.fetch_add(1, std::memory_order_relaxed);
-    status = attempt(context);
-    if (!absl::IsUnavailable(status) || (may_retry && !may_retry())) return status;
-    if (n >= max_attempts) {
-      return absl::UnavailableError(
-          absl::StrCat(status.message(), " (after ", n, " attempts)"));
+    const absl::Status status = attempt(context);
+    if (status.ok() || (may_retry && !may_retry())) return status;
+    const std::optional<absl::Duration> wait =
+        NextRetry(options_.retry, status, context, n, start, deadline);
+    if (!wait) {
+      if (n == 1) return status;
+      return absl::Status(status.code(), absl::StrCat(status.message(), " (after ", n,
+                                                      " attempts, ", absl::FormatDuration(
+                                                          absl::Now() - start), ")"));
     }
-    const absl::Duration wait = std::min(backoff, options_.retry.max_backoff) * Jitter();
-    if (absl::Now() + wait >= deadline) {
-      return absl::UnavailableError(absl::StrCat(
-          status.message(), " (after ", n, " attempts; the deadline allows no more)"));
-    }
-    if (channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
-      // Connected, so the daemon itself said UNAVAILABLE (e.g. its store is down): back off.
-      absl::SleepFor(wait);
+    if (!absl::IsUnavailable(status) ||
+        channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
+      // Connected, so the daemon itself refused (store down, queue full): back off.
+      absl::SleepFor(*wait);
     } else {
       // Not connected: wait for the channel instead of sleeping, which both drives the
       // reconnect (a sleeping thread polls nothing, and a blocked sync call may leave the
       // connection to gRPC's slow backup poller) and retries as soon as the daemon is back.
-      channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + wait));
+      channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + *wait));
     }
-    backoff = backoff * options_.retry.multiplier;
   }
 }
 

@@ -1,10 +1,8 @@
 // Client: a typed wrapper over the kiln.v1.Kiln service, for C++ programs and the `kiln` CLI.
 //
-// Every call has a deadline that covers all of its attempts. A call that fails with
-// UNAVAILABLE (daemon restarting, connection refused, store briefly down) is retried with
-// exponential backoff and jitter, a bounded number of times and never past the deadline; every
-// other code is returned at once, because retrying a bad graph or a full queue only adds load.
-// All Kiln RPCs are idempotent (Compile is get-or-compile), which is what makes retrying safe.
+// Every call has a deadline that covers all of its attempts, and is retried as RetryPolicy says
+// (retry.h, client/RETRY.md: UNAVAILABLE for a few seconds, an overloaded daemon's
+// RESOURCE_EXHAUSTED while the deadline allows, nothing else).
 // Errors come back as absl::Status with the server's code and message (grpc_status.h).
 //
 // FetchArtifact reassembles the chunk stream and checks the SHA-256 of the bytes against the
@@ -24,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/cpp/retry.h"
 #include "grpcpp/grpcpp.h"
 #include "kiln/v1/service.grpc.pb.h"
 
@@ -31,15 +30,6 @@ namespace kiln::client {
 
 // The daemon's address when none is given: $KILN_SERVER, else this.
 inline constexpr char kDefaultServer[] = "localhost:50051";
-
-// Retries on UNAVAILABLE: attempt k (k >= 1) waits initial_backoff * multiplier^(k-1), capped at
-// max_backoff, with +-20% jitter so that many clients restarted together do not retry in step.
-struct RetryPolicy {
-  int max_attempts = 5;  // 1 disables retries
-  absl::Duration initial_backoff = absl::Milliseconds(100);
-  absl::Duration max_backoff = absl::Seconds(2);
-  double multiplier = 2.0;
-};
 
 struct ClientOptions {
   // host:port; empty means $KILN_SERVER, else kDefaultServer.
@@ -118,8 +108,8 @@ class Client {
   ClientStats stats() const;
 
  private:
-  // Runs `attempt` until it returns something other than UNAVAILABLE, attempts run out, the
-  // next backoff would end past `deadline`, or `may_retry` (when given) says no.
+  // Runs `attempt` until it succeeds, NextRetry (retry.h) says to give up, or `may_retry`
+  // (when given) says no.
   absl::Status WithRetries(absl::Time deadline,
                            const std::function<absl::Status(grpc::ClientContext&)>& attempt,
                            const std::function<bool()>& may_retry = nullptr);

@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/runtime/kiln_threads.h"
 #include "kernels/util/status_macros.h"
 
 namespace kiln::client {
@@ -175,6 +176,7 @@ absl::Status CpuKernel::RunUnchecked(absl::Span<void* const> args, int num_threa
           absl::StrCat("cannot allocate a ", bytes, "-byte kernel workspace"));
     }
   }
+  if (num_threads <= 0) num_threads = runtime::DefaultNumThreads();
   if (const int rc = run_(args.data(), workspace.get(), num_threads); rc != 0) {
     return absl::InternalError(absl::StrCat("kiln_run in ", path_, " returned ", rc));
   }

@@ -49,7 +49,8 @@ class CpuKernel {
   // Runs the kernels: `inputs` in graph order, then `outputs` in the order of the graph's
   // outputs. Each buffer must hold at least the plan's bytes for it (InvalidArgument
   // otherwise, naming which). A 64-byte aligned workspace of plan.workspace_bytes is allocated
-  // per call. `num_threads` <= 0 lets OpenMP choose. Internal when the kernel reports failure.
+  // per call. `num_threads` <= 0 means kiln::runtime::DefaultNumThreads()
+  // ($KILN_NUM_THREADS, $OMP_NUM_THREADS, the affinity mask: kernels/runtime/kiln_threads.h). Internal when the kernel reports failure.
   // REQUIRES: outputs do not overlap inputs or each other; inputs are row-major contiguous
   // unless the graph declared strides (then use RunUnchecked).
   absl::Status Run(absl::Span<const ConstBuffer> inputs, absl::Span<const MutableBuffer> outputs,

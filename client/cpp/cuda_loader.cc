@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -33,6 +34,9 @@ struct Driver {
                              CUstream, void**, void**) = nullptr;
   CUresult (*cuMemAlloc)(CUdeviceptr*, size_t) = nullptr;
   CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
+  CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t) = nullptr;
+  CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t) = nullptr;
+  CUresult (*cuCtxSynchronize)() = nullptr;
   CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
   CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
   std::string error;  // why the driver is unusable, if it is
@@ -68,7 +72,10 @@ const Driver& GetDriver() {
               Resolve(lib, "cuModuleUnload", &d->cuModuleUnload) &&
               Resolve(lib, "cuModuleGetFunction", &d->cuModuleGetFunction) &&
               Resolve(lib, "cuLaunchKernel", &d->cuLaunchKernel) && Resolve(lib, "cuMemAlloc_v2", &d->cuMemAlloc) &&
-              Resolve(lib, "cuMemFree_v2", &d->cuMemFree) && Resolve(lib, "cuGetErrorName", &d->cuGetErrorName) &&
+              Resolve(lib, "cuMemFree_v2", &d->cuMemFree) && Resolve(lib, "cuMemcpyHtoD_v2", &d->cuMemcpyHtoD) &&
+              Resolve(lib, "cuMemcpyDtoH_v2", &d->cuMemcpyDtoH) &&
+              Resolve(lib, "cuCtxSynchronize", &d->cuCtxSynchronize) &&
+              Resolve(lib, "cuGetErrorName", &d->cuGetErrorName) &&
               Resolve(lib, "cuGetErrorString", &d->cuGetErrorString);
     if (!ok) {
       d->error = "libcuda.so.1 lacks a driver API entry point the loader needs";
@@ -205,6 +212,60 @@ bool CudaModule::Run(void* const* buffers, void* workspace, void* stream, std::s
                                   s.shared_bytes, static_cast<CUstream>(stream), params.data(), nullptr);
     if (r != kSuccess) {
       *error = d.Describe(r, ("launching " + s.kernel).c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+bool CudaModule::RunHost(const void* const* inputs, void* const* outputs, std::string* error) {
+  const Driver& d = GetDriver();
+  if (!EnsureContext(d, error)) return false;
+  const int num_inputs = plan_.num_inputs();
+  const int num_outputs = plan_.num_outputs();
+  std::vector<int64_t> bytes(num_inputs + num_outputs, 0);
+  for (const CudaPlan::Buffer& b : plan_.buffers) {
+    if (b.role == CudaPlan::Role::kInput) bytes[b.index] = b.bytes;
+    if (b.role == CudaPlan::Role::kOutput) bytes[num_inputs + b.index] = b.bytes;
+  }
+  // Device copies of every buffer, freed whatever happens.
+  std::vector<CUdeviceptr> device(bytes.size(), 0);
+  struct Release {
+    const Driver& d;
+    std::vector<CUdeviceptr>& ptrs;
+    ~Release() {
+      for (CUdeviceptr p : ptrs) {
+        if (p) d.cuMemFree(p);
+      }
+    }
+  } release{d, device};
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    // Zero-sized buffers still get a distinct, aligned address.
+    const size_t n = static_cast<size_t>(std::max<int64_t>(bytes[i], 16));
+    if (CUresult r = d.cuMemAlloc(&device[i], n); r != kSuccess) {
+      *error = d.Describe(r, ("allocating buffer " + std::to_string(i)).c_str());
+      return false;
+    }
+  }
+  for (int i = 0; i < num_inputs; ++i) {
+    if (bytes[i] == 0) continue;
+    if (CUresult r = d.cuMemcpyHtoD(device[i], inputs[i], static_cast<size_t>(bytes[i])); r != kSuccess) {
+      *error = d.Describe(r, ("copying input " + std::to_string(i) + " to the device").c_str());
+      return false;
+    }
+  }
+  std::vector<void*> pointers;
+  for (CUdeviceptr p : device) pointers.push_back(reinterpret_cast<void*>(p));
+  if (!Run(pointers.data(), nullptr, nullptr, error)) return false;
+  if (CUresult r = d.cuCtxSynchronize(); r != kSuccess) {
+    *error = d.Describe(r, "running the kernels");
+    return false;
+  }
+  for (int i = 0; i < num_outputs; ++i) {
+    const size_t n = static_cast<size_t>(bytes[num_inputs + i]);
+    if (n == 0) continue;
+    if (CUresult r = d.cuMemcpyDtoH(outputs[i], device[num_inputs + i], n); r != kSuccess) {
+      *error = d.Describe(r, ("copying output " + std::to_string(i) + " to the host").c_str());
       return false;
     }
   }

@@ -46,6 +46,12 @@ class CudaModule {
   // every buffer 16-byte aligned (PLAN.md) and no output overlapping another buffer.
   bool Run(void* const* buffers, void* workspace, void* stream, std::string* error);
 
+  // Runs the plan on host memory and waits: copies `inputs` (the plan's bytes each) to fresh
+  // device buffers, launches on the legacy default stream, synchronizes the context and copies
+  // the outputs back into `outputs`. For programs without device buffers of their own (the
+  // Session's host path); device-resident callers use Run.
+  bool RunHost(const void* const* inputs, void* const* outputs, std::string* error);
+
   const CudaPlan& plan() const { return plan_; }
   bool loaded_from_ptx() const { return from_ptx_; }
 

@@ -1,6 +1,10 @@
 #include "client/cpp/kiln.h"
 
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/util/status_macros.h"
@@ -25,12 +29,59 @@ v1::Target HostCpuTarget() {
   return target;
 }
 
+v1::Target CudaTarget(int sm) {
+  v1::Target target;
+  target.mutable_cuda()->set_sm(sm);
+  return target;
+}
+
 const v1::Artifact* FindArtifact(const v1::CompileResponse& response, v1::ArtifactKind kind) {
   for (const v1::Artifact& artifact : response.result().artifacts()) {
     if (artifact.kind() == kind) return &artifact;
   }
   return nullptr;
 }
+
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::UnavailableError(absl::StrCat("cannot read ", path));
+  std::ostringstream bytes;
+  bytes << f.rdbuf();
+  return bytes.str();
+}
+
+// The CUDA loader's form of a launch plan (it has no protobuf dependency).
+CudaPlan ToCudaPlan(const v1::LaunchPlan& wire) {
+  CudaPlan plan;
+  plan.abi_version = wire.abi_version();
+  plan.workspace_bytes = wire.workspace_bytes();
+  for (const v1::PlanBuffer& b : wire.buffers()) {
+    CudaPlan::Buffer& out = plan.buffers.emplace_back();
+    out.role = b.role() == v1::INPUT    ? CudaPlan::Role::kInput
+               : b.role() == v1::OUTPUT ? CudaPlan::Role::kOutput
+                                        : CudaPlan::Role::kTemp;
+    out.index = b.index();
+    out.dtype = v1::DType_Name(b.dtype());
+    out.shape.assign(b.shape().begin(), b.shape().end());
+    out.bytes = b.bytes();
+    out.offset = b.offset();
+  }
+  for (const v1::PlanStep& s : wire.steps()) {
+    CudaPlan::Step& out = plan.steps.emplace_back();
+    out.kernel = s.kernel();
+    for (int i = 0; i < 3; ++i) {
+      if (i < s.grid_size()) out.grid[i] = s.grid(i);
+      if (i < s.block_size()) out.block[i] = s.block(i);
+    }
+    out.shared_bytes = s.shared_bytes();
+    out.args.assign(s.args().begin(), s.args().end());
+  }
+  return plan;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(SessionOptions options) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
@@ -48,11 +99,13 @@ absl::StatusOr<std::string> Session::FetchArtifact(const v1::Artifact& artifact,
 }
 
 absl::StatusOr<LoadedKernel> Session::Load(v1::CompileResponse response, absl::Time deadline) {
+  if (FindArtifact(response, v1::CUBIN) != nullptr || FindArtifact(response, v1::PTX) != nullptr) {
+    return LoadCuda(std::move(response), deadline);
+  }
   const v1::Artifact* library = FindArtifact(response, v1::SHARED_OBJECT);
   if (library == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the result for ", response.handle(),
-        " has no CPU shared object (a CUDA result: fetch its CUBIN and use the CUDA loader)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the result for ", response.handle(), " has neither a .so nor a cubin"));
   }
   KILN_ASSIGN_OR_RETURN(std::string path, FetchArtifact(*library, deadline));
   KILN_ASSIGN_OR_RETURN(CpuKernel kernel, CpuKernel::Load(path, response.result().plan()));
@@ -63,14 +116,74 @@ absl::StatusOr<LoadedKernel> Session::CompileAndLoad(const v1::Graph& graph,
                                                      const v1::Target& target,
                                                      const v1::CompileOptions& options,
                                                      absl::Time deadline) {
-  if (!target.has_cpu()) {
-    return absl::FailedPreconditionError(
-        "CompileAndLoad runs CPU targets; compile CUDA targets with Client::Compile and "
-        "launch them through the CUDA loader");
-  }
   KILN_ASSIGN_OR_RETURN(v1::CompileResponse response,
                         client_->Compile(graph, target, options, deadline));
   return Load(std::move(response), deadline);
+}
+
+absl::StatusOr<LoadedKernel> Session::LoadCuda(v1::CompileResponse response, absl::Time deadline) {
+  std::string cubin;
+  std::string ptx;
+  if (const v1::Artifact* a = FindArtifact(response, v1::CUBIN); a != nullptr) {
+    KILN_ASSIGN_OR_RETURN(std::string path, FetchArtifact(*a, deadline));
+    KILN_ASSIGN_OR_RETURN(cubin, ReadFile(path));
+  }
+  if (const v1::Artifact* a = FindArtifact(response, v1::PTX); a != nullptr) {
+    KILN_ASSIGN_OR_RETURN(std::string path, FetchArtifact(*a, deadline));
+    KILN_ASSIGN_OR_RETURN(ptx, ReadFile(path));
+  }
+  std::string error;
+  std::unique_ptr<CudaModule> module =
+      CudaModule::Load(cubin, ptx, ToCudaPlan(response.result().plan()), &error);
+  if (module == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("loading the CUDA result ", response.handle(), ": ", error));
+  }
+  return LoadedKernel(std::move(response), std::shared_ptr<CudaModule>(std::move(module)));
+}
+
+absl::Status LoadedKernel::Run(absl::Span<const ConstBuffer> inputs,
+                               absl::Span<const MutableBuffer> outputs, int num_threads) const {
+  if (!is_cuda()) return cpu_->Run(inputs, outputs, num_threads);
+  const CudaPlan& plan = cuda_->plan();
+  if (inputs.size() != static_cast<size_t>(plan.num_inputs()) ||
+      outputs.size() != static_cast<size_t>(plan.num_outputs())) {
+    return absl::InvalidArgumentError(absl::StrCat("the kernel takes ", plan.num_inputs(),
+                                                   " inputs and ", plan.num_outputs(),
+                                                   " outputs; got ", inputs.size(), " and ",
+                                                   outputs.size()));
+  }
+  std::vector<const void*> in;
+  std::vector<void*> out;
+  for (const CudaPlan::Buffer& b : plan.buffers) {
+    const bool is_input = b.role == CudaPlan::Role::kInput;
+    if (!is_input && b.role != CudaPlan::Role::kOutput) continue;
+    const size_t given = is_input ? inputs[b.index].bytes : outputs[b.index].bytes;
+    if (given < static_cast<size_t>(b.bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(is_input ? "input " : "output ", b.index,
+                                                     " has ", given, " bytes; the plan needs ",
+                                                     b.bytes));
+    }
+  }
+  for (const ConstBuffer& b : inputs) in.push_back(b.data);
+  for (const MutableBuffer& b : outputs) out.push_back(b.data);
+  std::string error;
+  if (!cuda_->RunHost(in.data(), out.data(), &error)) {
+    return absl::InternalError(absl::StrCat("running ", handle(), " on the GPU: ", error));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadedKernel::RunOnDevice(void* const* buffers, void* stream, void* workspace) const {
+  if (!is_cuda()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(handle(), " is a CPU kernel: run it on host buffers with Run"));
+  }
+  std::string error;
+  if (!cuda_->Run(buffers, workspace, stream, &error)) {
+    return absl::InternalError(absl::StrCat("launching ", handle(), ": ", error));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<LoadedKernel> Session::LoadHandle(const std::string& handle, absl::Time deadline) {

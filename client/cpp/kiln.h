@@ -1,20 +1,26 @@
-// The kiln C++ client in one include: compile a graph on a kiln daemon and run the kernel here.
+// The kiln C++ client in one include: compile a graph on a kiln daemon and run the kernel here,
+// on the CPU or on a CUDA GPU, through one call path.
 //
 //   auto session = kiln::client::Session::Create();          // $KILN_SERVER, $KILN_CACHE_DIR
 //   auto kernel = (*session)->CompileAndLoad(graph);         // this machine's CPU by default
 //   kernel->Run({{x.data(), x.size() * 4}}, {{y.data(), y.size() * 4}});
 //
+//   auto gpu = (*session)->CompileAndLoad(graph, CudaTarget(90));   // a cubin for sm_90
+//   gpu->Run(...same host buffers...);                    // copies, launches, waits, copies back
+//   gpu->RunOnDevice(device_pointers, stream);            // or on the caller's device buffers
+//
 // A Session joins a Client (the RPCs), an ArtifactCache (the local content-addressed
-// directory) and the CPU loader. Compiling a graph the daemon has seen is a cache hit on the
+// directory), the CPU loader and the CUDA loader (cuda_loader.h, which opens the driver only
+// when a CUDA result is loaded). Compiling a graph the daemon has seen is a cache hit on the
 // daemon; loading an artifact this machine has seen is a hit in the local directory, so a
-// warm CompileAndLoad costs one small RPC and no fetch. CUDA results are compiled and fetched
-// here too (FetchArtifact); launching them is the CUDA loader's job.
+// warm CompileAndLoad costs one small RPC and no fetch.
 //
 // Thread-safety: Session is thread-safe. LoadedKernel is immutable; Run may be called from
 // many threads at once.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -25,6 +31,7 @@
 #include "client/cpp/artifact_cache.h"
 #include "client/cpp/client.h"
 #include "client/cpp/cpu_loader.h"
+#include "client/cpp/cuda_loader.h"
 #include "kiln/v1/service.pb.h"
 
 namespace kiln::client {
@@ -33,33 +40,50 @@ namespace kiln::client {
 // F/BW/DQ/VL, v3 with AVX2/FMA/BMI2, else v2).
 v1::Target HostCpuTarget();
 
+// A CUDA target for compute capability `sm` (e.g. 90 for sm_90).
+v1::Target CudaTarget(int sm);
+
 // The artifact of `kind` in a compile result, or null.
 const v1::Artifact* FindArtifact(const v1::CompileResponse& response, v1::ArtifactKind kind);
 
-// A compiled CPU kernel, loaded and ready to run.
+// A compiled kernel, loaded and ready to run: a CPU .so or a CUDA module.
 class LoadedKernel {
  public:
   LoadedKernel(v1::CompileResponse response, CpuKernel kernel)
-      : response_(std::move(response)), kernel_(std::move(kernel)) {}
+      : response_(std::move(response)), cpu_(std::move(kernel)) {}
+  LoadedKernel(v1::CompileResponse response, std::shared_ptr<CudaModule> module)
+      : response_(std::move(response)), cuda_(std::move(module)) {}
 
   const std::string& handle() const { return response_.handle(); }
   // Whether the daemon answered from its cache (no compile ran for this request).
   bool cache_hit() const { return response_.cache_hit(); }
   const v1::CompileResponse& response() const { return response_; }
   const v1::LaunchPlan& plan() const { return response_.result().plan(); }
-  // The verified .so in the local artifact directory.
-  const std::string& library_path() const { return kernel_.path(); }
-  const CpuKernel& kernel() const { return kernel_; }
+  bool is_cuda() const { return cuda_ != nullptr; }
+  // The verified .so in the local artifact directory. REQUIRES: !is_cuda().
+  const std::string& library_path() const { return cpu_->path(); }
+  // REQUIRES: !is_cuda().
+  const CpuKernel& kernel() const { return *cpu_; }
 
-  // See CpuKernel::Run: inputs in graph order, outputs in the graph's output order.
+  // Runs on host buffers, either target: inputs in graph order, outputs in the graph's output
+  // order, each at least the plan's bytes (InvalidArgument otherwise, naming which). A CPU
+  // kernel runs here on `num_threads` (<= 0: kernels/runtime/kiln_threads.h's rule); a CUDA
+  // one is copied to the device, run, waited for and copied back (`num_threads` unused;
+  // FailedPrecondition when the driver or a device is missing, Internal when a launch fails).
   absl::Status Run(absl::Span<const ConstBuffer> inputs, absl::Span<const MutableBuffer> outputs,
-                   int num_threads = 0) const {
-    return kernel_.Run(inputs, outputs, num_threads);
-  }
+                   int num_threads = 0) const;
+
+  // CUDA only: launches on device pointers (inputs then outputs) on `stream` (a CUstream;
+  // null: the legacy default stream) and returns without waiting. `workspace`: a device
+  // buffer of plan().workspace_bytes(), or null for one the module owns (then runs must not
+  // overlap in time). FailedPrecondition for a CPU kernel.
+  absl::Status RunOnDevice(void* const* buffers, void* stream = nullptr,
+                           void* workspace = nullptr) const;
 
  private:
   v1::CompileResponse response_;
-  CpuKernel kernel_;
+  std::optional<CpuKernel> cpu_;
+  std::shared_ptr<CudaModule> cuda_;  // shared: LoadedKernel stays copyable
 };
 
 struct SessionOptions {
@@ -74,9 +98,10 @@ class Session {
   Session(std::unique_ptr<Client> client, std::unique_ptr<ArtifactCache> cache)
       : client_(std::move(client)), cache_(std::move(cache)) {}
 
-  // Compiles (or finds) `graph` for `target` on the daemon, fetches the .so unless the local
-  // directory has it, verifies and loads it. FailedPrecondition for a non-CPU target (use
-  // FetchArtifact and the CUDA loader). The deadline covers the compile and the fetch.
+  // Compiles (or finds) `graph` for `target` on the daemon, fetches the artifact (the .so, or
+  // the cubin and PTX) unless the local directory has it, verifies and loads it. Loading a
+  // CUDA result needs the NVIDIA driver (FailedPrecondition without one). The deadline covers
+  // the compile and the fetch.
   absl::StatusOr<LoadedKernel> CompileAndLoad(const v1::Graph& graph,
                                               const v1::Target& target = HostCpuTarget(),
                                               const v1::CompileOptions& options = {},
@@ -86,12 +111,12 @@ class Session {
   absl::StatusOr<LoadedKernel> LoadHandle(const std::string& handle,
                                           absl::Time deadline = Client::kDefaultDeadline);
 
-  // Loads the CPU kernel of a compile result the caller already has.
+  // Loads the kernel (CPU or CUDA) of a compile result the caller already has.
   absl::StatusOr<LoadedKernel> Load(v1::CompileResponse response,
                                     absl::Time deadline = Client::kDefaultDeadline);
 
   // The local path of `artifact`, fetched from the daemon only when the directory lacks a
-  // verified copy. For any kind: a cubin for the CUDA loader, the source for a reader.
+  // verified copy. For any kind: the source for a reader, a cubin for a loader of one's own.
   absl::StatusOr<std::string> FetchArtifact(const v1::Artifact& artifact,
                                             absl::Time deadline = Client::kDefaultDeadline);
 
@@ -99,6 +124,8 @@ class Session {
   ArtifactCache& cache() { return *cache_; }
 
  private:
+  absl::StatusOr<LoadedKernel> LoadCuda(v1::CompileResponse response, absl::Time deadline);
+
   // Immutable after construction; both are thread-safe.
   const std::unique_ptr<Client> client_;
   const std::unique_ptr<ArtifactCache> cache_;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/lower/expr.h"
 #include "kernels/schedule/program.h"
 
@@ -53,7 +54,9 @@ class ScopedEmitter {
   // Pragma placed before the innermost loop of a reduction (empty: none).
   virtual std::string ReducePragma(const lower::Expr& e, const std::string& acc) const;
 
-  std::string NewTemp() { return "t" + std::to_string(next_temp_++); }
+  // StrCat, not "t" + std::to_string(): GCC 12 at -O3 warns falsely (-Wrestrict) inside
+  // std::string's operator+ (GCC bug 105651).
+  std::string NewTemp() { return absl::StrCat("t", next_temp_++); }
   // Index of the scope where `e` belongs: the deepest scope binding one of its free vars.
   size_t TargetScope(const lower::Expr& e);
 

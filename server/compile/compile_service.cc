@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "kernels/ir/decode.h"
@@ -228,7 +229,10 @@ void CompileService::StartOrJoin(Prepared prepared, Priority priority, absl::Tim
     }
   }
   if (!rejected.ok()) {
-    if (absl::IsResourceExhausted(rejected)) rejected_.fetch_add(1, std::memory_order_relaxed);
+    if (absl::IsResourceExhausted(rejected)) {
+      rejected_.fetch_add(1, std::memory_order_relaxed);
+      rejected.SetPayload(kRetryAfterPayload, absl::Cord(absl::StrCat(kQueueFullRetryAfterMs)));
+    }
     CompileReply reply;
     reply.status = std::move(rejected);
     reply.handle = key;
@@ -440,6 +444,44 @@ void CompileService::Shutdown(absl::Time drain_deadline) {
       w->Fire(std::move(r));
     }
   }
+}
+
+absl::StatusOr<v1::ExplainResponse> CompileService::Explain(const v1::ExplainRequest& request) {
+  constexpr int kDefaultEntries = 16;
+  KILN_ASSIGN_OR_RETURN(Prepared p, Prepare(request.graph(), request.target(), request.options()));
+  v1::ExplainResponse out;
+  out.set_handle(p.key.digest);
+  for (const auto& [label, value] : p.key.fields) {
+    v1::KeyField* field = out.add_fields();
+    field->set_label(label);
+    field->set_value(value);
+    if (label == "graph") out.set_graph_digest(value);
+  }
+  const int limit = request.max_entries() > 0 ? request.max_entries() : kDefaultEntries;
+  // Read a few more than asked for: the request's own entry is among them when cached.
+  KILN_ASSIGN_OR_RETURN(auto stored, store_->ResultsForGraph(out.graph_digest(), limit + 1));
+  for (auto& [handle, result] : stored) {
+    if (handle == p.key.digest) {
+      out.set_cached(true);
+      continue;
+    }
+    v1::ExplainEntry* entry = out.add_nearest();
+    entry->set_handle(handle);
+    int differing = 0;
+    for (const v1::KeyField& field : result.key_fields()) {
+      *entry->add_fields() = field;
+      const auto mine = std::find_if(p.key.fields.begin(), p.key.fields.end(),
+                                     [&](const auto& f) { return f.first == field.label(); });
+      if (mine == p.key.fields.end() || mine->second != field.value()) ++differing;
+    }
+    entry->set_differing(differing);
+  }
+  std::stable_sort(out.mutable_nearest()->begin(), out.mutable_nearest()->end(),
+                   [](const v1::ExplainEntry& a, const v1::ExplainEntry& b) {
+                     return a.differing() < b.differing();
+                   });
+  while (out.nearest_size() > limit) out.mutable_nearest()->RemoveLast();
+  return out;
 }
 
 }  // namespace kiln::compile

@@ -48,6 +48,12 @@ struct CompileServiceOptions {
   ir::Limits limits;
 };
 
+// A ResourceExhausted worth retrying (the compile queue is full, not a limit of the request)
+// carries this payload: the milliseconds a client should wait, as decimal text. The gRPC layer
+// turns it into the trailer clients read (client/RETRY.md).
+inline constexpr char kRetryAfterPayload[] = "type.kiln.dev/retry-after-ms";
+inline constexpr int kQueueFullRetryAfterMs = 250;
+
 // What a Compile / Lookup answers.
 struct CompileReply {
   absl::Status status;
@@ -87,6 +93,11 @@ class CompileService {
   // The cached result for a handle (a lowercase hex action key): InvalidArgument for a
   // malformed handle, NotFound when it is not (or no longer) cached.
   absl::StatusOr<std::shared_ptr<const v1::ActionResult>> GetResult(const std::string& handle);
+
+  // Why would `request` miss? Its key record (and whether it is cached), beside the stored
+  // entries whose key names the same graph, fewest differing fields first. InvalidArgument for
+  // a bad graph or target, as Compile. Compiles nothing and counts no hit or miss.
+  absl::StatusOr<v1::ExplainResponse> Explain(const v1::ExplainRequest& request);
 
   // Counters for GetStats (store counters included).
   v1::GetStatsResponse Stats() const;

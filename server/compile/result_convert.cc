@@ -57,6 +57,11 @@ ConvertedResult ToActionResult(CompileResult compiled, const key::ActionKey& key
   stats->set_toolchain_ms(compiled.stats.toolchain_ms);
   stats->set_total_ms(compiled.stats.total_ms);
   r.set_key_debug(key.DebugString());
+  for (const auto& [label, value] : key.fields) {
+    v1::KeyField* field = r.add_key_fields();
+    field->set_label(label);
+    field->set_value(value);
+  }
   *r.mutable_target() = ir::EncodeTarget(target);
   return out;
 }

@@ -45,6 +45,16 @@ class ArtifactStore {
   virtual absl::StatusOr<std::optional<std::string>> GetBlob(const std::string& digest) = 0;
 
   virtual StoreStats Stats() const = 0;
+
+  // Stored results whose key record names the graph `graph_digest` (the hex "graph" field of
+  // kernels/key), as (action key, result), at most `limit`. For explaining a miss: reads
+  // neither count as hits nor refresh recency. Stores without such an index know none.
+  virtual absl::StatusOr<std::vector<std::pair<std::string, v1::ActionResult>>> ResultsForGraph(
+      const std::string& graph_digest, size_t limit) {
+    (void)graph_digest;
+    (void)limit;
+    return std::vector<std::pair<std::string, v1::ActionResult>>{};
+  }
 };
 
 }  // namespace kiln::store

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 
 #include "kernels/key/digest.h"
+#include "kiln/v1/service.pb.h"
 
 namespace kiln::store {
 
@@ -22,6 +23,8 @@ namespace kiln::store {
 inline constexpr char kCasColumnFamily[] = "cas.v1";  // raw digest -> blob bytes
 inline constexpr char kAcColumnFamily[] = "ac.v1";    // action key -> AC record
 inline constexpr char kLruColumnFamily[] = "lru.v1";  // action key -> last-access tick
+// hex graph digest + hex action key -> empty: the keys compiled for a graph (kiln explain).
+inline constexpr char kGraphColumnFamily[] = "graphs.v1";
 
 using key::kDigestBytes;
 inline constexpr uint8_t kAcRecordVersion = 1;
@@ -48,6 +51,10 @@ std::string EncodeAcRecord(uint64_t write_tick, std::string_view payload);
 // damaged); FailedPrecondition when the record version is one this reader does not know.
 // Either way the caller treats the record as absent.
 absl::StatusOr<AcRecord> DecodeAcRecord(std::string_view value);
+
+// The graphs.v1 key of an entry: the hex digest of the graph its key record names (the field
+// labelled "graph"), then the hex action key. Empty when the record names no graph.
+std::string GraphIndexKey(const v1::ActionResult& result, const std::string& action_key);
 
 // The lru.v1 value: a fixed 8-byte little-endian tick.
 std::string EncodeTick(uint64_t tick);

@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(
       {kCasColumnFamily, cas_options},
       {kAcColumnFamily, PointLookupOptions()},
       {kLruColumnFamily, rocksdb::ColumnFamilyOptions()},
+      {kGraphColumnFamily, rocksdb::ColumnFamilyOptions()},
   };
   // RocksDB refuses to open a database without naming every family in it. Families of other
   // format versions are opened with defaults and never read: a newer binary's data survives a
@@ -131,6 +132,7 @@ RocksDbStore::RocksDbStore(RocksDbStoreOptions options, rocksdb::DB* db,
   cas_ = handles_[1];
   ac_ = handles_[2];
   lru_cf_ = handles_[3];
+  graphs_cf_ = handles_[4];
   write_options_.sync = options_.sync_writes;
 }
 
@@ -333,6 +335,9 @@ absl::Status RocksDbStore::PutResult(const std::string& key, const v1::ActionRes
   }
   m.batch.Put(ac_, key, value);
   m.batch.Put(lru_cf_, key, EncodeTick(tick));
+  if (std::string index = GraphIndexKey(stored, key); !index.empty()) {
+    m.batch.Put(graphs_cf_, index, "");
+  }
   m.bytes_delta += entry.bytes;
   m.put.emplace(key, std::move(entry));
   KILN_RETURN_IF_ERROR(Commit(m));

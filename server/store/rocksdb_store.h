@@ -82,6 +82,10 @@ class RocksDbStore : public ArtifactStore {
 
   StoreStats Stats() const override;
 
+  // From graphs.v1 (graph_index.cc). Index records whose entry is gone are deleted on the way.
+  absl::StatusOr<std::vector<std::pair<std::string, v1::ActionResult>>> ResultsForGraph(
+      const std::string& graph_digest, size_t limit) override;
+
  private:
   struct Entry {
     uint64_t write_tick = 0;           // identifies this write of the key
@@ -124,6 +128,7 @@ class RocksDbStore : public ArtifactStore {
   rocksdb::ColumnFamilyHandle* cas_ = nullptr;
   rocksdb::ColumnFamilyHandle* ac_ = nullptr;
   rocksdb::ColumnFamilyHandle* lru_cf_ = nullptr;
+  rocksdb::ColumnFamilyHandle* graphs_cf_ = nullptr;
   rocksdb::WriteOptions write_options_;
 
   // Guarded by mu_.

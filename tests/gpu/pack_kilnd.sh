@@ -2,6 +2,7 @@
 # Packs a built kilnd (stripped) with the shared libraries it needs beyond glibc into a folder,
 # so that it runs on a machine that has none of our Debian packages (the GPU machine).
 #   tests/gpu/pack_kilnd.sh OUT_DIR      -> OUT_DIR/bin/kilnd, OUT_DIR/lib/*.so*
+# (kilnc and the C++ example program kiln_example come along when they are built.)
 # Start it there with LD_LIBRARY_PATH=OUT_DIR/lib plus the machine's CUDA library folder
 # (for libnvrtc, which is not packed: the CUDA toolkit there provides it).
 set -euo pipefail
@@ -12,7 +13,8 @@ case "$out" in /*) ;; *) out="$OLDPWD/$out" ;; esac
 mkdir -p "$out/bin" "$out/lib"
 strip -o "$out/bin/kilnd" "$build/server/kilnd"
 [ -x "$build/kernels/kilnc" ] && strip -o "$out/bin/kilnc" "$build/kernels/kilnc"
-ldd "$build/server/kilnd" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
+[ -x "$build/client/cpp/kiln_example" ] && strip -o "$out/bin/kiln_example" "$build/client/cpp/kiln_example"
+for bin in "$out"/bin/*; do ldd "$bin"; done | awk '$3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libmvec.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libnvrtc*|libcuda.so*) ;;
     *) cp -L "$lib" "$out/lib/" ;;

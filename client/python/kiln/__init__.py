@@ -15,10 +15,11 @@ from __future__ import annotations
 import os as _os
 
 from . import _protogen
+from ._version import __version__
 
 # The generated modules live under <root>/kiln/v1; making <root>/kiln part of this package's
 # search path lets them be imported as kiln.v1.*, which is also how they import each other.
-_proto_root = _protogen.ensure()
+_proto_root = _protogen.locate()
 _proto_pkg = _os.path.join(str(_proto_root), "kiln")
 if _proto_pkg not in __path__:
     __path__.append(_proto_pkg)
@@ -33,6 +34,7 @@ from .errors import (  # noqa: E402
     ArtifactError,
     CompileError,
     KilnError,
+    KilnFallbackWarning,
     NotFoundError,
     RpcError,
     UnsupportedError,
@@ -40,9 +42,9 @@ from .errors import (  # noqa: E402
 from .graphio import load_graph, load_request, save_graph  # noqa: E402
 from .jit import JitFunction, Traced, default_client, jit  # noqa: E402
 from .recorder import Recorder  # noqa: E402
+from .retry import RetryPolicy  # noqa: E402
 from .target import Target, host_isa  # noqa: E402
 
-__version__ = "0.1.0"
 
 __all__ = [
     "ArtifactError",
@@ -52,6 +54,8 @@ __all__ = [
     "GraphBuilder",
     "JitFunction",
     "KilnError",
+    "KilnFallbackWarning",
+    "RetryPolicy",
     "NotFoundError",
     "Recorder",
     "RpcError",

@@ -3,12 +3,18 @@
 Every subcommand takes ``--server`` (default ``$KILN_SERVER``, then localhost:50051) and
 ``--help``. Exit status: 0 on success, 1 when the operation failed (a compile error, a lookup
 miss, a failed prewarm entry), 2 for bad usage.
+
+Output conventions: ``--json`` prints one JSON document whose counters and sizes are numbers;
+the human form prints sizes in binary units (``1.5 MiB``) and aligns its columns. ``kiln
+explain`` highlights differing key fields in colour on a terminal (``NO_COLOR`` turns that off)
+and marks them with ``!`` everywhere.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -21,13 +27,78 @@ import numpy as np
 _CODE_NAMES = {sc.value[0]: sc.name for sc in grpc.StatusCode}
 
 
+# Field types protobuf's JSON mapping prints as strings (64-bit integers); kiln prints numbers.
+_INT64_TYPES = frozenset({3, 4, 6, 16, 18})  # INT64, UINT64, FIXED64, SFIXED64, SINT64
+
+
 def _to_dict(msg: Any) -> dict[str, Any]:
+    """The message as JSON-ready data, with every field (defaults too) and numbers as numbers."""
     from google.protobuf import json_format
 
     try:
-        return json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        d = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     except TypeError:  # protobuf before 5.26 names the option differently
-        return json_format.MessageToDict(msg, preserving_proto_field_name=True, including_default_value_fields=True)  # type: ignore[call-arg]
+        d = json_format.MessageToDict(msg, preserving_proto_field_name=True, including_default_value_fields=True)  # type: ignore[call-arg]
+    return _numbers(msg.DESCRIPTOR, d)
+
+
+def _numbers(descriptor: Any, d: dict[str, Any]) -> dict[str, Any]:
+    for field in descriptor.fields:
+        if field.name not in d:
+            continue
+        v = d[field.name]
+        if field.message_type is not None:
+            if isinstance(v, list):
+                d[field.name] = [_numbers(field.message_type, x) if isinstance(x, dict) else x for x in v]
+            elif isinstance(v, dict) and not field.message_type.GetOptions().map_entry:
+                d[field.name] = _numbers(field.message_type, v)
+        elif field.type in _INT64_TYPES:
+            d[field.name] = [int(x) for x in v] if isinstance(v, list) else int(v)
+    return d
+
+
+def human_size(n: float) -> str:
+    """``n`` bytes in binary units: ``512 B``, ``1.5 KiB``, ``20.0 GiB``."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _print_table(rows: Sequence[Sequence[Any]], indent: str = "") -> None:
+    """Prints rows as columns padded to the widest cell (the last column is not padded);
+    columns whose cells are all numbers or sizes are right-aligned."""
+    if not rows:
+        return
+    cells = [[str(c) for c in r] for r in rows]
+    ncols = max(len(r) for r in cells)
+    widths = [max((len(r[i]) for r in cells if i < len(r)), default=0) for i in range(ncols)]
+
+    def numeric(i: int) -> bool:
+        col = [r[i] for r in cells if i < len(r)]
+        return i > 0 and all(_looks_numeric(c) for c in col)
+
+    right = [numeric(i) for i in range(ncols)]
+    for r in cells:
+        parts = []
+        for i, c in enumerate(r):
+            last = i == len(r) - 1
+            if right[i]:
+                parts.append(c.rjust(widths[i]))
+            else:
+                parts.append(c if last else c.ljust(widths[i]))
+        print(indent + "  ".join(parts).rstrip())
+
+
+def _looks_numeric(c: str) -> bool:
+    head = c.split(" ", 1)[0]
+    try:
+        float(head)
+    except ValueError:
+        return False
+    return True
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -64,16 +135,20 @@ def _compiled_summary(c: Any, wall_ms: Optional[float] = None) -> dict[str, Any]
 
 
 def _print_summary(d: dict[str, Any]) -> None:
-    print(f"handle     {d['handle']}")
-    print(f"target     {d['target']}")
-    print(f"kernels    {d['kernels']}")
-    print(f"cache hit  {'yes' if d['cache_hit'] else 'no'}")
     ms = f"{d['ms']:.1f} ms" if "ms" in d else ""
     st = d["stats"]
     detail = ""
     if not d["cache_hit"]:
         detail = f" (frontend {st.get('frontend_ms', 0):.1f} ms, toolchain {st.get('toolchain_ms', 0):.1f} ms)"
-    print(f"time       {ms} round trip, {d['server_ms']:.1f} ms in the daemon{detail}")
+    rows = [
+        ("handle", d["handle"]),
+        ("target", d["target"]),
+        ("kernels", d["kernels"]),
+        ("cache hit", "yes" if d["cache_hit"] else "no"),
+        ("time", f"{ms} round trip, {d['server_ms']:.1f} ms in the daemon{detail}"),
+    ]
+    rows += [("artifact", f"{a['kind']:<13} {human_size(a['size']):>10}  {a['digest'][:16]}") for a in d["artifacts"]]
+    _print_table(rows)
 
 
 # ---------------------------------------------------------------------- subcommands
@@ -141,8 +216,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"handle": c.handle, "artifacts": written})
     else:
-        for w in written:
-            print(f"{w['kind']:<14} {w['path']}")
+        _print_table([(w["kind"], human_size(w["size"]) if "size" in w else "-", w["path"]) for w in written])
     return 0
 
 
@@ -198,11 +272,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 class _Progress:
-    """A one-line progress bar on a terminal; silent otherwise."""
+    """Progress of a prewarm: a bar redrawn in place on a terminal ("bar"), one plain line per
+    finished request otherwise ("lines", for logs and CI), or nothing ("off")."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, total: int, mode: str, labels: Sequence[str]) -> None:
         self.total = total
-        self.enabled = enabled
+        self.mode = mode
+        self.labels = labels
         self.done = self.hits = self.failed = 0
         self.start = time.monotonic()
 
@@ -210,9 +286,13 @@ class _Progress:
         self.done += 1
         if event.code != 0:
             self.failed += 1
+            outcome = f"failed ({_CODE_NAMES.get(event.code, event.code)})"
         elif event.cache_hit:
             self.hits += 1
-        if self.enabled:
+            outcome = "cache hit"
+        else:
+            outcome = "compiled"
+        if self.mode == "bar":
             width = 30
             filled = int(width * self.done / max(self.total, 1))
             sys.stderr.write(
@@ -220,9 +300,13 @@ class _Progress:
                 f"  {self.hits} hit  {self.failed} failed  {time.monotonic() - self.start:.1f} s"
             )
             sys.stderr.flush()
+        elif self.mode == "lines":
+            label = self.labels[event.index] if 0 <= event.index < len(self.labels) else f"#{event.index}"
+            n = len(str(self.total))
+            print(f"[{self.done:>{n}}/{self.total}] {outcome:<10} {event.ms:8.1f} ms  {label}", flush=True)
 
     def finish(self) -> None:
-        if self.enabled:
+        if self.mode == "bar":
             sys.stderr.write("\n")
 
 
@@ -249,7 +333,8 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
             r.target.CopyFrom(t.to_proto())
             requests.append(r)
             labels.append(f"{f} [{t}]")
-    progress = _Progress(len(requests), enabled=sys.stderr.isatty() and not args.json and not args.quiet)
+    mode = "off" if (args.json or args.quiet) else ("bar" if sys.stderr.isatty() else "lines")
+    progress = _Progress(len(requests), mode, labels)
     t0 = time.monotonic()
     with _client(args) as client:
         events = client.prewarm(requests, on_event=lambda _r, e: progress.update(e)) if requests else []
@@ -283,14 +368,73 @@ def cmd_stats(args: argparse.Namespace) -> int:
         _print_json(d)
         return 0
     store = d.pop("store", {})
-    for k, v in d.items():
-        print(f"{k:<18} {v}")
-    for k, v in store.items():
-        print(f"store.{k:<12} {v}")
+    rows = [(k, _stat_text(k, v)) for k, v in d.items()]
+    rows += [(f"store.{k}", _stat_text(k, v)) for k, v in store.items()]
+    _print_table(rows)
+    return 0
+
+
+def _stat_text(name: str, value: Any) -> str:
+    if name.endswith("bytes"):
+        return human_size(value)
+    if name.endswith("_s") and isinstance(value, float):
+        return f"{value:.1f} s"
+    return str(value)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .graphio import load_request
+
+    req = load_request(args.graph)
+    with _client(args) as client:
+        r = client.explain(req.graph, args.target, req.options, max_entries=args.max_entries)
+    mine = [(f.label, f.value) for f in r.fields]
+    entries = []
+    for e in r.nearest:
+        theirs = dict((f.label, f.value) for f in e.fields)
+        differing = [label for label, value in mine if theirs.get(label) != value]
+        entries.append({"handle": e.handle, "fields": theirs, "differing": differing})
+    if args.json:
+        _print_json({"handle": r.handle, "target": args.target, "cached": r.cached, "graph_digest": r.graph_digest,
+                     "fields": dict(mine), "nearest": entries})
+        return 0
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+    def mark(text: str) -> str:
+        return f"\033[1;31m{text}\033[0m" if color else text
+
+    verdict = "HIT: the daemon holds this key" if r.cached else "MISS: no stored entry has this key"
+    print(f"{verdict} ({r.handle})")
+    print("request key:")
+    _print_table([(f"  {label}", value) for label, value in mine])
+    if not entries:
+        print(f"no other stored entry for this graph ({r.graph_digest[:16]}): the graph itself is new to the daemon"
+              if not r.cached else "no other stored entry for this graph")
+        return 0
+    print(f"{len(entries)} other stored entr{'y' if len(entries) == 1 else 'ies'} for the same graph, nearest first:")
+    for e in entries:
+        n = len(e["differing"])
+        print(f"entry {e['handle']}: {n} field{'' if n == 1 else 's'} differ{'s' if n == 1 else ''}")
+        rows = []
+        for label, value in mine:
+            if label in e["differing"]:
+                rows.append((mark(f"! {label}"), mark(e["fields"].get(label, "(absent)")), f"(request: {value})"))
+        same = [label for label, _ in mine if label not in e["differing"]]
+        _print_table(rows, indent="  ")
+        if same:
+            print(f"    same: {', '.join(same)}")
     return 0
 
 
 # ---------------------------------------------------------------------- parser
+
+def _version_text() -> str:
+    import google.protobuf
+
+    from ._version import __version__
+
+    return f"kiln {__version__} (grpcio {grpc.__version__}, protobuf {google.protobuf.__version__}, numpy {np.__version__})"
+
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -298,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--timeout", type=float, default=60.0, help="deadline of each call in seconds, retries included (default 60; compiles at least 600)")
 
     p = argparse.ArgumentParser(prog="kiln", description="Client of the kiln compile server for fused tensor kernels.")
+    p.add_argument("--version", action="version", version=_version_text())
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     graph_help = "graph file: protobuf JSON (.json), text (.txtpb, .pbtxt) or binary (.pb); or a recorded .kreq"
@@ -343,6 +488,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_prewarm)
+
+    s = sub.add_parser("explain", parents=[common], help="say why a graph misses the cache", description="Print the key fields of the request beside those of the stored entries for the same graph, differing fields highlighted: why a graph missed (or that it would hit).")
+    s.add_argument("graph", metavar="GRAPH", help=graph_help)
+    s.add_argument("--target", "-t", default="cpu", help="target (default: cpu)")
+    s.add_argument("--max-entries", type=int, default=0, help="at most this many stored entries (default: the daemon's, 16)")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=cmd_explain)
 
     s = sub.add_parser("stats", parents=[common], help="print the daemon's counters", description="Print the daemon's cache and compile counters.")
     s.add_argument("--json", action="store_true", help="print JSON")

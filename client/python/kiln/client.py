@@ -9,15 +9,16 @@ Example::
 A CPU result runs on NumPy arrays; a CUDA result (``target="cuda:sm_90"``) on CUDA arrays
 (PyTorch tensors, CuPy arrays), through :mod:`kiln.cuda`.
 
-Calls retry on UNAVAILABLE with exponential backoff until their deadline. Artifacts are kept in
+Calls retry as :mod:`kiln.retry` says (the policy the C++ client shares): UNAVAILABLE for a
+few seconds, an overloaded daemon's RESOURCE_EXHAUSTED while the deadline allows. Artifacts are kept in
 a local content-addressed folder (see :mod:`kiln.cache`) and verified before use; a shared
 object is opened once per process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import random
 import threading
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from .cache import ArtifactCache
 from .errors import ArtifactError, CompileError, KilnError, NotFoundError, RpcError
 from .loader import CpuKernel, aligned_empty, default_num_threads, load_cpu_kernel
 from .recorder import Recorder
+from .retry import RetryPolicy, call_with_retries
 from .target import ISA_LEVELS, Target, host_isa
 from .v1 import graph_pb2, service_pb2, service_pb2_grpc
 
@@ -68,9 +70,10 @@ class Client:
     ``address`` defaults to ``$KILN_SERVER``, then ``localhost:50051``. ``cache_dir`` defaults
     to ``$KILN_CACHE_DIR``, then ``~/.cache/kiln``. ``timeout`` is the deadline in seconds of
     quick calls (lookup, stats, source...), ``compile_timeout`` that of compiles (which may
-    wait in the daemon's queue); both include retries. A call failing with UNAVAILABLE is
-    retried up to ``max_attempts`` times with exponential backoff (50 ms doubling to 2 s,
-    about 5 s in all by default) while its deadline allows. ``recorder`` defaults to one for
+    wait in the daemon's queue); both include retries. ``retry`` is the retry policy
+    (:class:`kiln.retry.RetryPolicy`; by default UNAVAILABLE is retried for 5 s, an overloaded
+    daemon's RESOURCE_EXHAUSTED until the deadline); ``max_attempts``, when given, caps its
+    attempts. ``recorder`` defaults to one for
     ``$KILN_RECORD_DIR`` when set. Thread-safe; close it (or use ``with``) to free the channel.
     """
 
@@ -81,14 +84,17 @@ class Client:
         cache_dir: Optional[Union[str, Path]] = None,
         timeout: float = 60.0,
         compile_timeout: float = 600.0,
-        max_attempts: int = 8,
+        max_attempts: Optional[int] = None,
+        retry: Optional[RetryPolicy] = None,
         recorder: Optional[Recorder] = None,
         channel_options: Optional[Sequence[tuple[str, Any]]] = None,
     ) -> None:
         self.address = address or os.environ.get("KILN_SERVER") or DEFAULT_ADDRESS
         self.timeout = timeout
         self.compile_timeout = compile_timeout
-        self.max_attempts = max(1, max_attempts)
+        self.retry = retry or RetryPolicy()
+        if max_attempts is not None:
+            self.retry = dataclasses.replace(self.retry, max_attempts=max(1, max_attempts))
         opts = [
             ("grpc.max_receive_message_length", 256 << 20),
             ("grpc.max_send_message_length", 256 << 20),
@@ -122,26 +128,14 @@ class Client:
     # ------------------------------------------------------------------ RPC plumbing
 
     def _call(self, method: str, request: Any, timeout: Optional[float]) -> Any:
-        """A unary call with retries on UNAVAILABLE (exponential backoff with jitter) until
-        the deadline; errors become :class:`RpcError` subclasses."""
+        """A unary call retried under ``self.retry`` within its deadline; errors become
+        :class:`RpcError` subclasses."""
         fn = getattr(self._stub, method)
-        deadline = time.monotonic() + (timeout if timeout is not None else self.timeout)
-        delay = 0.05
-        attempt = 0
-        while True:
-            attempt += 1
-            remaining = deadline - time.monotonic()
-            try:
-                return fn(request, timeout=max(remaining, 0.001))
-            except grpc.RpcError as e:
-                code = e.code() if hasattr(e, "code") else None
-                if code == grpc.StatusCode.UNAVAILABLE and attempt < self.max_attempts:
-                    sleep = min(delay, 2.0) * (0.5 + random.random() / 2)
-                    if time.monotonic() + sleep < deadline:
-                        time.sleep(sleep)
-                        delay *= 2
-                        continue
-                raise _translate(method, e) from None
+        try:
+            return call_with_retries(lambda remaining: fn(request, timeout=remaining),
+                                     timeout if timeout is not None else self.timeout, self.retry)
+        except grpc.RpcError as e:
+            raise _translate(method, e) from None
 
     def health(self, service: str = "", timeout: float = 5.0) -> str:
         """The daemon's gRPC health status for ``service``: ``"SERVING"``, ``"NOT_SERVING"``,
@@ -215,6 +209,18 @@ class Client:
         """The kiln.v1.GetSourceResponse (source, fusion report, language) of ``handle``."""
         return self._call("GetSource", service_pb2.GetSourceRequest(handle=handle), timeout)
 
+    def explain(self, graph: Any, target: TargetLike = "cpu", options: Any = None, *,
+                max_entries: int = 0, timeout: Optional[float] = None) -> Any:
+        """Why ``graph`` would miss on ``target``: a kiln.v1.ExplainResponse with the request's
+        key fields, whether it is cached, and the stored entries for the same graph (fewest
+        differing fields first, at most ``max_entries``; 0 is the daemon's default)."""
+        full = self._request(graph, target, options)
+        req = service_pb2.ExplainRequest(max_entries=max_entries)
+        req.graph.CopyFrom(full.graph)
+        req.target.CopyFrom(full.target)
+        req.options.CopyFrom(full.options)
+        return self._call("Explain", req, timeout)
+
     def stats(self, *, timeout: Optional[float] = None) -> Any:
         """The daemon's counters: a kiln.v1.GetStatsResponse."""
         return self._call("GetStats", service_pb2.GetStatsRequest(), timeout)
@@ -239,11 +245,8 @@ class Client:
             return self._download(digest, size, timeout if timeout is not None else max(self.timeout, 300.0))
 
     def _download(self, digest: str, size: Optional[int], timeout: float) -> Path:
-        deadline = time.monotonic() + timeout
-        delay = 0.05
-        attempt = 0
-        while True:
-            attempt += 1
+        def attempt(remaining: float) -> Path:
+            deadline = time.monotonic() + remaining
             expected = [size]
 
             def chunks() -> Iterable[bytes]:
@@ -262,14 +265,13 @@ class Client:
 
             try:
                 return self.cache.put_chunks(digest, _Sized(chunks(), expected), None)
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.UNAVAILABLE and attempt < self.max_attempts and time.monotonic() + delay < deadline:
-                    time.sleep(delay)
-                    delay *= 2
-                    continue
-                raise _translate("FetchArtifact", e) from None
             except ValueError as e:  # digest or size mismatch
                 raise ArtifactError(str(e), digest) from None
+
+        try:
+            return call_with_retries(attempt, timeout, self.retry)
+        except grpc.RpcError as e:
+            raise _translate("FetchArtifact", e) from None
 
     # ------------------------------------------------------------------ prewarm
 
@@ -301,15 +303,14 @@ class Client:
             reqs.append(r)
         events: list[Any] = [None] * len(reqs)
         deadline = time.monotonic() + (timeout if timeout is not None else max(self.compile_timeout, 3600.0))
-        delay = 0.1
-        attempt = 0
-        while True:
+
+        def attempt(remaining: float) -> bool:
+            """One stream over the requests still unanswered; True when it answered some
+            before breaking (the caller then starts a fresh retry window)."""
             pending = [i for i, e in enumerate(events) if e is None]
-            if not pending:
-                return events
-            attempt += 1
+            progressed = False
             try:
-                stream = self._stub.Prewarm(iter([reqs[i] for i in pending]), timeout=max(deadline - time.monotonic(), 0.001))
+                stream = self._stub.Prewarm(iter([reqs[i] for i in pending]), timeout=remaining)
                 for ev in stream:
                     if not 0 <= ev.index < len(pending):
                         continue
@@ -318,13 +319,20 @@ class Client:
                     e.CopyFrom(ev)
                     e.index = i
                     events[i] = e
+                    progressed = True
                     if on_event is not None:
                         on_event(reqs[i], e)
             except grpc.RpcError as err:
-                if err.code() == grpc.StatusCode.UNAVAILABLE and attempt < self.max_attempts and time.monotonic() + delay < deadline:
-                    time.sleep(delay)
-                    delay *= 2
+                if progressed and err.code() == grpc.StatusCode.UNAVAILABLE:
+                    return True
+                raise
+            return False
+
+        while any(e is None for e in events):
+            try:
+                if call_with_retries(attempt, max(deadline - time.monotonic(), 0.001), self.retry):
                     continue
+            except grpc.RpcError as err:
                 raise _translate("Prewarm", err) from None
             missing = [i for i, e in enumerate(events) if e is None]
             if missing:

@@ -57,3 +57,8 @@ class ArtifactError(KilnError):
     def __init__(self, message: str, digest: Optional[str] = None) -> None:
         self.digest = digest
         super().__init__(message)
+
+
+class KilnFallbackWarning(UserWarning):
+    """kiln could not compile or run something, which then ran without it: a torch.compile
+    part in torch, or a ``kiln.jit(fallback=True)`` function in NumPy."""

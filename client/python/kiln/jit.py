@@ -39,12 +39,14 @@ import functools
 import inspect
 import sys
 import threading
+import time
+import warnings
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
 from . import dtypes as dt
-from .errors import KilnError
+from .errors import KilnError, KilnFallbackWarning, RpcError
 from .target import Target
 from .tracer import Trace, Tracer
 
@@ -255,7 +257,8 @@ class JitFunction:
     arrays calls take.
     """
 
-    def __init__(self, fn: Callable[..., Any], target: Union[str, Target], client: Any = None, options: Any = None, num_threads: Optional[int] = None) -> None:
+    def __init__(self, fn: Callable[..., Any], target: Union[str, Target], client: Any = None, options: Any = None,
+                 num_threads: Optional[int] = None, fallback: bool = False) -> None:
         self.fn = fn
         self.target: Union[Target, str] = _parse_target(target)
         # A plain "cuda" target: the sm is part of each signature's key.
@@ -263,6 +266,11 @@ class JitFunction:
         self.is_cuda = self._per_device or (isinstance(self.target, Target) and self.target.is_cuda)
         self.options = options
         self.num_threads = num_threads
+        if fallback and self.is_cuda:
+            raise ValueError("kiln.jit(fallback=True) needs a CPU target: the NumPy function cannot run on CUDA arrays")
+        self.fallback = fallback
+        self._unreachable_until = 0.0  # while the daemon is deemed unreachable, calls run NumPy
+        self._warned = False
         self._client = client
         self._cache: dict[Any, _Entry] = {}
         self._lock = threading.Lock()
@@ -381,7 +389,25 @@ class JitFunction:
         return self._entry(args, kwargs, _EXAMPLE if self.is_cuda else _HOST)[0].compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        entry, arrays = self._entry(args, kwargs, _DEVICE if self.is_cuda else _HOST)
+        if not self.fallback:
+            entry, arrays = self._entry(args, kwargs, _DEVICE if self.is_cuda else _HOST)
+            return entry.run(arrays, self.num_threads)
+        if time.monotonic() < self._unreachable_until:
+            return self.fn(*args, **kwargs)
+        try:
+            entry, arrays = self._entry(args, kwargs, _HOST)
+        except RpcError as e:
+            if e.code not in _UNREACHABLE_CODES:
+                raise
+            # Signatures already compiled keep running compiled; new ones run in NumPy until
+            # the daemon is tried again.
+            self._unreachable_until = time.monotonic() + _FALLBACK_RETRY_S
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"kiln.jit: {getattr(self.fn, '__qualname__', self.fn)} runs in NumPy: the kiln daemon at "
+                              f"{self.client.address} cannot be reached ({e.code}); trying again in {_FALLBACK_RETRY_S:.0f} s",
+                              KilnFallbackWarning, stacklevel=2)
+            return self.fn(*args, **kwargs)
         return entry.run(arrays, self.num_threads)
 
     def __repr__(self) -> str:
@@ -405,8 +431,14 @@ def _parse_target(target: Union[str, Target, Any]) -> Union[Target, str]:
     return Target.parse(target)
 
 
+# Codes that mean "no daemon to talk to", for kiln.jit(fallback=True); and how long a function
+# then runs in NumPy before trying the daemon again.
+_UNREACHABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+_FALLBACK_RETRY_S = 30.0
+
+
 def jit(fn: Optional[Callable[..., Any]] = None, *, target: Union[str, Target] = "cpu", client: Any = None,
-        options: Any = None, num_threads: Optional[int] = None) -> Any:
+        options: Any = None, num_threads: Optional[int] = None, fallback: bool = False) -> Any:
     """Compiles a NumPy function with kiln; use as ``@kiln.jit`` or ``@kiln.jit(target=...)``.
 
     ``target``: a CPU target (``"cpu"``, the default, is this machine's best ISA level) or a
@@ -415,7 +447,10 @@ def jit(fn: Optional[Callable[..., Any]] = None, *, target: Union[str, Target] =
     arrays...) and returns arrays of the same kind; see the module's documentation.
     ``client``: the :class:`kiln.Client` to compile with (default: a shared one for
     ``$KILN_SERVER``). ``options``: compile options (see :meth:`kiln.Client.compile`).
-    ``num_threads``: threads a CPU kernel may use (default: all this process may use).
+    ``num_threads``: threads a CPU kernel may use (default: ``$KILN_NUM_THREADS``, then
+    ``$OMP_NUM_THREADS``, then the CPUs this process may use). ``fallback=True`` (CPU targets
+    only): when the daemon cannot be reached, run the plain NumPy function instead, with one
+    :class:`kiln.KilnFallbackWarning`, and try the daemon again 30 s later.
 
     Raises ValueError at once for a bad target, and :class:`kiln.UnsupportedError` at the first
     call if the function does something kiln cannot express, naming the NumPy function.
@@ -423,6 +458,6 @@ def jit(fn: Optional[Callable[..., Any]] = None, *, target: Union[str, Target] =
     t = _parse_target(target)
 
     def wrap(f: Callable[..., Any]) -> JitFunction:
-        return JitFunction(f, t, client=client, options=options, num_threads=num_threads)
+        return JitFunction(f, t, client=client, options=options, num_threads=num_threads, fallback=fallback)
 
     return wrap(fn) if fn is not None else wrap

@@ -92,14 +92,23 @@ def aligned_empty(nbytes: int, alignment: int = 64) -> np.ndarray:
 
 
 def default_num_threads() -> int:
-    """``$KILN_NUM_THREADS``, else the CPUs this process may run on."""
-    env = os.environ.get("KILN_NUM_THREADS")
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            pass
+    """Threads a CPU kernel uses when the caller names none; the same rule as the C++ client
+    (kernels/runtime/kiln_threads.h): ``$KILN_NUM_THREADS``, then ``$OMP_NUM_THREADS`` (its
+    first entry: OpenMP allows a list per nesting level), then the CPUs this process may run on
+    (its affinity mask). A variable that is not a positive integer is skipped."""
+    for var in ("KILN_NUM_THREADS", "OMP_NUM_THREADS"):
+        n = _positive_int(os.environ.get(var, "").split(",")[0])
+        if n is not None:
+            return n
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def _positive_int(text: str) -> Optional[int]:
+    try:
+        n = int(text.strip())
+    except ValueError:
+        return None
+    return n if n > 0 else None

@@ -22,6 +22,7 @@
 #include "kernels/ir/builder.h"
 #include "kernels/ir/decode.h"
 #include "tests/integration/kilnd_process.h"
+#include "tests/unit/client/test_support.h"
 
 namespace kiln::client {
 namespace {
@@ -54,28 +55,6 @@ std::vector<float> Softmax(const std::vector<float>& x, int64_t rows, int64_t co
     }
   }
   return out;
-}
-
-std::string MakeTempDir() {
-  std::string tmpl = (fs::temp_directory_path() / "kiln-client-XXXXXX").string();
-  return mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
-}
-
-// A loopback port with (almost certainly) nothing listening: bound, then released.
-int DeadPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // One kilnd for the whole suite: every test uses its own graphs or its own local cache.
@@ -347,6 +326,7 @@ TEST(ClientRetryTest, RetriesCarryACallOverADaemonThatComesUpLate) {
   options.retry.max_attempts = 100;
   options.retry.initial_backoff = absl::Milliseconds(50);
   options.retry.max_backoff = absl::Milliseconds(200);
+  options.retry.unavailable_timeout = absl::Seconds(60);  // however slow kilnd is to start
   auto client = Client::Create(options);
   ASSERT_TRUE(client.ok());
   absl::StatusOr<v1::GetStatsResponse> stats = absl::UnknownError("not run");

@@ -29,14 +29,10 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .. import service_pb2
-from ..errors import KilnError, RpcError
+from ..errors import KilnError, KilnFallbackWarning, RpcError
 from .partition import PartGraph, Segment, effective_strides, eager_module
 
 log = logging.getLogger("kiln.torch")
-
-
-class KilnFallbackWarning(UserWarning):
-    """A kiln part could not be compiled or run; its nodes run in torch instead."""
 
 
 @dataclass

@@ -1,0 +1,3 @@
+"""The version of the kiln package: the one place it is written (pyproject.toml reads it)."""
+
+__version__ = "0.1.0"
