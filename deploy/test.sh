@@ -12,3 +12,5 @@ if [ -d tests/python ]; then
   export PYTHONPATH="$PWD/client/python${PYTHONPATH:+:$PYTHONPATH}"
   python3 -m pytest -q -p no:cacheprovider tests/python
 fi
+# The frontend under libFuzzer (clang build of its own, build-fuzz/), bounded: fails on findings.
+bash tests/fuzz/run.sh "${KILN_FUZZ_SECONDS:-120}"
