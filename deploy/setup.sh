@@ -16,6 +16,7 @@ APT_PACKAGES=(
   librocksdb-dev libabsl-dev libspdlog-dev libfmt-dev libssl-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv python3-dev
+  clang-14 libclang-rt-14-dev
 )
 # Into .venv. torch is the default Linux wheel from PyPI (CUDA libraries included: PyPI has
 # no CPU-only build); the tests use it on the CPU.

@@ -19,3 +19,5 @@ if [ -d tests/python ]; then
   export KILN_WHEELHOUSE="${KILN_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln/wheels}"
   .venv/bin/python -m pytest -q -rs -p no:cacheprovider tests/python
 fi
+# The frontend under libFuzzer (clang build of its own, build-fuzz/), bounded: fails on findings.
+bash tests/fuzz/run.sh "${KILN_FUZZ_SECONDS:-120}"

@@ -89,7 +89,7 @@ std::string Pipeline::Fingerprint(const Target& target) const {
 
 namespace {
 
-absl::StatusOr<ir::Graph> RunPasses(const ir::Graph& graph, bool trace) {
+absl::StatusOr<ir::Graph> RunPasses(const ir::Graph& graph, bool trace, const FrontendBudget& budget) {
   ir::Graph g = graph;
   struct Stage {
     const char* name;
@@ -104,6 +104,7 @@ absl::StatusOr<ir::Graph> RunPasses(const ir::Graph& graph, bool trace) {
   };
   for (const Stage& s : kStages) {
     KILN_ASSIGN_OR_RETURN(g, s.fn(g));
+    KILN_RETURN_IF_ERROR(budget.Check(s.name));
 #ifndef NDEBUG
     KILN_RETURN_IF_ERROR(ir::VerifyAndInfer(g));  // re-verify between stages in debug builds
 #endif
@@ -117,8 +118,12 @@ absl::StatusOr<ir::Graph> RunPasses(const ir::Graph& graph, bool trace) {
 absl::StatusOr<Pipeline::Generated> Pipeline::Generate(const ir::Graph& graph, const Target& target,
                                                        const CompileOptions& options) const {
   KILN_RETURN_IF_ERROR(CheckTarget(target));
-  KILN_ASSIGN_OR_RETURN(ir::Graph g, RunPasses(graph, impl_->config.trace));
-  KILN_ASSIGN_OR_RETURN(schedule::Program program, schedule::Schedule(g));
+  const FrontendBudget budget(impl_->config.max_frontend_ms);
+  KILN_ASSIGN_OR_RETURN(ir::Graph g, RunPasses(graph, impl_->config.trace, budget));
+  schedule::ScheduleOptions schedule_options;
+  schedule_options.max_expr_depth = impl_->config.max_expr_depth;
+  schedule_options.budget = &budget;
+  KILN_ASSIGN_OR_RETURN(schedule::Program program, schedule::Schedule(g, schedule_options));
   Generated out;
   out.fusion_report = program.report;
   out.num_kernels = static_cast<int>(program.kernels.size());
@@ -128,10 +133,12 @@ absl::StatusOr<Pipeline::Generated> Pipeline::Generate(const ir::Graph& graph, c
     out.source = std::move(unit.source);
     out.plan = std::move(unit.plan);
     out.fusion_report += unit.report;
+    KILN_RETURN_IF_ERROR(budget.Check("codegen"));
     return out;
   }
   out.source = codegen::GenerateCpu(program, options);
   out.plan = codegen::MakePlan(program, codegen::kCpuAbiVersion);
+  KILN_RETURN_IF_ERROR(budget.Check("codegen"));
   return out;
 }
 

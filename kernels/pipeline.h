@@ -18,6 +18,10 @@ struct PipelineConfig {
   std::string host_compiler = "g++";  // CPU toolchain
   double compile_timeout_s = 60;      // per toolchain invocation
   bool trace = false;                 // log the IR after each stage
+  // Frontend limits (ResourceExhausted naming the limit when exceeded; see
+  // schedule::ScheduleOptions for how a deep expression is split instead of refused).
+  int64_t max_expr_depth = 256;  // deepest inlined expression per kernel
+  double max_frontend_ms = 10000;  // wall time of passes + schedule + codegen; <= 0: none
 };
 
 class Pipeline {

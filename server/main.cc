@@ -67,6 +67,14 @@ ABSL_FLAG(double, compile_timeout_s, 60, "Limit on one host compiler run, in sec
 ABSL_FLAG(int, max_request_mib, 64, "Largest request accepted, in MiB.");
 ABSL_FLAG(int, memory_cache_entries, 4096,
           "Recent results kept in memory in front of RocksDB; 0 disables it.");
+ABSL_FLAG(int64_t, max_nodes, 100000,
+          "Most nodes a graph may have; larger graphs get RESOURCE_EXHAUSTED naming max_nodes.");
+ABSL_FLAG(int64_t, max_expr_depth, 256,
+          "Deepest expression one kernel inlines; a deeper chain is split into several kernels "
+          "through stored intermediates (never refused).");
+ABSL_FLAG(double, max_frontend_ms, 10000,
+          "Wall-clock limit on one compile's frontend (passes, fusion, codegen), in ms; beyond "
+          "it the request gets RESOURCE_EXHAUSTED naming max_frontend_ms. 0: no limit.");
 
 namespace kiln::server {
 namespace {
@@ -198,6 +206,8 @@ int Run() {
   PipelineConfig pipeline_config;
   pipeline_config.host_compiler = absl::GetFlag(FLAGS_host_compiler);
   pipeline_config.compile_timeout_s = absl::GetFlag(FLAGS_compile_timeout_s);
+  pipeline_config.max_expr_depth = std::max<int64_t>(1, absl::GetFlag(FLAGS_max_expr_depth));
+  pipeline_config.max_frontend_ms = absl::GetFlag(FLAGS_max_frontend_ms);
   absl::StatusOr<std::unique_ptr<compile::PipelineCompiler>> compiler =
       compile::PipelineCompiler::Create(pipeline_config);
   if (!compiler.ok()) {
@@ -207,6 +217,7 @@ int Run() {
   compile::CompileServiceOptions compile_options;
   compile_options.workers = absl::GetFlag(FLAGS_workers);
   compile_options.queue_size = absl::GetFlag(FLAGS_queue_size);
+  compile_options.limits.max_nodes = absl::GetFlag(FLAGS_max_nodes);
   compile_options.negative_ttl = absl::Seconds(absl::GetFlag(FLAGS_negative_cache_s));
   compile_options.memory_cache_entries =
       static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_memory_cache_entries)));

@@ -47,6 +47,9 @@ std::string StoreConvert(DType t, const std::string& x) {
 std::string Literal(DType t, double f, int64_t i) {
   if (ir::IsFloat(t)) {
     bool single = t != DType::kF64;
+    // A literal beyond float's range would not compile on every backend (NVRTC rejects it):
+    // it is the infinity a cast to float gives.
+    if (single && std::fabs(f) > std::numeric_limits<float>::max()) f = ir::RoundToFloatDType(f, DType::kF32);
     if (std::isnan(f)) return single ? "__builtin_nanf(\"\")" : "__builtin_nan(\"\")";
     if (std::isinf(f)) {
       std::string s = single ? "__builtin_inff()" : "__builtin_inf()";
@@ -126,8 +129,14 @@ std::string PointwiseText(const lower::Expr& e, const std::vector<std::string>& 
       return absl::StrCat("((", ComputeTypeName(e.dtype), ")(", args[0], "))");
     case K::kClamp: {
       std::string x = args[0];
-      std::string lo = Literal(e.dtype, e.lo, static_cast<int64_t>(std::ceil(e.lo)));
-      std::string hi = Literal(e.dtype, e.hi, static_cast<int64_t>(std::floor(e.hi)));
+      // Integer bounds beyond the dtype's range bound nothing: saturate them to it.
+      auto bound = [&](double b) {
+        if (ir::IsFloat(e.dtype) || std::isnan(b)) return int64_t{0};
+        double lo_t = static_cast<double>(ir::MinOf(e.dtype)), hi_t = static_cast<double>(ir::MaxOf(e.dtype));
+        return b <= lo_t ? ir::MinOf(e.dtype) : b >= hi_t ? ir::MaxOf(e.dtype) : static_cast<int64_t>(b);
+      };
+      std::string lo = Literal(e.dtype, e.lo, bound(std::ceil(e.lo)));
+      std::string hi = Literal(e.dtype, e.hi, bound(std::floor(e.hi)));
       if (e.has_lo && e.has_hi) return absl::StrCat("kiln_clamp(", x, ", ", lo, ", ", hi, ")");
       if (e.has_lo) return absl::StrCat("(", x, " < ", lo, " ? ", lo, " : ", x, ")");
       if (e.has_hi) return absl::StrCat("(", x, " > ", hi, " ? ", hi, " : ", x, ")");

@@ -1,6 +1,7 @@
 #include "kernels/codegen/emitter.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -140,6 +141,22 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
   if (op == "any" || op == "all") value = absl::StrCat("(", acc, " != 0)");
   out.push_back(absl::StrCat("const ", ComputeTypeName(e.dtype), " ", result, " = ", value, ";"));
   scopes_.insert(scopes_.end(), saved.begin(), saved.end());
+}
+
+std::unordered_set<std::string> IdentifiersIn(const std::string& text, char followed_by) {
+  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  std::unordered_set<std::string> out;
+  for (size_t i = 0; i < text.size();) {
+    if (!ident(text[i])) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && ident(text[j])) ++j;
+    if (followed_by == 0 || (j < text.size() && text[j] == followed_by)) out.insert(text.substr(i, j - i));
+    i = j;
+  }
+  return out;
 }
 
 std::string Indent(const std::vector<std::string>& lines, int depth) {

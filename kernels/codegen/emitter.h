@@ -9,6 +9,7 @@
 #pragma once
 
 #include <map>
+#include <unordered_set>
 #include <string>
 #include <vector>
 
@@ -72,5 +73,10 @@ class ScopedEmitter {
 
 // Joins statements with indentation.
 std::string Indent(const std::vector<std::string>& lines, int depth);
+
+// The identifiers in C text, in one pass: what a kernel mentions, so that choosing its
+// parameters costs one scan of its text rather than one search per buffer of the program.
+// `followed_by`: only identifiers directly followed by that character (0: all).
+std::unordered_set<std::string> IdentifiersIn(const std::string& text, char followed_by = 0);
 
 }  // namespace kiln::codegen

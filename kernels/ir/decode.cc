@@ -40,7 +40,14 @@ absl::StatusOr<AttrValue> DecodeAttr(const v1::AttrValue& a, const std::string& 
         for (int64_t v : a.tensor().int_values()) c.f.push_back(static_cast<double>(v));
       } else {
         c.i.assign(a.tensor().int_values().begin(), a.tensor().int_values().end());
-        for (double v : a.tensor().float_values()) c.i.push_back(static_cast<int64_t>(v));
+        // Float values of an integer constant are truncated toward zero (NumPy's cast);
+        // ones no integer holds are refused here, before any conversion.
+        for (double v : a.tensor().float_values()) {
+          if (!(v > -0x1p63 && v < 0x1p63))
+            return InvalidArgumentError(absl::StrCat(where, ": value ", v, " does not fit ", DTypeName(c.dtype),
+                                                     " (rule: integer constants must fit their dtype)"));
+          c.i.push_back(static_cast<int64_t>(v));
+        }
         if (IsBool(c.dtype))
           for (int64_t& v : c.i) v = v != 0;
       }
@@ -55,7 +62,7 @@ absl::StatusOr<AttrValue> DecodeAttr(const v1::AttrValue& a, const std::string& 
 
 absl::StatusOr<Graph> DecodeGraph(const v1::Graph& wire, const Limits& limits) {
   if (wire.nodes_size() > limits.max_nodes)
-    return absl::ResourceExhaustedError(absl::StrCat("graph has ", wire.nodes_size(), " nodes, over the limit of ", limits.max_nodes));
+    return absl::ResourceExhaustedError(absl::StrCat("graph has ", wire.nodes_size(), " nodes, over the limit of ", limits.max_nodes, " (max_nodes)"));
   if (wire.nodes_size() == 0 && wire.outputs_size() == 0) return InvalidArgumentError("empty graph: no nodes and no outputs");
   Graph g;
   for (int i = 0; i < wire.inputs_size(); ++i) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <limits>
 
 namespace kiln::ir {
 namespace {
@@ -99,5 +101,50 @@ DType ComputeType(DType t) {
   if (t == DType::kF16 || t == DType::kBF16) return DType::kF32;
   return t;
 }
+
+double RoundToFloatDType(double v, DType t) {
+  if (t == DType::kF64 || v == 0 || !std::isfinite(v)) return v;
+  // Fraction bits, smallest normal exponent and largest finite value of the format.
+  int fraction_bits = 23, min_exp = -126;
+  double max_finite = std::numeric_limits<float>::max();
+  if (t == DType::kF16) {
+    fraction_bits = 10;
+    min_exp = -14;
+    max_finite = 65504.0;
+  } else if (t == DType::kBF16) {
+    fraction_bits = 7;
+    max_finite = std::ldexp(255.0, 120);  // 0x1.fep127
+  }
+  int e = 0;
+  std::frexp(v, &e);  // v = m * 2^e with 0.5 <= |m| < 1
+  int quantum_exp = std::max(e - 1, min_exp) - fraction_bits;
+  double r = std::ldexp(std::nearbyint(std::ldexp(v, -quantum_exp)), quantum_exp);
+  if (std::fabs(r) > max_finite) return std::copysign(std::numeric_limits<double>::infinity(), v);
+  return r;
+}
+
+int64_t MinOf(DType t) {
+  switch (t) {
+    case DType::kI8: return std::numeric_limits<int8_t>::min();
+    case DType::kI16: return std::numeric_limits<int16_t>::min();
+    case DType::kI32: return std::numeric_limits<int32_t>::min();
+    case DType::kU8:
+    case DType::kBool: return 0;
+    default: return std::numeric_limits<int64_t>::min();
+  }
+}
+
+int64_t MaxOf(DType t) {
+  switch (t) {
+    case DType::kI8: return std::numeric_limits<int8_t>::max();
+    case DType::kI16: return std::numeric_limits<int16_t>::max();
+    case DType::kI32: return std::numeric_limits<int32_t>::max();
+    case DType::kU8: return std::numeric_limits<uint8_t>::max();
+    case DType::kBool: return 1;
+    default: return std::numeric_limits<int64_t>::max();
+  }
+}
+
+bool FitsIntDType(int64_t v, DType t) { return t == DType::kBool || (v >= MinOf(t) && v <= MaxOf(t)); }
 
 }  // namespace kiln::ir

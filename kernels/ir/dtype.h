@@ -52,4 +52,16 @@ DType SumResult(DType t);
 // The C++/CUDA scalar type kernels compute in for t: f16 and bf16 are computed in float.
 DType ComputeType(DType t);
 
+// NumPy's cast of a double to float dtype t: rounded to nearest (ties to even) at t's
+// precision, subnormals included; beyond t's range it becomes +-inf; NaN stays NaN.
+// REQUIRES: IsFloat(t).
+double RoundToFloatDType(double v, DType t);
+
+// Whether an integer value is representable in t (bool: every value; it means v != 0).
+// REQUIRES: !IsFloat(t).
+bool FitsIntDType(int64_t v, DType t);
+// The smallest and largest values of integer or bool dtype t.
+int64_t MinOf(DType t);
+int64_t MaxOf(DType t);
+
 }  // namespace kiln::ir

@@ -1,6 +1,7 @@
 #include "kernels/ir/op_registry.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <set>
 #include <unordered_map>
@@ -48,6 +49,13 @@ absl::Status CheckKind(const Node& n, const std::string& key, bool numeric, bool
 absl::Status NumberAttrs(const Node& n, std::initializer_list<const char*> keys) {
   for (const char* k : keys) KILN_RETURN_IF_ERROR(CheckKind(n, k, true, false, false, false));
   return absl::OkStatus();
+}
+
+// "value 300 does not fit i8 (range -128..127; rule: ...)"; floats never fail (they become
+// +-inf beyond their range, as NumPy's cast gives).
+std::string DoesNotFit(double v, DType t) {
+  return absl::StrCat("value ", v, " does not fit ", DTypeName(t), " (range ", MinOf(t), "..", MaxOf(t),
+                      "; rule: integer constants must fit their dtype)");
 }
 
 absl::Status CheckShape(const Shape& s) {
@@ -300,6 +308,8 @@ absl::StatusOr<TensorType> InferConstant(const Node& n, const Types&) {
   if (have != want || (!c->f.empty() && !c->i.empty()))
     return InvalidArgumentError(absl::StrCat("constant: ", have, " values for shape ", ShapeStr(c->shape)));
   if (want > (1 << 20)) return absl::ResourceExhaustedError("constant: more than 2^20 elements");
+  for (int64_t v : c->i)
+    if (!FitsIntDType(v, c->dtype)) return InvalidArgumentError(DoesNotFit(static_cast<double>(v), c->dtype));
   return Make(c->dtype, c->shape);
 }
 
@@ -308,7 +318,14 @@ absl::StatusOr<TensorType> InferFull(const Node& n, const Types&) {
   KILN_RETURN_IF_ERROR(CheckShape(shape));
   KILN_RETURN_IF_ERROR(NumberAttrs(n, {"value"}));
   KILN_RETURN_IF_ERROR(CheckKind(n, "dtype", false, false, false, true));
-  return Make(n.Dtype("dtype", DType::kF32), shape);
+  DType t = n.Dtype("dtype", DType::kF32);
+  if (!IsFloat(t) && !IsBool(t)) {
+    // Float values are truncated toward zero (NumPy's cast); the result must fit the dtype.
+    double v = std::trunc(n.Float("value"));
+    if (!(v >= static_cast<double>(MinOf(t)) && v <= static_cast<double>(MaxOf(t))))
+      return InvalidArgumentError(absl::StrCat("full: ", DoesNotFit(n.Float("value"), t)));
+  }
+  return Make(t, shape);
 }
 
 absl::StatusOr<TensorType> InferIota(const Node& n, const Types&) {
@@ -352,7 +369,9 @@ InferFn Reduce(ReduceRule rule) {
       case ReduceRule::kBool: return Make(DType::kBool, s);
       case ReduceRule::kExtremum:
         for (int64_t a : axes)
-          if (in[0].shape[a] == 0) return InvalidArgumentError(absl::StrCat(n.op, ": reduction over empty axis ", a));
+          if (in[0].shape[a] == 0)
+            return InvalidArgumentError(absl::StrCat(n.op, ": reduction over empty axis ", a,
+                                                     " (rule: max/min of an empty axis is undefined, as in NumPy)"));
         return Make(t, s);
     }
     return InvalidArgumentError("bad reduce rule");
@@ -371,7 +390,9 @@ absl::StatusOr<TensorType> InferArgReduce(const Node& n, const Types& in) {
   int64_t axis = n.Int("axis");
   if (axis < 0) axis += x.Rank();
   if (axis < 0 || axis >= x.Rank()) return InvalidArgumentError(absl::StrCat(n.op, ": axis ", n.Int("axis"), " out of range for rank ", x.Rank()));
-  if (x.shape[axis] == 0) return InvalidArgumentError(absl::StrCat(n.op, ": reduction over empty axis ", axis));
+  if (x.shape[axis] == 0)
+    return InvalidArgumentError(absl::StrCat(n.op, ": reduction over empty axis ", axis,
+                                             " (rule: argmax/argmin of an empty axis is undefined, as in NumPy)"));
   Shape out;
   for (int64_t i = 0; i < x.Rank(); ++i) {
     if (i != axis) out.push_back(x.shape[i]);
@@ -421,7 +442,13 @@ absl::StatusOr<TensorType> InferReduceFloat(const Node& n, const Types& in) {
     double p = n.Float("ord", 2);
     if (p != 1 && p != 2 && !std::isinf(p)) return InvalidArgumentError(absl::StrCat("norm: ord must be 1, 2 or inf, got ", p));
   }
-  KILN_ASSIGN_OR_RETURN(Shape s, ReducedShape(n, in[0], nullptr));
+  std::vector<int64_t> axes;
+  KILN_ASSIGN_OR_RETURN(Shape s, ReducedShape(n, in[0], &axes));
+  if (n.op == "norm" && std::isinf(n.Float("ord", 2)))
+    for (int64_t a : axes)
+      if (in[0].shape[a] == 0)
+        return InvalidArgumentError(absl::StrCat("norm: ord=inf over empty axis ", a,
+                                                 " (rule: max/min of an empty axis is undefined, as in NumPy)"));
   return Make(FloatResult(in[0].dtype), s);
 }
 
@@ -442,10 +469,78 @@ absl::StatusOr<TensorType> InferConv2d(const Node&, const Types& in) {
   return Make(Promote(in[0].dtype, in[1].dtype), {x[0], w[0], x[2] - w[2] + 1, x[3] - w[3] + 1});
 }
 
+// The attributes of every op (OPS.md documents them); ops not listed take none.
+void SetAttributes(std::unordered_map<std::string, OpSchema>* r) {
+  using A = AttrKind;
+  struct Entry {
+    std::vector<const char*> ops;
+    std::vector<AttrSpec> attrs;
+  };
+  const std::vector<AttrSpec> reduce = {{"axes", A::kInts}, {"keepdim", A::kBool}};
+  const Entry table[] = {
+      {{"clamp", "clip"}, {{"min", A::kFloat}, {"max", A::kFloat}}},
+      {{"cast"}, {{"dtype", A::kDType}}},
+      {{"broadcast_to", "reshape"}, {{"shape", A::kInts}}},
+      {{"permute"}, {{"dims", A::kInts}}},
+      {{"squeeze", "unsqueeze"}, {{"axes", A::kInts}}},
+      {{"slice"}, {{"axes", A::kInts}, {"starts", A::kInts}, {"stops", A::kInts}, {"steps", A::kInts}}},
+      {{"concat"}, {{"axis", A::kInt}}},
+      {{"constant"}, {{"value", A::kTensor}}},
+      {{"full"}, {{"shape", A::kInts}, {"value", A::kFloat}, {"dtype", A::kDType}}},
+      {{"iota"}, {{"shape", A::kInts}, {"axis", A::kInt}, {"dtype", A::kDType}}},
+      {{"sum", "prod", "max", "min", "any", "all", "mean", "logsumexp"}, reduce},
+      {{"var", "std"}, {{"axes", A::kInts}, {"keepdim", A::kBool}, {"correction", A::kFloat}}},
+      {{"norm"}, {{"axes", A::kInts}, {"keepdim", A::kBool}, {"ord", A::kFloat}}},
+      {{"argmax", "argmin"}, {{"axis", A::kInt}, {"keepdim", A::kBool}}},
+      {{"softmax", "log_softmax"}, {{"axis", A::kInt}}},
+      {{"layer_norm"}, {{"axes", A::kInts}, {"eps", A::kFloat}}},
+      {{"gelu"}, {{"approximate", A::kStr}}},
+      {{"elu"}, {{"alpha", A::kFloat}}},
+      {{"softplus"}, {{"beta", A::kFloat}, {"threshold", A::kFloat}}},
+      {{"leaky_relu"}, {{"negative_slope", A::kFloat}}},
+      {{"hardtanh"}, {{"min_val", A::kFloat}, {"max_val", A::kFloat}}},
+  };
+  for (const Entry& e : table)
+    for (const char* op : e.ops) r->at(op).attrs = e.attrs;
+}
+
+bool HoldsKind(const AttrValue& v, AttrKind kind) {
+  switch (kind) {
+    case AttrKind::kInt: return std::holds_alternative<int64_t>(v);
+    case AttrKind::kFloat: return std::holds_alternative<int64_t>(v) || std::holds_alternative<double>(v);
+    case AttrKind::kBool: return std::holds_alternative<bool>(v) || std::holds_alternative<int64_t>(v);
+    case AttrKind::kStr: return std::holds_alternative<std::string>(v);
+    case AttrKind::kDType: return std::holds_alternative<DType>(v);
+    case AttrKind::kInts: return std::holds_alternative<IntList>(v) || std::holds_alternative<int64_t>(v);
+    case AttrKind::kTensor: return std::holds_alternative<Constant>(v);
+  }
+  return false;
+}
+
+// Unknown attributes and attributes of the wrong kind, before the op's type rule reads them.
+absl::Status CheckAttributes(const Node& n, const OpSchema& schema) {
+  for (const auto& [key, value] : n.attrs) {
+    const AttrSpec* spec = nullptr;
+    for (const AttrSpec& a : schema.attrs)
+      if (a.name == key) spec = &a;
+    if (!spec) {
+      std::vector<std::string> known;
+      for (const AttrSpec& a : schema.attrs) known.push_back(a.name);
+      return InvalidArgumentError(absl::StrCat(
+          "unknown attribute '", key, "' for op '", n.op, "' (rule: only documented attributes; ",
+          known.empty() ? std::string("it takes none") : absl::StrCat("it takes: ", absl::StrJoin(known, ", ")), ")"));
+    }
+    if (!HoldsKind(value, spec->kind))
+      return InvalidArgumentError(absl::StrCat("attribute '", key, "' of op '", n.op, "' must be ",
+                                               AttrKindName(spec->kind), " (rule: attribute kind)"));
+  }
+  return absl::OkStatus();
+}
+
 std::unordered_map<std::string, OpSchema> BuildRegistry() {
   std::unordered_map<std::string, OpSchema> r;
   auto add = [&](const std::string& name, OpKind kind, int lo, int hi, InferFn fn) {
-    r[name] = OpSchema{name, kind, lo, hi, std::move(fn)};
+    r[name] = OpSchema{name, kind, lo, hi, {}, std::move(fn)};
   };
   using K = OpKind;
   for (const char* op : {"exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "sin", "cos",
@@ -499,6 +594,7 @@ std::unordered_map<std::string, OpSchema> BuildRegistry() {
 
   add("matmul", K::kExtern, 2, 2, InferMatmul);
   add("conv2d", K::kExtern, 2, 2, InferConv2d);
+  SetAttributes(&r);
   return r;
 }
 
@@ -509,7 +605,7 @@ const std::unordered_map<std::string, OpSchema>& Registry() {
 
 absl::Status CheckTensorType(const TensorType& t, const Limits& limits, std::string* why) {
   if (t.Rank() > limits.max_rank) {
-    *why = absl::StrCat("rank ", t.Rank(), " exceeds the limit of ", limits.max_rank);
+    *why = absl::StrCat("rank ", t.Rank(), " exceeds the limit of ", limits.max_rank, " (max_rank)");
     return absl::ResourceExhaustedError("");
   }
   int64_t n = 1;
@@ -524,7 +620,7 @@ absl::Status CheckTensorType(const TensorType& t, const Limits& limits, std::str
     }
   }
   if (n > limits.max_elements) {
-    *why = absl::StrCat("shape ", ShapeStr(t.shape), " has ", n, " elements, over the limit of ", limits.max_elements);
+    *why = absl::StrCat("shape ", ShapeStr(t.shape), " has ", n, " elements, over the limit of ", limits.max_elements, " (max_elements)");
     return absl::ResourceExhaustedError("");
   }
   if (!t.strides.empty() && t.strides.size() != t.shape.size()) {
@@ -566,6 +662,19 @@ absl::StatusOr<std::vector<int64_t>> NormalizeAxes(const IntList& axes, int64_t 
   return out;
 }
 
+const char* AttrKindName(AttrKind kind) {
+  switch (kind) {
+    case AttrKind::kInt: return "an int";
+    case AttrKind::kFloat: return "a number";
+    case AttrKind::kBool: return "a bool";
+    case AttrKind::kStr: return "a string";
+    case AttrKind::kDType: return "a dtype";
+    case AttrKind::kInts: return "a list of ints";
+    case AttrKind::kTensor: return "a tensor";
+  }
+  return "?";
+}
+
 const OpSchema* FindOp(const std::string& name) {
   auto it = Registry().find(name);
   return it == Registry().end() ? nullptr : &it->second;
@@ -580,7 +689,7 @@ std::vector<std::string> AllOps() {
 
 absl::Status VerifyAndInfer(Graph& g, const Limits& limits) {
   if (static_cast<int64_t>(g.nodes.size()) > limits.max_nodes)
-    return absl::ResourceExhaustedError(absl::StrCat("graph has ", g.nodes.size(), " nodes, over the limit of ", limits.max_nodes));
+    return absl::ResourceExhaustedError(absl::StrCat("graph has ", g.nodes.size(), " nodes, over the limit of ", limits.max_nodes, " (max_nodes)"));
   if (g.outputs.empty()) return InvalidArgumentError("graph has no outputs");
   g.input_names.resize(g.inputs.size());
   std::string why;
@@ -612,6 +721,8 @@ absl::Status VerifyAndInfer(Graph& g, const Limits& limits) {
                     absl::StrCat("uses value ", v, " before it is defined (nodes must be in topological order; cycles are not allowed)"));
       in.push_back(g.TypeOf(v));
     }
+    if (absl::Status a = CheckAttributes(n, *schema); !a.ok())
+      return fail(a.code(), std::string(a.message()));
     auto t = schema->infer(n, in);
     if (!t.ok()) return fail(t.status().code(), std::string(t.status().message()));
     absl::Status s = CheckTensorType(*t, limits, &why);

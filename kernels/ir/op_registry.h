@@ -20,11 +20,24 @@ enum class OpKind {
   kExtern,       // matmul, conv: a partition boundary, not compiled by kiln
 };
 
+// What an attribute holds. kInt accepts an int; kFloat an int or a float; kBool a bool or an
+// int; kInts a list of ints or one int.
+enum class AttrKind { kInt, kFloat, kBool, kStr, kDType, kInts, kTensor };
+const char* AttrKindName(AttrKind kind);
+
+struct AttrSpec {
+  std::string name;
+  AttrKind kind;
+};
+
 struct OpSchema {
   std::string name;
   OpKind kind;
   int min_inputs = 0;
   int max_inputs = 0;  // -1: any number (concat)
+  // Every attribute the op reads; any other is rejected (a misspelt `axis` for `axes` must not
+  // silently reduce over everything).
+  std::vector<AttrSpec> attrs;
   // Infers the output type from the input types and attributes, or says which rule failed.
   // The message names the rule only; the caller prefixes the node.
   std::function<absl::StatusOr<TensorType>(const Node&, const std::vector<TensorType>&)> infer;

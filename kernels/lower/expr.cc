@@ -6,20 +6,34 @@
 
 namespace kiln::lower {
 
-std::vector<int> Expr::FreeVars() const {
+namespace {
+
+std::vector<int> ComputeFreeVars(const Expr& e) {
   std::vector<int> vs;
-  for (const Affine& a : index) a.CollectVars(&vs);
-  for (const ExprPtr& c : args) {
+  for (const Affine& a : e.index) a.CollectVars(&vs);
+  for (const ExprPtr& c : e.args) {
     std::vector<int> cv = c->FreeVars();
     vs.insert(vs.end(), cv.begin(), cv.end());
   }
   std::sort(vs.begin(), vs.end());
   vs.erase(std::unique(vs.begin(), vs.end()), vs.end());
-  if (!rvars.empty())
+  if (!e.rvars.empty())
     vs.erase(std::remove_if(vs.begin(), vs.end(),
-                            [&](int v) { return std::count(rvars.begin(), rvars.end(), v) > 0; }),
+                            [&](int v) { return std::count(e.rvars.begin(), e.rvars.end(), v) > 0; }),
              vs.end());
   return vs;
+}
+
+}  // namespace
+
+std::vector<int> Expr::FreeVars() const {
+  return free_vars_ready ? free_vars_cache : ComputeFreeVars(*this);
+}
+
+ExprPtr NewExpr(Expr e) {
+  e.free_vars_cache = ComputeFreeVars(e);
+  e.free_vars_ready = true;
+  return std::make_shared<const Expr>(std::move(e));
 }
 
 int Expr::CountNodes(const ExprPtr& root) {

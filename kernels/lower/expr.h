@@ -43,10 +43,22 @@ struct Expr {
   bool has_lo = false, has_hi = false;
   std::vector<int> rvars;  // kReduce: reduced loop variables, outermost first
 
-  // Loop variables the value depends on, excluding variables bound inside it (its rvars).
+  // Loop variables the value depends on, excluding variables bound inside it (its rvars),
+  // sorted. O(1) for nodes made by NewExpr (cached there); otherwise computed from the
+  // operands, which is linear in the tree's paths (exponential on shared DAGs): build nodes
+  // with NewExpr.
   std::vector<int> FreeVars() const;
   // Number of nodes in the tree (shared subtrees counted once); for diagnostics.
   static int CountNodes(const ExprPtr& e);
+
+  // Set by NewExpr; copies of a node (to be modified and rebuilt) must go through NewExpr
+  // again, which recomputes it.
+  std::vector<int> free_vars_cache;
+  bool free_vars_ready = false;
 };
+
+// The one way to make a shared node: computes its free variables from its operands' cached
+// ones (O(operands + index size)), so every later FreeVars() call is O(1).
+ExprPtr NewExpr(Expr e);
 
 }  // namespace kiln::lower

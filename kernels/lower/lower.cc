@@ -1,6 +1,8 @@
 #include "kernels/lower/lower.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <set>
 
 #include "kernels/ir/op_registry.h"
@@ -18,7 +20,11 @@ bool IsLogical(const std::string& op) {
   return op == "logical_and" || op == "logical_or" || op == "logical_xor" || op == "logical_not";
 }
 
-ExprPtr Make(Expr e) { return std::make_shared<const Expr>(std::move(e)); }
+ExprPtr Make(Expr e) { return NewExpr(std::move(e)); }
+
+// Concats of up to this many non-empty parts lower to a chain of selections; more parts
+// lower to a balanced tree.
+constexpr size_t kConcatChainParts = 16;
 
 }  // namespace
 
@@ -26,22 +32,57 @@ ExprPtr MakeConst(DType t, double v) {
   Expr e;
   e.kind = Expr::Kind::kConst;
   e.dtype = t;
-  if (ir::IsFloat(t)) e.fvalue = v;
-  else e.ivalue = ir::IsBool(t) ? (v != 0) : static_cast<int64_t>(v);
+  if (ir::IsFloat(t)) {
+    // f32 literals are rounded by the compiler alike; f16/bf16 compute in float, so their
+    // constants are rounded to the dtype here (NumPy's cast: inf beyond the range).
+    e.fvalue = t == DType::kF32 && std::fabs(v) <= std::numeric_limits<float>::max() ? v
+                                                                                     : ir::RoundToFloatDType(v, t);
+  } else if (ir::IsBool(t)) {
+    e.ivalue = v != 0;
+  } else {
+    // Callers pass values that fit (the verifier checks constants and `full`); saturate
+    // rather than invoke undefined behaviour should one not.
+    e.ivalue = std::isnan(v) ? 0 : v <= -0x1p63 ? std::numeric_limits<int64_t>::min()
+                              : v >= 0x1p63    ? std::numeric_limits<int64_t>::max()
+                                               : static_cast<int64_t>(v);
+  }
+  return Make(std::move(e));
+}
+
+ExprPtr MakeIntConst(DType t, int64_t v) {
+  Expr e;
+  e.kind = Expr::Kind::kConst;
+  e.dtype = t;
+  e.ivalue = ir::IsBool(t) ? (v != 0) : v;
   return Make(std::move(e));
 }
 
 ExprPtr MakeCast(ExprPtr e, DType t) {
   if (e->dtype == t) return e;
   if (e->kind == Expr::Kind::kConst) {
+    // Integer to integer keeps all 64 bits (the literal's C cast wraps as NumPy's does).
+    if (!ir::IsFloat(e->dtype) && !ir::IsFloat(t)) return MakeIntConst(t, e->ivalue);
     double v = ir::IsFloat(e->dtype) ? e->fvalue : static_cast<double>(e->ivalue);
-    if (ir::IsFloat(t) || !ir::IsFloat(e->dtype)) return MakeConst(t, v);
+    if (ir::IsFloat(t)) return MakeConst(t, v);
   }
   Expr c;
   c.kind = Expr::Kind::kCast;
   c.dtype = t;
   c.args = {std::move(e)};
   return Make(std::move(c));
+}
+
+int64_t InlineDepth(const ir::Node& node) {
+  if (node.op != "concat") return 1;
+  size_t parts = node.inputs.size();
+  if (parts <= kConcatChainParts) return static_cast<int64_t>(parts);
+  int64_t levels = 1;
+  while ((size_t{1} << levels) < parts) ++levels;
+  return levels + 1;
+}
+
+bool NestsIndex(const ir::Node& node) {
+  return node.op == "reshape" || node.op == "squeeze" || node.op == "unsqueeze" || node.op == "concat";
 }
 
 std::vector<int64_t> ContiguousStrides(const ir::Shape& shape) {
@@ -60,6 +101,7 @@ std::vector<Affine> Lowerer::BeginKernel(const ir::Shape& domain) {
   memo_.clear();
   inlined_.clear();
   fused_.clear();
+  fused_set_.clear();
   stored_here_.clear();
   std::vector<Affine> idx;
   for (int64_t d : domain) {
@@ -101,7 +143,7 @@ std::vector<Affine> Lowerer::ReshapeIndex(const std::vector<Affine>& index, cons
 }
 
 ExprPtr Lowerer::Lower(ir::ValueId v, const std::vector<Affine>& index, bool root) {
-  bool here = std::find(stored_here_.begin(), stored_here_.end(), v) != stored_here_.end();
+  bool here = stored_here_.count(v) != 0;
   if (graph_.IsInput(v) || (!root && !here && buffer_of_[v] >= 0)) {
     Expr e;
     e.kind = Expr::Kind::kLoad;
@@ -113,7 +155,7 @@ ExprPtr Lowerer::Lower(ir::ValueId v, const std::vector<Affine>& index, bool roo
   auto key = std::make_pair(v, index);
   auto it = memo_.find(key);
   if (it != memo_.end()) return it->second;
-  if (std::find(fused_.begin(), fused_.end(), v) == fused_.end()) fused_.push_back(v);
+  if (fused_set_.insert(v).second) fused_.push_back(v);
   ExprPtr e = LowerNode(v, index);
   memo_[key] = e;
   return e;
@@ -194,24 +236,48 @@ ExprPtr Lowerer::LowerNode(ir::ValueId v, const std::vector<Affine>& index) {
           offsets.push_back(off);
           off += in_type(static_cast<int>(k)).shape[axis];
         }
-        ExprPtr acc;
+        // Parts in order (empty inputs contribute nothing), each reading its input shifted.
+        struct Part {
+          ExprPtr value;
+          int64_t end;  // offset of the part's end along `axis`
+        };
+        std::vector<Part> parts;
+        // Lowered last part first: the order fixes loop-variable numbering in generated code.
         for (int k = static_cast<int>(n.inputs.size()) - 1; k >= 0; --k) {
           int64_t size = in_type(k).shape[axis];
           if (size == 0) continue;
           std::vector<Affine> r = index;
           r[axis] = Clamp(AddConst(index[axis], -offsets[k]), 0, size - 1, extents_);
-          ExprPtr part = MakeCast(Lower(n.inputs[k], r), out.dtype);
-          if (!acc) {
-            acc = part;
-            continue;
-          }
+          parts.push_back({MakeCast(Lower(n.inputs[k], r), out.dtype), offsets[k] + size});
+        }
+        std::reverse(parts.begin(), parts.end());
+        auto select = [&](ExprPtr below, int64_t bound, ExprPtr rest) {
           Expr sel;
           sel.kind = Expr::Kind::kIndexLess;
           sel.dtype = out.dtype;
           sel.index = {index[axis]};
-          sel.ivalue = offsets[k] + size;
-          sel.args = {part, acc};
-          acc = Make(std::move(sel));
+          sel.ivalue = bound;
+          sel.args = {std::move(below), std::move(rest)};
+          return Make(std::move(sel));
+        };
+        ExprPtr acc;
+        if (parts.size() <= kConcatChainParts) {
+          // A chain of selections, the last part first.
+          for (auto it = parts.rbegin(); it != parts.rend(); ++it)
+            acc = acc ? select(it->value, it->end, acc) : it->value;
+        } else {
+          // Many parts: a balanced tree of selections, so the expression's depth grows with
+          // log2(parts) rather than with the number of parts. Built bottom-up, level by level.
+          std::vector<std::pair<ExprPtr, int64_t>> level;  // (value, end of its last part)
+          for (const Part& p : parts) level.push_back({p.value, p.end});
+          while (level.size() > 1) {
+            std::vector<std::pair<ExprPtr, int64_t>> next;
+            for (size_t i = 0; i + 1 < level.size(); i += 2)
+              next.push_back({select(level[i].first, level[i].second, level[i + 1].first), level[i + 1].second});
+            if (level.size() % 2) next.push_back(level.back());
+            level = std::move(next);
+          }
+          acc = level.empty() ? nullptr : level[0].first;
         }
         return acc ? acc : MakeConst(out.dtype, 0);
       }
@@ -230,7 +296,8 @@ ExprPtr Lowerer::LowerNode(ir::ValueId v, const std::vector<Affine>& index) {
       }
       if (n.op == "constant") {
         const ir::Constant* c = n.Tensor("value");
-        if (c->NumElements() == 1) return MakeConst(out.dtype, c->AsDouble(0));
+        if (c->NumElements() == 1)
+          return c->f.empty() ? MakeIntConst(out.dtype, c->i[0]) : MakeConst(out.dtype, c->f[0]);
         Expr e;
         e.kind = Expr::Kind::kLoad;
         e.dtype = out.dtype;

@@ -10,6 +10,7 @@
 
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kernels/ir/graph.h"
@@ -41,7 +42,7 @@ class Lowerer {
 
   // Values this kernel stores itself: later outputs of the same kernel recompute them from
   // their definitions (sharing the stored expression) instead of reading them back.
-  void MarkStoredHere(ir::ValueId v) { stored_here_.push_back(v); }
+  void MarkStoredHere(ir::ValueId v) { stored_here_.insert(v); }
 
   const VarExtents& extents() const { return extents_; }
   const std::vector<InlinedReduction>& inlined() const { return inlined_; }
@@ -65,12 +66,22 @@ class Lowerer {
   std::map<std::pair<ir::ValueId, std::vector<Affine>>, ExprPtr> memo_;
   std::vector<InlinedReduction> inlined_;
   std::vector<ir::ValueId> fused_;
-  std::vector<ir::ValueId> stored_here_;
+  std::unordered_set<ir::ValueId> fused_set_;
+  std::unordered_set<ir::ValueId> stored_here_;
 };
 
 // Helpers shared with the scheduler and backends.
+// A constant of dtype t: floats rounded to t (inf beyond its range), integers saturated.
 ExprPtr MakeConst(ir::DType t, double v);
+ExprPtr MakeIntConst(ir::DType t, int64_t v);
 ExprPtr MakeCast(ExprPtr e, ir::DType t);
 std::vector<int64_t> ContiguousStrides(const ir::Shape& shape);
+// How deep inlining `node` nests its operands' expressions: 1 for most ops, the selection
+// depth for concat. Each unit is at most two expression levels (the op and a cast) and one
+// level of lowering recursion; the scheduler bounds the sum along every inlined path.
+int64_t InlineDepth(const ir::Node& node);
+// Whether lowering `node` wraps its operand's index in division/modulo/clamp atoms (reshape,
+// squeeze, unsqueeze, concat), which nest inside each other along a path.
+bool NestsIndex(const ir::Node& node);
 
 }  // namespace kiln::lower

@@ -70,11 +70,20 @@ class Decomposer {
     return Bin("div", s, den);
   }
 
+  absl::StatusOr<ValueId> Full(double value) {
+    return Op("full", {}, {{"shape", ir::IntList(n_.type.shape)}, {"value", value}, {"dtype", n_.type.dtype}});
+  }
+
   absl::StatusOr<ValueId> Run(const std::vector<ValueId>& in) {
     const std::string& op = n_.op;
     ValueId x = in[0];
     ir::IntList axes = n_.Ints("axes");
     bool keep = n_.Bool("keepdim");
+    // An empty result has nothing to compute (softmax over a zero-size axis among them): the
+    // forms below would reduce empty axes with max, which has no identity.
+    if (n_.type.NumElements() == 0) return Full(0);
+    // log(sum(exp(nothing))) = log(0), as scipy.special.logsumexp gives.
+    if (op == "logsumexp" && CountOf(x, axes) == 0) return Full(-INFINITY);
     if (op == "mean") return Mean(x, axes, keep);
     if (op == "var") return Var(x, axes, keep, n_.Float("correction", 0));
     if (op == "std") {
@@ -115,7 +124,7 @@ class Decomposer {
         return Op("sqrt", {s});
       }
       KILN_ASSIGN_OR_RETURN(ValueId a, Op("abs", {x}));
-      return Reduce(p == 1 ? "sum" : "max", a, axes, keep);
+      return Reduce(p == 1 ? "sum" : p > 0 ? "max" : "min", a, axes, keep);
     }
     if (op == "layer_norm") {
       KILN_ASSIGN_OR_RETURN(x, ToFloat(x));

@@ -67,7 +67,7 @@ absl::StatusOr<ir::Graph> FoldConstants(const ir::Graph& graph) {
     auto r = Eval(n.op, vals, t);
     if (!r) return std::nullopt;
     double v = *r;
-    if (t == ir::DType::kF32) v = static_cast<float>(v);
+    if (t == ir::DType::kF32) v = ir::RoundToFloatDType(v, t);
     if (t == ir::DType::kI64 && (std::isnan(v) || std::fabs(v) > 9e15)) return std::nullopt;
     return b.Scalar(t, v);
   });

@@ -21,9 +21,9 @@ absl::Status CheckLowerable(const ir::Graph& g) {
   return absl::OkStatus();
 }
 
-bool CanJoinKernel(const std::vector<int>& loaded, const std::vector<int>& kernel_buffers) {
+bool CanJoinKernel(const std::vector<int>& loaded, const std::unordered_set<int>& kernel_buffers) {
   for (int b : loaded)
-    if (std::count(kernel_buffers.begin(), kernel_buffers.end(), b)) return false;
+    if (kernel_buffers.count(b)) return false;
   return true;
 }
 

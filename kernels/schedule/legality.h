@@ -2,6 +2,9 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <unordered_set>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "kernels/ir/graph.h"
 
@@ -13,6 +16,7 @@ absl::Status CheckLowerable(const ir::Graph& graph);
 
 // Whether `value` may join a kernel that already stores `kernel_values`: it must not read any
 // of them through a buffer (a kernel cannot consume its own outputs).
-bool CanJoinKernel(const std::vector<int>& loaded_buffers, const std::vector<int>& kernel_buffers);
+bool CanJoinKernel(const std::vector<int>& loaded_buffers,
+                   const std::unordered_set<int>& kernel_buffers);
 
 }  // namespace kiln::schedule

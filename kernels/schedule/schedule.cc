@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <functional>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -16,6 +18,8 @@ namespace kiln::schedule {
 namespace {
 
 constexpr int64_t kAlign = 64;
+// Reshape-like views (and concats) one kernel may nest along a path of inlined values.
+constexpr int64_t kMaxIndexNesting = 6;
 
 int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -44,18 +48,19 @@ std::string ShapeStr(const ir::Shape& s) { return absl::StrCat("[", absl::StrJoi
 
 class Scheduler {
  public:
-  explicit Scheduler(const ir::Graph& g) : g_(g) {}
+  Scheduler(const ir::Graph& g, const ScheduleOptions& options) : g_(g), options_(options) {}
 
   absl::StatusOr<Program> Run() {
     KILN_RETURN_IF_ERROR(CheckLowerable(g_));
     for (ir::ValueId v : g_.outputs)
       if (!g_.IsInput(v)) materialized_.insert(v);
+    CutDeepExpressions();
     // Stores a reduction whenever inlining it would recompute it, then lowers again: each
     // round only adds values, so this ends after at most one round per reduction.
     for (;;) {
       Program p;
       std::vector<std::pair<ir::ValueId, std::string>> refusals;
-      Build(&p, &refusals);
+      KILN_RETURN_IF_ERROR(Build(&p, &refusals));
       if (refusals.empty()) {
         Report(&p);
         return p;
@@ -68,17 +73,58 @@ class Scheduler {
   }
 
  private:
-  void Build(Program* p, std::vector<std::pair<ir::ValueId, std::string>>* refusals) {
+  // One pass in node order: the depth of each value's inlined expression, counting through
+  // every inlinable operand. Values stored for other reasons (outputs, refused reductions)
+  // count as inlined, because later outputs of the kernel that stores them recompute them
+  // (Lowerer::MarkStoredHere); only values cut here are always read back. So the bound holds
+  // whatever the kernels turn out to be.
+  //
+  // Index arithmetic is bounded the same way: each reshape-like view (and concat) wraps the
+  // index in division/modulo atoms that refer to the whole index before it, so the printed
+  // index can grow with the product of ranks along a path. A path through more than
+  // kMaxIndexNesting of them is cut too.
+  void CutDeepExpressions() {
+    std::vector<int64_t> depth(g_.num_values(), 0), nesting(g_.num_values(), 0);
+    for (int k = 0; k < static_cast<int>(g_.nodes.size()); ++k) {
+      ir::ValueId v = g_.num_inputs() + k;
+      const ir::Node& n = g_.nodes[k];
+      int64_t d = 0, nest = 0;
+      for (ir::ValueId u : n.inputs) {
+        if (g_.IsInput(u) || depth_cut_.count(u)) continue;
+        d = std::max(d, depth[u]);
+        nest = std::max(nest, nesting[u]);
+      }
+      d += lower::InlineDepth(n);
+      nest += lower::NestsIndex(n) ? 1 : 0;
+      depth[v] = d;
+      nesting[v] = nest;
+      std::string why;
+      if (d > options_.max_expr_depth)
+        why = absl::StrCat("its inlined expression would be ", d, " deep, over the limit of ",
+                           options_.max_expr_depth, " (max_expr_depth)");
+      else if (nest > kMaxIndexNesting)
+        why = absl::StrCat("its index would nest ", nest, " reshapes or concats, over the limit of ",
+                           kMaxIndexNesting);
+      else
+        continue;
+      depth_cut_.insert(v);
+      if (materialized_.insert(v).second) why_stored_[v] = why;
+    }
+  }
+
+  absl::Status Build(Program* p, std::vector<std::pair<ir::ValueId, std::string>>* refusals) {
     buffer_of_.assign(g_.num_values(), -1);
     const_buffer_of_.assign(g_.num_values(), -1);
     out_buffers_.assign(g_.num_values(), {});
     p->num_inputs = g_.num_inputs();
     p->num_outputs = static_cast<int>(g_.outputs.size());
+    value_of_buffer_.clear();
     for (int i = 0; i < g_.num_inputs(); ++i) {
       const ir::TensorType& t = g_.inputs[i];
       Buffer b = MakeBuffer(Buffer::Role::kInput, i, t.dtype, t.shape,
                t.strides.empty() ? lower::ContiguousStrides(t.shape) : t.strides);
       buffer_of_[i] = AddBuffer(p, std::move(b));
+      value_of_buffer_[buffer_of_[i]] = i;
     }
     for (size_t j = 0; j < g_.outputs.size(); ++j) {
       const ir::TensorType& t = g_.TypeOf(g_.outputs[j]);
@@ -102,18 +148,20 @@ class Scheduler {
         buffer_of_[v] = AddBuffer(p, std::move(b));
         out_buffers_[v].push_back(buffer_of_[v]);
       }
+      value_of_buffer_[buffer_of_[v]] = v;
     }
     // Outputs that are graph inputs are copies: they get a kernel of their own too.
-    std::vector<ir::ValueId> stored(materialized_.begin(), materialized_.end());
+    std::set<ir::ValueId> stored_set = materialized_;
     for (ir::ValueId v : g_.outputs)
-      if (g_.IsInput(v) && std::find(stored.begin(), stored.end(), v) == stored.end()) stored.push_back(v);
-    std::sort(stored.begin(), stored.end());
+      if (g_.IsInput(v)) stored_set.insert(v);
+    std::vector<ir::ValueId> stored(stored_set.begin(), stored_set.end());
 
     lower::Lowerer lw(g_, buffer_of_, const_buffer_of_);
     Kernel* cur = nullptr;
-    std::vector<int> cur_buffers;
+    std::unordered_set<int> cur_buffers;
     std::vector<lower::Affine> idx;
     for (ir::ValueId v : stored) {
+      if (options_.budget) KILN_RETURN_IF_ERROR(options_.budget->Check("schedule"));
       const ir::Shape& shape = g_.TypeOf(v).shape;
       bool joined = false;
       if (cur && cur->domain == shape) {
@@ -149,21 +197,25 @@ class Scheduler {
     }
     if (cur) Finish(cur, lw, refusals);
     PlanWorkspace(p);
+    return absl::OkStatus();
   }
 
-  std::string Describe(ir::ValueId, const std::vector<int>& loads, const std::vector<int>& kernel_buffers) {
-    for (int b : loads)
-      for (ir::ValueId u = 0; u < g_.num_values(); ++u)
-        if (buffer_of_[u] == b && std::count(kernel_buffers.begin(), kernel_buffers.end(), b)) return g_.Describe(u);
+  std::string Describe(ir::ValueId, const std::vector<int>& loads, const std::unordered_set<int>& kernel_buffers) {
+    for (int b : loads) {
+      auto it = value_of_buffer_.find(b);
+      if (kernel_buffers.count(b) && it != value_of_buffer_.end()) return g_.Describe(it->second);
+    }
     return "a value";
   }
 
-  void AddOutputs(Kernel* k, ir::ValueId v, const lower::ExprPtr& e, std::vector<int>* bufs,
+  void AddOutputs(Kernel* k, ir::ValueId v, const lower::ExprPtr& e, std::unordered_set<int>* bufs,
                   lower::Lowerer* lw) {
-    lw->MarkStoredHere(v);
+    // A value stored to cut a deep expression is read back by later kernels, never
+    // recomputed from its definition.
+    if (!depth_cut_.count(v)) lw->MarkStoredHere(v);
     for (int b : out_buffers_[v]) {
       k->outputs.push_back({b, e, v});
-      bufs->push_back(b);
+      bufs->insert(b);
     }
   }
 
@@ -201,12 +253,21 @@ class Scheduler {
       }
     }
     struct Placed { int64_t off, end; int first, last; };
+    // Temps in order of the kernel that first stores them (buffer order already is, as
+    // kernels store values in node order); a placed temp dead before the current one's first
+    // kernel is dead for every later one too, so it is dropped and each step sees only the
+    // temps alive at that point.
+    std::vector<int> temps;
+    for (int b = 0; b < nb; ++b)
+      if (p->buffers[b].role == Buffer::Role::kTemp) temps.push_back(b);
+    std::stable_sort(temps.begin(), temps.end(), [&](int a, int b) { return first[a] < first[b]; });
     std::vector<Placed> placed;
     int64_t total = 0;
-    for (int b = 0; b < nb; ++b) {
+    for (int b : temps) {
       Buffer& buf = p->buffers[b];
-      if (buf.role != Buffer::Role::kTemp) continue;
       int64_t size = AlignUp(std::max<int64_t>(buf.bytes, 1));
+      placed.erase(std::remove_if(placed.begin(), placed.end(), [&](const Placed& q) { return q.last < first[b]; }),
+                   placed.end());
       std::vector<std::pair<int64_t, int64_t>> busy;
       for (const Placed& q : placed)
         if (!(q.last < first[b] || last[b] < q.first)) busy.push_back({q.off, q.end});
@@ -244,7 +305,10 @@ class Scheduler {
   }
 
   const ir::Graph& g_;
+  const ScheduleOptions options_;
   std::set<ir::ValueId> materialized_;
+  std::set<ir::ValueId> depth_cut_;  // stored because their expressions would be too deep
+  std::unordered_map<int, ir::ValueId> value_of_buffer_;
   std::map<ir::ValueId, std::string> why_stored_;
   std::map<ir::ValueId, std::string> split_reason_;
   std::vector<int> buffer_of_, const_buffer_of_;
@@ -253,6 +317,8 @@ class Scheduler {
 
 }  // namespace
 
-absl::StatusOr<Program> Schedule(const ir::Graph& graph) { return Scheduler(graph).Run(); }
+absl::StatusOr<Program> Schedule(const ir::Graph& graph, const ScheduleOptions& options) {
+  return Scheduler(graph, options).Run();
+}
 
 }  // namespace kiln::schedule

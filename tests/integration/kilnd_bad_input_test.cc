@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -112,7 +113,64 @@ std::vector<BadCase> Cases() {
                      g.Output(v);
                      return WithGraph(g);
                    },
-                   grpc::StatusCode::RESOURCE_EXHAUSTED, {"100001", "limit"}});
+                   grpc::StatusCode::RESOURCE_EXHAUSTED, {"100001", "limit", "max_nodes"}});
+  cases.push_back({"unknown attribute (axis for axes)",
+                   [] {
+                     WireGraph g;
+                     const int x = g.Input("x", v1::F32, {4, 3});
+                     g.Output(g.Op("sum", {x}, {{"axis", WireGraph::Int(1)}}, "rowsum"));
+                     return WithGraph(g);
+                   },
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"node 0", "sum", "rowsum", "unknown attribute 'axis'", "axes", "rule"}});
+  cases.push_back({"attribute of the wrong kind",
+                   [] {
+                     WireGraph g;
+                     const int x = g.Input("x", v1::F32, {4, 3});
+                     g.Output(g.Op("concat", {x, x}, {{"axis", WireGraph::Str("0")}}, "cat"));
+                     return WithGraph(g);
+                   },
+                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "concat", "'axis'", "must be an int", "rule"}});
+  cases.push_back({"integer constant that does not fit its dtype",
+                   [] {
+                     WireGraph g;
+                     const int x = g.Input("x", v1::I8, {4});
+                     v1::AttrValue c;
+                     c.mutable_tensor()->set_dtype(v1::I8);
+                     c.mutable_tensor()->add_int_values(300);
+                     const int k = g.Op("constant", {}, {{"value", c}}, "big");
+                     g.Output(g.Op("add", {x, k}));
+                     return WithGraph(g);
+                   },
+                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "constant", "big", "300", "i8", "rule"}});
+  cases.push_back({"full value that does not fit its dtype",
+                   [] {
+                     WireGraph g;
+                     v1::AttrValue value, dtype;
+                     value.set_f(1e300);
+                     dtype.set_dtype(v1::I32);
+                     g.Output(g.Op("full", {}, {{"shape", WireGraph::Ints({3})}, {"value", value}, {"dtype", dtype}}, "f"));
+                     return WithGraph(g);
+                   },
+                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "full", "does not fit i32", "rule"}});
+  cases.push_back({"max over an empty axis",
+                   [] {
+                     WireGraph g;
+                     const int x = g.Input("x", v1::F32, {3, 0});
+                     g.Output(g.Op("max", {x}, {{"axes", WireGraph::Ints({1})}}, "m"));
+                     return WithGraph(g);
+                   },
+                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "max", "empty axis 1", "rule"}});
+  cases.push_back({"norm ord=inf over an empty axis",
+                   [] {
+                     WireGraph g;
+                     const int x = g.Input("x", v1::F32, {3, 0});
+                     v1::AttrValue ord;
+                     ord.set_f(std::numeric_limits<double>::infinity());
+                     g.Output(g.Op("norm", {x}, {{"axes", WireGraph::Ints({1})}, {"ord", ord}}, "n"));
+                     return WithGraph(g);
+                   },
+                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "norm", "empty axis", "rule"}});
   cases.push_back({"unknown cpu isa",
                    [] { return MakeRequest(SinCosGraph(8), CpuTarget("x86-64-v9")); },
                    grpc::StatusCode::INVALID_ARGUMENT, {"isa", "x86-64-v9"}});
@@ -198,6 +256,40 @@ TEST_F(KilndBadInputTest, StillServesAfterwards) {
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(resp.handle().size(), 64u);
   EXPECT_GE(Stats().store().entries(), 1);
+}
+
+// Inputs that once got INTERNAL: they are valid, and compile.
+TEST_F(KilndBadInputTest, FormerInternalErrorsCompile) {
+  ASSERT_NE(kilnd_, nullptr);
+  std::vector<std::pair<std::string, v1::Graph>> graphs;
+  {
+    WireGraph g;  // softmax over a zero-size axis: an empty result
+    const int x = g.Input("x", v1::F32, {3, 0});
+    g.Output(g.Op("softmax", {x}, {{"axis", WireGraph::Int(-1)}}, "sm"));
+    graphs.push_back({"softmax over an empty axis", g.graph()});
+  }
+  {
+    WireGraph g;  // 1e300 cast to f16 is inf (NumPy's cast), printed in range on every backend
+    const int x = g.Input("x", v1::F16, {8});
+    v1::AttrValue c, to;
+    c.mutable_tensor()->set_dtype(v1::F64);
+    c.mutable_tensor()->add_float_values(1e300);
+    to.set_dtype(v1::F16);
+    const int k = g.Op("cast", {g.Op("constant", {}, {{"value", c}})}, {{"dtype", to}});
+    g.Output(g.Op("add", {x, k}));
+    graphs.push_back({"1e300 cast to f16", g.graph()});
+  }
+  for (const auto& [name, graph] : graphs) {
+    SCOPED_TRACE(name);
+    v1::CompileResponse resp;
+    grpc::Status s = Compile(MakeRequest(graph), &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    v1::Target cuda;
+    cuda.mutable_cuda()->set_sm(90);
+    s = Compile(MakeRequest(graph, cuda), &resp);
+    // No NVRTC on this host is FAILED_PRECONDITION; with it, the CUDA source must build.
+    EXPECT_TRUE(s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  }
 }
 
 TEST_F(KilndBadInputTest, BadHandlesAndDigests) {

@@ -69,6 +69,17 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             os.environ[k] = v
 
 
+def private_kilnd(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str]) -> Iterator[Daemon]:
+    """A kilnd of a test module's own with extra flags (``yield from`` it in a fixture); skips
+    the test when none is built."""
+    binary = find_kilnd()
+    if binary is None:
+        pytest.skip("kilnd is not built (set KILND or KILN_BINARY_DIR, or build into build/)")
+    d = Daemon(binary, tmp_path_factory.mktemp(name), args=args)
+    yield d
+    d.stop()
+
+
 @pytest.fixture(scope="session")
 def kilnd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """A kilnd serving on a free port for the session; skips the test when none is built."""

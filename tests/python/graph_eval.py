@@ -45,7 +45,7 @@ _UNARY = {
     "log": np.log, "log2": np.log2, "log1p": np.log1p, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
     "sin": np.sin, "cos": np.cos, "tan": np.tan, "tanh": np.tanh, "asin": np.arcsin, "acos": np.arccos,
     "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
-    "erf": np.vectorize(math.erf), "floor": np.floor, "ceil": np.ceil, "round": np.rint, "trunc": np.trunc,
+    "erf": np.vectorize(math.erf, otypes=[np.float64]), "floor": np.floor, "ceil": np.ceil, "round": np.rint, "trunc": np.trunc,
     "reciprocal": np.reciprocal, "logical_not": np.logical_not, "isnan": np.isnan, "isinf": np.isinf,
     "bitwise_not": np.invert,
 }
@@ -65,6 +65,31 @@ def _np(name: str) -> np.dtype:
 
 def _name(a: np.ndarray) -> str:
     return dt.dtype_name(a.dtype)
+
+
+def _activation(node: Any, x: np.ndarray) -> np.ndarray:
+    op = node.op
+    if op == "hardtanh":
+        lo, hi = _attr(node, "min_val", -1.0), _attr(node, "max_val", 1.0)
+        return np.where(x < lo, np.asarray(lo).astype(x.dtype), np.where(x > hi, np.asarray(hi).astype(x.dtype), x))
+    if op == "leaky_relu" and not dt.is_float(_name(x)):
+        x = x.astype(_np(dt.float_result(_name(x))))
+    fx = x.astype(_np(dt.float_result(_name(x))))
+    if op == "gelu":
+        if _attr(node, "approximate", "none") == "tanh":
+            r = 0.5 * fx * (1 + np.tanh(math.sqrt(2 / math.pi) * (fx + 0.044715 * fx ** 3)))
+        else:
+            r = 0.5 * fx * (1 + np.vectorize(math.erf, otypes=[np.float64])(fx / math.sqrt(2)))
+    elif op == "elu":
+        r = np.where(fx > 0, fx, _attr(node, "alpha", 1.0) * np.expm1(fx))
+    elif op == "silu":
+        r = fx / (1 + np.exp(-fx))
+    elif op == "softplus":
+        beta, th = _attr(node, "beta", 1.0), _attr(node, "threshold", 20.0)
+        r = np.where(fx * beta > th, fx, np.log1p(np.exp(fx * beta)) / beta)
+    else:  # leaky_relu
+        r = np.where(fx > 0, fx, fx * _attr(node, "negative_slope", 0.01))
+    return np.asarray(r).astype(fx.dtype)
 
 
 def evaluate(graph: Any, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -167,6 +192,8 @@ def _eval(node: Any, ins: list[np.ndarray]) -> np.ndarray:
         if op in ("var", "std"):
             return getattr(np, op)(fx, axis=ax, keepdims=kd, ddof=_attr(node, "correction", 0.0)).astype(fx.dtype)
         if op == "logsumexp":
+            if any(x.shape[a] == 0 for a in ax):  # log(sum(exp(nothing))) = log(0), as scipy gives
+                return np.full(np.sum(fx, axis=ax, keepdims=kd).shape, -np.inf, dtype=fx.dtype)
             m = np.max(fx, axis=ax, keepdims=True)
             r = np.log(np.sum(np.exp(fx - m), axis=ax, keepdims=True)) + m
             return r if kd else np.squeeze(r, axis=ax)
@@ -187,9 +214,26 @@ def _eval(node: Any, ins: list[np.ndarray]) -> np.ndarray:
         (x,) = ins
         fx = x.astype(_np(dt.float_result(_name(x))))
         axis = _attr(node, "axis", -1)
+        if fx.size == 0:  # nothing to compute (kiln, like torch, accepts an empty axis here)
+            return fx
         e = np.exp(fx - fx.max(axis=axis, keepdims=True))
         s = e / e.sum(axis=axis, keepdims=True)
         return s if op == "softmax" else np.log(s)
     if op == "relu":
         return np.maximum(ins[0], 0).astype(ins[0].dtype)
+    if op in ("gelu", "elu", "silu", "softplus", "leaky_relu", "hardtanh"):
+        return _activation(node, ins[0])
+    if op == "layer_norm":
+        x = ins[0]
+        out = dt.promote_all([_name(a) for a in ins])
+        fx = x.astype(_np(dt.float_result(out)))
+        ax = tuple(sorted({a % x.ndim for a in (_attr(node, "axes") or [-1])}))
+        mu = fx.mean(axis=ax, keepdims=True)
+        var = ((fx - mu) ** 2).mean(axis=ax, keepdims=True)
+        y = (fx - mu) / np.sqrt(var + _attr(node, "eps", 1e-5))
+        full = [x.shape[i] if i in ax else 1 for i in range(x.ndim)]
+        for k, p in enumerate(ins[1:]):
+            p = p.reshape(full)
+            y = y * p if k == 0 else y + p
+        return y.astype(_np(dt.float_result(out)))
     raise NotImplementedError(f"graph_eval: op {op!r}")

@@ -129,11 +129,11 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k)
   KernelText out;
   std::string text = absl::StrCat("static void ", k.name, "(");
   std::vector<std::string> params;
-  std::string joined = absl::StrJoin(all, "\n");
+  const std::unordered_set<std::string> indexed = IdentifiersIn(absl::StrJoin(all, "\n"), '[');
   for (size_t b = 0; b < p.buffers.size(); ++b) {
     const Buffer& buf = p.buffers[b];
     if (buf.role == Buffer::Role::kConst) continue;
-    if (joined.find(names[b] + "[") == std::string::npos) continue;
+    if (!indexed.count(names[b])) continue;
     bool written = false;
     for (const auto& o : k.outputs) written |= o.buffer == static_cast<int>(b);
     params.push_back(absl::StrCat(written ? "" : "const ", StorageType(buf.dtype, false), "* __restrict ", names[b]));

@@ -114,9 +114,10 @@ KernelFunction KernelGen::Finish(Fn& fn, const std::string& name, const std::vec
   f.block = static_cast<uint32_t>(block);
   f.strategy = std::move(strategy);
   std::vector<std::string> params;
+  const std::unordered_set<std::string> mentioned = IdentifiersIn(lines);
   for (size_t b = 0; b < fn.real_buffers; ++b) {
     const Buffer& buf = fn.prog.buffers[b];
-    if (buf.role == Buffer::Role::kConst || !Mentions(lines, BufferName(buf))) continue;
+    if (buf.role == Buffer::Role::kConst || !mentioned.count(BufferName(buf))) continue;
     bool w = std::count(fn.written.begin(), fn.written.end(), static_cast<int>(b)) > 0;
     params.push_back(absl::StrCat(w ? "" : "const ", StorageType(buf.dtype, true), "* __restrict__ ", BufferName(buf)));
     f.buffers.push_back(static_cast<int>(b));

@@ -61,7 +61,7 @@ ExprPtr ExprPool::Intern(Expr e) {
   for (const Affine& a : e.index) absl::StrAppend(&key, "[", AffineKey(a), "]");
   auto it = nodes_.find(key);
   if (it != nodes_.end()) return it->second;
-  ExprPtr p = std::make_shared<const Expr>(std::move(e));
+  ExprPtr p = lower::NewExpr(std::move(e));
   nodes_.emplace(std::move(key), p);
   return p;
 }

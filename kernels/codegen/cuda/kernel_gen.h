@@ -49,16 +49,6 @@ inline int64_t Product(const ir::Shape& s, size_t from, size_t to) {
   return n;
 }
 
-inline bool IsIdentChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
-inline bool Mentions(const std::string& text, const std::string& name) {
-  for (size_t pos = text.find(name); pos != std::string::npos; pos = text.find(name, pos + 1)) {
-    bool before = pos == 0 || !IsIdentChar(text[pos - 1]);
-    bool after = pos + name.size() >= text.size() || !IsIdentChar(text[pos + name.size()]);
-    if (before && after) return true;
-  }
-  return false;
-}
-
 inline std::string BufferName(const Buffer& b) {
   switch (b.role) {
     case Buffer::Role::kInput: return absl::StrCat("in", b.index);

@@ -1,0 +1,42 @@
+"""Writes the fuzz seed corpus: binary kiln.v1.Graph messages from the golden cases, the GPU
+test graphs, the checked-in regressions and a few hundred random valid graphs.
+
+Usage: python3 tests/fuzz/make_corpus.py OUT_DIR [RANDOM_GRAPHS]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "client" / "python"))
+sys.path.insert(0, str(REPO / "tests" / "python"))
+
+from google.protobuf import text_format  # noqa: E402
+
+import kiln  # noqa: E402,F401
+from kiln.v1 import graph_pb2  # noqa: E402
+from random_graphs import make_graph  # noqa: E402
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    count = int(sys.argv[2]) if len(sys.argv) > 2 else 300
+    out.mkdir(parents=True, exist_ok=True)
+    blobs = []
+    for txt in sorted(REPO.glob("tests/golden/*/*/graph.txtpb")) + sorted(REPO.glob("tests/gpu/graphs/*.txtpb")):
+        g = graph_pb2.Graph()
+        text_format.Parse(txt.read_text(), g)
+        blobs.append(g.SerializeToString())
+    blobs += [p.read_bytes() for p in sorted((REPO / "tests/fuzz/regressions").iterdir())]
+    blobs += [make_graph(seed).graph.SerializeToString() for seed in range(count)]
+    for b in blobs:
+        (out / hashlib.sha1(b).hexdigest()).write_bytes(b)
+    print(f"corpus: {len(blobs)} seeds in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
