@@ -26,6 +26,11 @@ struct StoreStats {
   int64_t evictions = 0;
   int64_t corruptions = 0;
   int64_t capacity_bytes = 0;
+  // Write faults (see RocksDbStore): writes suspended after a disk error, and counters.
+  bool writes_suspended = false;
+  int64_t write_errors = 0;
+  int64_t unpersisted_puts = 0;
+  int64_t write_resumes = 0;
 };
 
 class ArtifactStore {
@@ -45,6 +50,13 @@ class ArtifactStore {
   virtual absl::StatusOr<std::optional<std::string>> GetBlob(const std::string& digest) = 0;
 
   virtual StoreStats Stats() const = 0;
+
+  // False when the result under `key` was accepted by PutResult but is held only in memory
+  // (the disk refused the write); it is still served until evicted or written out later.
+  virtual bool IsPersisted(const std::string& key) const {
+    (void)key;
+    return true;
+  }
 };
 
 }  // namespace kiln::store
