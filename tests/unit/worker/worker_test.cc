@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,6 +72,20 @@ ir::Graph Graph(double scale, const std::string& fault = "") {
 }
 
 bool Alive(pid_t pid) { return kill(pid, 0) == 0; }
+
+// User + system CPU seconds of `pid` so far, from /proc/PID/stat.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  std::istringstream fields(line.substr(line.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; fields >> field && i <= 15; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
 
 class WorkerProcessCompilerTest : public ::testing::Test {
  protected:
@@ -176,6 +192,18 @@ TEST_F(WorkerProcessCompilerTest, ConcurrentCompilesShareThePool) {
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(ok.load(), 6);
+}
+
+TEST_F(WorkerProcessCompilerTest, IdleWorkersSleep) {
+  auto compiler = Make(2, 0);
+  ASSERT_TRUE(compiler->Compile(Graph(20), cpu_, options_).ok());  // both started and ready
+  const std::vector<pid_t> pids = compiler->WorkerPids();
+  std::vector<double> before;
+  for (pid_t pid : pids) before.push_back(CpuSeconds(pid));
+  absl::SleepFor(absl::Seconds(1));
+  for (size_t i = 0; i < pids.size(); ++i) {
+    EXPECT_LT(CpuSeconds(pids[i]) - before[i], 0.1) << "worker " << pids[i] << " is busy while idle";
+  }
 }
 
 TEST_F(WorkerProcessCompilerTest, DestructorLeavesNoProcess) {
