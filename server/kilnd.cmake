@@ -29,6 +29,7 @@ target_link_libraries(kilnd PRIVATE
   kiln_server
   kiln_metrics
   kiln_compile_service
+  kiln_worker
   kiln_store
   ${GRPCPP_REFLECTION}
   absl::flags

@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kernels/util/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
@@ -42,6 +43,7 @@
 #include "server/metrics.h"
 #include "server/service.h"
 #include "server/store/rocksdb_store.h"
+#include "server/worker/worker.h"
 #include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
 
@@ -75,6 +77,21 @@ ABSL_FLAG(int64_t, max_expr_depth, 256,
 ABSL_FLAG(double, max_frontend_ms, 10000,
           "Wall-clock limit on one compile's frontend (passes, fusion, codegen), in ms; beyond "
           "it the request gets RESOURCE_EXHAUSTED naming max_frontend_ms. 0: no limit.");
+ABSL_FLAG(bool, compile_in_process, false,
+          "Run the compiler inside kilnd instead of in supervised worker processes (a crash "
+          "or hang in it then takes kilnd down). For debugging.");
+ABSL_FLAG(std::string, worker_memory, "8GiB",
+          "Address-space limit of each compile worker process (and the host compiler it "
+          "runs), e.g. 4GiB; 0: none.");
+ABSL_FLAG(double, worker_cpu_s, 120, "CPU seconds one compile may use in its worker; 0: none.");
+ABSL_FLAG(double, worker_timeout_s, 300,
+          "Wall-clock seconds one compile may take in its worker before the worker is killed; "
+          "0: none.");
+ABSL_FLAG(std::string, fault_injection, "",
+          "TESTS ONLY. Comma-separated worker faults to enable (crash, abort, hang, spin, oom): a "
+          "graph with a node named kiln-fault:KIND then triggers it in its compile worker.");
+ABSL_FLAG(int, compile_worker_fd, -1,
+          "Internal: run as a compile worker serving the socket on this descriptor.");
 
 namespace kiln::server {
 namespace {
@@ -175,6 +192,69 @@ int Fail(const std::string& message) {
   return 1;
 }
 
+PipelineConfig PipelineConfigFromFlags() {
+  PipelineConfig config;
+  config.host_compiler = absl::GetFlag(FLAGS_host_compiler);
+  config.compile_timeout_s = absl::GetFlag(FLAGS_compile_timeout_s);
+  config.max_expr_depth = std::max<int64_t>(1, absl::GetFlag(FLAGS_max_expr_depth));
+  config.max_frontend_ms = absl::GetFlag(FLAGS_max_frontend_ms);
+  return config;
+}
+
+// The compiler kilnd uses: by default `threads` pre-started worker processes (this binary
+// again, in --compile-worker-fd mode, with the flags that shape a compile).
+absl::StatusOr<std::unique_ptr<compile::Compiler>> MakeCompiler(int threads) {
+  const PipelineConfig config = PipelineConfigFromFlags();
+  if (absl::GetFlag(FLAGS_compile_in_process)) {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<compile::PipelineCompiler> in_process,
+                          compile::PipelineCompiler::Create(config));
+    return in_process;
+  }
+  int64_t memory = 0;
+  if (!ParseByteSize(absl::GetFlag(FLAGS_worker_memory), &memory)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot read --worker-memory '", absl::GetFlag(FLAGS_worker_memory), "'"));
+  }
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  memory = 0;  // sanitizers reserve terabytes of address space up front
+#endif
+  worker::WorkerProcessOptions options;
+  options.argv = {
+      "/proc/self/exe",  // this very binary, even if the file was replaced since
+      absl::StrCat("--host-compiler=", config.host_compiler),
+      absl::StrCat("--compile-timeout-s=", config.compile_timeout_s),
+      absl::StrCat("--max-expr-depth=", config.max_expr_depth),
+      absl::StrCat("--max-frontend-ms=", config.max_frontend_ms),
+      absl::StrCat("--worker-cpu-s=", absl::GetFlag(FLAGS_worker_cpu_s)),
+      absl::StrCat("--log-level=", absl::GetFlag(FLAGS_log_level)),
+      absl::StrCat("--fault-injection=", absl::GetFlag(FLAGS_fault_injection)),
+  };
+  options.workers = threads;
+  options.memory_bytes = memory;
+  options.timeout_s = absl::GetFlag(FLAGS_worker_timeout_s);
+  options.cpu_seconds = absl::GetFlag(FLAGS_worker_cpu_s);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> local, Pipeline::Create(config));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<worker::WorkerProcessCompiler> workers,
+                        worker::WorkerProcessCompiler::Create(options, std::move(local)));
+  if (!absl::GetFlag(FLAGS_fault_injection).empty()) {
+    spdlog::warn("fault injection is on ({}): for tests only",
+                 absl::GetFlag(FLAGS_fault_injection));
+  }
+  return workers;
+}
+
+// --compile-worker-fd: this process is a compile worker (server/worker/worker.h).
+int RunWorker(int fd) {
+  if (!SetUpLogging(absl::GetFlag(FLAGS_log_level))) return 2;
+  worker::WorkerConfig config;
+  config.pipeline = PipelineConfigFromFlags();
+  config.cpu_seconds = absl::GetFlag(FLAGS_worker_cpu_s);
+  config.fault_injection = absl::GetFlag(FLAGS_fault_injection);
+  const int code = worker::RunCompileWorker(fd, config);
+  spdlog::shutdown();
+  return code;
+}
+
 int Run() {
   // Signals are taken synchronously by sigwait below; block them before any thread starts so
   // every thread inherits the mask and none is interrupted.
@@ -203,19 +283,16 @@ int Run() {
                              store.status().ToString()));
   }
 
-  PipelineConfig pipeline_config;
-  pipeline_config.host_compiler = absl::GetFlag(FLAGS_host_compiler);
-  pipeline_config.compile_timeout_s = absl::GetFlag(FLAGS_compile_timeout_s);
-  pipeline_config.max_expr_depth = std::max<int64_t>(1, absl::GetFlag(FLAGS_max_expr_depth));
-  pipeline_config.max_frontend_ms = absl::GetFlag(FLAGS_max_frontend_ms);
-  absl::StatusOr<std::unique_ptr<compile::PipelineCompiler>> compiler =
-      compile::PipelineCompiler::Create(pipeline_config);
+  const int threads = absl::GetFlag(FLAGS_workers) > 0
+                          ? absl::GetFlag(FLAGS_workers)
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  absl::StatusOr<std::unique_ptr<compile::Compiler>> compiler = MakeCompiler(threads);
   if (!compiler.ok()) {
     return Fail(absl::StrCat("cannot set up the compiler: ", compiler.status().ToString()));
   }
 
   compile::CompileServiceOptions compile_options;
-  compile_options.workers = absl::GetFlag(FLAGS_workers);
+  compile_options.workers = threads;
   compile_options.queue_size = absl::GetFlag(FLAGS_queue_size);
   compile_options.limits.max_nodes = absl::GetFlag(FLAGS_max_nodes);
   compile_options.negative_ttl = absl::Seconds(absl::GetFlag(FLAGS_negative_cache_s));
@@ -319,5 +396,8 @@ int main(int argc, char** argv) {
   // Lock-order checking walks a graph on every Mutex acquisition; the hit path takes several,
   // and kiln's tests (TSan, debug builds) are where lock order is checked.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  if (const int fd = absl::GetFlag(FLAGS_compile_worker_fd); fd >= 0) {
+    return kiln::server::RunWorker(fd);
+  }
   return kiln::server::Run();
 }

@@ -71,6 +71,26 @@ std::string RenderPrometheus(const v1::GetStatsResponse& s) {
                 "Store records that failed verification.", st.corruptions());
   AppendGauge(&out, "kiln_store_capacity_bytes", "Byte budget of the store; 0 is unlimited.",
               st.capacity_bytes());
+  AppendGauge(&out, "kiln_store_writes_suspended",
+              "1 while the store keeps new results in memory because the disk refused a write.",
+              st.writes_suspended() ? 1 : 0);
+  AppendCounter(&out, "kiln_store_write_errors_total", "Store writes the disk refused.",
+                st.write_errors());
+  AppendCounter(&out, "kiln_store_unpersisted_total",
+                "Results kept in memory only, because writes were suspended.",
+                st.unpersisted_puts());
+  AppendCounter(&out, "kiln_store_write_resumes_total",
+                "Times the store resumed writing after a suspension.", st.write_resumes());
+  AppendCounter(&out, "kiln_worker_crashes_total",
+                "Compile worker processes that died during a compile.", s.worker_crashes());
+  AppendCounter(&out, "kiln_worker_timeouts_total",
+                "Compile worker processes killed for running past the time limit.",
+                s.worker_timeouts());
+  AppendCounter(&out, "kiln_worker_cancels_total",
+                "Compile worker processes killed because nobody waited for their compile.",
+                s.worker_cancels());
+  AppendCounter(&out, "kiln_worker_restarts_total",
+                "Compile worker processes started to replace lost ones.", s.worker_restarts());
   return out;
 }
 

@@ -64,6 +64,7 @@ void FillResponse(const CompileReply& r, absl::Time start, v1::CompileResponse* 
   response->set_handle(r.handle);
   if (r.result != nullptr) *response->mutable_result() = *r.result;
   response->set_cache_hit(r.cache_hit);
+  response->set_not_persisted(r.not_persisted);
   response->set_server_ms(MsSince(start));
 }
 

@@ -45,6 +45,9 @@ struct CompileService::Job {
   Priority priority = Priority::kInteractive;
   bool started = false;
   std::vector<std::shared_ptr<Waiter>> waiters;
+  // Every waiter has been answered (deadlines) before the compile ended: the compiler may stop.
+  // Set under jobs_mu_; a request arriving after that starts a fresh job instead of joining.
+  std::atomic<bool> abandoned{false};
 };
 
 namespace {
@@ -201,15 +204,18 @@ void CompileService::StartOrJoin(Prepared prepared, Priority priority, absl::Tim
                                  std::shared_ptr<Waiter> waiter) {
   const std::string key = prepared.key.digest;
   absl::Status rejected;
+  std::weak_ptr<Job> joined_job;
   {
     absl::MutexLock lock(&jobs_mu_);
     if (!accepting_) {
       rejected = absl::UnavailableError("kilnd is shutting down; no new compiles are accepted");
-    } else if (auto it = jobs_.find(key); it != jobs_.end()) {
+    } else if (auto it = jobs_.find(key);
+               it != jobs_.end() && !it->second->abandoned.load(std::memory_order_relaxed)) {
       Job& job = *it->second;
       joined_.fetch_add(1, std::memory_order_relaxed);
       waiter->joined = true;
       job.waiters.push_back(waiter);
+      joined_job = it->second;
       // An interactive caller must not wait behind the prewarm backlog its job sits in: queue
       // a second runner at interactive priority; whichever runner starts first compiles.
       if (priority == Priority::kInteractive && job.priority == Priority::kPrewarm &&
@@ -225,7 +231,8 @@ void CompileService::StartOrJoin(Prepared prepared, Priority priority, absl::Tim
       job->waiters.push_back(waiter);
       // Submitted under jobs_mu_ so nobody can join a job that never made it into the queue.
       rejected = pool_.Submit(priority, [this, job] { RunJob(job); });
-      if (rejected.ok()) jobs_.emplace(key, std::move(job));
+      joined_job = job;
+      if (rejected.ok()) jobs_.insert_or_assign(key, std::move(job));
     }
   }
   if (!rejected.ok()) {
@@ -242,19 +249,29 @@ void CompileService::StartOrJoin(Prepared prepared, Priority priority, absl::Tim
   if (deadline != absl::InfiniteFuture() && !waiter->fired.load(std::memory_order_acquire)) {
     std::weak_ptr<Waiter> weak = waiter;
     const absl::Time start = absl::Now();
-    timer_.Schedule(deadline, [weak, key, start] {
+    timer_.Schedule(deadline, [this, weak, joined_job, key, start] {
       std::shared_ptr<Waiter> w = weak.lock();
       if (w == nullptr) return;
       CompileReply reply;
       reply.status = absl::DeadlineExceededError(absl::StrCat(
           "deadline exceeded after ", absl::FormatDuration(absl::Now() - start),
           " waiting for the compile of ", KeyPrefix(key),
-          "; it goes on and its result will be cached"));
+          "; it goes on (and its result is cached) only while another caller waits for it"));
       reply.handle = key;
       reply.joined = w->joined;
       w->Fire(std::move(reply));
+      if (std::shared_ptr<Job> job = joined_job.lock()) AbandonIfUnwanted(*job);
     });
   }
+}
+
+void CompileService::AbandonIfUnwanted(Job& job) {
+  absl::MutexLock lock(&jobs_mu_);
+  if (job.waiters.empty()) return;  // finished, or never had callers to lose
+  for (const std::shared_ptr<Waiter>& w : job.waiters) {
+    if (!w->fired.load(std::memory_order_acquire)) return;
+  }
+  job.abandoned.store(true, std::memory_order_release);
 }
 
 void CompileService::RunJob(const std::shared_ptr<Job>& job) {
@@ -285,7 +302,7 @@ CompileReply CompileService::CompileJob(const Job& job) {
   compiles_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<CompileResult> compiled;
   try {
-    compiled = compiler_->Compile(p.graph, p.target, p.options);
+    compiled = compiler_->CompileCancellable(p.graph, p.target, p.options, job.abandoned);
   } catch (const std::exception& e) {
     // A bug in the compiler: fail this request, keep the daemon up.
     compiled = absl::InternalError(absl::StrCat("compiler threw: ", e.what()));
@@ -293,7 +310,9 @@ CompileReply CompileService::CompileJob(const Job& job) {
     compiled = absl::InternalError("compiler threw an unknown exception");
   }
   if (!compiled.ok()) {
-    compile_failures_.fetch_add(1, std::memory_order_relaxed);
+    if (!absl::IsCancelled(compiled.status())) {
+      compile_failures_.fetch_add(1, std::memory_order_relaxed);
+    }
     reply.status = compiled.status();
     if (IsCacheableFailure(reply.status)) failures_.Put(key, reply.status, absl::Now());
     return reply;
@@ -307,6 +326,9 @@ CompileReply CompileService::CompileJob(const Job& job) {
         absl::StrCat("compiled, but the cache could not store the result: ", put.message()));
     return reply;
   }
+  // Kept in memory only when the disk refuses writes: still served and fetchable, but not
+  // durable, which the caller is told.
+  reply.not_persisted = !store_->IsPersisted(key);
   auto shared = std::make_shared<const v1::ActionResult>(std::move(converted.result));
   memory_.Put(key, shared, absl::Now());
   reply.result = std::move(shared);
@@ -396,6 +418,10 @@ v1::GetStatsResponse CompileService::Stats() const {
   st->set_evictions(s.evictions);
   st->set_corruptions(s.corruptions);
   st->set_capacity_bytes(s.capacity_bytes);
+  st->set_writes_suspended(s.writes_suspended);
+  st->set_write_errors(s.write_errors);
+  st->set_unpersisted_puts(s.unpersisted_puts);
+  st->set_write_resumes(s.write_resumes);
   out.set_compiles(compiles_.load(std::memory_order_relaxed));
   out.set_compile_failures(compile_failures_.load(std::memory_order_relaxed));
   out.set_requests(requests_.load(std::memory_order_relaxed));
@@ -407,6 +433,7 @@ v1::GetStatsResponse CompileService::Stats() const {
   out.set_in_flight(pool_.running());
   out.set_workers(pool_.workers());
   out.set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
+  compiler_->AddStats(&out);
   return out;
 }
 

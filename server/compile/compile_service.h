@@ -7,9 +7,11 @@
 //
 // A hit is answered inline on the caller's thread (no hop to a worker: it must cost well under
 // a millisecond). A miss never compiles on the caller's thread: the callback runs later on a
-// worker thread, or on the deadline timer's thread when the caller's deadline passes first; the
-// job goes on regardless and its result is cached. Invalid input is answered at once and never
-// cached; compile failures are remembered for `negative_ttl` so retries do not recompile.
+// worker thread, or on the deadline timer's thread when the caller's deadline passes first. The
+// job goes on while anyone waits for it; once every waiter of a job has been answered by its
+// deadline, the compiler is asked to stop (Compiler::CompileCancellable). Invalid input is
+// answered at once and never cached; compile failures are remembered for `negative_ttl` so
+// retries do not recompile.
 //
 // Thread-safety: all public methods may be called concurrently. Callbacks may run on any
 // thread, exactly once each, and must not block for long.
@@ -62,6 +64,7 @@ struct CompileReply {
   bool cache_hit = false;   // answered from the cache, not by a compile started for it
   bool joined = false;      // waited on an identical job another request had started
   bool negative_hit = false;  // answered from the failure cache
+  bool not_persisted = false;  // compiled, but kept in memory only (the disk refused writes)
 };
 using CompileCallback = std::function<void(CompileReply)>;
 
@@ -128,6 +131,8 @@ class CompileService {
   void StartOrJoin(Prepared prepared, Priority priority, absl::Time deadline,
                    std::shared_ptr<Waiter> waiter);
   void RunJob(const std::shared_ptr<Job>& job);
+  // Marks `job` abandoned when every one of its waiters has been answered.
+  void AbandonIfUnwanted(Job& job);
   CompileReply CompileJob(const Job& job);
   void FinishJob(const std::shared_ptr<Job>& job, const CompileReply& reply);
 

@@ -1,11 +1,14 @@
 // Compiler: the seam between the compile service and the kernel compiler.
 //
 // The service asks one question of it per job: turn a verified graph into a CompileResult.
-// PipelineCompiler is the real adapter over kiln::Pipeline; unit tests inject fakes that
-// count calls, sleep or fail, so scheduling can be tested without a toolchain.
+// PipelineCompiler is the in-process adapter over kiln::Pipeline (tools, unit tests and
+// `kilnd --compile-in-process`); kilnd's default is worker::WorkerProcessCompiler
+// (server/worker/), which runs the same pipeline in supervised child processes. Unit tests
+// inject fakes that count calls, sleep or fail, so scheduling can be tested without a toolchain.
 // Thread-safety: every method may be called concurrently from many worker threads.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -14,6 +17,7 @@
 #include "kernels/ir/graph.h"
 #include "kernels/pipeline.h"
 #include "kernels/target.h"
+#include "kiln/v1/service.pb.h"
 
 namespace kiln::compile {
 
@@ -32,6 +36,19 @@ class Compiler {
   // REQUIRES: `graph` came out of ir::DecodeGraph (verified, types inferred).
   virtual absl::StatusOr<CompileResult> Compile(const ir::Graph& graph, const Target& target,
                                                 const CompileOptions& options) = 0;
+
+  // Compile(), abandoned early once `cancel` turns true (nobody waits for the result any
+  // more): then Cancelled. A compiler that cannot stop midway finishes (the default).
+  virtual absl::StatusOr<CompileResult> CompileCancellable(const ir::Graph& graph,
+                                                           const Target& target,
+                                                           const CompileOptions& options,
+                                                           const std::atomic<bool>& cancel) {
+    (void)cancel;
+    return Compile(graph, target, options);
+  }
+
+  // Adds the compiler's own counters (e.g. worker crashes) to a stats snapshot.
+  virtual void AddStats(v1::GetStatsResponse* stats) const { (void)stats; }
 };
 
 // The production Compiler: forwards to a kiln::Pipeline it owns.

@@ -5,7 +5,6 @@
 #include "kernels/ir/decode.h"
 
 namespace kiln::compile {
-namespace {
 
 void ToWirePlan(const LaunchPlan& plan, bool has_geometry, v1::LaunchPlan* wire) {
   for (const PlanBuffer& b : plan.buffers) {
@@ -32,7 +31,49 @@ void ToWirePlan(const LaunchPlan& plan, bool has_geometry, v1::LaunchPlan* wire)
   wire->set_abi_version(plan.abi_version);
 }
 
-}  // namespace
+void ToWireStats(const CompileStats& stats, v1::CompileStats* wire) {
+  wire->set_num_kernels(stats.num_kernels);
+  wire->set_num_nodes_in(stats.num_nodes_in);
+  wire->set_num_nodes_lowered(stats.num_nodes_lowered);
+  wire->set_frontend_ms(stats.frontend_ms);
+  wire->set_toolchain_ms(stats.toolchain_ms);
+  wire->set_total_ms(stats.total_ms);
+}
+
+CompileStats FromWireStats(const v1::CompileStats& wire) {
+  CompileStats stats;
+  stats.num_kernels = wire.num_kernels();
+  stats.num_nodes_in = wire.num_nodes_in();
+  stats.num_nodes_lowered = wire.num_nodes_lowered();
+  stats.frontend_ms = wire.frontend_ms();
+  stats.toolchain_ms = wire.toolchain_ms();
+  stats.total_ms = wire.total_ms();
+  return stats;
+}
+
+LaunchPlan FromWirePlan(const v1::LaunchPlan& wire) {
+  LaunchPlan plan;
+  for (const v1::PlanBuffer& b : wire.buffers()) {
+    PlanBuffer& out = plan.buffers.emplace_back();
+    out.role = static_cast<BufferRole>(b.role());
+    out.index = b.index();
+    out.dtype = static_cast<ir::DType>(b.dtype());
+    out.shape.assign(b.shape().begin(), b.shape().end());
+    out.bytes = b.bytes();
+    out.offset = b.offset();
+  }
+  for (const v1::PlanStep& s : wire.steps()) {
+    PlanStep& out = plan.steps.emplace_back();
+    out.kernel = s.kernel();
+    for (int i = 0; i < 3 && i < s.grid_size(); ++i) out.grid[i] = s.grid(i);
+    for (int i = 0; i < 3 && i < s.block_size(); ++i) out.block[i] = s.block(i);
+    out.shared_bytes = s.shared_bytes();
+    out.args.assign(s.args().begin(), s.args().end());
+  }
+  plan.workspace_bytes = wire.workspace_bytes();
+  plan.abi_version = wire.abi_version();
+  return plan;
+}
 
 ConvertedResult ToActionResult(CompileResult compiled, const key::ActionKey& key,
                                const Target& target) {
@@ -49,13 +90,7 @@ ConvertedResult ToActionResult(CompileResult compiled, const key::ActionKey& key
   // CPU steps carry no launch geometry: the .so runs its kernels itself.
   ToWirePlan(compiled.plan, target.is_cuda(), r.mutable_plan());
   r.set_compile_log(std::move(compiled.log));
-  v1::CompileStats* stats = r.mutable_stats();
-  stats->set_num_kernels(compiled.stats.num_kernels);
-  stats->set_num_nodes_in(compiled.stats.num_nodes_in);
-  stats->set_num_nodes_lowered(compiled.stats.num_nodes_lowered);
-  stats->set_frontend_ms(compiled.stats.frontend_ms);
-  stats->set_toolchain_ms(compiled.stats.toolchain_ms);
-  stats->set_total_ms(compiled.stats.total_ms);
+  ToWireStats(compiled.stats, r.mutable_stats());
   r.set_key_debug(key.DebugString());
   for (const auto& [label, value] : key.fields) {
     v1::KeyField* field = r.add_key_fields();

@@ -23,6 +23,14 @@ struct ConvertedResult {
 ConvertedResult ToActionResult(CompileResult compiled, const key::ActionKey& key,
                                const Target& target);
 
+// The launch plan on the wire; CPU plans carry no launch geometry (`has_geometry` false).
+void ToWirePlan(const LaunchPlan& plan, bool has_geometry, v1::LaunchPlan* wire);
+// The reverse, for plans that cross a process boundary.
+LaunchPlan FromWirePlan(const v1::LaunchPlan& wire);
+
+void ToWireStats(const CompileStats& stats, v1::CompileStats* wire);
+CompileStats FromWireStats(const v1::CompileStats& wire);
+
 // The first artifact of `kind` in `result`, or nullptr.
 const v1::Artifact* FindArtifact(const v1::ActionResult& result, v1::ArtifactKind kind);
 

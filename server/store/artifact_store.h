@@ -26,6 +26,11 @@ struct StoreStats {
   int64_t evictions = 0;
   int64_t corruptions = 0;
   int64_t capacity_bytes = 0;
+  // Write faults (see RocksDbStore): writes suspended after a disk error, and counters.
+  bool writes_suspended = false;
+  int64_t write_errors = 0;
+  int64_t unpersisted_puts = 0;
+  int64_t write_resumes = 0;
 };
 
 class ArtifactStore {
@@ -54,6 +59,13 @@ class ArtifactStore {
     (void)graph_digest;
     (void)limit;
     return std::vector<std::pair<std::string, v1::ActionResult>>{};
+  }
+
+  // False when the result under `key` was accepted by PutResult but is held only in memory
+  // (the disk refused the write); it is still served until evicted or written out later.
+  virtual bool IsPersisted(const std::string& key) const {
+    (void)key;
+    return true;
   }
 };
 

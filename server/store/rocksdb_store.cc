@@ -1,6 +1,10 @@
 #include "server/store/rocksdb_store.h"
 
 #include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -27,6 +31,36 @@ absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
   if (s.IsCorruption()) return absl::DataLossError(message);
   return absl::InternalError(message);
 }
+
+// RocksDB's own log, sent to kilnd's log instead of a LOG file in the cache directory: a log file
+// there fails with the disk it describes, and RocksDB's file logger aborts on the next line it
+// writes after a failed one.
+class RocksLogToSpdlog final : public rocksdb::Logger {
+ public:
+  explicit RocksLogToSpdlog(std::string path)
+      : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL), path_(std::move(path)) {}
+
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
+  }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level < GetInfoLogLevel()) return;
+    char line[1024];
+    std::vsnprintf(line, sizeof line, format, ap);
+    // One step down: the store reports what matters to kilnd (a suspension, a corruption)
+    // itself, and RocksDB calls some routine conditions errors.
+    const spdlog::level::level_enum to = level >= rocksdb::InfoLogLevel::ERROR_LEVEL
+                                             ? spdlog::level::warn
+                                         : level >= rocksdb::InfoLogLevel::WARN_LEVEL
+                                             ? spdlog::level::info
+                                             : spdlog::level::debug;
+    spdlog::log(to, "rocksdb {}: {}", path_, line);
+  }
+
+ private:
+  const std::string path_;
+};
 
 rocksdb::ColumnFamilyOptions PointLookupOptions() {
   rocksdb::ColumnFamilyOptions options;
@@ -75,6 +109,11 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
   db_options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  db_options.info_log = std::make_shared<RocksLogToSpdlog>(options.path);
+  // No preallocation of WAL and table files: on a nearly full disk a preallocated WAL would
+  // hide the shortage for tens of megabytes and then fail all at once, and the space it holds
+  // is not the cache's to take.
+  db_options.allow_fallocate = false;
 
   rocksdb::ColumnFamilyOptions cas_options = PointLookupOptions();
   cas_options.enable_blob_files = true;
@@ -90,6 +129,10 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(
       {kLruColumnFamily, rocksdb::ColumnFamilyOptions()},
       {kGraphColumnFamily, rocksdb::ColumnFamilyOptions()},
   };
+  if (options.write_buffer_bytes > 0) {
+    // RocksDB recovers from a full disk only once this much is free again.
+    for (auto& d : descriptors) d.options.write_buffer_size = options.write_buffer_bytes;
+  }
   // RocksDB refuses to open a database without naming every family in it. Families of other
   // format versions are opened with defaults and never read: a newer binary's data survives a
   // rollback, an older one's waits for an explicit migration.
@@ -106,6 +149,8 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(
     }
   }
 
+  std::error_code ignored;  // Open reports a directory it cannot use
+  std::filesystem::create_directories(options.path, ignored);
   rocksdb::DB* db = nullptr;
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   KILN_RETURN_IF_ERROR(
@@ -134,9 +179,20 @@ RocksDbStore::RocksDbStore(RocksDbStoreOptions options, rocksdb::DB* db,
   lru_cf_ = handles_[3];
   graphs_cf_ = handles_[4];
   write_options_.sync = options_.sync_writes;
+  retry_thread_ = std::thread([this] { RetryLoop(); });
 }
 
 RocksDbStore::~RocksDbStore() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    retry_cv_.Signal();
+    if (!unpersisted_.empty()) {
+      spdlog::warn("store {}: closing with {} results never written to disk", options_.path,
+                   unpersisted_.size());
+    }
+  }
+  retry_thread_.join();
   // Flushing makes the next Open replay no WAL; a failure only costs that replay.
   rocksdb::FlushOptions flush;
   flush.wait = true;
@@ -306,6 +362,22 @@ absl::Status RocksDbStore::PutResult(const std::string& key, const v1::ActionRes
   }
 
   absl::MutexLock lock(&mu_);
+  if (suspended_.load() && absl::Now() >= retry_at_) TryResumeLocked();
+  if (!suspended_.load()) {
+    const absl::Status written = WriteLocked(key, payload, raws, blobs);
+    if (written.ok() || !IsWriteFault(written)) return written;
+    SuspendLocked(written);
+  }
+  // The disk refuses writes: keep the result in memory so it is still served and fetchable,
+  // and write it out when the disk takes writes again.
+  KeepUnpersistedLocked(key, std::move(stored), std::move(raws), blobs);
+  unpersisted_puts_.fetch_add(1);
+  return absl::OkStatus();
+}
+
+absl::Status RocksDbStore::WriteLocked(const std::string& key, const std::string& payload,
+                                       const std::vector<std::string>& raws,
+                                       const std::vector<std::string>& blobs) {
   const uint64_t tick = NextTick();
   const std::string value = EncodeAcRecord(tick, payload);
   Mutation m;
@@ -349,12 +421,129 @@ absl::Status RocksDbStore::PutResult(const std::string& key, const v1::ActionRes
   return absl::OkStatus();
 }
 
+bool RocksDbStore::IsWriteFault(const absl::Status& status) {
+  // InvalidArgument and Internal are our bugs, not the disk's; everything else a write can
+  // return (no space, I/O error, read-only file system, a background error) is the disk's.
+  return !absl::IsInvalidArgument(status) && !absl::IsInternal(status);
+}
+
+void RocksDbStore::SuspendLocked(const absl::Status& why) {
+  write_errors_.fetch_add(1);
+  retry_at_ = absl::Now() + options_.write_retry_interval;
+  if (!suspended_.exchange(true)) {
+    spdlog::error("store {}: writes suspended, results are kept in memory until the disk takes "
+                  "writes again: {}",
+                  options_.path, why.ToString());
+    retry_cv_.Signal();
+  }
+}
+
+void RocksDbStore::KeepUnpersistedLocked(const std::string& key, v1::ActionResult result,
+                                         std::vector<std::string> raws,
+                                         const std::vector<std::string>& blobs) {
+  DropUnpersistedLocked(key);
+  Unpersisted u;
+  u.result = std::move(result);
+  u.raws = std::move(raws);
+  u.bytes = static_cast<int64_t>(key.size() + u.result.ByteSizeLong());
+  for (size_t i = 0; i < u.raws.size(); ++i) {
+    UnpersistedBlob& blob = unpersisted_blobs_[u.raws[i]];
+    if (blob.refs++ == 0) blob.bytes = blobs[i];
+    u.bytes += static_cast<int64_t>(blobs[i].size());
+  }
+  unpersisted_bytes_ += u.bytes;
+  unpersisted_order_.push_back(key);
+  unpersisted_.insert_or_assign(key, std::move(u));
+  // Bounded: past the budget the oldest results go (later lookups of them are misses).
+  while (unpersisted_bytes_ > options_.max_unpersisted_bytes && unpersisted_.size() > 1) {
+    const std::string oldest = unpersisted_order_.front();
+    unpersisted_order_.pop_front();
+    if (oldest != key) DropUnpersistedLocked(oldest);
+  }
+}
+
+void RocksDbStore::DropUnpersistedLocked(const std::string& key) {
+  auto it = unpersisted_.find(key);
+  if (it == unpersisted_.end()) return;
+  for (const std::string& raw : it->second.raws) {
+    auto blob = unpersisted_blobs_.find(raw);
+    if (blob != unpersisted_blobs_.end() && --blob->second.refs == 0) {
+      unpersisted_blobs_.erase(blob);
+    }
+  }
+  unpersisted_bytes_ -= it->second.bytes;
+  unpersisted_.erase(it);
+  // unpersisted_order_ may still name the key; a stale name is skipped when reached.
+}
+
+bool RocksDbStore::TryResumeLocked() {
+  retry_at_ = absl::Now() + options_.write_retry_interval;
+  // A failed write may have put RocksDB itself into a background-error state in which it
+  // refuses every write until told to recover; Resume() is a no-op when it is not in one.
+  if (rocksdb::Status s = db_->Resume(); !s.ok()) {
+    spdlog::debug("store {}: resume refused: {}", options_.path, s.ToString());
+    return false;
+  }
+  // Oldest first, so the order of writes is the order of puts.
+  while (!unpersisted_order_.empty()) {
+    const std::string key = unpersisted_order_.front();
+    auto it = unpersisted_.find(key);
+    if (it == unpersisted_.end()) {
+      unpersisted_order_.pop_front();
+      continue;
+    }
+    std::string payload;
+    it->second.result.SerializeToString(&payload);
+    std::vector<std::string> blobs;
+    for (const std::string& raw : it->second.raws) blobs.push_back(unpersisted_blobs_[raw].bytes);
+    if (absl::Status s = WriteLocked(key, payload, it->second.raws, blobs); !s.ok()) {
+      if (IsWriteFault(s)) {
+        write_errors_.fetch_add(1);
+        spdlog::debug("store {}: still cannot write: {}", options_.path, s.ToString());
+        return false;
+      }
+      spdlog::error("store {}: dropping unpersisted result {}: {}", options_.path, key,
+                    s.ToString());
+    }
+    unpersisted_order_.pop_front();
+    DropUnpersistedLocked(key);
+  }
+  suspended_.store(false);
+  write_resumes_.fetch_add(1);
+  spdlog::warn("store {}: writes resumed", options_.path);
+  if (absl::Status s = EvictToBudget(nullptr); !s.ok()) {
+    spdlog::warn("store {}: eviction failed: {}", options_.path, s.ToString());
+  }
+  return true;
+}
+
+void RocksDbStore::RetryLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    if (!suspended_.load()) {
+      retry_cv_.Wait(&mu_);
+      continue;
+    }
+    retry_cv_.WaitWithDeadline(&mu_, retry_at_);
+    if (!stopping_ && suspended_.load() && absl::Now() >= retry_at_) TryResumeLocked();
+  }
+}
+
+bool RocksDbStore::IsPersisted(const std::string& key) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return !unpersisted_.contains(key);
+}
+
 absl::StatusOr<std::optional<v1::ActionResult>> RocksDbStore::GetResult(const std::string& key) {
   if (key.empty()) return absl::InvalidArgumentError("action key is empty");
   uint64_t indexed_tick = 0;  // which write of the key the index holds now
   {
     // The index answers most misses without a read.
     absl::ReaderMutexLock lock(&mu_);
+    if (auto kept = unpersisted_.find(key); kept != unpersisted_.end()) {
+      hits_.fetch_add(1);
+      return kept->second.result;
+    }
     auto it = entries_.find(key);
     if (it == entries_.end()) {
       misses_.fetch_add(1);
@@ -409,7 +598,9 @@ absl::StatusOr<std::optional<v1::ActionResult>> RocksDbStore::GetResult(const st
   {
     absl::MutexLock lock(&mu_);
     auto it = entries_.find(key);
-    if (it != entries_.end() && it->second.write_tick == record->write_tick) {
+    // Recency is not worth a write while the disk refuses them.
+    if (it != entries_.end() && it->second.write_tick == record->write_tick &&
+        !suspended_.load()) {
       const uint64_t tick = NextTick();
       // Recency is a hint: failing to persist it costs eviction order, not this hit.
       const rocksdb::Status put = db_->Put(write_options_, lru_cf_, key, EncodeTick(tick));
@@ -419,6 +610,9 @@ absl::StatusOr<std::optional<v1::ActionResult>> RocksDbStore::GetResult(const st
         recency_.emplace(tick, key);
       } else {
         spdlog::warn("store {}: recency of {} not saved: {}", options_.path, key, put.ToString());
+        if (IsWriteFault(FromRocks(put, "write lru.v1"))) {
+          SuspendLocked(FromRocks(put, "write lru.v1"));
+        }
       }
     }
   }
@@ -428,6 +622,12 @@ absl::StatusOr<std::optional<v1::ActionResult>> RocksDbStore::GetResult(const st
 
 absl::StatusOr<std::optional<std::string>> RocksDbStore::GetBlob(const std::string& digest) {
   KILN_ASSIGN_OR_RETURN(std::string raw, DigestFromHex(digest));
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (auto kept = unpersisted_blobs_.find(raw); kept != unpersisted_blobs_.end()) {
+      return kept->second.bytes;
+    }
+  }
   return ReadVerifiedBlob(raw);
 }
 
@@ -440,6 +640,10 @@ StoreStats RocksDbStore::Stats() const {
   stats.evictions = evictions_.load();
   stats.corruptions = corruptions_.load();
   stats.capacity_bytes = options_.capacity_bytes;
+  stats.writes_suspended = suspended_.load();
+  stats.write_errors = write_errors_.load();
+  stats.unpersisted_puts = unpersisted_puts_.load();
+  stats.write_resumes = write_resumes_.load();
   return stats;
 }
 
@@ -565,7 +769,8 @@ absl::Status RocksDbStore::Commit(Mutation& m) {
 }
 
 absl::Status RocksDbStore::EvictToBudget(const std::string* keep) {
-  if (options_.capacity_bytes == 0 || bytes_.load() <= options_.capacity_bytes) {
+  if (options_.capacity_bytes == 0 || bytes_.load() <= options_.capacity_bytes ||
+      suspended_.load()) {
     return absl::OkStatus();
   }
   // Oldest first. The entry just written is spared: if it alone exceeds the budget the store

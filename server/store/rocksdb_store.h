@@ -10,6 +10,15 @@
 // is one WriteBatch, built against the index, and applied to the index only once the batch is
 // written, so the index never claims what the database does not hold.
 //
+// Write faults. When a write fails for a reason of the disk's (ENOSPC, EIO, a RocksDB
+// background error), the store suspends writing rather than fail: hits are still served from
+// disk; PutResult still succeeds, keeping the result in a bounded memory overflow from which
+// GetResult and GetBlob serve it (IsPersisted() says false); recency updates and eviction
+// pause. RocksDB's own recovery waits until write_buffer_bytes are free on the disk. A
+// background thread retries every write_retry_interval: DB::Resume(), then the
+// overflow is written out in put order, and writing resumes, without a restart. Nothing already
+// on disk is touched by a failed write (a batch is all or nothing).
+//
 // Thread-safety: all methods may be called concurrently. Content reads (RocksDB Get, SHA-256)
 // run without the lock; index changes and the writes that go with them hold mu_, so batches are
 // built and applied in one order.
@@ -20,7 +29,9 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <deque>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -29,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "rocksdb/db.h"
 #include "rocksdb/write_batch.h"
 #include "server/store/artifact_store.h"
@@ -53,6 +65,14 @@ struct RocksDbStoreOptions {
   // fsync the WAL on every write. Off, a crash may lose the latest writes but never splits a
   // batch.
   bool sync_writes = false;
+  // After a failed write (disk full, I/O error) the store stops writing: results are kept in
+  // memory (at most this many bytes, oldest dropped first) and served from there, and every
+  // `write_retry_interval` the store asks RocksDB to recover and writes them out.
+  int64_t max_unpersisted_bytes = int64_t{256} << 20;
+  // Memtable size per column family; 0: RocksDB's default (64 MiB). RocksDB resumes after a
+  // full disk only once this much space is free, so small disks want a small value.
+  uint64_t write_buffer_bytes = 0;
+  absl::Duration write_retry_interval = absl::Seconds(1);
 };
 
 class RocksDbStore : public ArtifactStore {
@@ -81,12 +101,23 @@ class RocksDbStore : public ArtifactStore {
   absl::StatusOr<std::optional<std::string>> GetBlob(const std::string& digest) override;
 
   StoreStats Stats() const override;
+  bool IsPersisted(const std::string& key) const override;
 
   // From graphs.v1 (graph_index.cc). Index records whose entry is gone are deleted on the way.
   absl::StatusOr<std::vector<std::pair<std::string, v1::ActionResult>>> ResultsForGraph(
       const std::string& graph_digest, size_t limit) override;
 
  private:
+  // A result accepted while writes are suspended.
+  struct Unpersisted {
+    v1::ActionResult result;
+    std::vector<std::string> raws;  // raw digests, in artifact order
+    int64_t bytes = 0;              // as counted against max_unpersisted_bytes
+  };
+  struct UnpersistedBlob {
+    std::string bytes;
+    int64_t refs = 0;
+  };
   struct Entry {
     uint64_t write_tick = 0;           // identifies this write of the key
     uint64_t access_tick = 0;          // recency; orders the entry in recency_
@@ -103,6 +134,21 @@ class RocksDbStore : public ArtifactStore {
                std::vector<rocksdb::ColumnFamilyHandle*> handles);
 
   absl::Status LoadIndex();
+
+  // Builds and commits the batch that stores one verified result.
+  absl::Status WriteLocked(const std::string& key, const std::string& payload,
+                           const std::vector<std::string>& raws,
+                           const std::vector<std::string>& blobs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static bool IsWriteFault(const absl::Status& status);
+  void SuspendLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void KeepUnpersistedLocked(const std::string& key, v1::ActionResult result,
+                             std::vector<std::string> raws, const std::vector<std::string>& blobs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropUnpersistedLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recovers RocksDB and writes the overflow out; true when writing has resumed.
+  bool TryResumeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetryLoop();
   absl::Status Scrub();
 
   // Reads `raw` from cas.v1 and checks its SHA-256. nullopt when absent or corrupt; a corrupt
@@ -138,6 +184,16 @@ class RocksDbStore : public ArtifactStore {
   absl::flat_hash_map<std::string, Blob> blobs_ ABSL_GUARDED_BY(mu_);        // raw digest -> blob
   uint64_t next_tick_ ABSL_GUARDED_BY(mu_) = 1;
 
+  // Write faults; suspended_ changes only under mu_ and is read without it.
+  std::atomic<bool> suspended_{false};
+  absl::Time retry_at_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Unpersisted> unpersisted_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, UnpersistedBlob> unpersisted_blobs_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> unpersisted_order_ ABSL_GUARDED_BY(mu_);  // put order; may be stale
+  int64_t unpersisted_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar retry_cv_;
+
   // Counters, read without the lock by Stats(). bytes_ and entries_count_ change only under mu_.
   std::atomic<int64_t> hits_{0};
   std::atomic<int64_t> misses_{0};
@@ -145,6 +201,11 @@ class RocksDbStore : public ArtifactStore {
   std::atomic<int64_t> entries_count_{0};
   std::atomic<int64_t> evictions_{0};
   std::atomic<int64_t> corruptions_{0};
+  std::atomic<int64_t> write_errors_{0};
+  std::atomic<int64_t> unpersisted_puts_{0};
+  std::atomic<int64_t> write_resumes_{0};
+
+  std::thread retry_thread_;  // started last in the constructor, joined first in the destructor
 };
 
 }  // namespace kiln::store

@@ -107,6 +107,11 @@ TEST(KilndMetricsTest, ScrapeAfterCompileAndHit) {
         {"kiln_store_entries", "gauge"},           {"kiln_store_evictions_total", "counter"},
         {"kiln_store_corruptions_total", "counter"},
         {"kiln_store_capacity_bytes", "gauge"},
+        {"kiln_store_writes_suspended", "gauge"},  {"kiln_store_write_errors_total", "counter"},
+        {"kiln_store_unpersisted_total", "counter"},
+        {"kiln_store_write_resumes_total", "counter"},
+        {"kiln_worker_crashes_total", "counter"},  {"kiln_worker_timeouts_total", "counter"},
+        {"kiln_worker_cancels_total", "counter"},  {"kiln_worker_restarts_total", "counter"},
     };
     const std::string text = "\n" + page;  // every line, the first too, follows a newline
     for (const auto& [name, type] : kMetrics) {

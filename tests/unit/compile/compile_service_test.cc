@@ -199,6 +199,42 @@ TEST_F(CompileServiceTest, DeadlineExceededButJobStillFinishesAndIsCached) {
   EXPECT_EQ(compiler_.calls(), 1);
 }
 
+TEST_F(CompileServiceTest, JobNobodyWaitsForIsCancelled) {
+  compiler_.HonourCancel();
+  Start();
+  compiler_.Close();
+  CompileReply r = CompileNow(AddGraph(6), v1::INTERACTIVE, absl::Now() + absl::Milliseconds(100));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded) << r.status;
+  // The only caller is gone: the compiler is told to stop.
+  for (int i = 0; i < 200 && compiler_.cancelled() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(compiler_.cancelled(), 1);
+  // A later request starts afresh instead of joining the abandoned job.
+  compiler_.Open();
+  CompileReply again = CompileNow(AddGraph(6));
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_EQ(again.handle, r.handle);
+  EXPECT_FALSE(again.joined);
+}
+
+TEST_F(CompileServiceTest, JobGoesOnWhileAnotherCallerWaits) {
+  compiler_.HonourCancel();
+  Start();
+  compiler_.Close();
+  CompileReply patient;
+  absl::Notification patient_done;
+  CompileAsync(AddGraph(7), v1::INTERACTIVE, &patient, &patient_done);
+  CompileReply hasty =
+      CompileNow(AddGraph(7), v1::INTERACTIVE, absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(hasty.status.code(), absl::StatusCode::kDeadlineExceeded) << hasty.status;
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(compiler_.cancelled(), 0);
+  compiler_.Open();
+  patient_done.WaitForNotification();
+  EXPECT_TRUE(patient.status.ok()) << patient.status;
+}
+
 TEST_F(CompileServiceTest, PastDeadlineAnswersAtOnce) {
   Start();
   CompileReply r = CompileNow(AddGraph(6), v1::INTERACTIVE, absl::Now() - absl::Seconds(1));

@@ -1,6 +1,7 @@
 // FakeCompiler: a Compiler for compile-service tests. Counts calls, records the order in which
 // graphs were compiled (by the length of their first input), can hold every compile at a gate
-// until the test opens it, and can fail.
+// until the test opens it, and can fail. With HonourCancel(), a compile held at the gate gives
+// up (Cancelled) once the service cancels it.
 // Thread-safety: all methods may be called concurrently.
 #pragma once
 
@@ -50,6 +51,24 @@ class FakeCompiler final : public compile::Compiler {
     return r;
   }
 
+  absl::StatusOr<CompileResult> CompileCancellable(const ir::Graph& graph, const Target& target,
+                                                   const CompileOptions& options,
+                                                   const std::atomic<bool>& cancel) override {
+    if (honour_cancel_.load()) {
+      absl::MutexLock lock(&mu_);
+      while (!open_) {
+        if (cancel.load()) {
+          cancelled_.fetch_add(1);
+          return absl::CancelledError("fake compiler: cancelled");
+        }
+        mu_.AwaitWithTimeout(absl::Condition(&open_), absl::Milliseconds(10));
+      }
+    }
+    return Compile(graph, target, options);
+  }
+  void HonourCancel() { honour_cancel_.store(true); }
+  int cancelled() const { return cancelled_.load(); }
+
   // While closed, compiles wait; the test opens it when it has arranged the queue.
   void Close() {
     absl::MutexLock lock(&mu_);
@@ -87,6 +106,8 @@ class FakeCompiler final : public compile::Compiler {
   std::vector<int64_t> order_ ABSL_GUARDED_BY(mu_);
   size_t awaited_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int> calls_{0};
+  std::atomic<bool> honour_cancel_{false};
+  std::atomic<int> cancelled_{0};
 };
 
 }  // namespace kiln::testing
