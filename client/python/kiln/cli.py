@@ -283,11 +283,36 @@ def cmd_stats(args: argparse.Namespace) -> int:
         _print_json(d)
         return 0
     store = d.pop("store", {})
+    shared = d.pop("shared", {})
     for k, v in d.items():
         print(f"{k:<18} {v}")
     for k, v in store.items():
         print(f"store.{k:<12} {v}")
+    _print_shared_tier(shared)
     return 0
+
+
+def _print_shared_tier(shared: dict[str, Any]) -> None:
+    """The shared (Redis) tier: state, counters and the latency median from its histogram."""
+    if not shared.get("enabled"):
+        print("shared             off (local cache only)")
+        return
+    print(f"shared             {shared.get('address', '')} ({'up' if shared.get('available') else 'DOWN'})")
+    bounds = shared.pop("latency_bounds_s", [])
+    counts = [int(c) for c in shared.pop("latency_counts", [])]
+    for k in ("enabled", "available", "address", "latency_sum_s"):
+        shared.pop(k, None)
+    for k, v in shared.items():
+        print(f"shared.{k:<21} {v}")
+    total = sum(counts)
+    if total:
+        seen, p50 = 0, "> 250 ms"
+        for bound, c in zip(bounds, counts):
+            seen += c
+            if seen * 2 >= total:
+                p50 = f"<= {bound * 1e3:g} ms"
+                break
+        print(f"shared.latency_p50{'':<10} {p50} ({total} calls)")
 
 
 # ---------------------------------------------------------------------- parser
