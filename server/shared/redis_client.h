@@ -91,6 +91,8 @@ class RedisClient {
   int64_t outages() const { return outages_.load(std::memory_order_relaxed); }
   // Calls that failed (I/O, timeouts, fail-fast while down, error replies).
   int64_t errors() const { return errors_.load(std::memory_order_relaxed); }
+  // Whether it talks to a Redis Cluster (multi-key commands must then stay in one slot).
+  bool cluster() const { return options_.cluster; }
   // What the client was made from, for logs ("redis://127.0.0.1:6379").
   const std::string& description() const { return description_; }
 

@@ -126,15 +126,25 @@ absl::StatusOr<std::optional<v1::ActionResult>> SharedStore::GetResult(const std
     DropCorrupt(record_key, payload.status());
     return std::nullopt;
   }
-  // The completeness check: every blob the record names must still be there.
-  for (const v1::Artifact& a : result.artifacts()) {
-    absl::StatusOr<RedisReply> exists = client_->Command({"EXISTS", BlobKey(a.digest())});
+  // The completeness check: every blob the record names must still be there. One EXISTS
+  // counts them all on a standalone server; in a cluster the blobs live in different slots,
+  // so each is asked of its own node.
+  std::vector<std::string> heads;
+  for (const v1::Artifact& a : result.artifacts()) heads.push_back(BlobKey(a.digest()));
+  int64_t present = 0;
+  for (size_t i = 0; i < heads.size();) {
+    const size_t n = client_->cluster() ? 1 : heads.size();
+    std::vector<absl::string_view> args = {"EXISTS"};
+    args.insert(args.end(), heads.begin() + i, heads.begin() + i + n);
+    absl::StatusOr<RedisReply> exists = client_->Command(args);
     if (!exists.ok()) return exists.status();
-    if (exists->integer != 1) {
-      incomplete_.fetch_add(1, std::memory_order_relaxed);
-      misses_.fetch_add(1, std::memory_order_relaxed);
-      return std::nullopt;
-    }
+    present += exists->integer;
+    i += n;
+  }
+  if (present != static_cast<int64_t>(heads.size())) {
+    incomplete_.fetch_add(1, std::memory_order_relaxed);
+    misses_.fetch_add(1, std::memory_order_relaxed);
+    return std::nullopt;
   }
   hits_.fetch_add(1, std::memory_order_relaxed);
   return result;

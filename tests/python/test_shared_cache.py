@@ -50,20 +50,29 @@ def _graph(c: float):
 
 
 @pytest.fixture
-def redis_url(tmp_path):
+def redis(tmp_path):
+    """A redis-server on a free loopback port: (url, process)."""
     port = _free_port()
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--dir", str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert _wait_port(port, 10), "redis-server did not start"
-        yield f"redis://127.0.0.1:{port}"
+        yield f"redis://127.0.0.1:{port}", proc
     finally:
         proc.kill()
         proc.wait()
 
 
-def test_kiln_stats_shows_the_shared_tier(tmp_path, redis_url):
+def _probe(address: str, *service: str) -> subprocess.CompletedProcess:
+    probe = Path(os.environ.get("KILN_BINARY_DIR", REPO / "build")) / "server" / "kiln_health_probe"
+    if not probe.exists():
+        pytest.skip("kiln_health_probe is not built")
+    return subprocess.run([str(probe), address, *service], capture_output=True, text=True, timeout=30)
+
+
+def test_kiln_stats_shows_the_shared_tier(tmp_path, redis):
+    redis_url, redis_proc = redis
     binary = find_kilnd()
     if binary is None:
         pytest.skip("kilnd is not built")
@@ -86,6 +95,21 @@ def test_kiln_stats_shows_the_shared_tier(tmp_path, redis_url):
         assert "shared.hits" in text and "shared.latency_p50" in text
         with kiln.Client(b.address) as cb:
             assert cb.health("kiln.SharedCache") == "SERVING"
+        p = _probe(b.address)
+        assert p.returncode == 0 and p.stdout.strip() == "SERVING", p.stdout + p.stderr
+
+        # Redis gone: the shared tier's health turns NOT_SERVING by itself, kilnd's stays SERVING.
+        redis_proc.kill()
+        redis_proc.wait()
+        with kiln.Client(b.address) as cb:
+            end = time.monotonic() + 15
+            while cb.health("kiln.SharedCache") != "NOT_SERVING" and time.monotonic() < end:
+                time.sleep(0.1)
+            assert cb.health("kiln.SharedCache") == "NOT_SERVING"
+            assert cb.health() == "SERVING"
+        assert _probe(b.address, "kiln.SharedCache").returncode == 1
+        assert _probe(b.address).returncode == 0
+    assert _probe(f"127.0.0.1:{_free_port()}", "--timeout-s=1").returncode == 2
 
 
 def test_local_cluster_script_shares_compiles(tmp_path):

@@ -248,5 +248,85 @@ TEST_F(SharedTierTest, LeasesExcludeAndAreTakenOverWhenTheHolderStopsRenewing) {
   EXPECT_EQ(second.Acquire(key, absl::InfiniteFuture(), never), Claim::kUncoordinated);
 }
 
+// Which of the cluster's nodes serves `slot`, from node 0's CLUSTER SLOTS.
+int OwnerOf(kiln::testing::RedisCluster& cluster, uint16_t slot) {
+  kiln::testing::RedisReplyPtr slots = RedisCall(cluster.node(0).port(), {"CLUSTER", "SLOTS"});
+  for (size_t i = 0; slots != nullptr && i < slots->elements; ++i) {
+    const redisReply* range = slots->element[i];
+    if (range->element[0]->integer <= slot && slot <= range->element[1]->integer) {
+      for (int n = 0; n < 3; ++n) {
+        if (range->element[2]->element[1]->integer == cluster.node(n).port()) return n;
+      }
+    }
+  }
+  return -1;
+}
+
+std::string NodeId(kiln::testing::RedisCluster& cluster, int n) {
+  kiln::testing::RedisReplyPtr id = RedisCall(cluster.node(n).port(), {"CLUSTER", "MYID"});
+  return id != nullptr && id->type == REDIS_REPLY_STRING ? std::string(id->str, id->len) : "";
+}
+
+TEST(RedisClusterRoutingTest, FollowsMovedAndAskRedirections) {
+  kiln::testing::RedisCluster cluster;
+  ASSERT_EQ(cluster.Start(), "");
+  absl::StatusOr<RedisOptions> options = ParseRedisUrl(cluster.url(/*all_nodes=*/false));
+  ASSERT_TRUE(options.ok());
+  RedisClient client(*options);
+
+  // The client learns the slot map on first use and routes by it.
+  for (int i = 0; i < 30; ++i) {
+    const std::string key = "spread-" + std::to_string(i);
+    ASSERT_TRUE(client.Command({"SET", key, "v"}).ok()) << key;
+  }
+  int used = 0;
+  for (int n = 0; n < 3; ++n) {
+    used += RedisCall(cluster.node(n).port(), {"DBSIZE"})->integer > 0 ? 1 : 0;
+  }
+  EXPECT_EQ(used, 3);
+
+  // MOVED: the (empty) slot of a key moves to another master after the client learned the map.
+  const std::string moved = "moved-key";
+  const uint16_t slot = KeySlot(moved);
+  const int from = OwnerOf(cluster, slot);
+  ASSERT_GE(from, 0);
+  const int to = (from + 1) % 3;
+  ASSERT_TRUE(client.Command({"GET", moved}).ok());
+  for (int n : {from, to, (from + 2) % 3}) {
+    kiln::testing::RedisReplyPtr r = RedisCall(
+        cluster.node(n).port(), {"CLUSTER", "SETSLOT", std::to_string(slot), "NODE", NodeId(cluster, to)});
+    ASSERT_NE(r, nullptr);
+    ASSERT_NE(r->type, REDIS_REPLY_ERROR) << std::string(r->str, r->len);
+  }
+  absl::StatusOr<RedisReply> set = client.Command({"SET", moved, "here"});
+  ASSERT_TRUE(set.ok()) << set.status();
+  kiln::testing::RedisReplyPtr there = RedisCall(cluster.node(to).port(), {"GET", moved});
+  ASSERT_EQ(there->type, REDIS_REPLY_STRING);
+  EXPECT_EQ(std::string(there->str, there->len), "here");
+
+  // ASK: a slot in migration; a key the source does not hold is asked of the target.
+  const std::string asked = "asked-key";
+  const uint16_t ask_slot = KeySlot(asked);
+  const int src = OwnerOf(cluster, ask_slot);
+  ASSERT_GE(src, 0);
+  const int dst = (src + 1) % 3;
+  ASSERT_TRUE(client.Command({"GET", asked}).ok());
+  RedisCall(cluster.node(dst).port(),
+            {"CLUSTER", "SETSLOT", std::to_string(ask_slot), "IMPORTING", NodeId(cluster, src)});
+  RedisCall(cluster.node(src).port(),
+            {"CLUSTER", "SETSLOT", std::to_string(ask_slot), "MIGRATING", NodeId(cluster, dst)});
+  set = client.Command({"SET", asked, "imported"});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(RedisCall(cluster.node(dst).port(),
+                      {"CLUSTER", "COUNTKEYSINSLOT", std::to_string(ask_slot)})
+                ->integer,
+            1);
+  EXPECT_EQ(RedisCall(cluster.node(src).port(),
+                      {"CLUSTER", "COUNTKEYSINSLOT", std::to_string(ask_slot)})
+                ->integer,
+            0);
+  EXPECT_TRUE(client.available());
+}
+
 }  // namespace
 }  // namespace kiln::shared
