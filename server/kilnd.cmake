@@ -31,6 +31,8 @@ target_link_libraries(kilnd PRIVATE
   kiln_compile_service
   kiln_worker
   kiln_store
+  kiln_tiered_store
+  kiln_shared
   ${GRPCPP_REFLECTION}
   absl::flags
   absl::flags_config
@@ -40,3 +42,7 @@ target_link_libraries(kilnd PRIVATE
   absl::time
   spdlog::spdlog
   Threads::Threads)
+
+# The health probe containers and scripts run against kilnd's gRPC health service.
+add_executable(kiln_health_probe ${CMAKE_CURRENT_LIST_DIR}/health_probe.cc)
+target_link_libraries(kiln_health_probe PRIVATE PkgConfig::GRPCPP)

@@ -27,6 +27,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -42,8 +43,12 @@
 #include "server/compile/compiler.h"
 #include "server/metrics.h"
 #include "server/service.h"
+#include "server/shared/lease_manager.h"
+#include "server/shared/redis_client.h"
+#include "server/shared/shared_store.h"
 #include "server/store/rocksdb_store.h"
 #include "server/worker/worker.h"
+#include "server/store/tiered_store.h"
 #include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
 
@@ -92,6 +97,17 @@ ABSL_FLAG(std::string, fault_injection, "",
           "graph with a node named kiln-fault:KIND then triggers it in its compile worker.");
 ABSL_FLAG(int, compile_worker_fd, -1,
           "Internal: run as a compile worker serving the socket on this descriptor.");
+ABSL_FLAG(std::string, shared_cache, "",
+          "Shared cache tier behind the local one, for replicas that share compiles: "
+          "redis://HOST:PORT[/DB] or redis-cluster://H1:P1,H2:P2,...; empty: local only.");
+ABSL_FLAG(int, shared_cache_timeout_ms, 250,
+          "Limit on each connect and call to the shared cache, in milliseconds.");
+ABSL_FLAG(double, shared_cache_ttl_s, 0,
+          "Expiry of keys written to the shared cache, in seconds; 0: none (use Redis "
+          "maxmemory with allkeys-lru).");
+ABSL_FLAG(double, lease_ttl_s, 10,
+          "Cluster-wide compile lease expiry, in seconds: how soon another replica takes over "
+          "the compile of one that died. Renewed while compiling.");
 
 namespace kiln::server {
 namespace {
@@ -137,6 +153,9 @@ bool ParseByteSize(std::string text, int64_t* bytes) {
   }
   return false;
 }
+
+// The gRPC health service name that reports the shared cache tier's reachability.
+constexpr char kSharedHealthService[] = "kiln.SharedCache";
 
 // A stderr sink that buffers lines and writes them in batches: one line per request at tens of
 // thousands of requests a second must not cost a syscall (or a thread hop) each. The buffer is
@@ -283,6 +302,36 @@ int Run() {
                              store.status().ToString()));
   }
 
+  // The shared tier, when asked for: Tiered(L1, L2) becomes the store every reader uses, and
+  // the lease manager coordinates compiles with the other replicas.
+  std::unique_ptr<shared::RedisClient> redis;
+  std::unique_ptr<shared::SharedStore> l2;
+  std::unique_ptr<store::TieredStore> tiered;
+  std::unique_ptr<shared::LeaseManager> leases;
+  store::ArtifactStore* cache = store->get();
+  if (const std::string url = absl::GetFlag(FLAGS_shared_cache); !url.empty()) {
+    absl::StatusOr<shared::RedisOptions> redis_options = shared::ParseRedisUrl(url);
+    if (!redis_options.ok()) return Fail(redis_options.status().ToString());
+    const absl::Duration timeout =
+        absl::Milliseconds(std::max(1, absl::GetFlag(FLAGS_shared_cache_timeout_ms)));
+    redis_options->connect_timeout = timeout;
+    redis_options->command_timeout = timeout;
+    redis = std::make_unique<shared::RedisClient>(*std::move(redis_options));
+    shared::SharedStoreOptions l2_options;
+    l2_options.ttl = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_shared_cache_ttl_s)));
+    l2 = std::make_unique<shared::SharedStore>(redis.get(), l2_options);
+    tiered = std::make_unique<store::TieredStore>(store->get(), l2.get());
+    shared::LeaseOptions lease_options;
+    lease_options.ttl = absl::Seconds(std::max(0.1, absl::GetFlag(FLAGS_lease_ttl_s)));
+    leases = std::make_unique<shared::LeaseManager>(redis.get(), lease_options);
+    cache = tiered.get();
+    // One call up front, so an unreachable Redis is reported at start (once) rather than on
+    // the first request. Not fatal: kilnd serves from L1 and reconnects by itself.
+    redis->Command({"PING"}, 0).IgnoreError();
+    spdlog::info("shared cache {} ({}), lease owner {}", redis->description(),
+                 redis->available() ? "reachable" : "unreachable for now", leases->owner_id());
+  }
+
   const int threads = absl::GetFlag(FLAGS_workers) > 0
                           ? absl::GetFlag(FLAGS_workers)
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -298,9 +347,10 @@ int Run() {
   compile_options.negative_ttl = absl::Seconds(absl::GetFlag(FLAGS_negative_cache_s));
   compile_options.memory_cache_entries =
       static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_memory_cache_entries)));
-  auto compile_service = std::make_unique<compile::CompileService>(
-      compiler->get(), store->get(), compile_options);
-  auto service = std::make_unique<KilnService>(compile_service.get(), store->get());
+  compile_options.coordinator = leases.get();
+  auto compile_service =
+      std::make_unique<compile::CompileService>(compiler->get(), cache, compile_options);
+  auto service = std::make_unique<KilnService>(compile_service.get(), cache);
 
   // Bound before gRPC so a bad address fails the start with nothing else serving yet. It reads
   // the same snapshot as GetStats, so the two never disagree on what a counter means.
@@ -336,6 +386,21 @@ int Run() {
   std::printf("kilnd listening on %s\n", address.c_str());
   std::fflush(stdout);
 
+  // With a shared tier, its reachability is a health service of its own: kilnd itself keeps
+  // serving ("" stays SERVING) while Redis is away. The probe also reconnects without waiting
+  // for a request.
+  absl::Notification stop_watching;
+  std::thread shared_watch;
+  if (redis != nullptr) {
+    shared_watch = std::thread([&stop_watching, client = redis.get(), health =
+                                    server->GetHealthCheckService()] {
+      do {
+        client->Command({"PING"}, 0).IgnoreError();
+        health->SetServingStatus(kSharedHealthService, client->available());
+      } while (!stop_watching.WaitForNotificationWithTimeout(absl::Seconds(1)));
+    });
+  }
+
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   const absl::Duration grace = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_grace_s)));
@@ -355,6 +420,8 @@ int Run() {
   // compile waiter has its answer, so calls still open are short ones (a fetch in progress),
   // and they get one more second.
   const absl::Time drain_deadline = absl::Now() + grace;
+  stop_watching.Notify();
+  if (shared_watch.joinable()) shared_watch.join();
   server->GetHealthCheckService()->SetServingStatus(false);
   if (metrics != nullptr) metrics->SetDraining();
   compile_service->StopAccepting();
@@ -367,6 +434,10 @@ int Run() {
   server.reset();
   service.reset();
   compile_service.reset();
+  leases.reset();
+  tiered.reset();
+  l2.reset();
+  redis.reset();
   compiler->reset();
   store->reset();  // flushes and closes RocksDB
   spdlog::debug("cache closed");

@@ -33,6 +33,54 @@ void AppendGauge(std::string* out, const char* name, const char* help, int64_t v
   AppendMetric(out, name, "gauge", help, absl::StrCat(value));
 }
 
+// The shared (Redis) tier: counters, reachability and the latency histogram.
+void AppendSharedTier(std::string* out, const v1::SharedCacheStats& sh) {
+  AppendGauge(out, "kiln_shared_up", "1 while the shared cache tier (Redis) is reachable.",
+              sh.available() ? 1 : 0);
+  AppendCounter(out, "kiln_shared_hits_total",
+                "Result lookups found complete and verified in the shared tier.", sh.hits());
+  AppendCounter(out, "kiln_shared_misses_total", "Result lookups the shared tier missed.",
+                sh.misses());
+  AppendCounter(out, "kiln_shared_errors_total",
+                "Shared-tier calls that failed (timeouts, unreachable, error replies).",
+                sh.errors());
+  AppendCounter(out, "kiln_shared_corruptions_total",
+                "Shared-tier values that failed verification (never served).", sh.corruptions());
+  AppendCounter(out, "kiln_shared_incomplete_total",
+                "Shared-tier results missed because a blob they name was evicted.",
+                sh.incomplete());
+  AppendCounter(out, "kiln_shared_read_bytes_total", "Bytes read from the shared tier.",
+                sh.bytes_read());
+  AppendCounter(out, "kiln_shared_written_bytes_total", "Bytes written to the shared tier.",
+                sh.bytes_written());
+  AppendCounter(out, "kiln_shared_outages_total",
+                "Times the shared tier went from reachable to unreachable.", sh.outages());
+  AppendCounter(out, "kiln_shared_leases_taken_total",
+                "Compiles run holding the cluster-wide lease.", sh.leases_taken());
+  AppendCounter(out, "kiln_shared_leases_waited_total",
+                "Jobs that waited on another replica's lease.", sh.leases_waited());
+  AppendCounter(out, "kiln_shared_leases_expired_total",
+                "Leases taken over after the holder's ran out.", sh.leases_expired());
+  AppendCounter(out, "kiln_shared_leases_done_elsewhere_total",
+                "Lease waits that ended with another replica's result.",
+                sh.leases_done_elsewhere());
+  AppendCounter(out, "kiln_shared_lease_errors_total",
+                "Lease calls that failed or leases lost while compiling.", sh.lease_errors());
+  const char* name = "kiln_shared_latency_seconds";
+  absl::StrAppend(out, "# HELP ", name, " Latency of shared-tier operations.\n# TYPE ", name,
+                  " histogram\n");
+  int64_t cumulative = 0;
+  for (int i = 0; i < sh.latency_counts_size(); ++i) {
+    cumulative += sh.latency_counts(i);
+    const std::string le = i < sh.latency_bounds_s_size()
+                               ? absl::StrFormat("%g", sh.latency_bounds_s(i))
+                               : std::string("+Inf");
+    absl::StrAppend(out, name, "_bucket{le=\"", le, "\"} ", cumulative, "\n");
+  }
+  absl::StrAppend(out, name, "_sum ", absl::StrFormat("%.6f", sh.latency_sum_s()), "\n", name,
+                  "_count ", cumulative, "\n");
+}
+
 }  // namespace
 
 std::string RenderPrometheus(const v1::GetStatsResponse& s) {
@@ -91,6 +139,7 @@ std::string RenderPrometheus(const v1::GetStatsResponse& s) {
                 s.worker_cancels());
   AppendCounter(&out, "kiln_worker_restarts_total",
                 "Compile worker processes started to replace lost ones.", s.worker_restarts());
+  if (s.shared().enabled()) AppendSharedTier(&out, s.shared());
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -44,6 +45,7 @@ struct CompileService::Job {
   // Guarded by the service's jobs_mu_.
   Priority priority = Priority::kInteractive;
   bool started = false;
+  absl::Time deadline = absl::InfinitePast();  // the latest of its waiters' deadlines
   std::vector<std::shared_ptr<Waiter>> waiters;
   // Every waiter has been answered (deadlines) before the compile ended: the compiler may stop.
   // Set under jobs_mu_; a request arriving after that starts a fresh job instead of joining.
@@ -216,6 +218,7 @@ void CompileService::StartOrJoin(Prepared prepared, Priority priority, absl::Tim
       waiter->joined = true;
       job.waiters.push_back(waiter);
       joined_job = it->second;
+      job.deadline = std::max(job.deadline, deadline);
       // An interactive caller must not wait behind the prewarm backlog its job sits in: queue
       // a second runner at interactive priority; whichever runner starts first compiles.
       if (priority == Priority::kInteractive && job.priority == Priority::kPrewarm &&
@@ -228,6 +231,7 @@ void CompileService::StartOrJoin(Prepared prepared, Priority priority, absl::Tim
       auto job = std::make_shared<Job>();
       job->prepared = std::move(prepared);
       job->priority = priority;
+      job->deadline = deadline;
       job->waiters.push_back(waiter);
       // Submitted under jobs_mu_ so nobody can join a job that never made it into the queue.
       rejected = pool_.Submit(priority, [this, job] { RunJob(job); });
@@ -299,6 +303,13 @@ CompileReply CompileService::CompileJob(const Job& job) {
     return reply;
   }
 
+  bool owner = false;
+  if (std::optional<CompileReply> answered = Coordinate(job, &owner)) return *std::move(answered);
+  // Released once the result is stored (or the compile failed), so waiting replicas find it.
+  absl::Cleanup release = [this, owner, &key] {
+    if (owner) options_.coordinator->Release(key);
+  };
+
   compiles_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<CompileResult> compiled;
   try {
@@ -332,6 +343,42 @@ CompileReply CompileService::CompileJob(const Job& job) {
   auto shared = std::make_shared<const v1::ActionResult>(std::move(converted.result));
   memory_.Put(key, shared, absl::Now());
   reply.result = std::move(shared);
+  return reply;
+}
+
+std::optional<CompileReply> CompileService::Coordinate(const Job& job, bool* owner) {
+  if (options_.coordinator == nullptr) return std::nullopt;
+  const std::string& key = job.prepared.key.digest;
+  absl::Time give_up;
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    give_up = job.deadline;
+  }
+  std::shared_ptr<const v1::ActionResult> found;
+  const CompileCoordinator::Claim claim =
+      options_.coordinator->Acquire(key, give_up, [this, &key, &found] {
+        absl::StatusOr<std::shared_ptr<const v1::ActionResult>> r = LookupCached(key, absl::Now());
+        if (r.ok() && *r != nullptr) found = *std::move(r);
+        return found != nullptr;
+      });
+  CompileReply reply;
+  reply.handle = key;
+  switch (claim) {
+    case CompileCoordinator::Claim::kOwner:
+      *owner = true;
+      return std::nullopt;
+    case CompileCoordinator::Claim::kUncoordinated:
+      return std::nullopt;
+    case CompileCoordinator::Claim::kDoneElsewhere:
+      if (found == nullptr) return std::nullopt;  // it vanished again: compile here
+      reply.result = std::move(found);
+      reply.cache_hit = true;
+      return reply;
+    case CompileCoordinator::Claim::kGaveUp:
+      break;
+  }
+  reply.status = absl::DeadlineExceededError(absl::StrCat(
+      "every caller's deadline passed while another replica compiled ", KeyPrefix(key)));
   return reply;
 }
 
@@ -434,6 +481,8 @@ v1::GetStatsResponse CompileService::Stats() const {
   out.set_workers(pool_.workers());
   out.set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
   compiler_->AddStats(&out);
+  store_->AddTierStats(&out);
+  if (options_.coordinator != nullptr) options_.coordinator->AddStats(&out);
   return out;
 }
 

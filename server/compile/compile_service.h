@@ -3,7 +3,8 @@
 // One request goes: decode and validate (ir::DecodeGraph / DecodeTarget / DecodeOptions) ->
 // action key -> in-memory result cache -> store (RocksDB) -> failure cache -> single-flight
 // registry (identical keys in flight share one job) -> bounded two-priority worker pool ->
-// compile -> ActionResult -> store.PutResult -> every waiter answered.
+// [coordinator: wait while another replica compiles the key] -> compile -> ActionResult ->
+// store.PutResult -> every waiter answered.
 //
 // A hit is answered inline on the caller's thread (no hop to a worker: it must cost well under
 // a millisecond). A miss never compiles on the caller's thread: the callback runs later on a
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,7 @@
 #include "kernels/key/key.h"
 #include "kiln/v1/service.pb.h"
 #include "server/compile/compiler.h"
+#include "server/compile/coordinator.h"
 #include "server/compile/deadline_timer.h"
 #include "server/compile/result_cache.h"
 #include "server/compile/worker_pool.h"
@@ -48,6 +51,9 @@ struct CompileServiceOptions {
   size_t memory_cache_entries = 4096;  // in-memory front of the store; 0 disables it
   absl::Duration memory_cache_ttl = absl::Seconds(2);  // how often a hot entry is revalidated
   ir::Limits limits;
+  // Cluster-wide single-flight across replicas sharing a cache; nullptr: this process only.
+  // Must outlive the service.
+  CompileCoordinator* coordinator = nullptr;
 };
 
 // A ResourceExhausted worth retrying (the compile queue is full, not a limit of the request)
@@ -133,6 +139,10 @@ class CompileService {
   void RunJob(const std::shared_ptr<Job>& job);
   // Marks `job` abandoned when every one of its waiters has been answered.
   void AbandonIfUnwanted(Job& job);
+
+  // Cluster-wide single-flight around a compile (see coordinator.h). Returns a reply when the
+  // job is answered without compiling; sets *owner when Release must follow the compile.
+  std::optional<CompileReply> Coordinate(const Job& job, bool* owner);
   CompileReply CompileJob(const Job& job);
   void FinishJob(const std::shared_ptr<Job>& job, const CompileReply& reply);
 

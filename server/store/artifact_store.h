@@ -1,5 +1,6 @@
 // ArtifactStore: the cache's interface. Two maps: CAS (digest -> bytes) and AC (action key ->
-// ActionResult). Implementations: RocksDbStore (L1, embedded). Decorators may wrap it.
+// ActionResult). Implementations: RocksDbStore (L1, embedded), shared::SharedStore (L2, Redis);
+// TieredStore composes the two.
 //
 // Lookups return StatusOr<optional<T>>: an error (store down), a miss (nullopt) or a hit.
 // Reads verify content: a CAS value whose SHA-256 does not match its digest is evicted,
@@ -67,6 +68,10 @@ class ArtifactStore {
     (void)key;
     return true;
   }
+
+  // Adds what a tier beyond the local one knows (the shared tier's counters) to a stats
+  // reply. The local store has nothing to add.
+  virtual void AddTierStats(v1::GetStatsResponse* /*stats*/) const {}
 };
 
 }  // namespace kiln::store

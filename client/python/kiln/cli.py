@@ -368,8 +368,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         _print_json(d)
         return 0
     store = d.pop("store", {})
+    shared = d.pop("shared", {})
     rows = [(k, _stat_text(k, v)) for k, v in d.items()]
     rows += [(f"store.{k}", _stat_text(k, v)) for k, v in store.items()]
+    rows += _shared_tier_rows(shared)
     _print_table(rows)
     return 0
 
@@ -424,6 +426,29 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if same:
             print(f"    same: {', '.join(same)}")
     return 0
+
+
+def _shared_tier_rows(shared: dict[str, Any]) -> list[tuple[str, str]]:
+    """The shared (Redis) tier as table rows: state, counters and the latency median from its
+    histogram."""
+    if not shared.get("enabled"):
+        return [("shared", "off (local cache only)")]
+    rows = [("shared", f"{shared.get('address', '')} ({'up' if shared.get('available') else 'DOWN'})")]
+    bounds = shared.pop("latency_bounds_s", [])
+    counts = [int(c) for c in shared.pop("latency_counts", [])]
+    for k in ("enabled", "available", "address", "latency_sum_s"):
+        shared.pop(k, None)
+    rows += [(f"shared.{k}", _stat_text(k, v)) for k, v in shared.items()]
+    total = sum(counts)
+    if total:
+        seen, p50 = 0, "> 250 ms"
+        for bound, c in zip(bounds, counts):
+            seen += c
+            if seen * 2 >= total:
+                p50 = f"<= {bound * 1e3:g} ms"
+                break
+        rows.append(("shared.latency_p50", f"{p50} ({total} calls)"))
+    return rows
 
 
 # ---------------------------------------------------------------------- parser

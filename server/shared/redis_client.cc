@@ -1,0 +1,358 @@
+#include "server/shared/redis_client.h"
+
+#include <hiredis/hiredis.h>
+#include <sys/time.h>
+
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln::shared {
+namespace {
+
+constexpr int kSlots = 16384;
+constexpr int kMaxRedirects = 5;
+
+RedisReply Convert(const redisReply* r) {
+  RedisReply out;
+  switch (r->type) {
+    case REDIS_REPLY_STRING:
+      out.type = RedisReply::Type::kString;
+      out.str.assign(r->str, r->len);
+      break;
+    case REDIS_REPLY_STATUS:
+      out.type = RedisReply::Type::kStatus;
+      out.str.assign(r->str, r->len);
+      break;
+    case REDIS_REPLY_INTEGER:
+      out.type = RedisReply::Type::kInteger;
+      out.integer = r->integer;
+      break;
+    case REDIS_REPLY_ARRAY:
+      out.type = RedisReply::Type::kArray;
+      out.elements.reserve(r->elements);
+      for (size_t i = 0; i < r->elements; ++i) out.elements.push_back(Convert(r->element[i]));
+      break;
+    default:
+      out.type = RedisReply::Type::kNil;
+  }
+  return out;
+}
+
+// One command on one connection. Error replies become FailedPrecondition.
+absl::StatusOr<RedisReply> Execute(redisContext* ctx, const RedisEndpoint& endpoint,
+                                   const std::vector<absl::string_view>& args) {
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  argv.reserve(args.size());
+  lens.reserve(args.size());
+  for (absl::string_view a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto* r = static_cast<redisReply*>(
+      redisCommandArgv(ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  if (r == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat(endpoint.ToString(), ": ", ctx->err != 0 ? ctx->errstr : "no reply"));
+  }
+  absl::StatusOr<RedisReply> out;
+  if (r->type == REDIS_REPLY_ERROR) {
+    out = absl::FailedPreconditionError(std::string(r->str, r->len));
+  } else {
+    out = Convert(r);
+  }
+  freeReplyObject(r);
+  return out;
+}
+
+absl::StatusOr<RedisEndpoint> ParseEndpoint(absl::string_view text, absl::string_view url) {
+  const size_t colon = text.rfind(':');
+  RedisEndpoint e;
+  if (colon == absl::string_view::npos || colon == 0 ||
+      !absl::SimpleAtoi(text.substr(colon + 1), &e.port) || e.port <= 0 || e.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared cache URL '", url, "': '", text, "' is not HOST:PORT"));
+  }
+  e.host = std::string(text.substr(0, colon));
+  return e;
+}
+
+// "MOVED 3999 127.0.0.1:6381" / "ASK 3999 127.0.0.1:6381" -> the endpoint.
+bool ParseRedirect(absl::string_view message, absl::string_view kind, RedisEndpoint* to) {
+  if (!absl::ConsumePrefix(&message, kind)) return false;
+  std::vector<absl::string_view> parts = absl::StrSplit(message, ' ', absl::SkipEmpty());
+  if (parts.size() != 2) return false;
+  absl::StatusOr<RedisEndpoint> e = ParseEndpoint(parts[1], message);
+  if (!e.ok()) return false;
+  *to = *std::move(e);
+  return true;
+}
+
+}  // namespace
+
+std::string RedisEndpoint::ToString() const { return absl::StrCat(host, ":", port); }
+
+absl::StatusOr<RedisOptions> ParseRedisUrl(absl::string_view url) {
+  RedisOptions options;
+  absl::string_view rest = url;
+  if (absl::ConsumePrefix(&rest, "redis-cluster://")) {
+    options.cluster = true;
+  } else if (!absl::ConsumePrefix(&rest, "redis://")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared cache URL '", url, "' must start with redis:// or redis-cluster://"));
+  }
+  if (!options.cluster) {
+    const size_t slash = rest.find('/');
+    if (slash != absl::string_view::npos) {
+      absl::string_view db = rest.substr(slash + 1);
+      if (!db.empty() && (!absl::SimpleAtoi(db, &options.db) || options.db < 0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("shared cache URL '", url, "': database '", db, "' is not a number"));
+      }
+      rest = rest.substr(0, slash);
+    }
+  }
+  for (absl::string_view part : absl::StrSplit(rest, ',', absl::SkipEmpty())) {
+    absl::StatusOr<RedisEndpoint> e = ParseEndpoint(part, url);
+    if (!e.ok()) return e.status();
+    options.seeds.push_back(*std::move(e));
+  }
+  if (options.seeds.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("shared cache URL '", url, "' names no server"));
+  }
+  if (!options.cluster && options.seeds.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared cache URL '", url, "' names several servers; use redis-cluster:// for a cluster"));
+  }
+  return options;
+}
+
+uint16_t KeySlot(absl::string_view key) {
+  // A non-empty {tag} routes by the tag alone, so related keys can share a slot.
+  const size_t open = key.find('{');
+  if (open != absl::string_view::npos) {
+    const size_t close = key.find('}', open + 1);
+    if (close != absl::string_view::npos && close > open + 1) {
+      key = key.substr(open + 1, close - open - 1);
+    }
+  }
+  // CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), as the cluster specification says.
+  uint16_t crc = 0;
+  for (unsigned char c : key) {
+    crc ^= static_cast<uint16_t>(c) << 8;
+    for (int bit = 0; bit < 8; ++bit) {
+      crc = (crc & 0x8000) != 0 ? static_cast<uint16_t>((crc << 1) ^ 0x1021)
+                                : static_cast<uint16_t>(crc << 1);
+    }
+  }
+  return crc % kSlots;
+}
+
+struct RedisClient::Conn {
+  explicit Conn(redisContext* c) : ctx(c) {}
+  ~Conn() {
+    if (ctx != nullptr) redisFree(ctx);
+  }
+  redisContext* ctx;
+};
+
+struct RedisClient::Node {
+  RedisEndpoint endpoint;
+  absl::Mutex mu;
+  std::vector<std::unique_ptr<Conn>> idle ABSL_GUARDED_BY(mu);
+};
+
+RedisClient::RedisClient(RedisOptions options)
+    : options_(std::move(options)),
+      description_(absl::StrCat(
+          options_.cluster ? "redis-cluster://" : "redis://",
+          absl::StrJoin(options_.seeds, ",",
+                        [](std::string* out, const RedisEndpoint& e) {
+                          absl::StrAppend(out, e.ToString());
+                        }),
+          options_.db != 0 ? absl::StrCat("/", options_.db) : "")) {
+  absl::MutexLock lock(&mu_);
+  if (options_.cluster) slots_.assign(kSlots, nullptr);
+}
+
+RedisClient::~RedisClient() = default;
+
+RedisClient::Node* RedisClient::NodeFor(const std::string& host, int port) {
+  const std::string name = absl::StrCat(host, ":", port);
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<Node>& node = nodes_[name];
+  if (node == nullptr) {
+    node = std::make_unique<Node>();
+    node->endpoint = RedisEndpoint{host, port};
+  }
+  return node.get();
+}
+
+RedisClient::Node* RedisClient::NodeForSlot(uint16_t slot) {
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (slots_[slot] != nullptr) return slots_[slot];
+  }
+  // Unknown slot: learn the map (at most a few times a second), else ask a seed and let a
+  // MOVED reply say where the slot lives.
+  RefreshSlots().IgnoreError();
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (slots_[slot] != nullptr) return slots_[slot];
+  }
+  const RedisEndpoint& seed = options_.seeds[slot % options_.seeds.size()];
+  return NodeFor(seed.host, seed.port);
+}
+
+absl::Status RedisClient::RefreshSlots() {
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (now - slots_refreshed_ < absl::Milliseconds(200)) return absl::OkStatus();
+    slots_refreshed_ = now;
+  }
+  // Ask the seeds first, then any node learned since; the first full answer wins.
+  std::vector<RedisEndpoint> ask = options_.seeds;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [name, node] : nodes_) ask.push_back(node->endpoint);
+  }
+  absl::Status last = absl::UnavailableError("no cluster node answered CLUSTER SLOTS");
+  for (const RedisEndpoint& e : ask) {
+    absl::StatusOr<RedisReply> reply = RunOn(NodeFor(e.host, e.port), {"CLUSTER", "SLOTS"}, false);
+    if (!reply.ok()) {
+      last = reply.status();
+      continue;
+    }
+    if (reply->type != RedisReply::Type::kArray) continue;
+    std::vector<std::pair<std::pair<int64_t, int64_t>, Node*>> ranges;
+    for (const RedisReply& range : reply->elements) {
+      if (range.elements.size() < 3 || range.elements[2].elements.size() < 2) continue;
+      const RedisReply& master = range.elements[2];
+      // An empty host means "the address you reached me on".
+      const std::string host = master.elements[0].str.empty() ? e.host : master.elements[0].str;
+      ranges.push_back({{range.elements[0].integer, range.elements[1].integer},
+                        NodeFor(host, static_cast<int>(master.elements[1].integer))});
+    }
+    absl::MutexLock lock(&mu_);
+    for (const auto& [span, node] : ranges) {
+      for (int64_t s = std::max<int64_t>(0, span.first); s <= span.second && s < kSlots; ++s) {
+        slots_[s] = node;
+      }
+    }
+    return absl::OkStatus();
+  }
+  return last;
+}
+
+absl::StatusOr<RedisReply> RedisClient::RunOn(Node* node, const std::vector<absl::string_view>& args,
+                                              bool asking) {
+  std::unique_ptr<Conn> conn;
+  {
+    absl::MutexLock lock(&node->mu);
+    if (!node->idle.empty()) {
+      conn = std::move(node->idle.back());
+      node->idle.pop_back();
+    }
+  }
+  const RedisEndpoint& e = node->endpoint;
+  if (conn == nullptr) {
+    conn = std::make_unique<Conn>(
+        redisConnectWithTimeout(e.host.c_str(), e.port, absl::ToTimeval(options_.connect_timeout)));
+    if (conn->ctx == nullptr || conn->ctx->err != 0) {
+      const std::string why = conn->ctx == nullptr ? "out of memory" : conn->ctx->errstr;
+      return absl::UnavailableError(absl::StrCat("cannot connect to ", e.ToString(), ": ", why));
+    }
+    redisSetTimeout(conn->ctx, absl::ToTimeval(options_.command_timeout));
+    if (!options_.cluster && options_.db != 0) {
+      const std::string db = absl::StrCat(options_.db);
+      absl::StatusOr<RedisReply> selected = Execute(conn->ctx, e, {"SELECT", db});
+      if (!selected.ok()) return selected.status();
+    }
+  }
+  absl::StatusOr<RedisReply> reply = RedisReply();
+  if (asking) reply = Execute(conn->ctx, e, {"ASKING"});
+  if (reply.ok()) reply = Execute(conn->ctx, e, args);
+  // A connection that saw an I/O error or a timeout may hold a late reply: never reuse it.
+  if (reply.ok() || absl::IsFailedPrecondition(reply.status())) {
+    absl::MutexLock lock(&node->mu);
+    if (node->idle.size() < static_cast<size_t>(options_.max_idle_connections)) {
+      node->idle.push_back(std::move(conn));
+    }
+  }
+  return reply;
+}
+
+absl::StatusOr<RedisReply> RedisClient::Command(const std::vector<absl::string_view>& args,
+                                                size_t key_index) {
+  if (down_.load(std::memory_order_relaxed) &&
+      absl::GetCurrentTimeNanos() < down_until_ns_.load(std::memory_order_relaxed)) {
+    errors_.fetch_add(1, std::memory_order_relaxed);
+    return absl::UnavailableError(absl::StrCat("shared cache ", description_,
+                                               " is unreachable; retrying shortly"));
+  }
+  Node* node;
+  if (options_.cluster) {
+    node = NodeForSlot(key_index < args.size() ? KeySlot(args[key_index]) : 0);
+  } else {
+    node = NodeFor(options_.seeds[0].host, options_.seeds[0].port);
+  }
+  bool asking = false;
+  absl::StatusOr<RedisReply> reply;
+  for (int hop = 0; hop <= kMaxRedirects; ++hop) {
+    reply = RunOn(node, args, asking);
+    asking = false;
+    if (!options_.cluster || !absl::IsFailedPrecondition(reply.status())) break;
+    RedisEndpoint to;
+    const std::string message(reply.status().message());
+    if (ParseRedirect(message, "MOVED ", &to)) {
+      // The slot moved for good: remember where, and relearn the whole map soon.
+      Node* target = NodeFor(to.host, to.port);
+      {
+        absl::MutexLock lock(&mu_);
+        slots_[KeySlot(args[key_index])] = target;
+      }
+      RefreshSlots().IgnoreError();
+      node = target;
+    } else if (ParseRedirect(message, "ASK ", &to)) {
+      node = NodeFor(to.host, to.port);  // this one command only, during a migration
+      asking = true;
+    } else {
+      break;
+    }
+  }
+  if (absl::IsUnavailable(reply.status())) {
+    MarkDown(std::string(reply.status().message()));
+  } else {
+    MarkUp();
+  }
+  if (!reply.ok()) errors_.fetch_add(1, std::memory_order_relaxed);
+  return reply;
+}
+
+void RedisClient::MarkDown(const std::string& why) {
+  down_until_ns_.store(absl::GetCurrentTimeNanos() + absl::ToInt64Nanoseconds(
+                                                         options_.retry_interval),
+                       std::memory_order_relaxed);
+  if (!down_.exchange(true, std::memory_order_relaxed)) {
+    outages_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn(
+        "shared cache {} unreachable ({}): serving from the local cache only, retrying every {}",
+        description_, why, absl::FormatDuration(options_.retry_interval));
+  }
+}
+
+void RedisClient::MarkUp() {
+  if (down_.exchange(false, std::memory_order_relaxed)) {
+    spdlog::info("shared cache {} reachable again", description_);
+  }
+}
+
+}  // namespace kiln::shared

@@ -1,0 +1,127 @@
+// RedisClient: kilnd's connection to the shared cache tier, a thin layer over hiredis.
+//
+// It speaks to one standalone Redis (redis://HOST:PORT[/DB]) or to a Redis Cluster
+// (redis-cluster://H1:P1,H2:P2,...). In cluster mode it keeps the slot map (CLUSTER SLOTS),
+// routes each command by the hash slot of its key (CRC16 of the key, or of the part between
+// the first "{" and the next "}" when that part is non-empty), follows MOVED (updating the
+// map) and ASK (one ASKING + retry on the named node) redirections, up to a few hops.
+//
+// Every call is bounded: connects and commands time out (`connect_timeout`,
+// `command_timeout`). After an I/O failure (refused, reset, timed out) the client is "down"
+// for `retry_interval`: calls fail at once with Unavailable instead of waiting on a dead
+// server, and the first call after the interval probes again. The change from up to down and
+// back is logged once each, not per call. Error replies from a reachable server ("-OOM ...",
+// "-ERR ...") are FailedPrecondition and do not mark it down.
+//
+// Connections are pooled per server node; a connection that saw an error is closed.
+// Thread-safety: all methods may be called concurrently.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+struct redisContext;
+
+namespace kiln::shared {
+
+struct RedisEndpoint {
+  std::string host;
+  int port = 6379;
+  std::string ToString() const;
+};
+
+struct RedisOptions {
+  bool cluster = false;
+  std::vector<RedisEndpoint> seeds;  // one for standalone; any known nodes for a cluster
+  int db = 0;                        // standalone only (a cluster has just db 0)
+  absl::Duration connect_timeout = absl::Milliseconds(250);
+  absl::Duration command_timeout = absl::Milliseconds(250);
+  absl::Duration retry_interval = absl::Seconds(1);
+  int max_idle_connections = 32;  // per node
+};
+
+// "redis://HOST:PORT[/DB]" or "redis-cluster://H1:P1,H2:P2,..." -> options with default
+// timeouts. InvalidArgument naming the part that is wrong.
+absl::StatusOr<RedisOptions> ParseRedisUrl(absl::string_view url);
+
+// The hash slot (0..16383) Redis Cluster assigns `key`, hash tags included.
+uint16_t KeySlot(absl::string_view key);
+
+// A reply copied out of hiredis. Error replies never appear here: they are statuses.
+struct RedisReply {
+  enum class Type { kNil, kString, kInteger, kArray, kStatus };
+  Type type = Type::kNil;
+  std::string str;  // kString, kStatus
+  int64_t integer = 0;
+  std::vector<RedisReply> elements;  // kArray
+  bool is_nil() const { return type == Type::kNil; }
+};
+
+class RedisClient {
+ public:
+  // Connects to nothing yet: a server that is down at start is simply "down" on first use.
+  // REQUIRES: options.seeds non-empty.
+  explicit RedisClient(RedisOptions options);
+  ~RedisClient();
+
+  RedisClient(const RedisClient&) = delete;
+  RedisClient& operator=(const RedisClient&) = delete;
+
+  // Runs one command. args[key_index] is the key that routes it in cluster mode (ignored in
+  // standalone mode). Unavailable when no answer came in time or the client is down;
+  // FailedPrecondition for an error reply.
+  absl::StatusOr<RedisReply> Command(const std::vector<absl::string_view>& args,
+                                     size_t key_index = 1);
+
+  // False while calls fail fast after an I/O failure.
+  bool available() const { return !down_.load(std::memory_order_relaxed); }
+  // Times the client went from up to down.
+  int64_t outages() const { return outages_.load(std::memory_order_relaxed); }
+  // Calls that failed (I/O, timeouts, fail-fast while down, error replies).
+  int64_t errors() const { return errors_.load(std::memory_order_relaxed); }
+  // Whether it talks to a Redis Cluster (multi-key commands must then stay in one slot).
+  bool cluster() const { return options_.cluster; }
+  // What the client was made from, for logs ("redis://127.0.0.1:6379").
+  const std::string& description() const { return description_; }
+
+ private:
+  struct Node;
+  struct Conn;
+
+  Node* NodeFor(const std::string& host, int port) ABSL_LOCKS_EXCLUDED(mu_);
+  Node* NodeForSlot(uint16_t slot) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status RefreshSlots() ABSL_LOCKS_EXCLUDED(mu_);
+  // One attempt on one node. `asking` prefixes the command with ASKING on the same connection.
+  absl::StatusOr<RedisReply> RunOn(Node* node, const std::vector<absl::string_view>& args,
+                                   bool asking);
+  void MarkDown(const std::string& why);
+  void MarkUp();
+
+  // Immutable after construction.
+  const RedisOptions options_;
+  const std::string description_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Node>> nodes_ ABSL_GUARDED_BY(mu_);
+  std::vector<Node*> slots_ ABSL_GUARDED_BY(mu_);  // cluster: 16384 entries, nullptr unknown
+  absl::Time slots_refreshed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+
+  std::atomic<bool> down_{false};
+  std::atomic<int64_t> down_until_ns_{0};  // absl::GetCurrentTimeNanos() scale
+  std::atomic<int64_t> outages_{0};
+  std::atomic<int64_t> errors_{0};
+};
+
+}  // namespace kiln::shared

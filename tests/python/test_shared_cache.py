@@ -1,0 +1,151 @@
+"""Cluster mode from the Python side: two real kilnd replicas on a real redis-server.
+
+``kiln stats`` shows the shared tier of the replica that was served from it, and the third
+README command (``deploy/cluster-local.sh``) brings up Redis and two replicas that share
+compiles, and takes them all down again on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import kiln
+from conftest import find_kilnd
+from helpers import kiln_cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def _graph(c: float):
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (64,))
+    return b.build([b.exp(x) * c])
+
+
+@pytest.fixture
+def redis(tmp_path):
+    """A redis-server on a free loopback port: (url, process)."""
+    port = _free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait_port(port, 10), "redis-server did not start"
+        yield f"redis://127.0.0.1:{port}", proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _probe(address: str, *service: str) -> subprocess.CompletedProcess:
+    probe = Path(os.environ.get("KILN_BINARY_DIR", REPO / "build")) / "server" / "kiln_health_probe"
+    if not probe.exists():
+        pytest.skip("kiln_health_probe is not built")
+    return subprocess.run([str(probe), address, *service], capture_output=True, text=True, timeout=30)
+
+
+def test_kiln_stats_shows_the_shared_tier(tmp_path, redis):
+    redis_url, redis_proc = redis
+    binary = find_kilnd()
+    if binary is None:
+        pytest.skip("kilnd is not built")
+    args = ["--shared-cache", redis_url]
+    with kiln.local.LocalDaemon(binary, tmp_path / "a", args=args) as a, \
+            kiln.local.LocalDaemon(binary, tmp_path / "b", args=args) as b:
+        g = _graph(3.0)
+        with kiln.Client(a.address) as ca:
+            assert not ca.compile(g, "cpu").cache_hit
+        with kiln.Client(b.address) as cb:
+            assert cb.compile(g, "cpu").cache_hit
+        env = dict(os.environ, KILN_SERVER=b.address)
+        stats = json.loads(kiln_cli(env, "stats", "--json").stdout)
+        shared = stats["shared"]
+        assert shared["enabled"] and shared["available"]
+        assert shared["address"] == redis_url
+        assert int(shared["hits"]) == 1 and int(stats["compiles"]) == 0
+        text = kiln_cli(env, "stats").stdout
+        assert re.search(rf"^shared +{re.escape(redis_url)} \(up\)$", text, re.M), text
+        assert re.search(r"^shared\.hits +1$", text, re.M), text
+        assert "shared.latency_p50" in text
+        with kiln.Client(b.address) as cb:
+            assert cb.health("kiln.SharedCache") == "SERVING"
+        p = _probe(b.address)
+        assert p.returncode == 0 and p.stdout.strip() == "SERVING", p.stdout + p.stderr
+
+        # Redis gone: the shared tier's health turns NOT_SERVING by itself, kilnd's stays SERVING.
+        redis_proc.kill()
+        redis_proc.wait()
+        with kiln.Client(b.address) as cb:
+            end = time.monotonic() + 15
+            while cb.health("kiln.SharedCache") != "NOT_SERVING" and time.monotonic() < end:
+                time.sleep(0.1)
+            assert cb.health("kiln.SharedCache") == "NOT_SERVING"
+            assert cb.health() == "SERVING"
+        assert _probe(b.address, "kiln.SharedCache").returncode == 1
+        assert _probe(b.address).returncode == 0
+    assert _probe(f"127.0.0.1:{_free_port()}", "--timeout-s=1").returncode == 2
+
+
+def test_local_cluster_script_shares_compiles(tmp_path):
+    if find_kilnd() is None:
+        pytest.skip("kilnd is not built")
+    redis_port, p1, p2 = _free_port(), _free_port(), _free_port()
+    env = dict(os.environ, KILN_REDIS_PORT=str(redis_port), KILN_PORTS=f"{p1} {p2}", KILN_CLUSTER_DIR=str(tmp_path / "state"))
+    binary_dir = os.environ.get("KILN_BINARY_DIR")
+    if binary_dir:
+        env["KILN_BUILD_DIR"] = os.path.relpath(binary_dir, REPO)
+    script = subprocess.Popen(["bash", str(REPO / "deploy" / "cluster-local.sh")], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert _wait_port(p1, 240) and _wait_port(p2, 60), "the replicas did not come up"
+        g = _graph(5.0)
+        with kiln.Client(f"127.0.0.1:{p1}") as c1, kiln.Client(f"127.0.0.1:{p2}") as c2:
+            for c in (c1, c2):  # listening is not yet serving: wait for health
+                end = time.monotonic() + 30
+                while time.monotonic() < end:
+                    try:
+                        if c.health() == "SERVING":
+                            break
+                    except kiln.errors.RpcError:
+                        pass
+                    time.sleep(0.1)
+            assert not c1.compile(g, "cpu").cache_hit
+            assert c2.compile(g, "cpu").cache_hit
+            assert c2.stats().compiles == 0
+    finally:
+        script.send_signal(signal.SIGTERM)
+        try:
+            out, _ = script.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(script.pid, signal.SIGKILL)
+            out, _ = script.communicate()
+    for port in (redis_port, p1, p2):
+        assert not _wait_port(port, 0.2), f"port {port} still open after SIGTERM\n{out}"

@@ -1,0 +1,332 @@
+// The shared tier's parts against a real redis-server on a loopback port: slot hashing and
+// URL parsing, the record verification, SharedStore (chunking, eviction, verification),
+// LeaseManager (exclusion, takeover on expiry, Redis down) and TieredStore over a real
+// RocksDbStore.
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "kernels/key/digest.h"
+#include "server/shared/l2_records.h"
+#include "server/shared/lease_manager.h"
+#include "server/shared/redis_client.h"
+#include "server/shared/shared_store.h"
+#include "server/store/rocksdb_store.h"
+#include "server/store/tiered_store.h"
+#include "tests/integration/redis_process.h"
+
+namespace kiln::shared {
+namespace {
+
+using Claim = compile::CompileCoordinator::Claim;
+using kiln::testing::RedisCall;
+using kiln::testing::RedisProcess;
+
+TEST(KeySlotTest, MatchesTheClusterSpecification) {
+  // CRC16/XMODEM("123456789") is 0x31C3; the rest are what CLUSTER KEYSLOT answers.
+  EXPECT_EQ(KeySlot("123456789"), 0x31C3 % 16384);
+  EXPECT_EQ(KeySlot("foo"), 12182);
+  EXPECT_EQ(KeySlot("somekey"), 11058);
+  EXPECT_EQ(KeySlot("{user1000}.following"), KeySlot("user1000"));
+  EXPECT_EQ(KeySlot("{user1000}.following"), KeySlot("{user1000}.followers"));
+  EXPECT_EQ(KeySlot("foo{}{bar}"), KeySlot("foo{}{bar}"));
+  EXPECT_NE(KeySlot("foo{}{bar}"), KeySlot("bar"));  // an empty tag hashes the whole key
+  EXPECT_EQ(KeySlot("foo{{bar}}zap"), KeySlot("{bar"));
+  const std::string digest(64, 'a');
+  EXPECT_EQ(KeySlot(BlobKey(digest)), KeySlot(ChunkKey(digest, 7)));
+  EXPECT_EQ(KeySlot(ActionKey(digest)), KeySlot(LeaseKey(digest)));
+}
+
+TEST(ParseRedisUrlTest, AcceptsStandaloneAndCluster) {
+  absl::StatusOr<RedisOptions> o = ParseRedisUrl("redis://cache.example:6380/2");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->cluster);
+  ASSERT_EQ(o->seeds.size(), 1u);
+  EXPECT_EQ(o->seeds[0].host, "cache.example");
+  EXPECT_EQ(o->seeds[0].port, 6380);
+  EXPECT_EQ(o->db, 2);
+  o = ParseRedisUrl("redis-cluster://10.0.0.1:7000,10.0.0.2:7001");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->cluster);
+  EXPECT_EQ(o->seeds.size(), 2u);
+}
+
+TEST(ParseRedisUrlTest, RejectsMalformedUrlsNamingThePart) {
+  for (const char* bad : {"http://x:1", "redis://", "redis://host", "redis://host:0",
+                          "redis://host:99999", "redis://h:1/x", "redis://a:1,b:2"}) {
+    absl::StatusOr<RedisOptions> o = ParseRedisUrl(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(o.status())) << bad;
+  }
+}
+
+TEST(L2RecordsTest, VerificationRejectsEveryKindOfDamage) {
+  const std::string key(64, 'b');
+  const std::string record = EncodeActionRecord(key, "payload bytes");
+  absl::StatusOr<absl::string_view> ok = VerifyL2Record(L2RecordKind::kAction, key, record);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, "payload bytes");
+  // Truncated, padded, flipped, and a valid record stored under another key.
+  EXPECT_TRUE(absl::IsDataLoss(
+      VerifyL2Record(L2RecordKind::kAction, key, record.substr(0, record.size() - 1)).status()));
+  EXPECT_TRUE(absl::IsDataLoss(VerifyL2Record(L2RecordKind::kAction, key, record + "x").status()));
+  std::string flipped = record;
+  flipped.back() ^= 1;
+  EXPECT_TRUE(absl::IsDataLoss(VerifyL2Record(L2RecordKind::kAction, key, flipped).status()));
+  EXPECT_TRUE(absl::IsDataLoss(
+      VerifyL2Record(L2RecordKind::kAction, std::string(64, 'c'), record).status()));
+  EXPECT_TRUE(absl::IsDataLoss(VerifyL2Record(L2RecordKind::kAction, key, "short").status()));
+
+  const std::string blob = "artifact bytes";
+  const std::string digest = key::Sha256Hex(blob);
+  EXPECT_TRUE(VerifyL2Record(L2RecordKind::kBlob, digest, blob).ok());
+  EXPECT_TRUE(absl::IsDataLoss(VerifyL2Record(L2RecordKind::kBlob, digest, "artifact byte").status()));
+
+  EXPECT_TRUE(DecodeBlobHead(EncodeBlobHead(0, 3, "abc")).ok());
+  EXPECT_TRUE(absl::IsDataLoss(DecodeBlobHead(EncodeBlobHead(0, 4, "abc")).status()));
+  EXPECT_TRUE(absl::IsDataLoss(DecodeBlobHead("tiny").status()));
+}
+
+v1::ActionResult ResultNaming(const std::vector<std::string>& blobs) {
+  v1::ActionResult result;
+  for (const std::string& b : blobs) {
+    v1::Artifact* a = result.add_artifacts();
+    a->set_digest(key::Sha256Hex(b));
+    a->set_size(static_cast<int64_t>(b.size()));
+  }
+  return result;
+}
+
+class SharedTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(redis_.Start(), "");
+    absl::StatusOr<RedisOptions> options = ParseRedisUrl(redis_.url());
+    ASSERT_TRUE(options.ok());
+    client_ = std::make_unique<RedisClient>(*options);
+  }
+
+  RedisProcess redis_;
+  std::unique_ptr<RedisClient> client_;
+};
+
+TEST_F(SharedTierTest, LargeBlobsAreChunkedAndAMissingChunkIsAMiss) {
+  SharedStoreOptions options;
+  options.chunk_bytes = 1000;
+  SharedStore store(client_.get(), options);
+  std::string big(3500, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7 + 3);
+  const std::vector<std::string> blobs = {big, "small"};
+  const v1::ActionResult result = ResultNaming(blobs);
+  const std::string key(64, 'd');
+  absl::Status put = store.PutResult(key, result, blobs);
+  ASSERT_TRUE(put.ok()) << put;
+
+  const std::string digest = key::Sha256Hex(big);
+  for (uint32_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(RedisCall(redis_.port(), {"EXISTS", ChunkKey(digest, i)})->integer, 1) << i;
+  }
+  absl::StatusOr<std::optional<std::string>> got = store.GetBlob(digest);
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ(**got, big);
+  absl::StatusOr<std::optional<v1::ActionResult>> hit = store.GetResult(key);
+  ASSERT_TRUE(hit.ok() && hit->has_value());
+  EXPECT_EQ((*hit)->artifacts_size(), 2);
+
+  RedisCall(redis_.port(), {"DEL", ChunkKey(digest, 2)});
+  got = store.GetBlob(digest);
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(got->has_value());
+  EXPECT_EQ(store.Stats().corruptions, 0);
+  // The head went with its lost chunk, so the record is incomplete now: a miss.
+  hit = store.GetResult(key);
+  ASSERT_TRUE(hit.ok());
+  EXPECT_FALSE(hit->has_value());
+  v1::GetStatsResponse stats;
+  store.AddTierStats(&stats);
+  EXPECT_EQ(stats.shared().incomplete(), 1);
+  // A writer stores it again.
+  ASSERT_TRUE(store.PutResult(key, result, blobs).ok());
+  hit = store.GetResult(key);
+  ASSERT_TRUE(hit.ok() && hit->has_value());
+}
+
+TEST_F(SharedTierTest, PutRejectsBlobsThatDoNotMatchTheirDigests) {
+  SharedStore store(client_.get(), SharedStoreOptions());
+  v1::ActionResult result = ResultNaming({"right"});
+  EXPECT_TRUE(absl::IsInvalidArgument(store.PutResult(std::string(64, 'e'), result, {"wrong"})));
+  EXPECT_EQ(RedisCall(redis_.port(), {"DBSIZE"})->integer, 0);
+}
+
+TEST_F(SharedTierTest, KeysExpireWhenATtlIsSet) {
+  SharedStoreOptions options;
+  options.ttl = absl::Seconds(60);
+  SharedStore store(client_.get(), options);
+  const std::vector<std::string> blobs = {"x"};
+  ASSERT_TRUE(store.PutResult(std::string(64, 'f'), ResultNaming(blobs), blobs).ok());
+  const int64_t ttl =
+      RedisCall(redis_.port(), {"PTTL", ActionKey(std::string(64, 'f'))})->integer;
+  EXPECT_GT(ttl, 50000);
+  EXPECT_LE(ttl, 60000);
+}
+
+TEST_F(SharedTierTest, TieredFillsL1FromL2AndSurvivesL2Outage) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("kiln-tiered-unit-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  store::RocksDbStoreOptions l1_options;
+  l1_options.path = (dir / "l1").string();
+  auto l1 = store::RocksDbStore::Open(l1_options);
+  ASSERT_TRUE(l1.ok()) << l1.status();
+  SharedStore l2(client_.get(), SharedStoreOptions());
+  store::TieredStore tiered(l1->get(), &l2);
+
+  const std::vector<std::string> blobs = {"shared artifact"};
+  const v1::ActionResult result = ResultNaming(blobs);
+  const std::string key(64, '1');
+  ASSERT_TRUE(l2.PutResult(key, result, blobs).ok());  // as another replica would
+  ASSERT_FALSE((*(*l1)->GetResult(key)).has_value());
+  absl::StatusOr<std::optional<v1::ActionResult>> got = tiered.GetResult(key);
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_TRUE((*(*l1)->GetResult(key)).has_value()) << "the L2 hit fills L1";
+
+  redis_.Stop();
+  got = tiered.GetResult(key);
+  ASSERT_TRUE(got.ok() && got->has_value()) << "L1 answers without Redis";
+  got = tiered.GetResult(std::string(64, '2'));
+  ASSERT_TRUE(got.ok()) << "an unreachable L2 is a miss, not an error";
+  EXPECT_FALSE(got->has_value());
+  ASSERT_TRUE(tiered.PutResult(std::string(64, '3'), result, blobs).ok());
+  EXPECT_FALSE(client_->available());
+  EXPECT_EQ(client_->outages(), 1);
+  l1->reset();
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(SharedTierTest, LeasesExcludeAndAreTakenOverWhenTheHolderStopsRenewing) {
+  LeaseOptions options;
+  options.ttl = absl::Milliseconds(600);
+  options.owner_id = "first";
+  auto first = std::make_unique<LeaseManager>(client_.get(), options);
+  options.owner_id = "second";
+  LeaseManager second(client_.get(), options);
+  const std::string key(64, '9');
+  const auto never = [] { return false; };
+
+  ASSERT_EQ(first->Acquire(key, absl::InfiniteFuture(), never), Claim::kOwner);
+  // Renewed while held: a waiter with a short patience gives up.
+  EXPECT_EQ(second.Acquire(key, absl::Now() + absl::Milliseconds(1500), never), Claim::kGaveUp);
+  // The holder reports a result: the waiter ends without compiling.
+  std::atomic<bool> done{false};
+  std::thread finish([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    done = true;
+  });
+  EXPECT_EQ(second.Acquire(key, absl::InfiniteFuture(), [&] { return done.load(); }),
+            Claim::kDoneElsewhere);
+  finish.join();
+  // The holder dies (its renewer stops without releasing): the lease runs out, taken over.
+  {
+    // Destroying the manager stops renewal; the lease stays until it expires.
+    first.reset();
+  }
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(second.Acquire(key, absl::Now() + absl::Seconds(10), never), Claim::kOwner);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  v1::GetStatsResponse stats;
+  second.AddStats(&stats);
+  EXPECT_EQ(stats.shared().leases_expired(), 1);
+  EXPECT_EQ(stats.shared().leases_done_elsewhere(), 1);
+  second.Release(key);
+  EXPECT_EQ(RedisCall(redis_.port(), {"EXISTS", LeaseKey(key)})->integer, 0);
+
+  redis_.Stop();
+  EXPECT_EQ(second.Acquire(key, absl::InfiniteFuture(), never), Claim::kUncoordinated);
+}
+
+// Which of the cluster's nodes serves `slot`, from node 0's CLUSTER SLOTS.
+int OwnerOf(kiln::testing::RedisCluster& cluster, uint16_t slot) {
+  kiln::testing::RedisReplyPtr slots = RedisCall(cluster.node(0).port(), {"CLUSTER", "SLOTS"});
+  for (size_t i = 0; slots != nullptr && i < slots->elements; ++i) {
+    const redisReply* range = slots->element[i];
+    if (range->element[0]->integer <= slot && slot <= range->element[1]->integer) {
+      for (int n = 0; n < 3; ++n) {
+        if (range->element[2]->element[1]->integer == cluster.node(n).port()) return n;
+      }
+    }
+  }
+  return -1;
+}
+
+std::string NodeId(kiln::testing::RedisCluster& cluster, int n) {
+  kiln::testing::RedisReplyPtr id = RedisCall(cluster.node(n).port(), {"CLUSTER", "MYID"});
+  return id != nullptr && id->type == REDIS_REPLY_STRING ? std::string(id->str, id->len) : "";
+}
+
+TEST(RedisClusterRoutingTest, FollowsMovedAndAskRedirections) {
+  kiln::testing::RedisCluster cluster;
+  ASSERT_EQ(cluster.Start(), "");
+  absl::StatusOr<RedisOptions> options = ParseRedisUrl(cluster.url(/*all_nodes=*/false));
+  ASSERT_TRUE(options.ok());
+  RedisClient client(*options);
+
+  // The client learns the slot map on first use and routes by it.
+  for (int i = 0; i < 30; ++i) {
+    const std::string key = "spread-" + std::to_string(i);
+    ASSERT_TRUE(client.Command({"SET", key, "v"}).ok()) << key;
+  }
+  int used = 0;
+  for (int n = 0; n < 3; ++n) {
+    used += RedisCall(cluster.node(n).port(), {"DBSIZE"})->integer > 0 ? 1 : 0;
+  }
+  EXPECT_EQ(used, 3);
+
+  // MOVED: the (empty) slot of a key moves to another master after the client learned the map.
+  const std::string moved = "moved-key";
+  const uint16_t slot = KeySlot(moved);
+  const int from = OwnerOf(cluster, slot);
+  ASSERT_GE(from, 0);
+  const int to = (from + 1) % 3;
+  ASSERT_TRUE(client.Command({"GET", moved}).ok());
+  for (int n : {from, to, (from + 2) % 3}) {
+    kiln::testing::RedisReplyPtr r = RedisCall(
+        cluster.node(n).port(), {"CLUSTER", "SETSLOT", std::to_string(slot), "NODE", NodeId(cluster, to)});
+    ASSERT_NE(r, nullptr);
+    ASSERT_NE(r->type, REDIS_REPLY_ERROR) << std::string(r->str, r->len);
+  }
+  absl::StatusOr<RedisReply> set = client.Command({"SET", moved, "here"});
+  ASSERT_TRUE(set.ok()) << set.status();
+  kiln::testing::RedisReplyPtr there = RedisCall(cluster.node(to).port(), {"GET", moved});
+  ASSERT_EQ(there->type, REDIS_REPLY_STRING);
+  EXPECT_EQ(std::string(there->str, there->len), "here");
+
+  // ASK: a slot in migration; a key the source does not hold is asked of the target.
+  const std::string asked = "asked-key";
+  const uint16_t ask_slot = KeySlot(asked);
+  const int src = OwnerOf(cluster, ask_slot);
+  ASSERT_GE(src, 0);
+  const int dst = (src + 1) % 3;
+  ASSERT_TRUE(client.Command({"GET", asked}).ok());
+  RedisCall(cluster.node(dst).port(),
+            {"CLUSTER", "SETSLOT", std::to_string(ask_slot), "IMPORTING", NodeId(cluster, src)});
+  RedisCall(cluster.node(src).port(),
+            {"CLUSTER", "SETSLOT", std::to_string(ask_slot), "MIGRATING", NodeId(cluster, dst)});
+  set = client.Command({"SET", asked, "imported"});
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(RedisCall(cluster.node(dst).port(),
+                      {"CLUSTER", "COUNTKEYSINSLOT", std::to_string(ask_slot)})
+                ->integer,
+            1);
+  EXPECT_EQ(RedisCall(cluster.node(src).port(),
+                      {"CLUSTER", "COUNTKEYSINSLOT", std::to_string(ask_slot)})
+                ->integer,
+            0);
+  EXPECT_TRUE(client.available());
+}
+
+}  // namespace
+}  // namespace kiln::shared
