@@ -8,8 +8,9 @@ APT_PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   librocksdb-dev libabsl-dev libspdlog-dev libfmt-dev libssl-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  openssl
 )
-PY_PACKAGES=(numpy grpcio "protobuf>=4.21" grpcio-tools pytest)
+PY_PACKAGES=(numpy grpcio "protobuf>=4.21" grpcio-tools pytest cryptography)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -24,7 +25,7 @@ if ((${#missing[@]})); then
 fi
 
 PYTHON="${PYTHON:-python3}"
-if ! "$PYTHON" -c "import numpy, grpc, google.protobuf, grpc_tools, pytest" 2>/dev/null; then
+if ! "$PYTHON" -c "import numpy, grpc, google.protobuf, grpc_tools, pytest, cryptography" 2>/dev/null; then
   echo "setup: installing Python packages"
   "$PYTHON" -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi

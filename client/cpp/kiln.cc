@@ -1,8 +1,12 @@
 #include "client/cpp/kiln.h"
 
+#include <cstdlib>
+#include <string_view>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "kernels/util/status_macros.h"
 
 namespace kiln::client {
@@ -32,12 +36,43 @@ const v1::Artifact* FindArtifact(const v1::CompileResponse& response, v1::Artifa
   return nullptr;
 }
 
+absl::StatusOr<TrustPolicy> TrustPolicy::Create(std::vector<std::string> trusted_key_files,
+                                                std::optional<bool> allow_unsigned) {
+  if (trusted_key_files.empty()) {
+    if (const char* env = std::getenv("KILN_TRUSTED_KEYS"); env != nullptr) {
+      trusted_key_files = std::vector<std::string>(absl::StrSplit(env, ',', absl::SkipEmpty()));
+    }
+  }
+  if (!allow_unsigned.has_value()) {
+    if (const char* env = std::getenv("KILN_ALLOW_UNSIGNED"); env != nullptr && *env != '\0') {
+      allow_unsigned = std::string_view(env) == "1" || absl::EqualsIgnoreCase(env, "true");
+    }
+  }
+  TrustPolicy policy;
+  KILN_ASSIGN_OR_RETURN(policy.keys_, auth::TrustedKeys::FromPemFiles(trusted_key_files));
+  policy.allow_unsigned_ = allow_unsigned.value_or(policy.keys_.empty());
+  if (policy.keys_.empty() && !policy.allow_unsigned_) {
+    return absl::InvalidArgumentError(
+        "refusing unsigned results needs at least one trusted key (KILN_TRUSTED_KEYS)");
+  }
+  return policy;
+}
+
+absl::Status TrustPolicy::Check(const v1::CompileResponse& response) const {
+  if (keys_.empty()) return absl::OkStatus();  // allow_unsigned_ holds: nothing to check with
+  if (!response.result().has_signature() && allow_unsigned_) return absl::OkStatus();
+  return keys_.VerifyResult(response.handle(), response.result());
+}
+
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(SessionOptions options) {
+  KILN_ASSIGN_OR_RETURN(TrustPolicy trust,
+                        TrustPolicy::Create(std::move(options.trusted_keys),
+                                            options.allow_unsigned));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
                         Client::Create(std::move(options.client)));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<ArtifactCache> cache,
                         ArtifactCache::Open(options.cache_dir));
-  return std::make_unique<Session>(std::move(client), std::move(cache));
+  return std::make_unique<Session>(std::move(client), std::move(cache), std::move(trust));
 }
 
 absl::StatusOr<std::string> Session::FetchArtifact(const v1::Artifact& artifact,
@@ -48,6 +83,7 @@ absl::StatusOr<std::string> Session::FetchArtifact(const v1::Artifact& artifact,
 }
 
 absl::StatusOr<LoadedKernel> Session::Load(v1::CompileResponse response, absl::Time deadline) {
+  KILN_RETURN_IF_ERROR(Verify(response));
   const v1::Artifact* library = FindArtifact(response, v1::SHARED_OBJECT);
   if (library == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
