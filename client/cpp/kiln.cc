@@ -1,10 +1,14 @@
 #include "client/cpp/kiln.h"
 
 #include <cstdlib>
+#include <deque>
 #include <string_view>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/key/digest.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "kernels/util/status_macros.h"
@@ -36,6 +40,13 @@ const v1::Artifact* FindArtifact(const v1::CompileResponse& response, v1::Artifa
   return nullptr;
 }
 
+struct TrustPolicy::Memo {
+  static constexpr size_t kEntries = 4096;
+  absl::Mutex mu;
+  absl::flat_hash_set<std::string> verified ABSL_GUARDED_BY(mu);
+  std::deque<std::string> order ABSL_GUARDED_BY(mu);  // oldest first, for eviction
+};
+
 absl::StatusOr<TrustPolicy> TrustPolicy::Create(std::vector<std::string> trusted_key_files,
                                                 std::optional<bool> allow_unsigned) {
   if (trusted_key_files.empty()) {
@@ -51,6 +62,7 @@ absl::StatusOr<TrustPolicy> TrustPolicy::Create(std::vector<std::string> trusted
   TrustPolicy policy;
   KILN_ASSIGN_OR_RETURN(policy.keys_, auth::TrustedKeys::FromPemFiles(trusted_key_files));
   policy.allow_unsigned_ = allow_unsigned.value_or(policy.keys_.empty());
+  policy.memo_ = std::make_shared<Memo>();
   if (policy.keys_.empty() && !policy.allow_unsigned_) {
     return absl::InvalidArgumentError(
         "refusing unsigned results needs at least one trusted key (KILN_TRUSTED_KEYS)");
@@ -61,7 +73,24 @@ absl::StatusOr<TrustPolicy> TrustPolicy::Create(std::vector<std::string> trusted
 absl::Status TrustPolicy::Check(const v1::CompileResponse& response) const {
   if (keys_.empty()) return absl::OkStatus();  // allow_unsigned_ holds: nothing to check with
   if (!response.result().has_signature() && allow_unsigned_) return absl::OkStatus();
-  return keys_.VerifyResult(response.handle(), response.result());
+  std::string record = response.handle();
+  record.push_back('\0');
+  response.result().AppendToString(&record);
+  const std::string memo = key::Sha256Hex(record);
+  if (memo_ != nullptr) {
+    absl::MutexLock lock(&memo_->mu);
+    if (memo_->verified.contains(memo)) return absl::OkStatus();
+  }
+  KILN_RETURN_IF_ERROR(keys_.VerifyResult(response.handle(), response.result()));
+  if (memo_ != nullptr) {
+    absl::MutexLock lock(&memo_->mu);
+    if (memo_->verified.insert(memo).second) memo_->order.push_back(memo);
+    if (memo_->order.size() > Memo::kEntries) {
+      memo_->verified.erase(memo_->order.front());
+      memo_->order.pop_front();
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(SessionOptions options) {

@@ -73,7 +73,10 @@ class LoadedKernel {
   CpuKernel kernel_;
 };
 
-// Which results a Session accepts.
+// Which results a Session accepts. Records that verified are remembered by the SHA-256 of
+// (handle, serialized result), so a hot handle's repeats cost a hash, not an Ed25519
+// verification; equal bytes are an equal record, so the shortcut accepts nothing the full check
+// would refuse. Thread-safe.
 class TrustPolicy {
  public:
   // `trusted_key_files` empty: $KILN_TRUSTED_KEYS. `allow_unsigned` unset: $KILN_ALLOW_UNSIGNED
@@ -91,8 +94,10 @@ class TrustPolicy {
   bool allow_unsigned() const { return allow_unsigned_; }
 
  private:
+  struct Memo;
   auth::TrustedKeys keys_;
   bool allow_unsigned_ = true;
+  std::shared_ptr<Memo> memo_;
 };
 
 struct SessionOptions {

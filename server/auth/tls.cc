@@ -145,8 +145,12 @@ std::shared_ptr<grpc::ServerCredentials> TlsMaterial::GrpcServerCredentials() {
     absl::MutexLock lock(&self->grpc_fetch_->mu);
     if (pem->generation == self->grpc_fetch_->served) return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
     grpc_ssl_pem_key_cert_pair pair{pem->key_text.c_str(), pem->cert_chain_text.c_str()};
+    // gRPC's fetcher path requires root certificates even when no client certificate is
+    // asked for (it asserts on null); without mTLS they are never consulted, so the server's
+    // own chain stands in.
     *config = grpc_ssl_server_certificate_config_create(
-        pem->client_ca_text.empty() ? nullptr : pem->client_ca_text.c_str(), &pair, 1);
+        pem->client_ca_text.empty() ? pem->cert_chain_text.c_str() : pem->client_ca_text.c_str(),
+        &pair, 1);
     if (*config == nullptr) return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_FAIL;
     self->grpc_fetch_->served = pem->generation;
     return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;

@@ -109,6 +109,18 @@ def test_client_certificate_from_another_ca_fails(secure, pki, tmp_path):
     assert rpc_code(e) == "UNAVAILABLE"
 
 
+def test_tls_without_client_certificates(tmp_path, kilnd_binary, pki):
+    """Server-authenticated TLS alone: a client with the CA gets in, a plaintext one does not."""
+    args = ["--tls-cert", str(pki.server[0]), "--tls-key", str(pki.server[1])]
+    with kiln.local.LocalDaemon(kilnd_binary, tmp_path, args=args, probe_options={"tls_ca": pki.ca[0]}) as d:
+        with kiln.Client(d.address, tls_ca=pki.ca[0], timeout=10) as c:
+            assert c.stats().uptime_s >= 0
+        with kiln.Client(d.address, timeout=3, max_attempts=1) as plain:
+            with pytest.raises(kiln.RpcError) as e:
+                plain.stats()
+        assert rpc_code(e) == "UNAVAILABLE"
+
+
 def test_metrics_endpoint_speaks_https_with_client_certificates(secure, pki):
     port = int(secure.log().split("kilnd metrics on ")[1].split()[0].rsplit(":", 1)[1])
     # Plain HTTP gets no page.
