@@ -10,6 +10,7 @@ kiln_cc_library(kiln_server
     ${CMAKE_CURRENT_LIST_DIR}/service.cc
   DEPS
     kiln_status_map
+    kiln_auth
     kiln_compile_service
     kiln_proto
     PkgConfig::GRPCPP
@@ -27,6 +28,7 @@ kiln_cc_library(kiln_metrics
 add_executable(kilnd ${CMAKE_CURRENT_LIST_DIR}/main.cc)
 target_link_libraries(kilnd PRIVATE
   kiln_server
+  kiln_auth
   kiln_metrics
   kiln_compile_service
   kiln_worker

@@ -7,7 +7,12 @@
 // gRPC serves (with port 0 the port is the one the system chose). On SIGTERM or SIGINT it
 // turns lame duck (health NOT_SERVING, /healthz 503, new compiles refused), lets queued and
 // running compiles finish within --grace-s, stops gRPC and the metrics endpoint, closes the
-// store and exits 0; a second signal exits at once.
+// store and exits 0; a second signal exits at once. On SIGHUP it re-reads the TLS
+// certificates, the token file and the signing keys; a set that does not load is logged and
+// the one in use stays, and no connection or call is dropped either way.
+//
+// `kilnd keygen PRIVATE.pem [PUBLIC.pem]` writes a new Ed25519 key pair for --signing-key (the
+// public key, by default PRIVATE.pem.pub, is what clients trust) and exits.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -31,6 +36,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kernels/util/status_macros.h"
@@ -39,6 +45,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "server/auth/auth.h"
 #include "server/compile/compile_service.h"
 #include "server/compile/compiler.h"
 #include "server/metrics.h"
@@ -108,6 +115,25 @@ ABSL_FLAG(double, shared_cache_ttl_s, 0,
 ABSL_FLAG(double, lease_ttl_s, 10,
           "Cluster-wide compile lease expiry, in seconds: how soon another replica takes over "
           "the compile of one that died. Renewed while compiling.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain: serve gRPC (and the metrics endpoint) over TLS. Needs "
+          "--tls-key. Re-read on SIGHUP.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates signed by it (mTLS).");
+ABSL_FLAG(bool, metrics_plaintext, false,
+          "Serve the metrics endpoint over plain HTTP even when --tls-cert is given.");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "Token file, one 'NAME ROLE TOKEN [compiles=N]' per line (roles: read, compile, "
+          "admin): every call then needs 'authorization: Bearer TOKEN'. Re-read on SIGHUP.");
+ABSL_FLAG(int, token_max_compiles, 0,
+          "Compiles one token may have in flight when its line sets no compiles=N; 0: no limit.");
+ABSL_FLAG(std::string, signing_key, "",
+          "PEM Ed25519 private key (kilnd keygen): sign every result, and serve only stored "
+          "results that verify. Re-read on SIGHUP.");
+ABSL_FLAG(std::string, trusted_keys, "",
+          "Comma-separated PEM Ed25519 public keys whose signatures are also accepted on stored "
+          "results (earlier signing keys, while a rotation is under way).");
 
 namespace kiln::server {
 namespace {
@@ -274,6 +300,52 @@ int RunWorker(int fd) {
   return code;
 }
 
+// `kilnd keygen PRIVATE [PUBLIC]`.
+int Keygen(int argc, char** argv) {
+  if (argc < 3 || argc > 4 || argv[2][0] == '-') {
+    std::fprintf(stderr, "usage: kilnd keygen PRIVATE.pem [PUBLIC.pem]\n");
+    return 2;
+  }
+  const std::string private_path = argv[2];
+  const std::string public_path = argc == 4 ? argv[3] : private_path + ".pub";
+  if (absl::Status s = auth::WriteKeyPair(private_path, public_path); !s.ok()) {
+    std::fprintf(stderr, "kilnd keygen: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<auth::SigningKey>> key =
+      auth::SigningKey::FromPemFile(private_path);
+  std::printf("wrote %s (private, for --signing-key) and %s (public, for clients); key id %s\n",
+              private_path.c_str(), public_path.c_str(),
+              key.ok() ? (*key)->key_id().c_str() : "?");
+  return 0;
+}
+
+// What SIGHUP reloads; each part is optional.
+struct Reloadable {
+  auth::TlsMaterial* tls = nullptr;
+  auth::Authorizer* authorizer = nullptr;
+  auth::ResultSigner* signer = nullptr;
+
+  void Reload() const {
+    auto report = [](const char* what, const absl::Status& s) {
+      if (s.ok()) {
+        spdlog::info("SIGHUP: reloaded {}", what);
+      } else {
+        spdlog::error("SIGHUP: kept the current {}: {}", what, s.ToString());
+      }
+    };
+    if (tls != nullptr) report("TLS certificates", tls->Reload());
+    if (authorizer != nullptr && authorizer->enabled()) {
+      report("token file", authorizer->Reload());
+    }
+    if (signer != nullptr) {
+      absl::Status s = signer->Reload();
+      report("signing keys", s);
+      if (s.ok()) spdlog::info("signing results with key {}", signer->key_id());
+    }
+  }
+};
+
 int Run() {
   // Signals are taken synchronously by sigwait below; block them before any thread starts so
   // every thread inherits the mask and none is interrupted.
@@ -281,7 +353,9 @@ int Run() {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  sigset_t signals = stop_signals;
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   if (!SetUpLogging(absl::GetFlag(FLAGS_log_level))) {
     return Fail(absl::StrCat("unknown --log-level '", absl::GetFlag(FLAGS_log_level), "'"));
@@ -340,6 +414,33 @@ int Run() {
     return Fail(absl::StrCat("cannot set up the compiler: ", compiler.status().ToString()));
   }
 
+  std::unique_ptr<auth::TlsMaterial> tls;
+  if (!absl::GetFlag(FLAGS_tls_cert).empty() || !absl::GetFlag(FLAGS_tls_key).empty() ||
+      !absl::GetFlag(FLAGS_tls_client_ca).empty()) {
+    absl::StatusOr<std::unique_ptr<auth::TlsMaterial>> loaded = auth::TlsMaterial::Load(
+        {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+         absl::GetFlag(FLAGS_tls_client_ca)});
+    if (!loaded.ok()) return Fail(absl::StrCat("TLS: ", loaded.status().message()));
+    tls = *std::move(loaded);
+  }
+  absl::StatusOr<std::unique_ptr<auth::Authorizer>> authorizer = auth::Authorizer::Create(
+      absl::GetFlag(FLAGS_auth_tokens), absl::GetFlag(FLAGS_token_max_compiles));
+  if (!authorizer.ok()) {
+    return Fail(absl::StrCat("--auth-tokens: ", authorizer.status().message()));
+  }
+  std::unique_ptr<auth::ResultSigner> signer;
+  if (const std::string key_file = absl::GetFlag(FLAGS_signing_key); !key_file.empty()) {
+    std::vector<std::string> trusted =
+        absl::StrSplit(absl::GetFlag(FLAGS_trusted_keys), ',', absl::SkipEmpty());
+    absl::StatusOr<std::unique_ptr<auth::ResultSigner>> loaded =
+        auth::ResultSigner::Load(key_file, std::move(trusted));
+    if (!loaded.ok()) return Fail(absl::StrCat("--signing-key: ", loaded.status().message()));
+    signer = *std::move(loaded);
+    spdlog::info("signing results with key {}", signer->key_id());
+  } else if (!absl::GetFlag(FLAGS_trusted_keys).empty()) {
+    return Fail("--trusted-keys needs --signing-key");
+  }
+
   compile::CompileServiceOptions compile_options;
   compile_options.workers = threads;
   compile_options.queue_size = absl::GetFlag(FLAGS_queue_size);
@@ -348,9 +449,21 @@ int Run() {
   compile_options.memory_cache_entries =
       static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_memory_cache_entries)));
   compile_options.coordinator = leases.get();
-  auto compile_service =
-      std::make_unique<compile::CompileService>(compiler->get(), cache, compile_options);
-  auto service = std::make_unique<KilnService>(compile_service.get(), cache);
+  if (signer != nullptr) {
+    compile_options.sign = [s = signer.get()](const std::string& key, v1::ActionResult* r) {
+      return s->Sign(key, r);
+    };
+    compile_options.verify_stored = [s = signer.get()](const std::string& key,
+                                                       const v1::ActionResult& r) {
+      return s->VerifyStored(key, r);
+    };
+  }
+  auto compile_service = std::make_unique<compile::CompileService>(
+      compiler->get(), cache, compile_options);
+  ServiceOptions service_options;
+  if ((*authorizer)->enabled()) service_options.authorizer = authorizer->get();
+  auto service =
+      std::make_unique<KilnService>(compile_service.get(), cache, service_options);
 
   // Bound before gRPC so a bad address fails the start with nothing else serving yet. It reads
   // the same snapshot as GetStats, so the two never disagree on what a counter means.
@@ -358,13 +471,21 @@ int Run() {
   if (const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
       !metrics_listen.empty()) {
     metrics = std::make_unique<MetricsServer>(
-        [stats = compile_service.get()] { return stats->Stats(); });
-    absl::StatusOr<int> metrics_port = metrics->Start(metrics_listen);
+        [stats = compile_service.get(), tokens = authorizer->get()] {
+          v1::GetStatsResponse s = stats->Stats();
+          tokens->AddStats(&s);
+          return s;
+        });
+    HttpsSetup https;
+    if (tls != nullptr && !absl::GetFlag(FLAGS_metrics_plaintext)) {
+      https = [material = tls.get()](ssl_ctx_st* ctx) { return material->ConfigureHttps(ctx); };
+    }
+    absl::StatusOr<int> metrics_port = metrics->Start(metrics_listen, https);
     if (!metrics_port.ok()) {
       return Fail(absl::StrCat("cannot serve metrics: ", metrics_port.status().ToString()));
     }
     const std::string metrics_address = BoundAddress(metrics_listen, *metrics_port);
-    spdlog::info("metrics on http://{}/metrics", metrics_address);
+    spdlog::info("metrics on {}://{}/metrics", https ? "https" : "http", metrics_address);
     std::printf("kilnd metrics on %s\n", metrics_address.c_str());
   }
 
@@ -373,7 +494,9 @@ int Run() {
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(
+      listen, tls != nullptr ? tls->GrpcServerCredentials() : grpc::InsecureServerCredentials(),
+      &port);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_request_mib) << 20);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -381,8 +504,10 @@ int Run() {
     return Fail(absl::StrCat("cannot listen on ", listen));
   }
   const std::string address = BoundAddress(listen, port);
-  spdlog::info("kilnd serving on {} with {} compile workers, cache {} ({} bytes budget)",
-               address, compile_service->workers(), store_options.path, capacity);
+  spdlog::info("kilnd serving on {} with {} compile workers, cache {} ({} bytes budget); {}, {}",
+               address, compile_service->workers(), store_options.path, capacity,
+               tls == nullptr ? "plaintext" : (tls->requires_client_cert() ? "mTLS" : "TLS"),
+               (*authorizer)->enabled() ? "bearer tokens required" : "no tokens");
   std::printf("kilnd listening on %s\n", address.c_str());
   std::fflush(stdout);
 
@@ -401,8 +526,11 @@ int Run() {
     });
   }
 
+  const Reloadable reloadable{tls.get(), authorizer->get(), signer.get()};
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  while (sigwait(&signals, &signal_number) == 0 && signal_number == SIGHUP) {
+    reloadable.Reload();
+  }
   const absl::Duration grace = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_grace_s)));
   spdlog::info("{} received: draining for up to {}", strsignal(signal_number),
                absl::FormatDuration(grace));
@@ -434,6 +562,7 @@ int Run() {
   server.reset();
   service.reset();
   compile_service.reset();
+  signer.reset();
   leases.reset();
   tiered.reset();
   l2.reset();
@@ -450,6 +579,7 @@ int Run() {
 }  // namespace kiln::server
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "keygen") == 0) return kiln::server::Keygen(argc, argv);
   // --help lists the flags of this file (Abseil would look for a file named after the binary).
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view path) {

@@ -81,6 +81,30 @@ void AppendSharedTier(std::string* out, const v1::SharedCacheStats& sh) {
                   "_count ", cumulative, "\n");
 }
 
+// A label value with \, " and newlines escaped, as the exposition format asks.
+std::string LabelValue(const std::string& raw) {
+  std::string out;
+  for (char c : raw) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+// One metric with a sample per token, labelled by the token's name and role.
+void AppendPerToken(std::string* out, const char* name, const char* type, const char* help,
+                    const v1::GetStatsResponse& s, int64_t (v1::TokenStats::*field)() const) {
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+  for (const v1::TokenStats& t : s.tokens()) {
+    absl::StrAppend(out, name, "{token=\"", LabelValue(t.name()), "\",role=\"",
+                    LabelValue(t.role()), "\"} ", (t.*field)(), "\n");
+  }
+}
+
 }  // namespace
 
 std::string RenderPrometheus(const v1::GetStatsResponse& s) {
@@ -140,6 +164,20 @@ std::string RenderPrometheus(const v1::GetStatsResponse& s) {
   AppendCounter(&out, "kiln_worker_restarts_total",
                 "Compile worker processes started to replace lost ones.", s.worker_restarts());
   if (s.shared().enabled()) AppendSharedTier(&out, s.shared());
+  if (s.tokens_size() > 0) {
+    AppendCounter(&out, "kiln_unauthenticated_total",
+                  "Calls refused for a missing or unknown bearer token.", s.unauthenticated());
+    AppendPerToken(&out, "kiln_token_requests_total", "counter",
+                   "Calls allowed, by token name.", s, &v1::TokenStats::requests);
+    AppendPerToken(&out, "kiln_token_denied_total", "counter",
+                   "Calls refused for too small a role, by token name.", s,
+                   &v1::TokenStats::denied);
+    AppendPerToken(&out, "kiln_token_compiles_in_flight", "gauge",
+                   "Compiles running for each token.", s, &v1::TokenStats::compiles_in_flight);
+    AppendPerToken(&out, "kiln_token_limited_total", "counter",
+                   "Compiles refused by a token's in-flight limit.", s,
+                   &v1::TokenStats::limited);
+  }
   return out;
 }
 
@@ -147,7 +185,7 @@ MetricsServer::MetricsServer(StatsSnapshot snapshot) : snapshot_(std::move(snaps
 
 MetricsServer::~MetricsServer() { Stop(); }
 
-absl::StatusOr<int> MetricsServer::Start(const std::string& address) {
+absl::StatusOr<int> MetricsServer::Start(const std::string& address, const HttpsSetup& https) {
   if (http_ != nullptr) return absl::FailedPreconditionError("the metrics server is started");
   const size_t colon = address.rfind(':');
   int port = -1;
@@ -161,7 +199,16 @@ absl::StatusOr<int> MetricsServer::Start(const std::string& address) {
     host = host.substr(1, host.size() - 2);
   }
 
-  auto http = std::make_unique<httplib::Server>();
+  std::unique_ptr<httplib::Server> http;
+  if (https) {
+    http = std::make_unique<httplib::SSLServer>(
+        [&https](SSL_CTX& ctx) { return https(&ctx); });
+    if (!http->is_valid()) {
+      return absl::InvalidArgumentError("cannot set up TLS for the metrics endpoint");
+    }
+  } else {
+    http = std::make_unique<httplib::Server>();
+  }
   http->new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
   // Short keep-alive: Stop() waits for open connections, and shutdown must not stall on an
   // idle scraper connection.

@@ -3,7 +3,11 @@
 // GET /metrics renders one stats snapshot (the same one GetStats answers with) in the
 // Prometheus text exposition format, version 0.0.4. GET /healthz answers 200 "ok" while
 // serving and 503 "draining" once SetDraining() was called, so a scraper or an HTTP-only
-// load balancer sees the same lame-duck state as the gRPC health service.
+// load balancer sees the same lame-duck state as the gRPC health service. With an HTTPS setup
+// function the endpoint speaks TLS only (cpp-httplib's SSLServer over OpenSSL); the function
+// configures the server context (certificate, client verification), e.g. auth::TlsMaterial's
+// ConfigureHttps, so certificates reload there without restarting the endpoint. Per-token
+// counters are labelled with the token's name, never the token.
 //
 // Thread-safety: Start, Stop and the destructor are for one owner thread. SetDraining may be
 // called from any thread. The snapshot function runs on the HTTP server's threads, possibly
@@ -22,11 +26,14 @@
 namespace httplib {
 class Server;
 }  // namespace httplib
+struct ssl_ctx_st;  // OpenSSL's SSL_CTX
 
 namespace kiln::server {
 
 // Returns the current counters; must be cheap and safe to call concurrently.
 using StatsSnapshot = std::function<v1::GetStatsResponse()>;
+// Configures the HTTPS server context; false refuses to start.
+using HttpsSetup = std::function<bool(ssl_ctx_st* ctx)>;
 
 // `stats` as a Prometheus text exposition (0.0.4) page, every metric with # HELP and # TYPE.
 std::string RenderPrometheus(const v1::GetStatsResponse& stats);
@@ -40,8 +47,9 @@ class MetricsServer {
   MetricsServer& operator=(const MetricsServer&) = delete;
 
   // Binds `address` (HOST:PORT, or [V6HOST]:PORT; port 0 lets the system choose) and serves
-  // on a background thread. Returns the bound port. May be called once.
-  absl::StatusOr<int> Start(const std::string& address);
+  // on a background thread, over HTTPS when `https` is given. Returns the bound port. May be
+  // called once.
+  absl::StatusOr<int> Start(const std::string& address, const HttpsSetup& https = nullptr);
 
   // /healthz turns to 503; /metrics keeps answering, so the drain itself can be watched.
   void SetDraining() { draining_.store(true, std::memory_order_relaxed); }

@@ -47,17 +47,47 @@ void AddRetryAfter(const absl::Status& status, grpc::CallbackServerContext* cont
   }
 }
 
-void LogReply(std::string_view method, const CompileReply& r, double ms) {
+// `caller` is the token's name, never the token.
+void LogReply(std::string_view method, std::string_view caller, const CompileReply& r,
+              double ms) {
   const std::string_view prefix =
       r.handle.empty() ? std::string_view("-") : std::string_view(r.handle).substr(0, 12);
   if (r.status.ok()) {
-    spdlog::info("{} {} {} {:.3f} ms", method, prefix, Outcome(r), ms);
+    spdlog::info("{} {} {} {} {:.3f} ms", method, caller, prefix, Outcome(r), ms);
     return;
   }
   const absl::string_view full = r.status.message();
   const std::string message(full.substr(0, std::min(full.find('\n'), size_t{300})));
-  spdlog::info("{} {} {} {} {:.3f} ms: {}", method, prefix, Outcome(r),
+  spdlog::info("{} {} {} {} {} {:.3f} ms: {}", method, caller, prefix, Outcome(r),
                absl::StatusCodeToString(r.status.code()), ms, message);
+}
+
+// Starts a compile for `caller` within its in-flight limit. A caller at its limit is still
+// answered from the cache; a miss then gets ResourceExhausted. `done` runs exactly once, as
+// for CompileService::Compile.
+void CompileWithinLimit(compile::CompileService* compile, const auth::Caller& caller,
+                        const v1::CompileRequest& request, compile::Priority priority,
+                        absl::Time deadline, compile::CompileCallback done) {
+  std::shared_ptr<auth::CompileSlot> slot = auth::Authorizer::TryAcquireCompile(caller);
+  if (slot == nullptr) {
+    v1::LookupRequest lookup;
+    *lookup.mutable_graph() = request.graph();
+    *lookup.mutable_target() = request.target();
+    *lookup.mutable_options() = request.options();
+    CompileReply reply = compile->Lookup(lookup);
+    if (absl::IsNotFound(reply.status)) {
+      reply.status = absl::ResourceExhaustedError(absl::StrCat(
+          "token '", caller.name, "' already has ", caller.max_compiles,
+          " compiles in flight (its limit); retry when one has finished"));
+    }
+    done(std::move(reply));
+    return;
+  }
+  // The slot is held until the callback has run (and been released).
+  compile->Compile(request, priority, deadline,
+                   [slot = std::move(slot), done = std::move(done)](CompileReply reply) {
+                     done(std::move(reply));
+                   });
 }
 
 void FillResponse(const CompileReply& r, absl::Time start, v1::CompileResponse* response) {
@@ -118,8 +148,12 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::ArtifactChunk> {
 // Finish) are started after mu_ is released, since gRPC may run a reaction inline.
 class PrewarmReactor final : public grpc::ServerBidiReactor<v1::CompileRequest, v1::PrewarmEvent> {
  public:
-  PrewarmReactor(compile::CompileService* compile, int limit, absl::Time deadline)
-      : compile_(compile), limit_(std::max(1, limit)), deadline_(deadline) {
+  PrewarmReactor(compile::CompileService* compile, auth::Caller caller, int limit,
+                 absl::Time deadline)
+      : compile_(compile),
+        caller_(std::move(caller)),
+        limit_(std::max(1, limit)),
+        deadline_(deadline) {
     StartRead(&request_);
   }
 
@@ -142,10 +176,10 @@ class PrewarmReactor final : public grpc::ServerBidiReactor<v1::CompileRequest, 
     }
     const absl::Time start = absl::Now();
     // The service decodes the request before it returns, so request_ may be reused after.
-    compile_->Compile(request_, compile::Priority::kPrewarm, deadline_,
-                      [this, index, start](CompileReply reply) {
-                        OnCompiled(index, start, std::move(reply));
-                      });
+    CompileWithinLimit(compile_, caller_, request_, compile::Priority::kPrewarm, deadline_,
+                       [this, index, start](CompileReply reply) {
+                         OnCompiled(index, start, std::move(reply));
+                       });
     {
       absl::MutexLock lock(&mu_);
       if (outstanding_ < limit_) {
@@ -195,7 +229,7 @@ class PrewarmReactor final : public grpc::ServerBidiReactor<v1::CompileRequest, 
 
   void OnCompiled(int index, absl::Time start, CompileReply reply) {
     const double ms = MsSince(start);
-    LogReply("Prewarm", reply, ms);
+    LogReply("Prewarm", caller_.name, reply, ms);
     Actions next;
     {
       absl::MutexLock lock(&mu_);
@@ -239,6 +273,7 @@ class PrewarmReactor final : public grpc::ServerBidiReactor<v1::CompileRequest, 
 
   // Immutable after construction.
   compile::CompileService* const compile_;
+  const auth::Caller caller_;
   const int limit_;
   const absl::Time deadline_;
 
@@ -257,26 +292,50 @@ class PrewarmReactor final : public grpc::ServerBidiReactor<v1::CompileRequest, 
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// Finishes `reactor` with a refused authorization, logging the method and why.
+grpc::ServerUnaryReactor* Refuse(grpc::ServerUnaryReactor* reactor, std::string_view method,
+                                 const absl::Status& status) {
+  spdlog::info("{} refused: {} {}", method, absl::StatusCodeToString(status.code()),
+               std::string(status.message()));
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
 }  // namespace
 
 KilnService::KilnService(compile::CompileService* compile, store::ArtifactStore* store,
                          const ServiceOptions& options)
     : compile_(compile), store_(store), options_(options) {}
 
+absl::StatusOr<auth::Caller> KilnService::Authorize(grpc::CallbackServerContext* context,
+                                                    auth::Role needed,
+                                                    std::string_view method) const {
+  if (options_.authorizer == nullptr) {
+    static const auto* const kOpen = new auth::Caller{
+        "anonymous", auth::Role::kAdmin, 0, std::make_shared<auth::TokenCounters>()};
+    return *kOpen;
+  }
+  return options_.authorizer->Authorize(*context, needed,
+                                        absl::string_view(method.data(), method.size()));
+}
+
 grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* context,
                                                const v1::CompileRequest* request,
                                                v1::CompileResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kCompile, "Compile");
+  if (!caller.ok()) return Refuse(reactor, "Compile", caller.status());
   // The callback runs inline for a hit or a rejection, or later on a worker thread; both may
   // finish the call, and the response outlives it until Finish.
-  compile_->Compile(*request, compile::PriorityFromWire(request->priority()),
-                    DeadlineOf(context), [context, reactor, response, start](CompileReply reply) {
-                      FillResponse(reply, start, response);
-                      LogReply("Compile", reply, MsSince(start));
-                      AddRetryAfter(reply.status, context);
-                      reactor->Finish(ToGrpcStatus(reply.status));
-                    });
+  CompileWithinLimit(compile_, *caller, *request, compile::PriorityFromWire(request->priority()),
+                     DeadlineOf(context),
+                     [context, reactor, response, start, name = caller->name](CompileReply reply) {
+                       FillResponse(reply, start, response);
+                       LogReply("Compile", name, reply, MsSince(start));
+                       AddRetryAfter(reply.status, context);
+                       reactor->Finish(ToGrpcStatus(reply.status));
+                     });
   return reactor;
 }
 
@@ -285,9 +344,11 @@ grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* conte
                                               v1::CompileResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kRead, "Lookup");
+  if (!caller.ok()) return Refuse(reactor, "Lookup", caller.status());
   CompileReply reply = compile_->Lookup(*request);
   FillResponse(reply, start, response);
-  spdlog::debug("Lookup {} {} {:.3f} ms", reply.handle.substr(0, 12),
+  spdlog::debug("Lookup {} {} {} {:.3f} ms", caller->name, reply.handle.substr(0, 12),
                 reply.status.ok() ? "hit" : absl::StatusCodeToString(reply.status.code()),
                 MsSince(start));
   reactor->Finish(ToGrpcStatus(reply.status));
@@ -298,6 +359,8 @@ grpc::ServerUnaryReactor* KilnService::Explain(grpc::CallbackServerContext* cont
                                                const v1::ExplainRequest* request,
                                                v1::ExplainResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kRead, "Explain");
+  if (!caller.ok()) return Refuse(reactor, "Explain", caller.status());
   absl::StatusOr<v1::ExplainResponse> explained = compile_->Explain(*request);
   if (explained.ok()) *response = *std::move(explained);
   reactor->Finish(ToGrpcStatus(explained.status()));
@@ -309,6 +372,8 @@ grpc::ServerUnaryReactor* KilnService::GetResult(grpc::CallbackServerContext* co
                                                  v1::CompileResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kRead, "GetResult");
+  if (!caller.ok()) return Refuse(reactor, "GetResult", caller.status());
   absl::StatusOr<std::shared_ptr<const v1::ActionResult>> result =
       compile_->GetResult(request->handle());
   if (result.ok()) {
@@ -322,7 +387,12 @@ grpc::ServerUnaryReactor* KilnService::GetResult(grpc::CallbackServerContext* co
 }
 
 grpc::ServerWriteReactor<v1::ArtifactChunk>* KilnService::FetchArtifact(
-    grpc::CallbackServerContext* /*context*/, const v1::FetchArtifactRequest* request) {
+    grpc::CallbackServerContext* context, const v1::FetchArtifactRequest* request) {
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kRead, "FetchArtifact");
+  if (!caller.ok()) {
+    spdlog::info("FetchArtifact refused: {}", std::string(caller.status().message()));
+    return new FetchReactor(caller.status());
+  }
   absl::StatusOr<std::optional<std::string>> blob = store_->GetBlob(request->digest());
   if (!blob.ok()) return new FetchReactor(blob.status());
   if (!blob->has_value()) {
@@ -337,6 +407,8 @@ grpc::ServerUnaryReactor* KilnService::GetSource(grpc::CallbackServerContext* co
                                                  const v1::GetSourceRequest* request,
                                                  v1::GetSourceResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kRead, "GetSource");
+  if (!caller.ok()) return Refuse(reactor, "GetSource", caller.status());
   auto finish = [&](const absl::Status& status) {
     reactor->Finish(ToGrpcStatus(status));
     return reactor;
@@ -378,14 +450,29 @@ grpc::ServerUnaryReactor* KilnService::GetSource(grpc::CallbackServerContext* co
 
 grpc::ServerBidiReactor<v1::CompileRequest, v1::PrewarmEvent>* KilnService::Prewarm(
     grpc::CallbackServerContext* context) {
-  return new PrewarmReactor(compile_, options_.prewarm_concurrency, DeadlineOf(context));
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kCompile, "Prewarm");
+  if (!caller.ok()) {
+    // Refused before any request is read: a reactor that only finishes.
+    class Refused final : public grpc::ServerBidiReactor<v1::CompileRequest, v1::PrewarmEvent> {
+     public:
+      explicit Refused(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+      void OnDone() override { delete this; }
+    };
+    spdlog::info("Prewarm refused: {}", std::string(caller.status().message()));
+    return new Refused(caller.status());
+  }
+  return new PrewarmReactor(compile_, *std::move(caller), options_.prewarm_concurrency,
+                            DeadlineOf(context));
 }
 
 grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* context,
                                                 const v1::GetStatsRequest* /*request*/,
                                                 v1::GetStatsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kRead, "GetStats");
+  if (!caller.ok()) return Refuse(reactor, "GetStats", caller.status());
   *response = compile_->Stats();
+  if (options_.authorizer != nullptr) options_.authorizer->AddStats(response);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

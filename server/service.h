@@ -4,14 +4,22 @@
 // compiles on a gRPC thread: a cache hit is answered inline, a miss is answered from the
 // CompileService's callback on a worker (or deadline timer) thread. Artifact bytes come
 // straight from the store, verified by it, and are streamed in chunks.
-// Each Compile logs one line: method, key prefix, outcome (hit / miss / joined / error), ms.
+// Each Compile logs one line: method, caller (token name), key prefix, outcome (hit / miss /
+// joined / error), ms.
+// Every call is authorized first (auth::Authorizer): Lookup, GetResult, FetchArtifact,
+// GetSource and GetStats need role read, Compile and Prewarm role compile. Compiles count
+// against the caller's in-flight limit; a caller at its limit is still answered from the cache
+// and gets RESOURCE_EXHAUSTED for a miss. The health service is not this service: it stays
+// open to everyone.
 // Thread-safety: gRPC calls the handlers concurrently; the service holds no mutable state of
 // its own beyond what its reactors own.
 #pragma once
 
 #include <cstddef>
+#include <string_view>
 
 #include "kiln/v1/service.grpc.pb.h"
+#include "server/auth/auth.h"
 #include "server/compile/compile_service.h"
 #include "server/store/artifact_store.h"
 
@@ -20,6 +28,8 @@ namespace kiln::server {
 struct ServiceOptions {
   size_t fetch_chunk_bytes = size_t{1} << 20;  // FetchArtifact chunk size
   int prewarm_concurrency = 8;                 // requests of one Prewarm stream in flight at once
+  // Who may call what; null lets everyone call everything. Must outlive the service.
+  const auth::Authorizer* authorizer = nullptr;
 };
 
 class KilnService final : public v1::Kiln::CallbackService {
@@ -52,6 +62,10 @@ class KilnService final : public v1::Kiln::CallbackService {
                                     v1::ExplainResponse* response) override;
 
  private:
+  // The caller of `context` when it holds `needed`; otherwise the status to finish with.
+  absl::StatusOr<auth::Caller> Authorize(grpc::CallbackServerContext* context, auth::Role needed,
+                                         std::string_view method) const;
+
   // Immutable after construction.
   compile::CompileService* const compile_;
   store::ArtifactStore* const store_;

@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/key/digest.h"
+#include "kernels/util/status_macros.h"
+#include "server/auth/auth.h"
 #include "server/status_map.h"
 
 namespace kiln::client {
@@ -20,8 +22,15 @@ int ToMillis(absl::Duration d) {
   return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, 1 << 30));
 }
 
+std::string FromEnv(const std::string& value, const char* name) {
+  if (!value.empty()) return value;
+  const char* env = std::getenv(name);
+  return env != nullptr ? env : "";
+}
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
-                                           const ClientOptions& options) {
+                                           const ClientOptions& options,
+                                           std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
   // gRPC's own reconnect backoff starts at a second; while it waits, every call fails at once
@@ -30,8 +39,6 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   // connection attempt may take, and a small value aborts handshakes with a busy daemon.)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ToMillis(options.retry.initial_backoff));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ToMillis(options.retry.max_backoff));
-  std::shared_ptr<grpc::ChannelCredentials> credentials =
-      options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
   return grpc::CreateCustomChannel(address, credentials, args);
 }
 
@@ -47,8 +54,31 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   const std::string address = ResolveAddress(options.address);
   if (address.empty()) return absl::InvalidArgumentError("empty kiln server address");
   options.address = address;
-  std::shared_ptr<grpc::Channel> channel = MakeChannel(address, options);
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                        CredentialsFor(options));
+  std::shared_ptr<grpc::Channel> channel = MakeChannel(address, options, std::move(credentials));
   return std::make_unique<Client>(std::move(channel), std::move(options));
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Client::CredentialsFor(
+    const ClientOptions& options) {
+  if (options.credentials != nullptr) return options.credentials;
+  const std::string ca = FromEnv(options.tls_ca, "KILN_TLS_CA");
+  const std::string cert = FromEnv(options.tls_cert, "KILN_TLS_CERT");
+  const std::string key = FromEnv(options.tls_key, "KILN_TLS_KEY");
+  if (ca.empty() && cert.empty() && key.empty()) return grpc::InsecureChannelCredentials();
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError("a TLS client certificate needs its key, and the reverse");
+  }
+  grpc::SslCredentialsOptions ssl;
+  if (!ca.empty()) {
+    KILN_ASSIGN_OR_RETURN(ssl.pem_root_certs, auth::ReadSecretFile(ca, "TLS CA"));
+  }
+  if (!cert.empty()) {
+    KILN_ASSIGN_OR_RETURN(ssl.pem_cert_chain, auth::ReadSecretFile(cert, "TLS certificate"));
+    KILN_ASSIGN_OR_RETURN(ssl.pem_private_key, auth::ReadSecretFile(key, "TLS key"));
+  }
+  return grpc::SslCredentials(ssl);
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& address) {
@@ -61,7 +91,11 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options)
     : address_(ResolveAddress(options.address)),
       options_(std::move(options)),
       channel_(std::move(channel)),
-      stub_(v1::Kiln::NewStub(channel_)) {}
+      stub_(v1::Kiln::NewStub(channel_)),
+      authorization_([this] {
+        const std::string token = FromEnv(options_.token, "KILN_TOKEN");
+        return token.empty() ? std::string() : "Bearer " + token;
+      }()) {}
 
 absl::Time Client::Resolve(absl::Time deadline, absl::Duration default_timeout) const {
   return deadline == kDefaultDeadline ? absl::Now() + default_timeout : deadline;
@@ -75,6 +109,7 @@ absl::Status Client::WithRetries(
   for (int n = 1;; ++n) {
     grpc::ClientContext context;  // one per attempt: a context cannot be reused
     if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
+    if (!authorization_.empty()) context.AddMetadata("authorization", authorization_);
     attempts_.fetch_add(1, std::memory_order_relaxed);
     if (n > 1) retries_.fetch_add(1, std::memory_order_relaxed);
     const absl::Status status = attempt(context);

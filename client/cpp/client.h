@@ -8,6 +8,10 @@
 // FetchArtifact reassembles the chunk stream and checks the SHA-256 of the bytes against the
 // digest asked for, so a caller never holds bytes that are not what the digest names.
 //
+// Transport and identity: with a CA (ClientOptions.tls_ca or $KILN_TLS_CA) the channel speaks
+// TLS, presenting a client certificate when tls_cert/tls_key ($KILN_TLS_CERT, $KILN_TLS_KEY)
+// are given (mTLS); a token ($KILN_TOKEN) is sent on every call as `authorization: Bearer`.
+//
 // Thread-safety: thread-safe; one Client (one channel) is meant to be shared by all threads.
 #pragma once
 
@@ -34,8 +38,15 @@ inline constexpr char kDefaultServer[] = "localhost:50051";
 struct ClientOptions {
   // host:port; empty means $KILN_SERVER, else kDefaultServer.
   std::string address;
-  // Null means insecure (plaintext) credentials.
+  // Null means: TLS when tls_ca is set (or $KILN_TLS_CA), else insecure (plaintext).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // PEM files: the CA that signed the daemon's certificate, and for mTLS this client's
+  // certificate chain and key. Empty: $KILN_TLS_CA, $KILN_TLS_CERT, $KILN_TLS_KEY.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  // Bearer token sent with every call; empty: $KILN_TOKEN (none when that is unset too).
+  std::string token;
   // Deadlines of calls that do not name one. Compile and Prewarm may run the compiler, so they
   // get longer.
   absl::Duration compile_timeout = absl::Minutes(10);
@@ -63,6 +74,11 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& address);
   // A client over an existing channel (tests, or programs that share a channel).
   Client(std::shared_ptr<grpc::Channel> channel, ClientOptions options);
+
+  // The channel credentials `options` ask for (see ClientOptions): NotFound naming a PEM file
+  // that cannot be read, InvalidArgument for a certificate given without its key.
+  static absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CredentialsFor(
+      const ClientOptions& options);
 
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -125,6 +141,7 @@ class Client {
   const ClientOptions options_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::Kiln::Stub> stub_;
+  const std::string authorization_;  // "Bearer TOKEN", or empty
 
   // Counters; relaxed atomics, read together only for reporting.
   std::atomic<int64_t> calls_{0};

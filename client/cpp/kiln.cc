@@ -1,12 +1,20 @@
 #include "client/cpp/kiln.h"
 
+#include <cstdlib>
+#include <deque>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/key/digest.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "kernels/util/status_macros.h"
 
 namespace kiln::client {
@@ -83,12 +91,68 @@ CudaPlan ToCudaPlan(const v1::LaunchPlan& wire) {
 
 }  // namespace
 
+struct TrustPolicy::Memo {
+  static constexpr size_t kEntries = 4096;
+  absl::Mutex mu;
+  absl::flat_hash_set<std::string> verified ABSL_GUARDED_BY(mu);
+  std::deque<std::string> order ABSL_GUARDED_BY(mu);  // oldest first, for eviction
+};
+
+absl::StatusOr<TrustPolicy> TrustPolicy::Create(std::vector<std::string> trusted_key_files,
+                                                std::optional<bool> allow_unsigned) {
+  if (trusted_key_files.empty()) {
+    if (const char* env = std::getenv("KILN_TRUSTED_KEYS"); env != nullptr) {
+      trusted_key_files = std::vector<std::string>(absl::StrSplit(env, ',', absl::SkipEmpty()));
+    }
+  }
+  if (!allow_unsigned.has_value()) {
+    if (const char* env = std::getenv("KILN_ALLOW_UNSIGNED"); env != nullptr && *env != '\0') {
+      allow_unsigned = std::string_view(env) == "1" || absl::EqualsIgnoreCase(env, "true");
+    }
+  }
+  TrustPolicy policy;
+  KILN_ASSIGN_OR_RETURN(policy.keys_, auth::TrustedKeys::FromPemFiles(trusted_key_files));
+  policy.allow_unsigned_ = allow_unsigned.value_or(policy.keys_.empty());
+  policy.memo_ = std::make_shared<Memo>();
+  if (policy.keys_.empty() && !policy.allow_unsigned_) {
+    return absl::InvalidArgumentError(
+        "refusing unsigned results needs at least one trusted key (KILN_TRUSTED_KEYS)");
+  }
+  return policy;
+}
+
+absl::Status TrustPolicy::Check(const v1::CompileResponse& response) const {
+  if (keys_.empty()) return absl::OkStatus();  // allow_unsigned_ holds: nothing to check with
+  if (!response.result().has_signature() && allow_unsigned_) return absl::OkStatus();
+  std::string record = response.handle();
+  record.push_back('\0');
+  response.result().AppendToString(&record);
+  const std::string memo = key::Sha256Hex(record);
+  if (memo_ != nullptr) {
+    absl::MutexLock lock(&memo_->mu);
+    if (memo_->verified.contains(memo)) return absl::OkStatus();
+  }
+  KILN_RETURN_IF_ERROR(keys_.VerifyResult(response.handle(), response.result()));
+  if (memo_ != nullptr) {
+    absl::MutexLock lock(&memo_->mu);
+    if (memo_->verified.insert(memo).second) memo_->order.push_back(memo);
+    if (memo_->order.size() > Memo::kEntries) {
+      memo_->verified.erase(memo_->order.front());
+      memo_->order.pop_front();
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(SessionOptions options) {
+  KILN_ASSIGN_OR_RETURN(TrustPolicy trust,
+                        TrustPolicy::Create(std::move(options.trusted_keys),
+                                            options.allow_unsigned));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
                         Client::Create(std::move(options.client)));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<ArtifactCache> cache,
                         ArtifactCache::Open(options.cache_dir));
-  return std::make_unique<Session>(std::move(client), std::move(cache));
+  return std::make_unique<Session>(std::move(client), std::move(cache), std::move(trust));
 }
 
 absl::StatusOr<std::string> Session::FetchArtifact(const v1::Artifact& artifact,
@@ -99,6 +163,7 @@ absl::StatusOr<std::string> Session::FetchArtifact(const v1::Artifact& artifact,
 }
 
 absl::StatusOr<LoadedKernel> Session::Load(v1::CompileResponse response, absl::Time deadline) {
+  KILN_RETURN_IF_ERROR(Verify(response));
   if (FindArtifact(response, v1::CUBIN) != nullptr || FindArtifact(response, v1::PTX) != nullptr) {
     return LoadCuda(std::move(response), deadline);
   }

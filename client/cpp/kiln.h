@@ -15,6 +15,14 @@
 // daemon; loading an artifact this machine has seen is a hit in the local directory, so a
 // warm CompileAndLoad costs one small RPC and no fetch.
 //
+// Trust: before anything of a result is fetched or loaded, the Session checks it against its
+// TrustPolicy: with trusted keys configured (SessionOptions.trusted_keys, or
+// $KILN_TRUSTED_KEYS, comma-separated PEM public keys) the result must carry a valid kilnd
+// signature by one of them, which binds the handle, target, plan and every artifact's digest;
+// each artifact's bytes are then hashed against that digest when fetched and again, from the
+// local directory, right before they are loaded. With no keys configured unsigned results are
+// accepted (a local single-user setup); digests are still checked.
+//
 // Thread-safety: Session is thread-safe. LoadedKernel is immutable; Run may be called from
 // many threads at once.
 #pragma once
@@ -23,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -32,6 +41,7 @@
 #include "client/cpp/client.h"
 #include "client/cpp/cpu_loader.h"
 #include "client/cpp/cuda_loader.h"
+#include "server/auth/auth.h"
 #include "kiln/v1/service.pb.h"
 
 namespace kiln::client {
@@ -86,17 +96,52 @@ class LoadedKernel {
   std::shared_ptr<CudaModule> cuda_;  // shared: LoadedKernel stays copyable
 };
 
+// Which results a Session accepts. Records that verified are remembered by the SHA-256 of
+// (handle, serialized result), so a hot handle's repeats cost a hash, not an Ed25519
+// verification; equal bytes are an equal record, so the shortcut accepts nothing the full check
+// would refuse. Thread-safe.
+class TrustPolicy {
+ public:
+  // `trusted_key_files` empty: $KILN_TRUSTED_KEYS. `allow_unsigned` unset: $KILN_ALLOW_UNSIGNED
+  // ("1" or "true"), else true exactly when no key is configured. InvalidArgument for a key file
+  // that is not an Ed25519 public key, or for refusing unsigned results with no key to check.
+  static absl::StatusOr<TrustPolicy> Create(std::vector<std::string> trusted_key_files = {},
+                                            std::optional<bool> allow_unsigned = std::nullopt);
+
+  // OK when `response` may be loaded: signed by a trusted key (FailedPrecondition for an
+  // untrusted key or, unless allowed, no signature; DataLoss for a signature that does not
+  // match), or unsigned while that is allowed.
+  absl::Status Check(const v1::CompileResponse& response) const;
+
+  size_t num_keys() const { return keys_.size(); }
+  bool allow_unsigned() const { return allow_unsigned_; }
+
+ private:
+  struct Memo;
+  auth::TrustedKeys keys_;
+  bool allow_unsigned_ = true;
+  std::shared_ptr<Memo> memo_;
+};
+
 struct SessionOptions {
   ClientOptions client;
   // Root of the local artifact directory; empty means ArtifactCache::DefaultRoot().
   std::string cache_dir;
+  // See TrustPolicy::Create.
+  std::vector<std::string> trusted_keys;
+  std::optional<bool> allow_unsigned;
 };
 
 class Session {
  public:
   static absl::StatusOr<std::unique_ptr<Session>> Create(SessionOptions options = {});
-  Session(std::unique_ptr<Client> client, std::unique_ptr<ArtifactCache> cache)
-      : client_(std::move(client)), cache_(std::move(cache)) {}
+  Session(std::unique_ptr<Client> client, std::unique_ptr<ArtifactCache> cache,
+          TrustPolicy trust = {})
+      : client_(std::move(client)), cache_(std::move(cache)), trust_(std::move(trust)) {}
+
+  // The trust check Load runs first; callers that fetch artifacts themselves (CUDA) run it
+  // before using anything of the response.
+  absl::Status Verify(const v1::CompileResponse& response) const { return trust_.Check(response); }
 
   // Compiles (or finds) `graph` for `target` on the daemon, fetches the artifact (the .so, or
   // the cubin and PTX) unless the local directory has it, verifies and loads it. Loading a
@@ -111,7 +156,7 @@ class Session {
   absl::StatusOr<LoadedKernel> LoadHandle(const std::string& handle,
                                           absl::Time deadline = Client::kDefaultDeadline);
 
-  // Loads the kernel (CPU or CUDA) of a compile result the caller already has.
+  // Loads the kernel (CPU or CUDA) of a compile result the caller already has, after Verify.
   absl::StatusOr<LoadedKernel> Load(v1::CompileResponse response,
                                     absl::Time deadline = Client::kDefaultDeadline);
 
@@ -129,6 +174,7 @@ class Session {
   // Immutable after construction; both are thread-safe.
   const std::unique_ptr<Client> client_;
   const std::unique_ptr<ArtifactCache> cache_;
+  const TrustPolicy trust_;
 };
 
 }  // namespace kiln::client

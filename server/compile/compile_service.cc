@@ -140,6 +140,13 @@ absl::StatusOr<std::shared_ptr<const v1::ActionResult>> CompileService::LookupCa
     }
     return stored.status();
   }
+  if (stored->has_value() && options_.verify_stored) {
+    if (absl::Status v = options_.verify_stored(key, **stored); !v.ok()) {
+      unverified_.fetch_add(1, std::memory_order_relaxed);
+      spdlog::warn("stored result {} refused: {}", KeyPrefix(key), std::string(v.message()));
+      stored->reset();
+    }
+  }
   if (!stored->has_value()) {
     // Evicted from (or corrupt in) the store: its artifacts can no longer be fetched.
     if (in_memory.result != nullptr) memory_.Erase(key);
@@ -330,6 +337,14 @@ CompileReply CompileService::CompileJob(const Job& job) {
   }
 
   ConvertedResult converted = ToActionResult(*std::move(compiled), p.key, p.target);
+  if (options_.sign) {
+    if (absl::Status signed_ok = options_.sign(key, &converted.result); !signed_ok.ok()) {
+      spdlog::error("signing the result of {} failed: {}", KeyPrefix(key), signed_ok.ToString());
+      reply.status = absl::InternalError(
+          absl::StrCat("compiled, but the result could not be signed: ", signed_ok.message()));
+      return reply;
+    }
+  }
   if (absl::Status put = store_->PutResult(key, converted.result, converted.blobs); !put.ok()) {
     // The artifacts could not be kept, so a client could not fetch them: say so.
     spdlog::error("storing the result of {} failed: {}", KeyPrefix(key), put.ToString());
@@ -463,7 +478,7 @@ v1::GetStatsResponse CompileService::Stats() const {
   st->set_bytes(s.bytes);
   st->set_entries(s.entries);
   st->set_evictions(s.evictions);
-  st->set_corruptions(s.corruptions);
+  st->set_corruptions(s.corruptions + unverified_.load(std::memory_order_relaxed));
   st->set_capacity_bytes(s.capacity_bytes);
   st->set_writes_suspended(s.writes_suspended);
   st->set_write_errors(s.write_errors);

@@ -54,6 +54,14 @@ struct CompileServiceOptions {
   // Cluster-wide single-flight across replicas sharing a cache; nullptr: this process only.
   // Must outlive the service.
   CompileCoordinator* coordinator = nullptr;
+
+  // When set, every result this service produces is signed before it is stored (the handle is
+  // the action key), and every result read back from the store must pass `verify_stored`: one
+  // that does not is logged, counted as a corruption of the store and treated as a miss, so it
+  // is compiled again and replaced. Both must be thread-safe (auth::ResultSigner is).
+  std::function<absl::Status(const std::string& key, v1::ActionResult* result)> sign;
+  std::function<absl::Status(const std::string& key, const v1::ActionResult& result)>
+      verify_stored;
 };
 
 // A ResourceExhausted worth retrying (the compile queue is full, not a limit of the request)
@@ -172,6 +180,7 @@ class CompileService {
   std::atomic<int64_t> negative_hits_{0};
   std::atomic<int64_t> rejected_{0};
   std::atomic<int64_t> invalid_{0};
+  std::atomic<int64_t> unverified_{0};  // stored results refused by verify_stored
 
   // Declared last: destroyed first, so no timer callback or worker outlives the state above.
   DeadlineTimer timer_;

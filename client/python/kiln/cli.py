@@ -1,7 +1,9 @@
 """The ``kiln`` command line: compile, look up, fetch, inspect, run and prewarm kernels.
 
-Every subcommand takes ``--server`` (default ``$KILN_SERVER``, then localhost:50051) and
-``--help``. Exit status: 0 on success, 1 when the operation failed (a compile error, a lookup
+Every subcommand takes ``--server`` (default ``$KILN_SERVER``, then localhost:50051), the trust
+options ``--tls-ca``, ``--tls-cert``, ``--tls-key``, ``--token``, ``--trusted-key`` (repeatable)
+and ``--allow-unsigned`` (defaults from ``$KILN_TLS_CA``, ``$KILN_TLS_CERT``, ``$KILN_TLS_KEY``,
+``$KILN_TOKEN``, ``$KILN_TRUSTED_KEYS``, ``$KILN_ALLOW_UNSIGNED``), and ``--help``. Exit status: 0 on success, 1 when the operation failed (a compile error, a lookup
 miss, a failed prewarm entry), 2 for bad usage.
 
 Output conventions: ``--json`` prints one JSON document whose counters and sizes are numbers;
@@ -104,7 +106,9 @@ def _looks_numeric(c: str) -> bool:
 def _client(args: argparse.Namespace) -> Any:
     from .client import Client
 
-    return Client(args.server, timeout=args.timeout, compile_timeout=max(args.timeout, 600.0))
+    return Client(args.server, timeout=args.timeout, compile_timeout=max(args.timeout, 600.0),
+                  token=args.token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                  trusted_keys=args.trusted_key, allow_unsigned=True if args.allow_unsigned else None)
 
 
 def _print_json(obj: Any) -> None:
@@ -206,7 +210,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             if out_dir:
                 ext = _EXTENSIONS.get(kind) or (".cu" if c.target is not None and c.target.is_cuda else ".cpp")
                 dest = out_dir / f"{c.handle}{ext}"
-                shutil.copyfile(path, dest)
+                # The bytes hashed against the signed digest, not whatever the file holds later.
+                dest.write_bytes(client.read_verified(a.digest, size=a.size or None))
                 path = dest
             written.append({"kind": kind, "digest": a.digest, "size": a.size, "path": str(path)})
         if out_dir:
@@ -465,6 +470,13 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--server", default=None, help="daemon address host:port (default: $KILN_SERVER, else localhost:50051)")
     common.add_argument("--timeout", type=float, default=60.0, help="deadline of each call in seconds, retries included (default 60; compiles at least 600)")
+    common.add_argument("--tls-ca", metavar="PEM", default=None, help="CA of the daemon's certificate: speak TLS (default: $KILN_TLS_CA)")
+    common.add_argument("--tls-cert", metavar="PEM", default=None, help="client certificate for mTLS (default: $KILN_TLS_CERT)")
+    common.add_argument("--tls-key", metavar="PEM", default=None, help="key of --tls-cert (default: $KILN_TLS_KEY)")
+    common.add_argument("--token", default=None, help="bearer token sent with every call (default: $KILN_TOKEN)")
+    common.add_argument("--trusted-key", action="append", default=None, metavar="PEM",
+                        help="Ed25519 public key whose signed results are accepted; repeat for several (default: $KILN_TRUSTED_KEYS)")
+    common.add_argument("--allow-unsigned", action="store_true", help="also accept unsigned results when trusted keys are given")
 
     p = argparse.ArgumentParser(prog="kiln", description="Client of the kiln compile server for fused tensor kernels.")
     p.add_argument("--version", action="version", version=_version_text())

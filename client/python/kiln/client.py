@@ -13,11 +13,19 @@ Calls retry as :mod:`kiln.retry` says (the policy the C++ client shares): UNAVAI
 few seconds, an overloaded daemon's RESOURCE_EXHAUSTED while the deadline allows. Artifacts are kept in
 a local content-addressed folder (see :mod:`kiln.cache`) and verified before use; a shared
 object is opened once per process.
+
+Trust: ``tls_ca`` (``$KILN_TLS_CA``) makes the channel TLS, ``tls_cert``/``tls_key``
+(``$KILN_TLS_CERT``/``$KILN_TLS_KEY``) add a client certificate (mTLS), ``token``
+(``$KILN_TOKEN``) is sent as ``authorization: Bearer`` on every call. Every result is checked
+against the :class:`kiln.trust.TrustPolicy` (``trusted_keys``, ``allow_unsigned``) as it
+arrives, before anything of it is fetched or loaded, and the bytes of an artifact are hashed
+against the signed digest again right before they are loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import threading
 import time
@@ -29,11 +37,12 @@ import numpy as np
 
 from . import dtypes as dt
 from .cache import ArtifactCache
-from .errors import ArtifactError, CompileError, KilnError, NotFoundError, RpcError
+from .errors import ArtifactError, CompileError, KilnError, NotFoundError, RpcError, VerificationError
 from .loader import CpuKernel, aligned_empty, default_num_threads, load_cpu_kernel
 from .recorder import Recorder
 from .retry import RetryPolicy, call_with_retries
 from .target import ISA_LEVELS, Target, host_isa
+from .trust import TrustPolicy
 from .v1 import graph_pb2, service_pb2, service_pb2_grpc
 
 DEFAULT_ADDRESS = "localhost:50051"
@@ -75,6 +84,12 @@ class Client:
     daemon's RESOURCE_EXHAUSTED until the deadline); ``max_attempts``, when given, caps its
     attempts. ``recorder`` defaults to one for
     ``$KILN_RECORD_DIR`` when set. Thread-safe; close it (or use ``with``) to free the channel.
+
+    ``tls_ca``, ``tls_cert``, ``tls_key``: PEM files for TLS / mTLS (defaults from
+    ``$KILN_TLS_CA``, ``$KILN_TLS_CERT``, ``$KILN_TLS_KEY``). ``token``: bearer token
+    (``$KILN_TOKEN``). ``trusted_keys``: PEM Ed25519 public keys whose signatures are accepted
+    (``$KILN_TRUSTED_KEYS``, comma-separated); ``allow_unsigned``: accept unsigned results
+    (default: only when no key is configured). See :mod:`kiln.trust`.
     """
 
     def __init__(
@@ -88,6 +103,12 @@ class Client:
         retry: Optional[RetryPolicy] = None,
         recorder: Optional[Recorder] = None,
         channel_options: Optional[Sequence[tuple[str, Any]]] = None,
+        token: Optional[str] = None,
+        tls_ca: Optional[Union[str, Path]] = None,
+        tls_cert: Optional[Union[str, Path]] = None,
+        tls_key: Optional[Union[str, Path]] = None,
+        trusted_keys: Optional[Sequence[Union[str, Path]]] = None,
+        allow_unsigned: Optional[bool] = None,
     ) -> None:
         self.address = address or os.environ.get("KILN_SERVER") or DEFAULT_ADDRESS
         self.timeout = timeout
@@ -105,7 +126,8 @@ class Client:
             ("grpc.max_reconnect_backoff_ms", 2000),
         ]
         opts.extend(channel_options or [])
-        self._channel = grpc.insecure_channel(self.address, options=opts)
+        self.trust = TrustPolicy(trusted_keys, allow_unsigned)
+        self._channel = _make_channel(self.address, opts, token, tls_ca, tls_cert, tls_key)
         self._stub = service_pb2_grpc.KilnStub(self._channel)
         self.cache = ArtifactCache(cache_dir)
         self.recorder = recorder if recorder is not None else Recorder.from_env()
@@ -244,6 +266,23 @@ class Client:
                 return path
             return self._download(digest, size, timeout if timeout is not None else max(self.timeout, 300.0))
 
+    def read_verified(self, digest: str, *, size: Optional[int] = None, timeout: Optional[float] = None) -> bytes:
+        """The bytes of artifact ``digest``, read from the local folder (fetched first when
+        absent) and hashed right here, so what the caller loads is exactly what the digest
+        names. A local file changed since it was stored is deleted and VerificationError
+        raised."""
+        path = self.fetch(digest, size=size, timeout=timeout)
+        data = path.read_bytes()
+        got = hashlib.sha256(data).hexdigest()
+        if got != digest:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            raise VerificationError(f"local artifact {path} does not match its digest {digest[:12]} (it hashes to "
+                                    f"{got[:12]}): deleted, refusing to load it", digest=digest)
+        return data
+
     def _download(self, digest: str, size: Optional[int], timeout: float) -> Path:
         def attempt(remaining: float) -> Path:
             deadline = time.monotonic() + remaining
@@ -345,6 +384,62 @@ class Client:
             return events
 
 
+def _make_channel(address: str, opts: list[tuple[str, Any]], token: Optional[str],
+                  tls_ca: Any, tls_cert: Any, tls_key: Any) -> grpc.Channel:
+    """A plaintext or TLS channel to ``address``, sending ``token`` (when there is one) with
+    every call."""
+    env = os.environ.get
+    ca, cert, key = (tls_ca or env("KILN_TLS_CA"), tls_cert or env("KILN_TLS_CERT"), tls_key or env("KILN_TLS_KEY"))
+    if bool(cert) != bool(key):
+        raise ValueError("a TLS client certificate needs its key (tls_cert and tls_key), and the reverse")
+    if ca or cert:
+        def read(p: Any) -> Optional[bytes]:
+            return Path(p).expanduser().read_bytes() if p else None
+
+        creds = grpc.ssl_channel_credentials(root_certificates=read(ca), private_key=read(key), certificate_chain=read(cert))
+        channel = grpc.secure_channel(address, creds, options=opts)
+    else:
+        channel = grpc.insecure_channel(address, options=opts)
+    token = token if token is not None else env("KILN_TOKEN")
+    if token:
+        channel = grpc.intercept_channel(channel, _BearerToken(token))
+    return channel
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                   grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds ``authorization: Bearer TOKEN`` to every call's metadata."""
+
+    def __init__(self, token: str) -> None:
+        self._md = ("authorization", f"Bearer {token}")
+
+    def _details(self, d: Any) -> Any:
+        md = list(d.metadata or []) + [self._md]
+        return d._replace(metadata=md) if hasattr(d, "_replace") else _CallDetails(d, md)
+
+    def intercept_unary_unary(self, cont: Any, d: Any, req: Any) -> Any:
+        return cont(self._details(d), req)
+
+    def intercept_unary_stream(self, cont: Any, d: Any, req: Any) -> Any:
+        return cont(self._details(d), req)
+
+    def intercept_stream_unary(self, cont: Any, d: Any, reqs: Any) -> Any:
+        return cont(self._details(d), reqs)
+
+    def intercept_stream_stream(self, cont: Any, d: Any, reqs: Any) -> Any:
+        return cont(self._details(d), reqs)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, d: Any, metadata: list[tuple[str, str]]) -> None:
+        self.method = d.method
+        self.timeout = d.timeout
+        self.metadata = metadata
+        self.credentials = d.credentials
+        self.wait_for_ready = getattr(d, "wait_for_ready", None)
+        self.compression = getattr(d, "compression", None)
+
+
 class _Sized:
     """An iterable of chunks that checks the total against a size learned while streaming."""
 
@@ -424,6 +519,8 @@ class Compiled:
     """
 
     def __init__(self, client: Client, response: Any, graph: Any = None) -> None:
+        # Before anything of the result is used: a refused result raises VerificationError.
+        client.trust.check(response.handle, response.result)
         self.client = client
         self.response = response
         self.handle: str = response.handle
@@ -524,8 +621,8 @@ class Compiled:
                 art = self.artifact(service_pb2.SHARED_OBJECT)
                 if art is None:
                     raise ArtifactError(f"{self.handle[:12]} has no shared object artifact")
-                path = self.client.fetch(art.digest, size=art.size or None)
-                self._kernel = load_cpu_kernel(path, art.digest, int(self.plan.abi_version or 1))
+                image = self.client.read_verified(art.digest, size=art.size or None)
+                self._kernel = load_cpu_kernel(image, art.digest, int(self.plan.abi_version or 1))
         return self._kernel
 
     def __call__(self, *arrays: Any, num_threads: Optional[int] = None, out: Optional[Sequence[Any]] = None) -> Any:

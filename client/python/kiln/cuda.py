@@ -339,7 +339,7 @@ class CudaKernel:
             art = compiled.artifact(kind)
             if art is None:
                 continue
-            image = compiled.client.fetch(art.digest, size=art.size or None).read_bytes()
+            image = compiled.client.read_verified(art.digest, size=art.size or None)
             if kind == service_pb2.PTX and not image.endswith(b"\0"):
                 image += b"\0"  # the driver reads PTX as a C string
             module = ctypes.c_void_p()

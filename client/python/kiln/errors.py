@@ -62,3 +62,14 @@ class ArtifactError(KilnError):
 class KilnFallbackWarning(UserWarning):
     """kiln could not compile or run something, which then ran without it: a torch.compile
     part in torch, or a ``kiln.jit(fallback=True)`` function in NumPy."""
+
+
+class VerificationError(ArtifactError):
+    """A result or artifact failed the trust check (kiln.trust): unsigned where signatures are
+    required, signed by an untrusted key, a signature that does not match the result, or
+    artifact bytes (fetched, or in the local cache) that do not match the signed digest.
+    Nothing of it was loaded."""
+
+    def __init__(self, message: str, handle: Optional[str] = None, digest: Optional[str] = None) -> None:
+        self.handle = handle
+        super().__init__(message, digest)

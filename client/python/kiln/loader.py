@@ -8,6 +8,10 @@ A CPU artifact is a shared object exporting::
 ``args`` holds the input buffers in graph input order, then the output buffers in graph output
 order; ``workspace`` is ``plan.workspace_bytes`` bytes (NULL when 0); 0 means success. Each
 shared object is opened once per process, keyed by its digest.
+
+The loader is handed the bytes themselves, already hashed against the digest by the caller,
+and opens them from an anonymous in-memory file: the code that runs is the code that was
+verified, whatever happens to the cache folder between the check and the load.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -32,14 +36,33 @@ class CpuKernel:
     """An opened CPU artifact. Calls are thread-safe as far as the kernel is (kiln kernels keep
     no global state)."""
 
-    def __init__(self, path: Path, digest: str) -> None:
-        self.path = path
+    def __init__(self, image: Union[bytes, Path], digest: str) -> None:
         self.digest = digest
+        fd = -1
+        if isinstance(image, (bytes, bytearray, memoryview)) and hasattr(os, "memfd_create"):
+            fd = os.memfd_create(f"kiln-{digest[:12]}", getattr(os, "MFD_CLOEXEC", 1))
+            os.write(fd, image)
+            path = Path(f"/proc/self/fd/{fd}")
+        elif isinstance(image, (bytes, bytearray, memoryview)):  # pragma: no cover - not Linux
+            import tempfile
+
+            with tempfile.NamedTemporaryFile(suffix=".so", delete=False) as f:
+                f.write(image)
+            path = Path(f.name)
+        else:
+            path = Path(image)
+        self.path = path
         try:
             # RTLD_LOCAL: two artifacts never see each other's symbols.
             self._lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
         except OSError as e:
-            raise ArtifactError(f"cannot load {path}: {e}", digest) from e
+            if fd >= 0:
+                os.close(fd)
+            raise ArtifactError(f"cannot load {digest[:12]}: {e}", digest) from e
+        # The descriptor stays open as long as the process: the dynamic loader knows a library
+        # by its name, and a closed descriptor's number (hence /proc/self/fd/N) would be reused
+        # by the next artifact, which dlopen would then take for this one.
+        self._fd = fd
         try:
             version_fn = self._lib.kiln_abi_version
             self._run = self._lib.kiln_run
@@ -62,12 +85,13 @@ _kernels: dict[str, CpuKernel] = {}
 _kernels_lock = threading.Lock()
 
 
-def load_cpu_kernel(path: Path, digest: str, expected_abi: int) -> CpuKernel:
-    """Opens the shared object (once per process per digest) and checks its ABI version."""
+def load_cpu_kernel(image: Union[bytes, Path], digest: str, expected_abi: int) -> CpuKernel:
+    """Opens the shared object (its verified bytes, or a path) once per process per digest and
+    checks its ABI version."""
     with _kernels_lock:
         k = _kernels.get(digest)
         if k is None:
-            k = CpuKernel(path, digest)
+            k = CpuKernel(image, digest)
             _kernels[digest] = k
     if k.abi_version != expected_abi or k.abi_version not in SUPPORTED_ABI_VERSIONS:
         raise ArtifactError(

@@ -7,7 +7,10 @@ private daemon rather than a shared one.
 The daemon listens on a free loopback port (``127.0.0.1:0``; the address it prints is read
 back), keeps its cache in ``workdir/kilnd-cache`` unless told otherwise, logs to
 ``workdir/kilnd.log``, and is ready (its gRPC health check says SERVING) when the constructor
-returns. ``stop()`` sends SIGTERM, so in-flight compiles finish and RocksDB closes cleanly.
+returns. ``stop()`` sends SIGTERM, so in-flight compiles finish and RocksDB closes cleanly;
+``reload()`` sends SIGHUP (kilnd re-reads its certificates, tokens and signing keys). A daemon
+started with ``--tls-cert`` is probed with ``probe_options`` (Client keyword arguments such as
+``tls_ca``, ``tls_cert``, ``tls_key``).
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ class LocalDaemon:
     """
 
     def __init__(self, binary: PathLike, workdir: PathLike, *, listen: str = "127.0.0.1:0",
-                 cache_dir: Optional[PathLike] = None, args: Sequence[str] = (), timeout: float = 60.0) -> None:
+                 cache_dir: Optional[PathLike] = None, args: Sequence[str] = (), timeout: float = 60.0,
+                 probe_options: Optional[dict] = None) -> None:
+        self._probe_options = dict(probe_options or {})
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         self.cache_dir = Path(cache_dir) if cache_dir else workdir / "kilnd-cache"
@@ -78,7 +83,7 @@ class LocalDaemon:
         from .client import Client
         from .errors import RpcError
 
-        with Client(self.address) as probe:
+        with Client(self.address, **self._probe_options) as probe:
             while True:
                 try:
                     if probe.health() == "SERVING":
@@ -107,6 +112,10 @@ class LocalDaemon:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+    def reload(self) -> None:
+        """SIGHUP: kilnd reloads its TLS certificates, token file and signing keys."""
+        self.proc.send_signal(signal.SIGHUP)
 
     def __enter__(self) -> "LocalDaemon":
         return self

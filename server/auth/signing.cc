@@ -1,0 +1,338 @@
+// Ed25519 signatures over action results (OpenSSL EVP), and the canonical bytes they cover.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/key/digest.h"
+#include "kernels/util/status_macros.h"
+#include "openssl/crypto.h"
+#include "openssl/err.h"
+#include "openssl/evp.h"
+#include "openssl/pem.h"
+#include "server/auth/auth.h"
+
+namespace kiln::auth {
+namespace {
+
+constexpr size_t kEd25519PublicKeyBytes = 32;
+constexpr size_t kEd25519SignatureBytes = 64;
+constexpr char kDomain[] = "kiln-result-signature-v1\n";
+
+using BioDeleter = internal::OpenSslFree<BIO_free>;
+using PkeyDeleter = internal::OpenSslFree<EVP_PKEY_free>;
+using MdCtxDeleter = internal::OpenSslFree<EVP_MD_CTX_free>;
+using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyDeleter>;
+
+// The canonical encoding (FORMAT.md): integers as 8 bytes little-endian two's complement,
+// strings as their length (an integer) then their bytes, lists as their length then items.
+class Encoder {
+ public:
+  void Int(int64_t v) {
+    uint64_t u = static_cast<uint64_t>(v);
+    for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
+  }
+  void Str(absl::string_view s) {
+    Int(static_cast<int64_t>(s.size()));
+    out_.append(s.data(), s.size());
+  }
+  template <typename List>
+  void Ints(const List& list) {
+    Int(list.size());
+    for (auto v : list) Int(static_cast<int64_t>(v));
+  }
+  void Raw(absl::string_view s) { out_.append(s.data(), s.size()); }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+std::string OpenSslError() {
+  const unsigned long e = ERR_get_error();
+  if (e == 0) return "unknown OpenSSL error";
+  char buffer[256];
+  ERR_error_string_n(e, buffer, sizeof(buffer));
+  ERR_clear_error();
+  return buffer;
+}
+
+absl::StatusOr<std::string> RawPublicKey(EVP_PKEY* pkey, const std::string& path) {
+  if (EVP_PKEY_id(pkey) != EVP_PKEY_ED25519) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not an Ed25519 key"));
+  }
+  std::string raw(kEd25519PublicKeyBytes, '\0');
+  size_t len = raw.size();
+  if (EVP_PKEY_get_raw_public_key(pkey, reinterpret_cast<unsigned char*>(raw.data()), &len) != 1 ||
+      len != kEd25519PublicKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot read the public key: ", OpenSslError()));
+  }
+  return raw;
+}
+
+bool VerifyEd25519(EVP_PKEY* pkey, absl::string_view message, absl::string_view signature) {
+  if (signature.size() != kEd25519SignatureBytes) return false;
+  std::unique_ptr<EVP_MD_CTX, MdCtxDeleter> ctx(EVP_MD_CTX_new());
+  if (ctx == nullptr) return false;
+  if (EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, pkey) != 1) return false;
+  const int ok = EVP_DigestVerify(
+      ctx.get(), reinterpret_cast<const unsigned char*>(signature.data()), signature.size(),
+      reinterpret_cast<const unsigned char*>(message.data()), message.size());
+  ERR_clear_error();
+  return ok == 1;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, absl::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the ", what, " ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string CanonicalResultBytes(absl::string_view handle, const v1::ActionResult& result) {
+  Encoder e;
+  e.Raw(kDomain);
+  e.Str(handle);
+  const v1::Target& target = result.target();
+  if (target.has_cpu()) {
+    e.Int(1);
+    e.Str(target.cpu().isa());
+    e.Int(target.cpu().features_size());
+    for (const std::string& f : target.cpu().features()) e.Str(f);
+  } else if (target.has_cuda()) {
+    e.Int(2);
+    e.Int(target.cuda().sm());
+  } else {
+    e.Int(0);
+  }
+  e.Int(result.artifacts_size());
+  for (const v1::Artifact& a : result.artifacts()) {
+    e.Int(a.kind());
+    e.Str(a.digest());
+    e.Int(a.size());
+  }
+  const v1::LaunchPlan& plan = result.plan();
+  e.Int(plan.buffers_size());
+  for (const v1::PlanBuffer& b : plan.buffers()) {
+    e.Int(b.role());
+    e.Int(b.index());
+    e.Int(b.dtype());
+    e.Ints(b.shape());
+    e.Int(b.bytes());
+    e.Int(b.offset());
+  }
+  e.Int(plan.steps_size());
+  for (const v1::PlanStep& s : plan.steps()) {
+    e.Str(s.kernel());
+    e.Ints(s.grid());
+    e.Ints(s.block());
+    e.Int(s.shared_bytes());
+    e.Ints(s.args());
+  }
+  e.Int(plan.workspace_bytes());
+  e.Int(plan.abi_version());
+  e.Str(result.key_debug());
+  return e.Take();
+}
+
+std::string KeyIdOf(absl::string_view raw_public_key) {
+  return key::Sha256Hex(std::string_view(raw_public_key.data(), raw_public_key.size()))
+      .substr(0, 16);
+}
+
+// ---------------------------------------------------------------------------- SigningKey
+
+absl::StatusOr<std::unique_ptr<SigningKey>> SigningKey::FromPemFile(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::string pem, ReadSecretFile(path, "signing key"));
+  std::unique_ptr<BIO, BioDeleter> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  PkeyPtr pkey(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+  if (pkey == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " holds no PEM private key: ", OpenSslError()));
+  }
+  KILN_ASSIGN_OR_RETURN(std::string raw, RawPublicKey(pkey.get(), path));
+  std::unique_ptr<SigningKey> key(new SigningKey());
+  key->pkey_ = pkey.release();
+  key->key_id_ = KeyIdOf(raw);
+  key->raw_public_key_ = std::move(raw);
+  return key;
+}
+
+SigningKey::~SigningKey() { EVP_PKEY_free(pkey_); }
+
+absl::Status SigningKey::Sign(absl::string_view handle, v1::ActionResult* result) const {
+  result->clear_signature();
+  const std::string message = CanonicalResultBytes(handle, *result);
+  std::string signature(kEd25519SignatureBytes, '\0');
+  size_t len = signature.size();
+  std::unique_ptr<EVP_MD_CTX, MdCtxDeleter> ctx(EVP_MD_CTX_new());
+  if (ctx == nullptr ||
+      EVP_DigestSignInit(ctx.get(), nullptr, nullptr, nullptr, pkey_) != 1 ||
+      EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(signature.data()), &len,
+                     reinterpret_cast<const unsigned char*>(message.data()),
+                     message.size()) != 1) {
+    return absl::InternalError(absl::StrCat("Ed25519 signing failed: ", OpenSslError()));
+  }
+  signature.resize(len);
+  v1::ResultSignature* out = result->mutable_signature();
+  out->set_algorithm(kSignatureAlgorithm);
+  out->set_key_id(key_id_);
+  out->set_signature(std::move(signature));
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------- TrustedKeys
+
+absl::StatusOr<TrustedKeys> TrustedKeys::FromPemFiles(const std::vector<std::string>& paths) {
+  TrustedKeys keys;
+  for (const std::string& path : paths) KILN_RETURN_IF_ERROR(keys.AddPemFile(path));
+  return keys;
+}
+
+absl::Status TrustedKeys::AddPemFile(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::string pem, ReadSecretFile(path, "public key"));
+  std::unique_ptr<BIO, BioDeleter> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  PkeyPtr pkey(PEM_read_bio_PUBKEY(bio.get(), nullptr, nullptr, nullptr));
+  if (pkey == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " holds no PEM public key: ", OpenSslError()));
+  }
+  KILN_ASSIGN_OR_RETURN(std::string raw, RawPublicKey(pkey.get(), path));
+  return AddRawPublicKey(raw);
+}
+
+absl::Status TrustedKeys::AddRawPublicKey(absl::string_view raw_public_key) {
+  if (raw_public_key.size() != kEd25519PublicKeyBytes) {
+    return absl::InvalidArgumentError("an Ed25519 public key has 32 bytes");
+  }
+  std::shared_ptr<EVP_PKEY> pkey(
+      EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nullptr,
+                                  reinterpret_cast<const unsigned char*>(raw_public_key.data()),
+                                  raw_public_key.size()),
+      PkeyDeleter());
+  if (pkey == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("bad Ed25519 public key: ", OpenSslError()));
+  }
+  keys_.insert_or_assign(KeyIdOf(raw_public_key), std::move(pkey));
+  return absl::OkStatus();
+}
+
+absl::Status TrustedKeys::VerifyResult(absl::string_view handle,
+                                       const v1::ActionResult& result) const {
+  const std::string prefix(handle.substr(0, 12));
+  if (!result.has_signature() || result.signature().signature().empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the result for ", prefix, " is not signed"));
+  }
+  const v1::ResultSignature& sig = result.signature();
+  if (sig.algorithm() != kSignatureAlgorithm) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the result for ", prefix, " is signed with '", sig.algorithm().substr(0, 32),
+        "', not ", kSignatureAlgorithm));
+  }
+  auto it = keys_.find(sig.key_id());
+  if (it == keys_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the result for ", prefix, " is signed by key ", sig.key_id().substr(0, 32),
+        ", which is not trusted here"));
+  }
+  if (!VerifyEd25519(it->second.get(), CanonicalResultBytes(handle, result), sig.signature())) {
+    return absl::DataLossError(absl::StrCat("the signature of the result for ", prefix,
+                                            " (key ", sig.key_id(),
+                                            ") does not match its contents"));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------- ResultSigner
+
+struct ResultSigner::State {
+  std::unique_ptr<SigningKey> key;
+  TrustedKeys trusted;  // the signing key's own public key included
+};
+
+absl::StatusOr<std::unique_ptr<ResultSigner>> ResultSigner::Load(
+    std::string key_file, std::vector<std::string> trusted) {
+  std::unique_ptr<ResultSigner> signer(new ResultSigner(std::move(key_file), std::move(trusted)));
+  KILN_RETURN_IF_ERROR(signer->Reload());
+  return signer;
+}
+
+absl::StatusOr<std::shared_ptr<const ResultSigner::State>> ResultSigner::Read() const {
+  auto state = std::make_shared<State>();
+  KILN_ASSIGN_OR_RETURN(state->key, SigningKey::FromPemFile(key_file_));
+  KILN_ASSIGN_OR_RETURN(state->trusted, TrustedKeys::FromPemFiles(trusted_files_));
+  KILN_RETURN_IF_ERROR(state->trusted.AddRawPublicKey(state->key->raw_public_key()));
+  return state;
+}
+
+absl::Status ResultSigner::Reload() {
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const State> state, Read());
+  absl::MutexLock lock(&mu_);
+  state_ = std::move(state);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const ResultSigner::State> ResultSigner::Current() const {
+  absl::MutexLock lock(&mu_);
+  return state_;
+}
+
+absl::Status ResultSigner::Sign(absl::string_view handle, v1::ActionResult* result) const {
+  return Current()->key->Sign(handle, result);
+}
+
+absl::Status ResultSigner::VerifyStored(absl::string_view handle,
+                                        const v1::ActionResult& result) const {
+  return Current()->trusted.VerifyResult(handle, result);
+}
+
+std::string ResultSigner::key_id() const { return Current()->key->key_id(); }
+
+// ---------------------------------------------------------------------------- keygen
+
+absl::Status WriteKeyPair(const std::string& private_path, const std::string& public_path) {
+  PkeyPtr pkey(EVP_PKEY_Q_keygen(nullptr, nullptr, "ED25519"));
+  if (pkey == nullptr) {
+    return absl::InternalError(absl::StrCat("Ed25519 key generation failed: ", OpenSslError()));
+  }
+  auto write = [&](const std::string& path, mode_t mode, bool is_private) -> absl::Status {
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot create ", path, ": ", std::strerror(errno), " (an existing key is never "
+          "overwritten)"));
+    }
+    FILE* file = fdopen(fd, "w");
+    if (file == nullptr) {
+      close(fd);
+      return absl::InternalError(absl::StrCat("cannot open ", path));
+    }
+    const int ok = is_private
+                       ? PEM_write_PKCS8PrivateKey(file, pkey.get(), nullptr, nullptr, 0,
+                                                   nullptr, nullptr)
+                       : PEM_write_PUBKEY(file, pkey.get());
+    const bool closed = std::fclose(file) == 0;
+    if (ok != 1 || !closed) {
+      return absl::InternalError(absl::StrCat("cannot write ", path, ": ", OpenSslError()));
+    }
+    return absl::OkStatus();
+  };
+  KILN_RETURN_IF_ERROR(write(private_path, 0600, true));
+  return write(public_path, 0644, false);
+}
+
+}  // namespace kiln::auth
