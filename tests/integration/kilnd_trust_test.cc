@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "client/cpp/kiln.h"
-#include "kernels/key/digest.h"
 #include "gtest/gtest.h"
+#include "kernels/key/digest.h"
 #include "server/auth/auth.h"
 #include "server/store/rocksdb_store.h"
 #include "tests/integration/kilnd_process.h"
@@ -161,10 +161,12 @@ TEST_F(TrustTest, TamperedStoredRecordsAreNeverServed) {
 
   using Tamper = std::function<void(v1::ActionResult*, std::vector<std::string>*)>;
   const std::vector<std::pair<std::string, Tamper>> cases = {
-      {"plan", [](v1::ActionResult* r, std::vector<std::string>*) {
+      {"plan",
+       [](v1::ActionResult* r, std::vector<std::string>*) {
          r->mutable_plan()->set_workspace_bytes(r->plan().workspace_bytes() + 4096);
        }},
-      {"artifact", [](v1::ActionResult* r, std::vector<std::string>* blobs) {
+      {"artifact",
+       [](v1::ActionResult* r, std::vector<std::string>* blobs) {
          for (int i = 0; i < r->artifacts_size(); ++i) {
            if (r->artifacts(i).kind() != v1::SHARED_OBJECT) continue;
            std::string& so = (*blobs)[i];
@@ -172,10 +174,12 @@ TEST_F(TrustTest, TamperedStoredRecordsAreNeverServed) {
            r->mutable_artifacts(i)->set_digest(key::Sha256Hex(so));
          }
        }},
-      {"signature", [](v1::ActionResult* r, std::vector<std::string>*) {
+      {"signature",
+       [](v1::ActionResult* r, std::vector<std::string>*) {
          (*r->mutable_signature()->mutable_signature())[3] ^= 0x40;
        }},
-      {"untrusted signer", [&](v1::ActionResult* r, std::vector<std::string>*) {
+      {"untrusted signer",
+       [&](v1::ActionResult* r, std::vector<std::string>*) {
          r->mutable_plan()->set_workspace_bytes(r->plan().workspace_bytes() + 4096);
          ASSERT_TRUE((*other)->Sign(handle, r).ok());
        }},
