@@ -15,7 +15,8 @@
 // $KILN_TRUSTED_KEYS, comma-separated PEM public keys) the result must carry a valid kilnd
 // signature by one of them, which binds the handle, target, plan and every artifact's digest;
 // each artifact's bytes are then hashed against that digest when fetched and again, from the
-// local directory, right before they are loaded. With no keys configured unsigned results are
+// local directory, right before they are loaded (from an in-memory copy of exactly those
+// bytes, so the directory cannot change what is loaded after the check). With no keys configured unsigned results are
 // accepted (a local single-user setup); digests are still checked.
 //
 // Thread-safety: Session is thread-safe. LoadedKernel is immutable; Run may be called from
@@ -58,7 +59,8 @@ class LoadedKernel {
   bool cache_hit() const { return response_.cache_hit(); }
   const v1::CompileResponse& response() const { return response_; }
   const v1::LaunchPlan& plan() const { return response_.result().plan(); }
-  // The verified .so in the local artifact directory.
+  // Where the .so was loaded from: an in-memory copy (/proc/self/fd/N) of the bytes that were
+  // hashed against the signed digest right before the load.
   const std::string& library_path() const { return kernel_.path(); }
   const CpuKernel& kernel() const { return kernel_; }
 

@@ -70,10 +70,10 @@ class TrustTest : public ::testing::Test {
     return Session::Create(std::move(o));
   }
 
-  static v1::Graph Graph() {
+  static v1::Graph Graph(double scale = 0.5) {
     testing::WireGraph g;
     const int x = g.Input("x", v1::F32, {kN});
-    const int y = g.Op("mul", {g.Op("exp", {x}), g.Scalar(0.5)});
+    const int y = g.Op("mul", {g.Op("exp", {x}), g.Scalar(scale)});
     g.Output(y);
     return g.graph();
   }
@@ -137,6 +137,38 @@ TEST_F(TrustTest, TlsTokensAndVerifiedLoadWithTheCppClient) {
   absl::StatusOr<std::unique_ptr<client::Client>> plaintext = client::Client::Create(plain);
   ASSERT_TRUE(plaintext.ok());
   EXPECT_TRUE(absl::IsUnavailable((*plaintext)->GetStats().status()));
+  EXPECT_EQ(kilnd.Stop(), 0);
+}
+
+// A byte flipped in the client's local artifact directory (size and mtime kept) is caught at
+// load time: the copy is deleted, fetched again, and what runs is the signed code.
+TEST_F(TrustTest, LocalArtifactDirectoryIsReverifiedAtLoad) {
+  testing::KilndProcess kilnd;
+  ASSERT_EQ(StartKilnd(&kilnd), "");
+  absl::StatusOr<std::unique_ptr<Session>> s =
+      Connect(kilnd.address(), testing::kBuilderToken, Path("sign.pem.pub"));
+  ASSERT_TRUE(s.ok());
+  absl::StatusOr<v1::CompileResponse> r = (*s)->client().Compile(Graph(0.75), Cpu());
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::Artifact* so = client::FindArtifact(*r, v1::SHARED_OBJECT);
+  ASSERT_NE(so, nullptr);
+  absl::StatusOr<std::string> path = (*s)->FetchArtifact(*so);
+  ASSERT_TRUE(path.ok()) << path.status();
+  const auto mtime = fs::last_write_time(*path);
+  {
+    std::fstream f(*path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(so->size() / 2);
+    const char c = static_cast<char>(f.get());
+    f.seekp(so->size() / 2);
+    f.put(static_cast<char>(c ^ 0x01));
+  }
+  fs::last_write_time(*path, mtime);
+  absl::StatusOr<client::LoadedKernel> kernel = (*s)->Load(*r);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_EQ((*s)->cache().stats().corruptions, 1);
+  std::vector<float> x(kN, 0.25f), y(kN);
+  ASSERT_TRUE(kernel->Run({{x.data(), x.size() * 4}}, {{y.data(), y.size() * 4}}).ok());
+  EXPECT_NEAR(y[0], 0.75 * std::exp(0.25), 1e-5);
   EXPECT_EQ(kilnd.Stop(), 0);
 }
 
