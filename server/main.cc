@@ -591,6 +591,7 @@ int main(int argc, char** argv) {
       "kiln compile server.\n"
       "  kilnd [--listen=127.0.0.1:50051] [--cache-dir=DIR] [--cache-size=10GiB] "
       "[--workers=N] ...\n"
+      "  kilnd keygen PRIVATE.pem [PUBLIC.pem]   (an Ed25519 key pair for --signing-key)\n"
       "Flag names may be spelled with hyphens or underscores.");
   kiln::server::NormalizeFlagNames(argc, argv);
   absl::ParseCommandLine(argc, argv);

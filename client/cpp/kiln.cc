@@ -1,6 +1,11 @@
 #include "client/cpp/kiln.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <sstream>
@@ -9,12 +14,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
-#include "absl/synchronization/mutex.h"
-#include "kernels/key/digest.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/key/digest.h"
 #include "kernels/util/status_macros.h"
 
 namespace kiln::client {
@@ -52,12 +58,21 @@ const v1::Artifact* FindArtifact(const v1::CompileResponse& response, v1::Artifa
 
 namespace {
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
+// The bytes of the local artifact at `path`, checked against `digest` at load time: the
+// artifact directory is shared with other processes, so what was verified when it was fetched
+// may have changed since.
+absl::StatusOr<std::string> ReadVerified(const std::string& digest, const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return absl::UnavailableError(absl::StrCat("cannot read ", path));
   std::ostringstream bytes;
   bytes << f.rdbuf();
-  return bytes.str();
+  std::string data = bytes.str();
+  if (key::Sha256Hex(data) != digest) {
+    return absl::DataLossError(absl::StrCat("local artifact ", path,
+                                            " does not match its digest ", digest.substr(0, 12),
+                                            " at load time: refusing to load it"));
+  }
+  return data;
 }
 
 // The CUDA loader's form of a launch plan (it has no protobuf dependency).
@@ -87,6 +102,43 @@ CudaPlan ToCudaPlan(const v1::LaunchPlan& wire) {
     out.args.assign(s.args().begin(), s.args().end());
   }
   return plan;
+}
+
+// Digest -> the in-memory file its verified bytes were loaded from, process-wide.
+struct Images {
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, std::string> paths ABSL_GUARDED_BY(mu);
+};
+
+Images& LoadedImages() {
+  static auto* images = new Images();
+  return *images;
+}
+
+// The bytes of the local artifact at `path`, hashed here against `digest` and copied into an
+// anonymous in-memory file, whose /proc/self/fd path is returned: dlopen then maps exactly the
+// bytes that were checked, whatever happens to the artifact directory meanwhile. One file per
+// digest per process; its descriptor stays open, since the dynamic loader knows a library by
+// its name and a reused descriptor number would name another library.
+absl::StatusOr<std::string> VerifiedImage(const std::string& digest, const std::string& path) {
+  Images& images = LoadedImages();
+  absl::MutexLock lock(&images.mu);
+  if (auto it = images.paths.find(digest); it != images.paths.end()) return it->second;
+  KILN_ASSIGN_OR_RETURN(const std::string data, ReadVerified(digest, path));
+  const int fd = memfd_create(("kiln-" + digest.substr(0, 12)).c_str(), MFD_CLOEXEC);
+  if (fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(errno)));
+  for (size_t done = 0; done < data.size();) {
+    const ssize_t n = write(fd, data.data() + done, data.size() - done);
+    if (n <= 0) {
+      close(fd);
+      return absl::InternalError(
+          absl::StrCat("writing the in-memory image: ", std::strerror(errno)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  std::string image = absl::StrCat("/proc/self/fd/", fd);
+  images.paths.emplace(digest, image);
+  return image;
 }
 
 }  // namespace
@@ -173,7 +225,8 @@ absl::StatusOr<LoadedKernel> Session::Load(v1::CompileResponse response, absl::T
         absl::StrCat("the result for ", response.handle(), " has neither a .so nor a cubin"));
   }
   KILN_ASSIGN_OR_RETURN(std::string path, FetchArtifact(*library, deadline));
-  KILN_ASSIGN_OR_RETURN(CpuKernel kernel, CpuKernel::Load(path, response.result().plan()));
+  KILN_ASSIGN_OR_RETURN(std::string image, VerifiedImage(library->digest(), path));
+  KILN_ASSIGN_OR_RETURN(CpuKernel kernel, CpuKernel::Load(image, response.result().plan()));
   return LoadedKernel(std::move(response), std::move(kernel));
 }
 
@@ -191,11 +244,11 @@ absl::StatusOr<LoadedKernel> Session::LoadCuda(v1::CompileResponse response, abs
   std::string ptx;
   if (const v1::Artifact* a = FindArtifact(response, v1::CUBIN); a != nullptr) {
     KILN_ASSIGN_OR_RETURN(std::string path, FetchArtifact(*a, deadline));
-    KILN_ASSIGN_OR_RETURN(cubin, ReadFile(path));
+    KILN_ASSIGN_OR_RETURN(cubin, ReadVerified(a->digest(), path));
   }
   if (const v1::Artifact* a = FindArtifact(response, v1::PTX); a != nullptr) {
     KILN_ASSIGN_OR_RETURN(std::string path, FetchArtifact(*a, deadline));
-    KILN_ASSIGN_OR_RETURN(ptx, ReadFile(path));
+    KILN_ASSIGN_OR_RETURN(ptx, ReadVerified(a->digest(), path));
   }
   std::string error;
   std::unique_ptr<CudaModule> module =

@@ -20,7 +20,8 @@
 // $KILN_TRUSTED_KEYS, comma-separated PEM public keys) the result must carry a valid kilnd
 // signature by one of them, which binds the handle, target, plan and every artifact's digest;
 // each artifact's bytes are then hashed against that digest when fetched and again, from the
-// local directory, right before they are loaded. With no keys configured unsigned results are
+// local directory, right before they are loaded (from an in-memory copy of exactly those
+// bytes, so the directory cannot change what is loaded after the check). With no keys configured unsigned results are
 // accepted (a local single-user setup); digests are still checked.
 //
 // Thread-safety: Session is thread-safe. LoadedKernel is immutable; Run may be called from
@@ -70,7 +71,8 @@ class LoadedKernel {
   const v1::CompileResponse& response() const { return response_; }
   const v1::LaunchPlan& plan() const { return response_.result().plan(); }
   bool is_cuda() const { return cuda_ != nullptr; }
-  // The verified .so in the local artifact directory. REQUIRES: !is_cuda().
+  // Where the .so was loaded from: an in-memory copy (/proc/self/fd/N) of the bytes that were
+  // hashed against the signed digest right before the load. REQUIRES: !is_cuda().
   const std::string& library_path() const { return cpu_->path(); }
   // REQUIRES: !is_cuda().
   const CpuKernel& kernel() const { return *cpu_; }

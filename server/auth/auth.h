@@ -128,10 +128,10 @@ absl::StatusOr<Role> ParseRole(absl::string_view name);
 
 // Per-token counters; shared by every caller of one token name, and kept across reloads.
 struct TokenCounters {
-  std::atomic<int64_t> requests{0};          // calls allowed
-  std::atomic<int64_t> denied{0};            // calls refused for too small a role
+  std::atomic<int64_t> requests{0};  // calls allowed
+  std::atomic<int64_t> denied{0};    // calls refused for too small a role
   std::atomic<int64_t> compiles_in_flight{0};
-  std::atomic<int64_t> limited{0};           // compiles refused by the in-flight limit
+  std::atomic<int64_t> limited{0};  // compiles refused by the in-flight limit
 };
 
 // One line of the token file, parsed. The token is kept only as its SHA-256.

@@ -179,11 +179,9 @@ absl::Status SigningKey::Sign(absl::string_view handle, v1::ActionResult* result
   std::string signature(kEd25519SignatureBytes, '\0');
   size_t len = signature.size();
   std::unique_ptr<EVP_MD_CTX, MdCtxDeleter> ctx(EVP_MD_CTX_new());
-  if (ctx == nullptr ||
-      EVP_DigestSignInit(ctx.get(), nullptr, nullptr, nullptr, pkey_) != 1 ||
+  if (ctx == nullptr || EVP_DigestSignInit(ctx.get(), nullptr, nullptr, nullptr, pkey_) != 1 ||
       EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(signature.data()), &len,
-                     reinterpret_cast<const unsigned char*>(message.data()),
-                     message.size()) != 1) {
+                     reinterpret_cast<const unsigned char*>(message.data()), message.size()) != 1) {
     return absl::InternalError(absl::StrCat("Ed25519 signing failed: ", OpenSslError()));
   }
   signature.resize(len);
@@ -234,25 +232,23 @@ absl::Status TrustedKeys::VerifyResult(absl::string_view handle,
                                        const v1::ActionResult& result) const {
   const std::string prefix(handle.substr(0, 12));
   if (!result.has_signature() || result.signature().signature().empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the result for ", prefix, " is not signed"));
+    return absl::FailedPreconditionError(absl::StrCat("the result for ", prefix, " is not signed"));
   }
   const v1::ResultSignature& sig = result.signature();
   if (sig.algorithm() != kSignatureAlgorithm) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the result for ", prefix, " is signed with '", sig.algorithm().substr(0, 32),
-        "', not ", kSignatureAlgorithm));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the result for ", prefix, " is signed with '", sig.algorithm().substr(0, 32),
+                     "', not ", kSignatureAlgorithm));
   }
   auto it = keys_.find(sig.key_id());
   if (it == keys_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the result for ", prefix, " is signed by key ", sig.key_id().substr(0, 32),
-        ", which is not trusted here"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the result for ", prefix, " is signed by key ", sig.key_id().substr(0, 32),
+                     ", which is not trusted here"));
   }
   if (!VerifyEd25519(it->second.get(), CanonicalResultBytes(handle, result), sig.signature())) {
-    return absl::DataLossError(absl::StrCat("the signature of the result for ", prefix,
-                                            " (key ", sig.key_id(),
-                                            ") does not match its contents"));
+    return absl::DataLossError(absl::StrCat("the signature of the result for ", prefix, " (key ",
+                                            sig.key_id(), ") does not match its contents"));
   }
   return absl::OkStatus();
 }
@@ -264,8 +260,8 @@ struct ResultSigner::State {
   TrustedKeys trusted;  // the signing key's own public key included
 };
 
-absl::StatusOr<std::unique_ptr<ResultSigner>> ResultSigner::Load(
-    std::string key_file, std::vector<std::string> trusted) {
+absl::StatusOr<std::unique_ptr<ResultSigner>> ResultSigner::Load(std::string key_file,
+                                                                 std::vector<std::string> trusted) {
   std::unique_ptr<ResultSigner> signer(new ResultSigner(std::move(key_file), std::move(trusted)));
   KILN_RETURN_IF_ERROR(signer->Reload());
   return signer;
@@ -312,19 +308,19 @@ absl::Status WriteKeyPair(const std::string& private_path, const std::string& pu
   auto write = [&](const std::string& path, mode_t mode, bool is_private) -> absl::Status {
     const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
     if (fd < 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot create ", path, ": ", std::strerror(errno), " (an existing key is never "
-          "overwritten)"));
+      return absl::FailedPreconditionError(absl::StrCat("cannot create ", path, ": ",
+                                                        std::strerror(errno),
+                                                        " (an existing key is never "
+                                                        "overwritten)"));
     }
     FILE* file = fdopen(fd, "w");
     if (file == nullptr) {
       close(fd);
       return absl::InternalError(absl::StrCat("cannot open ", path));
     }
-    const int ok = is_private
-                       ? PEM_write_PKCS8PrivateKey(file, pkey.get(), nullptr, nullptr, 0,
-                                                   nullptr, nullptr)
-                       : PEM_write_PUBKEY(file, pkey.get());
+    const int ok = is_private ? PEM_write_PKCS8PrivateKey(file, pkey.get(), nullptr, nullptr, 0,
+                                                          nullptr, nullptr)
+                              : PEM_write_PUBKEY(file, pkey.get());
     const bool closed = std::fclose(file) == 0;
     if (ok != 1 || !closed) {
       return absl::InternalError(absl::StrCat("cannot write ", path, ": ", OpenSslError()));

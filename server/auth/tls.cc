@@ -100,9 +100,8 @@ absl::StatusOr<std::shared_ptr<const TlsMaterial::Pem>> TlsMaterial::Read() cons
   }
   if (X509_check_private_key(pem->leaf.get(), pem->key.get()) != 1) {
     ERR_clear_error();
-    return absl::InvalidArgumentError(absl::StrCat("the private key ", files_.key,
-                                                   " does not belong to the certificate ",
-                                                   files_.cert));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the private key ", files_.key, " does not belong to the certificate ", files_.cert));
   }
   if (!files_.client_ca.empty()) {
     KILN_ASSIGN_OR_RETURN(pem->client_ca_text, ReadSecretFile(files_.client_ca, "client CA"));
@@ -138,12 +137,14 @@ int64_t TlsMaterial::generation() const {
 
 std::shared_ptr<grpc::ServerCredentials> TlsMaterial::GrpcServerCredentials() {
   // Called by gRPC on each new handshake: hands over a new config only when a reload made one.
-  auto fetch = [](void* user_data, grpc_ssl_server_certificate_config** config)
-      -> grpc_ssl_certificate_config_reload_status {
+  auto fetch =
+      [](void* user_data,
+         grpc_ssl_server_certificate_config** config) -> grpc_ssl_certificate_config_reload_status {
     auto* self = static_cast<TlsMaterial*>(user_data);
     std::shared_ptr<const Pem> pem = self->Current();
     absl::MutexLock lock(&self->grpc_fetch_->mu);
-    if (pem->generation == self->grpc_fetch_->served) return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
+    if (pem->generation == self->grpc_fetch_->served)
+      return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
     grpc_ssl_pem_key_cert_pair pair{pem->key_text.c_str(), pem->cert_chain_text.c_str()};
     // gRPC's fetcher path requires root certificates even when no client certificate is
     // asked for (it asserts on null); without mTLS they are never consulted, so the server's
@@ -174,7 +175,8 @@ bool TlsMaterial::ConfigureHttps(ssl_ctx_st* ctx) {
         if (SSL_use_cert_and_key(ssl, pem->leaf.get(), pem->key.get(), pem->chain.get(), 1) != 1) {
           return 0;
         }
-        if (pem->client_ca != nullptr && SSL_set1_verify_cert_store(ssl, pem->client_ca.get()) != 1) {
+        if (pem->client_ca != nullptr &&
+            SSL_set1_verify_cert_store(ssl, pem->client_ca.get()) != 1) {
           return 0;
         }
         return 1;

@@ -63,8 +63,7 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(absl::string_view text,
         absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
     if (fields.empty()) continue;
     auto bad = [&](absl::string_view rule) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(file_name, ":", line_number, ": ", rule));
+      return absl::InvalidArgumentError(absl::StrCat(file_name, ":", line_number, ": ", rule));
     };
     if (fields.size() < 3 || fields.size() > 4) {
       return bad("expected NAME ROLE TOKEN [compiles=N]");
@@ -75,8 +74,8 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(absl::string_view text,
     if (!role.ok()) return bad(role.status().message());
     entry.role = *role;
     if (fields[2].size() < kMinTokenLength) {
-      return bad(absl::StrCat("the token of '", entry.name, "' is shorter than ",
-                              kMinTokenLength, " characters"));
+      return bad(absl::StrCat("the token of '", entry.name, "' is shorter than ", kMinTokenLength,
+                              " characters"));
     }
     entry.token_sha256 = TokenHash(fields[2]);
     if (fields.size() == 4) {
@@ -145,9 +144,9 @@ absl::StatusOr<Caller> Authorizer::Authorize(const grpc::ServerContextBase& cont
   if (!enabled()) return AuthorizeHeader("", needed, method);
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
-  const absl::string_view header =
-      it == metadata.end() ? absl::string_view()
-                           : absl::string_view(it->second.data(), it->second.size());
+  const absl::string_view header = it == metadata.end()
+                                       ? absl::string_view()
+                                       : absl::string_view(it->second.data(), it->second.size());
   return AuthorizeHeader(header, needed, method);
 }
 
@@ -160,8 +159,8 @@ absl::StatusOr<Caller> Authorizer::AuthorizeHeader(absl::string_view authorizati
   absl::string_view token = authorization;
   if (!absl::ConsumePrefix(&token, kBearer) || token.empty()) {
     unauthenticated_.fetch_add(1, std::memory_order_relaxed);
-    return absl::UnauthenticatedError(absl::StrCat(
-        method, " needs a bearer token (metadata 'authorization: Bearer TOKEN')"));
+    return absl::UnauthenticatedError(
+        absl::StrCat(method, " needs a bearer token (metadata 'authorization: Bearer TOKEN')"));
   }
   const std::string presented = TokenHash(absl::StripAsciiWhitespace(token));
   std::shared_ptr<const Table> table = CurrentTable();
@@ -180,9 +179,9 @@ absl::StatusOr<Caller> Authorizer::AuthorizeHeader(absl::string_view authorizati
   const std::shared_ptr<TokenCounters>& counters = table->counters[found];
   if (entry.role < needed) {
     counters->denied.fetch_add(1, std::memory_order_relaxed);
-    return absl::PermissionDeniedError(absl::StrCat(
-        method, " needs role '", RoleName(needed), "'; token '", entry.name, "' has role '",
-        RoleName(entry.role), "'"));
+    return absl::PermissionDeniedError(absl::StrCat(method, " needs role '", RoleName(needed),
+                                                    "'; token '", entry.name, "' has role '",
+                                                    RoleName(entry.role), "'"));
   }
   counters->requests.fetch_add(1, std::memory_order_relaxed);
   return Caller{entry.name, entry.role, entry.max_compiles, counters};

@@ -364,7 +364,7 @@ absl::Status RocksDbStore::PutResult(const std::string& key, const v1::ActionRes
   absl::MutexLock lock(&mu_);
   if (suspended_.load() && absl::Now() >= retry_at_) TryResumeLocked();
   if (!suspended_.load()) {
-    const absl::Status written = WriteLocked(key, payload, raws, blobs);
+    const absl::Status written = WriteLocked(key, stored, payload, raws, blobs);
     if (written.ok() || !IsWriteFault(written)) return written;
     SuspendLocked(written);
   }
@@ -375,7 +375,8 @@ absl::Status RocksDbStore::PutResult(const std::string& key, const v1::ActionRes
   return absl::OkStatus();
 }
 
-absl::Status RocksDbStore::WriteLocked(const std::string& key, const std::string& payload,
+absl::Status RocksDbStore::WriteLocked(const std::string& key, const v1::ActionResult& stored,
+                                       const std::string& payload,
                                        const std::vector<std::string>& raws,
                                        const std::vector<std::string>& blobs) {
   const uint64_t tick = NextTick();
@@ -496,7 +497,7 @@ bool RocksDbStore::TryResumeLocked() {
     it->second.result.SerializeToString(&payload);
     std::vector<std::string> blobs;
     for (const std::string& raw : it->second.raws) blobs.push_back(unpersisted_blobs_[raw].bytes);
-    if (absl::Status s = WriteLocked(key, payload, it->second.raws, blobs); !s.ok()) {
+    if (absl::Status s = WriteLocked(key, it->second.result, payload, it->second.raws, blobs); !s.ok()) {
       if (IsWriteFault(s)) {
         write_errors_.fetch_add(1);
         spdlog::debug("store {}: still cannot write: {}", options_.path, s.ToString());

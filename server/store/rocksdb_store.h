@@ -135,8 +135,10 @@ class RocksDbStore : public ArtifactStore {
 
   absl::Status LoadIndex();
 
-  // Builds and commits the batch that stores one verified result.
-  absl::Status WriteLocked(const std::string& key, const std::string& payload,
+  // Builds and commits the batch that stores one verified result (`payload` is `result`
+  // serialized; the result itself feeds the graph index).
+  absl::Status WriteLocked(const std::string& key, const v1::ActionResult& result,
+                           const std::string& payload,
                            const std::vector<std::string>& raws,
                            const std::vector<std::string>& blobs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

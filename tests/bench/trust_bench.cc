@@ -169,9 +169,8 @@ int Main(int argc, char** argv) {
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
     return ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / 1e3 / kChecks;
   };
-  const double full_us = per_check_us([&] {
-    return keys->VerifyResult(signed_response.handle(), signed_response.result()).ok();
-  });
+  const double full_us = per_check_us(
+      [&] { return keys->VerifyResult(signed_response.handle(), signed_response.result()).ok(); });
   const double repeat_us = per_check_us([&] { return trust->Check(signed_response).ok(); });
 
   std::printf("%-26s %9s %9s %9s %8s\n", "cache-hit Compile", "p50 ms", "p99 ms", "mean ms",
@@ -179,11 +178,12 @@ int Main(int argc, char** argv) {
   for (const Row& r : rows) {
     std::printf("%-26s %9.3f %9.3f %9.3f %8zu\n", r.name.c_str(), r.p50, r.p99, r.mean, r.calls);
   }
-  std::printf("verification CPU time per result: full %.1f us (Ed25519 over %zu canonical bytes), "
-              "repeat of a verified record %.1f us\n",
-              full_us,
-              auth::CanonicalResultBytes(signed_response.handle(), signed_response.result()).size(),
-              repeat_us);
+  std::printf(
+      "verification CPU time per result: full %.1f us (Ed25519 over %zu canonical bytes), "
+      "repeat of a verified record %.1f us\n",
+      full_us,
+      auth::CanonicalResultBytes(signed_response.handle(), signed_response.result()).size(),
+      repeat_us);
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   return 0;

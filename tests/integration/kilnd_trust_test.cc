@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "client/cpp/kiln.h"
-#include "kernels/key/digest.h"
 #include "gtest/gtest.h"
+#include "kernels/key/digest.h"
 #include "server/auth/auth.h"
 #include "server/store/rocksdb_store.h"
 #include "tests/integration/kilnd_process.h"
@@ -70,10 +70,10 @@ class TrustTest : public ::testing::Test {
     return Session::Create(std::move(o));
   }
 
-  static v1::Graph Graph() {
+  static v1::Graph Graph(double scale = 0.5) {
     testing::WireGraph g;
     const int x = g.Input("x", v1::F32, {kN});
-    const int y = g.Op("mul", {g.Op("exp", {x}), g.Scalar(0.5)});
+    const int y = g.Op("mul", {g.Op("exp", {x}), g.Scalar(scale)});
     g.Output(y);
     return g.graph();
   }
@@ -140,6 +140,38 @@ TEST_F(TrustTest, TlsTokensAndVerifiedLoadWithTheCppClient) {
   EXPECT_EQ(kilnd.Stop(), 0);
 }
 
+// A byte flipped in the client's local artifact directory (size and mtime kept) is caught at
+// load time: the copy is deleted, fetched again, and what runs is the signed code.
+TEST_F(TrustTest, LocalArtifactDirectoryIsReverifiedAtLoad) {
+  testing::KilndProcess kilnd;
+  ASSERT_EQ(StartKilnd(&kilnd), "");
+  absl::StatusOr<std::unique_ptr<Session>> s =
+      Connect(kilnd.address(), testing::kBuilderToken, Path("sign.pem.pub"));
+  ASSERT_TRUE(s.ok());
+  absl::StatusOr<v1::CompileResponse> r = (*s)->client().Compile(Graph(0.75), Cpu());
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::Artifact* so = client::FindArtifact(*r, v1::SHARED_OBJECT);
+  ASSERT_NE(so, nullptr);
+  absl::StatusOr<std::string> path = (*s)->FetchArtifact(*so);
+  ASSERT_TRUE(path.ok()) << path.status();
+  const auto mtime = fs::last_write_time(*path);
+  {
+    std::fstream f(*path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(so->size() / 2);
+    const char c = static_cast<char>(f.get());
+    f.seekp(so->size() / 2);
+    f.put(static_cast<char>(c ^ 0x01));
+  }
+  fs::last_write_time(*path, mtime);
+  absl::StatusOr<client::LoadedKernel> kernel = (*s)->Load(*r);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_EQ((*s)->cache().stats().corruptions, 1);
+  std::vector<float> x(kN, 0.25f), y(kN);
+  ASSERT_TRUE(kernel->Run({{x.data(), x.size() * 4}}, {{y.data(), y.size() * 4}}).ok());
+  EXPECT_NEAR(y[0], 0.75 * std::exp(0.25), 1e-5);
+  EXPECT_EQ(kilnd.Stop(), 0);
+}
+
 // Each way of changing a stored record, and what kilnd must do about it: refuse it and
 // compile again, so the client gets a result that verifies and runs.
 TEST_F(TrustTest, TamperedStoredRecordsAreNeverServed) {
@@ -161,10 +193,12 @@ TEST_F(TrustTest, TamperedStoredRecordsAreNeverServed) {
 
   using Tamper = std::function<void(v1::ActionResult*, std::vector<std::string>*)>;
   const std::vector<std::pair<std::string, Tamper>> cases = {
-      {"plan", [](v1::ActionResult* r, std::vector<std::string>*) {
+      {"plan",
+       [](v1::ActionResult* r, std::vector<std::string>*) {
          r->mutable_plan()->set_workspace_bytes(r->plan().workspace_bytes() + 4096);
        }},
-      {"artifact", [](v1::ActionResult* r, std::vector<std::string>* blobs) {
+      {"artifact",
+       [](v1::ActionResult* r, std::vector<std::string>* blobs) {
          for (int i = 0; i < r->artifacts_size(); ++i) {
            if (r->artifacts(i).kind() != v1::SHARED_OBJECT) continue;
            std::string& so = (*blobs)[i];
@@ -172,10 +206,12 @@ TEST_F(TrustTest, TamperedStoredRecordsAreNeverServed) {
            r->mutable_artifacts(i)->set_digest(key::Sha256Hex(so));
          }
        }},
-      {"signature", [](v1::ActionResult* r, std::vector<std::string>*) {
+      {"signature",
+       [](v1::ActionResult* r, std::vector<std::string>*) {
          (*r->mutable_signature()->mutable_signature())[3] ^= 0x40;
        }},
-      {"untrusted signer", [&](v1::ActionResult* r, std::vector<std::string>*) {
+      {"untrusted signer",
+       [&](v1::ActionResult* r, std::vector<std::string>*) {
          r->mutable_plan()->set_workspace_bytes(r->plan().workspace_bytes() + 4096);
          ASSERT_TRUE((*other)->Sign(handle, r).ok());
        }},

@@ -29,8 +29,10 @@ inline std::string MakeTestPki(const std::string& dir) {
   std::ofstream(d + "ext") << "subjectAltName=DNS:localhost,IP:127.0.0.1\n"
                               "extendedKeyUsage=serverAuth,clientAuth\n";
   const std::string certs =
-      "cd " + d + " && openssl req -x509 " + ec + "-days 2 -subj /CN=ca -keyout ca.key "
-      "-out ca.crt 2>/dev/null && for n in server client; do openssl req -new " + ec +
+      "cd " + d + " && openssl req -x509 " + ec +
+      "-days 2 -subj /CN=ca -keyout ca.key "
+      "-out ca.crt 2>/dev/null && for n in server client; do openssl req -new " +
+      ec +
       "-subj /CN=$n -keyout $n.key -out $n.csr 2>/dev/null && openssl x509 -req -in $n.csr "
       "-CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile ext -out $n.crt 2>/dev/null "
       "|| exit 1; done";

@@ -397,6 +397,9 @@ def _make_channel(address: str, opts: list[tuple[str, Any]], token: Optional[str
             return Path(p).expanduser().read_bytes() if p else None
 
         creds = grpc.ssl_channel_credentials(root_certificates=read(ca), private_key=read(key), certificate_chain=read(cert))
+        # gRPC bounds one connection attempt by the minimum reconnect backoff; a TLS handshake
+        # with a busy daemon needs more than the 100 ms a plaintext connect gets.
+        opts = [o for o in opts if o[0] != "grpc.min_reconnect_backoff_ms"] + [("grpc.min_reconnect_backoff_ms", 3000)]
         channel = grpc.secure_channel(address, creds, options=opts)
     else:
         channel = grpc.insecure_channel(address, options=opts)

@@ -41,7 +41,9 @@ class CpuKernel:
         fd = -1
         if isinstance(image, (bytes, bytearray, memoryview)) and hasattr(os, "memfd_create"):
             fd = os.memfd_create(f"kiln-{digest[:12]}", getattr(os, "MFD_CLOEXEC", 1))
-            os.write(fd, image)
+            view = memoryview(image)
+            while view:
+                view = view[os.write(fd, view):]
             path = Path(f"/proc/self/fd/{fd}")
         elif isinstance(image, (bytes, bytearray, memoryview)):  # pragma: no cover - not Linux
             import tempfile

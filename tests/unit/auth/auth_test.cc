@@ -151,8 +151,8 @@ TEST(Authorizer, RolesAreOrderedAndRefusalsSayWhy) {
   absl::StatusOr<Caller> no_scheme = a.AuthorizeHeader("read-token-0123456789", Role::kRead, "X");
   EXPECT_TRUE(absl::IsUnauthenticated(no_scheme.status()));
 
-  absl::StatusOr<Caller> reader = a.AuthorizeHeader("Bearer read-token-0123456789", Role::kRead,
-                                                    "Lookup");
+  absl::StatusOr<Caller> reader =
+      a.AuthorizeHeader("Bearer read-token-0123456789", Role::kRead, "Lookup");
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_EQ(reader->name, "r");
   absl::StatusOr<Caller> denied =
@@ -190,11 +190,14 @@ TEST(Authorizer, ReloadSwapsTokensAndKeepsTheOldSetOnError) {
 
 TEST(Authorizer, CompileSlotsAreBoundedPerToken) {
   TempDir dir;
-  WriteText(dir / "tokens", "t compile token-t-0123456789 compiles=2\nu compile token-u-0123456789\n");
+  WriteText(dir / "tokens",
+            "t compile token-t-0123456789 compiles=2\nu compile token-u-0123456789\n");
   absl::StatusOr<std::unique_ptr<Authorizer>> authz = Authorizer::Create(dir / "tokens", 5);
   ASSERT_TRUE(authz.ok());
-  absl::StatusOr<Caller> t = (*authz)->AuthorizeHeader("Bearer token-t-0123456789", Role::kCompile, "C");
-  absl::StatusOr<Caller> u = (*authz)->AuthorizeHeader("Bearer token-u-0123456789", Role::kCompile, "C");
+  absl::StatusOr<Caller> t =
+      (*authz)->AuthorizeHeader("Bearer token-t-0123456789", Role::kCompile, "C");
+  absl::StatusOr<Caller> u =
+      (*authz)->AuthorizeHeader("Bearer token-u-0123456789", Role::kCompile, "C");
   ASSERT_TRUE(t.ok() && u.ok());
   EXPECT_EQ(u->max_compiles, 5);  // the default applies to a line without compiles=N
   auto s1 = Authorizer::TryAcquireCompile(*t);
@@ -292,8 +295,8 @@ TEST(Signing, UntrustedKeyIsRefusedAndRotationAcceptsBothKeys) {
   EXPECT_TRUE(absl::IsFailedPrecondition(untrusted));
   EXPECT_NE(untrusted.message().find("not trusted"), std::string::npos);
 
-  absl::StatusOr<TrustedKeys> both = TrustedKeys::FromPemFiles(
-      {old_keys->dir / "old.pub", new_keys->dir / "new.pub"});
+  absl::StatusOr<TrustedKeys> both =
+      TrustedKeys::FromPemFiles({old_keys->dir / "old.pub", new_keys->dir / "new.pub"});
   ASSERT_TRUE(both.ok());
   EXPECT_EQ(both->size(), 2u);
   EXPECT_TRUE(both->VerifyResult(kHandle, by_old).ok());
@@ -341,12 +344,14 @@ TEST(Tls, LoadChecksThatKeyAndCertificateBelongTogether) {
   TempDir dir;
   const std::string make =
       "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 "
-      "-subj /CN=localhost -keyout " + (dir / "k1") + " -out " + (dir / "c1") +
+      "-subj /CN=localhost -keyout " +
+      (dir / "k1") + " -out " + (dir / "c1") +
       " 2>/dev/null && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
-      "-nodes -days 1 -subj /CN=localhost -keyout " + (dir / "k2") + " -out " + (dir / "c2") +
-      " 2>/dev/null";
+      "-nodes -days 1 -subj /CN=localhost -keyout " +
+      (dir / "k2") + " -out " + (dir / "c2") + " 2>/dev/null";
   ASSERT_EQ(std::system(make.c_str()), 0) << "openssl is needed";
-  absl::StatusOr<std::unique_ptr<TlsMaterial>> good = TlsMaterial::Load({dir / "c1", dir / "k1", ""});
+  absl::StatusOr<std::unique_ptr<TlsMaterial>> good =
+      TlsMaterial::Load({dir / "c1", dir / "k1", ""});
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_FALSE((*good)->requires_client_cert());
   absl::StatusOr<std::unique_ptr<TlsMaterial>> mismatched =
