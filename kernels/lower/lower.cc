@@ -370,7 +370,9 @@ ExprPtr Lowerer::LowerReduction(ir::ValueId v, const std::vector<Affine>& index)
   int deepest = -1;
   for (size_t i = 0; i < scope_.size(); ++i)
     if (std::count(free.begin(), free.end(), scope_[i])) deepest = static_cast<int>(i);
-  for (int i = 0; i <= deepest; ++i) evaluations *= std::max<int64_t>(extents_[scope_[i]], 1);
+  for (int i = 0; i <= deepest; ++i)
+    if (__builtin_mul_overflow(evaluations, std::max<int64_t>(extents_[scope_[i]], 1), &evaluations))
+      evaluations = std::numeric_limits<int64_t>::max();
   inlined_.push_back({v, evaluations, std::max<int64_t>(n.type.NumElements(), 1)});
   return r;
 }
