@@ -33,8 +33,13 @@ absl::StatusOr<AttrValue> DecodeAttr(const v1::AttrValue& a, const std::string& 
       Constant c;
       KILN_ASSIGN_OR_RETURN(c.dtype, DecodeDType(a.tensor().dtype(), where));
       c.shape.assign(a.tensor().shape().begin(), a.tensor().shape().end());
-      for (int64_t d : c.shape)
+      int64_t count = 1;
+      for (int64_t d : c.shape) {
         if (d < 0 || d > (1 << 20)) return InvalidArgumentError(absl::StrCat(where, ": bad constant shape"));
+        count *= d;  // at most 2^20 per step, so it cannot overflow before the check below
+        if (count > (1 << 20))
+          return absl::ResourceExhaustedError(absl::StrCat(where, ": constant has more than 2^20 elements"));
+      }
       if (IsFloat(c.dtype)) {
         c.f.assign(a.tensor().float_values().begin(), a.tensor().float_values().end());
         for (int64_t v : a.tensor().int_values()) c.f.push_back(static_cast<double>(v));

@@ -158,6 +158,7 @@ absl::StatusOr<TensorType> InferReshape(const Node& n, const Types& in) {
   KILN_ASSIGN_OR_RETURN(IntList shape, RequiredInts(n, "shape"));
   int64_t total = in[0].NumElements(), known = 1;
   int infer_at = -1;
+  bool overflow = false;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
       if (infer_at >= 0) return InvalidArgumentError("reshape: more than one -1 in shape");
@@ -165,9 +166,10 @@ absl::StatusOr<TensorType> InferReshape(const Node& n, const Types& in) {
     } else if (shape[i] < 0) {
       return InvalidArgumentError(absl::StrCat("reshape: negative dimension in ", ShapeStr(shape)));
     } else {
-      known *= shape[i];
+      overflow |= __builtin_mul_overflow(known, shape[i], &known);
     }
   }
+  if (overflow) return InvalidArgumentError(absl::StrCat("reshape: element count of ", ShapeStr(shape), " overflows int64"));
   if (infer_at >= 0) {
     if (known == 0 || total % known != 0)
       return InvalidArgumentError(absl::StrCat("reshape: cannot infer -1 for ", ShapeStr(in[0].shape), " -> ", ShapeStr(shape)));
@@ -241,6 +243,8 @@ absl::StatusOr<TensorType> InferUnsqueeze(const Node& n, const Types& in) {
 absl::StatusOr<std::pair<int64_t, int64_t>> NormalizeSlice(int64_t dim, int64_t start, int64_t stop,
                                                            int64_t step) {
   if (step == 0) return InvalidArgumentError("slice: step 0");
+  // Beyond +-dim a step takes one element at most; clamping keeps the arithmetic in range.
+  step = std::clamp<int64_t>(step, -std::max<int64_t>(dim, 1), std::max<int64_t>(dim, 1));
   auto clamp = [&](int64_t v, int64_t lo, int64_t hi) { return std::min(std::max(v, lo), hi); };
   if (step > 0) {
     start = start < 0 ? clamp(start + dim, 0, dim) : clamp(start, 0, dim);
@@ -619,6 +623,14 @@ absl::Status CheckTensorType(const TensorType& t, const Limits& limits, std::str
       return InvalidArgumentError("");
     }
   }
+  // An empty tensor's other dimensions are bounded too: sums and products of dimensions
+  // (concat, reshape, loop trip counts) must not overflow.
+  for (int64_t d : t.shape)
+    if (n == 0 && d > limits.max_elements) {
+      *why = absl::StrCat("dimension ", d, " of shape ", ShapeStr(t.shape), " is over the limit of ",
+                          limits.max_elements, " (max_elements)");
+      return absl::ResourceExhaustedError("");
+    }
   if (n > limits.max_elements) {
     *why = absl::StrCat("shape ", ShapeStr(t.shape), " has ", n, " elements, over the limit of ", limits.max_elements, " (max_elements)");
     return absl::ResourceExhaustedError("");

@@ -131,6 +131,8 @@ std::pair<int64_t, int64_t> Range(const Affine& a, const VarExtents& ext) {
 
 Affine FloorDiv(const Affine& a, int64_t d, const VarExtents& ext) {
   if (d == 1) return a;
+  // A divisor of 0 comes from an extent of 0: the index belongs to a loop that never runs.
+  if (d <= 0) return Affine::Const(0);
   Affine q, r;
   SplitBy(a, d, &q, &r);
   auto [lo, hi] = Range(r, ext);
@@ -140,7 +142,7 @@ Affine FloorDiv(const Affine& a, int64_t d, const VarExtents& ext) {
 }
 
 Affine Mod(const Affine& a, int64_t d, const VarExtents& ext) {
-  if (d == 1) return Affine::Const(0);
+  if (d == 1 || d <= 0) return Affine::Const(0);  // d <= 0: see FloorDiv
   auto [lo, hi] = Range(a, ext);
   if (lo >= 0 && hi < d) return a;
   Affine q, r;

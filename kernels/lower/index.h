@@ -48,7 +48,8 @@ using VarExtents = std::vector<int64_t>;
 Affine Add(const Affine& a, const Affine& b);
 Affine Scale(const Affine& a, int64_t k);
 Affine AddConst(const Affine& a, int64_t c);
-// REQUIRES: d > 0 and `a` non-negative over the variables' ranges.
+// REQUIRES: `a` non-negative over the variables' ranges. A divisor d <= 0 (from a zero extent:
+// the loop never runs) gives 0.
 Affine FloorDiv(const Affine& a, int64_t d, const VarExtents& ext);
 Affine Mod(const Affine& a, int64_t d, const VarExtents& ext);
 Affine Clamp(const Affine& a, int64_t lo, int64_t hi, const VarExtents& ext);

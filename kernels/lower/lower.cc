@@ -131,6 +131,10 @@ std::vector<Affine> Lowerer::BroadcastIndex(const std::vector<Affine>& index, co
 
 std::vector<Affine> Lowerer::ReshapeIndex(const std::vector<Affine>& index, const ir::Shape& out,
                                           const ir::Shape& in) const {
+  // A tensor with no elements is never indexed: any index will do (and a zero extent would
+  // be a division by zero below).
+  if (std::count(in.begin(), in.end(), 0) || std::count(out.begin(), out.end(), 0))
+    return std::vector<Affine>(in.size(), Affine::Const(0));
   std::vector<int64_t> so = ContiguousStrides(out), si = ContiguousStrides(in);
   Affine linear = Affine::Const(0);
   for (size_t i = 0; i < out.size(); ++i) linear = Add(linear, Scale(index[i], so[i]));
@@ -296,6 +300,7 @@ ExprPtr Lowerer::LowerNode(ir::ValueId v, const std::vector<Affine>& index) {
       }
       if (n.op == "constant") {
         const ir::Constant* c = n.Tensor("value");
+        if (c->NumElements() == 0) return MakeConst(out.dtype, 0);  // never read: no elements
         if (c->NumElements() == 1)
           return c->f.empty() ? MakeIntConst(out.dtype, c->i[0]) : MakeConst(out.dtype, c->f[0]);
         Expr e;
@@ -355,6 +360,9 @@ ExprPtr Lowerer::LowerReduction(ir::ValueId v, const std::vector<Affine>& index)
   scope_.resize(outer);
   if (n.op == "sum" || n.op == "prod") body = MakeCast(body, n.type.dtype);
   if (n.op == "any" || n.op == "all") body = MakeCast(body, DType::kBool);
+  // Reducing no axes (a rank-0 input) reduces one element: the element itself, index 0.
+  if (e.rvars.empty())
+    return n.op == "argmax" || n.op == "argmin" ? MakeIntConst(DType::kI64, 0) : MakeCast(body, n.type.dtype);
   e.args = {body};
   ExprPtr r = Make(std::move(e));
   std::vector<int> free = r->FreeVars();
@@ -362,7 +370,9 @@ ExprPtr Lowerer::LowerReduction(ir::ValueId v, const std::vector<Affine>& index)
   int deepest = -1;
   for (size_t i = 0; i < scope_.size(); ++i)
     if (std::count(free.begin(), free.end(), scope_[i])) deepest = static_cast<int>(i);
-  for (int i = 0; i <= deepest; ++i) evaluations *= std::max<int64_t>(extents_[scope_[i]], 1);
+  for (int i = 0; i <= deepest; ++i)
+    if (__builtin_mul_overflow(evaluations, std::max<int64_t>(extents_[scope_[i]], 1), &evaluations))
+      evaluations = std::numeric_limits<int64_t>::max();
   inlined_.push_back({v, evaluations, std::max<int64_t>(n.type.NumElements(), 1)});
   return r;
 }

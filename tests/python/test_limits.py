@@ -56,8 +56,8 @@ def test_chain_of_20000_compiles_and_runs(client):
     assert c.stats.num_kernels > 1
     assert "max_expr_depth" in c.fusion_report()
     x = np.linspace(-0.5, 0.5, 64, dtype=np.float32)
-    want = np.exp(x) + np.float32(19999) * x
-    np.testing.assert_allclose(c(x), want, rtol=1e-4, atol=1e-3)
+    # The same float32 additions in the same order (19999 roundings, not one multiplication).
+    np.testing.assert_allclose(c(x), chain_reference(20000, x), rtol=1e-5, atol=1e-4)
     print(f"20000-node chain: compiled in {took:.1f} s as {c.stats.num_kernels} kernels, "
           f"frontend {c.stats.frontend_ms:.0f} ms")
     assert c.stats.frontend_ms < 5000
