@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -49,6 +50,49 @@ void LogReply(std::string_view method, const CompileReply& r, double ms) {
   spdlog::info("{} {} {} {} {:.3f} ms: {}", method, prefix, Outcome(r),
                absl::StatusCodeToString(r.status.code()), ms, message);
 }
+
+// The Withdraw of one Compile call, handed from the handler (which learns it when Compile
+// returns) to OnCancel (which may come first, or after the reactor is gone).
+class WithdrawSlot {
+ public:
+  void Set(compile::Withdraw withdraw) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!cancelled_) {
+        withdraw_ = std::move(withdraw);
+        return;
+      }
+    }
+    withdraw();
+  }
+  void Cancel() {
+    compile::Withdraw withdraw;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      withdraw.swap(withdraw_);
+    }
+    if (withdraw) withdraw();
+  }
+
+ private:
+  absl::Mutex mu_;
+  compile::Withdraw withdraw_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A unary Compile call that tells the compile service when its client goes away (cancelled,
+// disconnected or past its deadline), so a compile nobody waits for can stop.
+class CompileReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit CompileReactor(std::shared_ptr<WithdrawSlot> withdraw)
+      : withdraw_(std::move(withdraw)) {}
+  void OnCancel() override { withdraw_->Cancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  const std::shared_ptr<WithdrawSlot> withdraw_;
+};
 
 void FillResponse(const CompileReply& r, absl::Time start, v1::CompileResponse* response) {
   response->set_handle(r.handle);
@@ -256,16 +300,18 @@ KilnService::KilnService(compile::CompileService* compile, store::ArtifactStore*
 grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* context,
                                                const v1::CompileRequest* request,
                                                v1::CompileResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto withdraw = std::make_shared<WithdrawSlot>();
+  auto* reactor = new CompileReactor(withdraw);
   const absl::Time start = absl::Now();
   // The callback runs inline for a hit or a rejection, or later on a worker thread; both may
   // finish the call, and the response outlives it until Finish.
-  compile_->Compile(*request, compile::PriorityFromWire(request->priority()),
-                    DeadlineOf(context), [reactor, response, start](CompileReply reply) {
-                      FillResponse(reply, start, response);
-                      LogReply("Compile", reply, MsSince(start));
-                      reactor->Finish(ToGrpcStatus(reply.status));
-                    });
+  withdraw->Set(compile_->Compile(*request, compile::PriorityFromWire(request->priority()),
+                                  DeadlineOf(context),
+                                  [reactor, response, start](CompileReply reply) {
+                                    FillResponse(reply, start, response);
+                                    LogReply("Compile", reply, MsSince(start));
+                                    reactor->Finish(ToGrpcStatus(reply.status));
+                                  }));
   return reactor;
 }
 
