@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -64,10 +65,12 @@ void LogReply(std::string_view method, std::string_view caller, const CompileRep
 
 // Starts a compile for `caller` within its in-flight limit. A caller at its limit is still
 // answered from the cache; a miss then gets ResourceExhausted. `done` runs exactly once, as
-// for CompileService::Compile.
-void CompileWithinLimit(compile::CompileService* compile, const auth::Caller& caller,
-                        const v1::CompileRequest& request, compile::Priority priority,
-                        absl::Time deadline, compile::CompileCallback done) {
+// for CompileService::Compile; the returned Withdraw is the compile's (a no-op when none
+// started).
+compile::Withdraw CompileWithinLimit(compile::CompileService* compile,
+                                     const auth::Caller& caller,
+                                     const v1::CompileRequest& request, compile::Priority priority,
+                                     absl::Time deadline, compile::CompileCallback done) {
   std::shared_ptr<auth::CompileSlot> slot = auth::Authorizer::TryAcquireCompile(caller);
   if (slot == nullptr) {
     v1::LookupRequest lookup;
@@ -81,14 +84,57 @@ void CompileWithinLimit(compile::CompileService* compile, const auth::Caller& ca
           " compiles in flight (its limit); retry when one has finished"));
     }
     done(std::move(reply));
-    return;
+    return [] {};
   }
   // The slot is held until the callback has run (and been released).
-  compile->Compile(request, priority, deadline,
-                   [slot = std::move(slot), done = std::move(done)](CompileReply reply) {
-                     done(std::move(reply));
-                   });
+  return compile->Compile(request, priority, deadline,
+                          [slot = std::move(slot), done = std::move(done)](CompileReply reply) {
+                            done(std::move(reply));
+                          });
 }
+
+// The Withdraw of one Compile call, handed from the handler (which learns it when Compile
+// returns) to OnCancel (which may come first, or after the reactor is gone).
+class WithdrawSlot {
+ public:
+  void Set(compile::Withdraw withdraw) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!cancelled_) {
+        withdraw_ = std::move(withdraw);
+        return;
+      }
+    }
+    withdraw();
+  }
+  void Cancel() {
+    compile::Withdraw withdraw;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      withdraw.swap(withdraw_);
+    }
+    if (withdraw) withdraw();
+  }
+
+ private:
+  absl::Mutex mu_;
+  compile::Withdraw withdraw_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A unary Compile call that tells the compile service when its client goes away (cancelled,
+// disconnected or past its deadline), so a compile nobody waits for can stop.
+class CompileReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit CompileReactor(std::shared_ptr<WithdrawSlot> withdraw)
+      : withdraw_(std::move(withdraw)) {}
+  void OnCancel() override { withdraw_->Cancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  const std::shared_ptr<WithdrawSlot> withdraw_;
+};
 
 void FillResponse(const CompileReply& r, absl::Time start, v1::CompileResponse* response) {
   response->set_handle(r.handle);
@@ -322,20 +368,22 @@ absl::StatusOr<auth::Caller> KilnService::Authorize(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* context,
                                                const v1::CompileRequest* request,
                                                v1::CompileResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto withdraw = std::make_shared<WithdrawSlot>();
+  auto* reactor = new CompileReactor(withdraw);
   const absl::Time start = absl::Now();
   absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kCompile, "Compile");
   if (!caller.ok()) return Refuse(reactor, "Compile", caller.status());
   // The callback runs inline for a hit or a rejection, or later on a worker thread; both may
   // finish the call, and the response outlives it until Finish.
-  CompileWithinLimit(compile_, *caller, *request, compile::PriorityFromWire(request->priority()),
-                     DeadlineOf(context),
-                     [context, reactor, response, start, name = caller->name](CompileReply reply) {
-                       FillResponse(reply, start, response);
-                       LogReply("Compile", name, reply, MsSince(start));
-                       AddRetryAfter(reply.status, context);
-                       reactor->Finish(ToGrpcStatus(reply.status));
-                     });
+  withdraw->Set(CompileWithinLimit(
+      compile_, *caller, *request, compile::PriorityFromWire(request->priority()),
+      DeadlineOf(context),
+      [context, reactor, response, start, name = caller->name](CompileReply reply) {
+        FillResponse(reply, start, response);
+        LogReply("Compile", name, reply, MsSince(start));
+        AddRetryAfter(reply.status, context);
+        reactor->Finish(ToGrpcStatus(reply.status));
+      }));
   return reactor;
 }
 

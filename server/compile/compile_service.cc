@@ -157,8 +157,8 @@ absl::StatusOr<std::shared_ptr<const v1::ActionResult>> CompileService::LookupCa
   return shared;
 }
 
-void CompileService::Compile(const v1::CompileRequest& request, Priority priority,
-                             absl::Time deadline, CompileCallback done) {
+Withdraw CompileService::Compile(const v1::CompileRequest& request, Priority priority,
+                                 absl::Time deadline, CompileCallback done) {
   requests_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<Prepared> prepared =
       Prepare(request.graph(), request.target(), request.options());
@@ -167,7 +167,7 @@ void CompileService::Compile(const v1::CompileRequest& request, Priority priorit
     CompileReply reply;
     reply.status = prepared.status();
     done(std::move(reply));
-    return;
+    return [] {};
   }
   const absl::Time now = absl::Now();
   const std::string& key = prepared->key.digest;
@@ -183,7 +183,7 @@ void CompileService::Compile(const v1::CompileRequest& request, Priority priorit
     reply.result = *std::move(cached);
     reply.cache_hit = true;
     done(std::move(reply));
-    return;
+    return [] {};
   }
 
   if (absl::Status failed = failures_.Get(key, now); !failed.ok()) {
@@ -193,7 +193,7 @@ void CompileService::Compile(const v1::CompileRequest& request, Priority priorit
     reply.handle = key;
     reply.negative_hit = true;
     done(std::move(reply));
-    return;
+    return [] {};
   }
 
   if (deadline <= now) {
@@ -202,15 +202,15 @@ void CompileService::Compile(const v1::CompileRequest& request, Priority priorit
         absl::StrCat("deadline passed before the compile of ", KeyPrefix(key), " could start"));
     reply.handle = key;
     done(std::move(reply));
-    return;
+    return [] {};
   }
 
-  StartOrJoin(*std::move(prepared), priority, deadline,
-              std::make_shared<Waiter>(std::move(done)));
+  return StartOrJoin(*std::move(prepared), priority, deadline,
+                     std::make_shared<Waiter>(std::move(done)));
 }
 
-void CompileService::StartOrJoin(Prepared prepared, Priority priority, absl::Time deadline,
-                                 std::shared_ptr<Waiter> waiter) {
+Withdraw CompileService::StartOrJoin(Prepared prepared, Priority priority, absl::Time deadline,
+                                     std::shared_ptr<Waiter> waiter) {
   const std::string key = prepared.key.digest;
   absl::Status rejected;
   std::weak_ptr<Job> joined_job;
@@ -255,25 +255,37 @@ void CompileService::StartOrJoin(Prepared prepared, Priority priority, absl::Tim
     reply.status = std::move(rejected);
     reply.handle = key;
     waiter->Fire(std::move(reply));
-    return;
+    return [] {};
   }
   if (deadline != absl::InfiniteFuture() && !waiter->fired.load(std::memory_order_acquire)) {
     std::weak_ptr<Waiter> weak = waiter;
     const absl::Time start = absl::Now();
     timer_.Schedule(deadline, [this, weak, joined_job, key, start] {
-      std::shared_ptr<Waiter> w = weak.lock();
-      if (w == nullptr) return;
-      CompileReply reply;
-      reply.status = absl::DeadlineExceededError(absl::StrCat(
-          "deadline exceeded after ", absl::FormatDuration(absl::Now() - start),
-          " waiting for the compile of ", KeyPrefix(key),
-          "; it goes on (and its result is cached) only while another caller waits for it"));
-      reply.handle = key;
-      reply.joined = w->joined;
-      w->Fire(std::move(reply));
-      if (std::shared_ptr<Job> job = joined_job.lock()) AbandonIfUnwanted(*job);
+      if (std::shared_ptr<Waiter> w = weak.lock()) {
+        Leave(*w, joined_job, key,
+              absl::DeadlineExceededError(absl::StrCat(
+                  "deadline exceeded after ", absl::FormatDuration(absl::Now() - start),
+                  " waiting for the compile of ", KeyPrefix(key),
+                  "; it goes on (and its result is cached) only while another caller waits "
+                  "for it")));
+      }
     });
   }
+  return [this, weak = std::weak_ptr<Waiter>(waiter), joined_job, key] {
+    if (std::shared_ptr<Waiter> w = weak.lock()) {
+      Leave(*w, joined_job, key, absl::CancelledError("the caller went away"));
+    }
+  };
+}
+
+void CompileService::Leave(Waiter& waiter, const std::weak_ptr<Job>& job, const std::string& key,
+                           absl::Status status) {
+  CompileReply reply;
+  reply.status = std::move(status);
+  reply.handle = key;
+  reply.joined = waiter.joined;
+  waiter.Fire(std::move(reply));
+  if (std::shared_ptr<Job> j = job.lock()) AbandonIfUnwanted(*j);
 }
 
 void CompileService::AbandonIfUnwanted(Job& job) {

@@ -81,6 +81,10 @@ struct CompileReply {
   bool not_persisted = false;  // compiled, but kept in memory only (the disk refused writes)
 };
 using CompileCallback = std::function<void(CompileReply)>;
+// Withdraws one request (its caller is gone): answers it with Cancelled and lets the compiler
+// stop if nobody else waits for the job. Safe to call at any time, more than once, or never;
+// it must not outlive the service.
+using Withdraw = std::function<void()>;
 
 Priority PriorityFromWire(v1::Priority priority);
 
@@ -96,9 +100,10 @@ class CompileService {
 
   // Get-or-compile. `done` runs exactly once: inline for a hit, invalid input, a cached
   // failure or a full queue; otherwise later, with the compile's outcome, DeadlineExceeded
-  // when `deadline` passes first, or Unavailable when the service shuts down first.
-  void Compile(const v1::CompileRequest& request, Priority priority, absl::Time deadline,
-               CompileCallback done);
+  // when `deadline` passes first, or Unavailable when the service shuts down first. Returns
+  // the request's Withdraw (a no-op when it was answered inline).
+  Withdraw Compile(const v1::CompileRequest& request, Priority priority, absl::Time deadline,
+                   CompileCallback done);
 
   // Compile() and wait for its callback; for tests, tools and blocking callers.
   CompileReply CompileAndWait(const v1::CompileRequest& request, Priority priority,
@@ -142,8 +147,8 @@ class CompileService {
   // Memory, then store. nullptr on a miss; an error only when the store fails.
   absl::StatusOr<std::shared_ptr<const v1::ActionResult>> LookupCached(const std::string& key,
                                                                        absl::Time now);
-  void StartOrJoin(Prepared prepared, Priority priority, absl::Time deadline,
-                   std::shared_ptr<Waiter> waiter);
+  Withdraw StartOrJoin(Prepared prepared, Priority priority, absl::Time deadline,
+                       std::shared_ptr<Waiter> waiter);
   void RunJob(const std::shared_ptr<Job>& job);
   // Marks `job` abandoned when every one of its waiters has been answered.
   void AbandonIfUnwanted(Job& job);
@@ -151,6 +156,10 @@ class CompileService {
   // Cluster-wide single-flight around a compile (see coordinator.h). Returns a reply when the
   // job is answered without compiling; sets *owner when Release must follow the compile.
   std::optional<CompileReply> Coordinate(const Job& job, bool* owner);
+
+  // Answers `waiter` early (deadline, caller gone) with `status`, then AbandonIfUnwanted.
+  void Leave(Waiter& waiter, const std::weak_ptr<Job>& job, const std::string& key,
+             absl::Status status);
   CompileReply CompileJob(const Job& job);
   void FinishJob(const std::shared_ptr<Job>& job, const CompileReply& reply);
 

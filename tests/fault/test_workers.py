@@ -92,6 +92,34 @@ def test_worker_cpu_and_memory_limits(daemons):
     assert d.stop() == 0
 
 
+def test_cancelled_request_stops_its_worker(daemons):
+    """A client that gives up (cancels its call, or its deadline passes) stops the compile it
+    alone was waiting for: its worker is killed within about a second and replaced."""
+    import grpc
+    from kiln.v1 import service_pb2, service_pb2_grpc
+
+    d = daemons.start(f"--workers={WORKERS}", "--fault-injection=hang", "--worker-timeout-s=120",
+                      "--negative-cache-s=0")
+    with kiln.Client(d.address, max_attempts=1) as client, grpc.insecure_channel(d.address) as channel:
+        stub = service_pb2_grpc.KilnStub(channel)
+        request = service_pb2.CompileRequest(graph=small_graph(30, "hang"))
+        request.target.CopyFrom(kiln.Target.parse("cpu").to_proto())
+        call = stub.Compile.future(request)
+        assert wait_until(lambda: b"injecting fault 'hang'" in d.log_path.read_bytes(), 30)
+        cancelled_at = time.monotonic()
+        call.cancel()
+        assert wait_until(lambda: client.stats().worker_cancels == 1, 10)
+        assert time.monotonic() - cancelled_at < 3, "the worker was not stopped promptly"
+
+        # A deadline that passes does the same.
+        expect_error(client, small_graph(31, "hang"), "DEADLINE_EXCEEDED", timeout=1.5)
+        assert wait_until(lambda: client.stats().worker_cancels == 2, 10)
+        expect_serving(client, d, 32)
+        expect_clean_tree(d)
+        assert client.stats().worker_timeouts == 0
+    assert d.stop() == 0
+
+
 def test_nvrtc_worker_crash(daemons):
     """The same isolation for a CUDA compile (NVRTC runs in the worker)."""
     d = daemons.start(f"--workers={WORKERS}", "--fault-injection=crash", "--negative-cache-s=0")
