@@ -3,17 +3,21 @@ build backend, installed into fresh virtualenvs with the oldest and the newest g
 the package declares, without grpcio-tools. Importing it must generate nothing and warn about
 nothing, and it must talk to a real kilnd.
 
-Wheels are kept in ``$KILN_WHEELHOUSE`` (deploy/setup.sh's wheelhouse) so that a second run
-downloads nothing; the first run needs PyPI.
+"Newest" is what deploy/setup.sh installed into the project's venv (it takes the newest
+releases from PyPI). Wheels come from ``$KILN_WHEELHOUSE`` (setup's wheelhouse) without asking
+an index, which is downloaded into only when it lacks one (the oldest pins, on a first run), and
+the test venvs are made without pip of their own: this process's pip installs into them.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Optional, Sequence
 
 import pytest
 
@@ -22,7 +26,7 @@ WHEELHOUSE = os.environ.get("KILN_WHEELHOUSE", "")
 
 # The lower bounds pyproject.toml declares, pinned exactly, and the newest releases.
 OLDEST = ["grpcio==1.62.0", "protobuf==4.25.0", "numpy==2.0.0"]
-NEWEST = ["grpcio", "protobuf", "numpy"]
+NEWEST = [f"{name}=={importlib.metadata.version(name)}" for name in ("grpcio", "protobuf", "numpy")]
 
 SMOKE = r"""
 import importlib.util, sys, warnings
@@ -44,16 +48,29 @@ print("compiled", compiled.handle[:12])
 """
 
 
-def _pip(python: Path, *args: str, timeout: float = 600) -> None:
-    links = ["--find-links", WHEELHOUSE] if WHEELHOUSE else []
-    subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args, *links],
-                   check=True, timeout=timeout, cwd="/")
+def _pip(*args: str, target: Optional[Path] = None, fetch: Sequence[str] = (),
+         timeout: float = 600) -> subprocess.CompletedProcess:
+    """This interpreter's pip, on ``target``'s environment when given; local wheels first, and
+    when they do not suffice, ``fetch`` is downloaded into the wheelhouse and the index used."""
+    where = ["--python", str(target)] if target is not None else []
+    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", *where, "-q", *args]
+    if WHEELHOUSE:
+        local = subprocess.run(cmd + ["--no-index", "--find-links", WHEELHOUSE], cwd="/", timeout=timeout,
+                               capture_output=True, text=True)
+        if local.returncode == 0:
+            return local
+        # Something is not in the wheelhouse yet: fetch it there, then use it.
+        if fetch:
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "-d", WHEELHOUSE, *fetch],
+                           check=True, cwd="/", timeout=timeout)
+        cmd += ["--find-links", WHEELHOUSE]
+    return subprocess.run(cmd, check=True, cwd="/", timeout=timeout, capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    _pip(Path(sys.executable), "wheel", "--no-deps", "-w", str(out), str(REPO / "client" / "python"))
+    _pip("wheel", "--no-deps", "-w", str(out), str(REPO / "client" / "python"))
     (built,) = out.glob("kiln-*.whl")
     return built
 
@@ -80,11 +97,9 @@ def test_wheel_carries_generated_protocol_and_metadata(wheel):
 @pytest.mark.parametrize("pins", [OLDEST, NEWEST], ids=["oldest", "newest"])
 def test_wheel_imports_cleanly_and_compiles_in_a_fresh_venv(wheel, pins, server, tmp_path):
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
-    if WHEELHOUSE:  # keep what this installs for the next run
-        _pip(python, "download", "-d", WHEELHOUSE, *pins)
-    _pip(python, "install", "--upgrade", str(wheel), *pins)
+    _pip("install", str(wheel), *pins, target=python, fetch=pins)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KILN_PROTO_DIR")}
     plain = subprocess.run([str(python), "-W", "error", "-c", "import kiln"], cwd="/", env=env,
                            capture_output=True, text=True, timeout=120)

@@ -106,6 +106,14 @@ TEST_F(FakeDriver, RunsEveryStepWithThePlansBuffers) {
   for (size_t i = 0; i < compiled->plan.steps.size(); ++i)
     EXPECT_EQ(launched_(before + static_cast<int>(i)), compiled->plan.steps[i].kernel);
 
+  // The host path (Session's Run on a CUDA result): copies in, the same launches, copies out.
+  HostTensor soft_host = HostTensor::Make(DType::kF32, 300 * 1000), total_host = HostTensor::Make(DType::kF32, 1);
+  const void* inputs[] = {x.data.get()};
+  void* outputs[] = {soft_host.data.get(), total_host.data.get()};
+  before = launch_count_();
+  ASSERT_TRUE(module->RunHost(inputs, outputs, &error)) << error;
+  EXPECT_EQ(launch_count_() - before, static_cast<int>(compiled->plan.steps.size()));
+
   auto cpu = SharedPipeline().Compile(g, CpuTarget(), CompileOptions{});
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   HostTensor want_soft = HostTensor::Make(DType::kF32, 300 * 1000), want_total = HostTensor::Make(DType::kF32, 1);
@@ -113,6 +121,8 @@ TEST_F(FakeDriver, RunsEveryStepWithThePlansBuffers) {
   ASSERT_EQ(lib.Run({x.data.get(), want_soft.data.get(), want_total.data.get()}), 0);
   for (int64_t i = 0; i < 300 * 1000; i += 997) EXPECT_TRUE(Close(DType::kF32, soft.At(i), want_soft.At(i))) << i;
   EXPECT_NEAR(total.At(0), want_total.At(0), 1e-3 * (1 + std::fabs(want_total.At(0))));
+  for (int64_t i = 0; i < 300 * 1000; i += 997) EXPECT_EQ(soft_host.At(i), soft.At(i)) << i;
+  EXPECT_EQ(total_host.At(0), total.At(0));
 }
 
 TEST_F(FakeDriver, CApiLoadsAKilncFolder) {
