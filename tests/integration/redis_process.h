@@ -93,6 +93,7 @@ class RedisProcess {
   }
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   std::string url() const { return "redis://" + address(); }
 
