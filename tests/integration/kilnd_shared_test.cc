@@ -271,9 +271,7 @@ TEST_F(SharedCacheTest, CorruptOrTruncatedValuesInRedisAreNeverServed) {
     requests.push_back(FreshRequest(4.0 + i));
     ASSERT_TRUE(a.Compile(requests[i], &answers[i]).ok());
   }
-  auto blob_key = [&](int i) {
-    return shared::BlobKey(answers[i].result().artifacts(0).digest());
-  };
+  auto blob_key = [&](int i) { return shared::BlobKey(answers[i].result().artifacts(0).digest()); };
   // 0: garbage in place of a blob. 1: a blob cut short. 2: a blob with one byte changed.
   // 3: an action record cut short.
   SetValue(redis_.port(), blob_key(0), "not a blob at all");
@@ -321,8 +319,8 @@ TEST_F(SharedCacheTest, AResultWhoseBlobWasEvictedIsAMiss) {
   v1::CompileResponse first;
   ASSERT_TRUE(a.Compile(request, &first).ok());
   // What maxmemory eviction does: the blob goes, the record naming it stays.
-  RedisReplyPtr del = RedisCall(
-      redis_.port(), {"DEL", shared::BlobKey(first.result().artifacts(0).digest())});
+  RedisReplyPtr del =
+      RedisCall(redis_.port(), {"DEL", shared::BlobKey(first.result().artifacts(0).digest())});
   ASSERT_NE(del, nullptr);
   ASSERT_EQ(del->integer, 1);
   ASSERT_FALSE(ValueOf(redis_.port(), shared::ActionKey(first.handle())).empty());
@@ -400,8 +398,8 @@ TEST_F(SharedCacheTest, AHungRedisCostsATimeoutNotAnOutage) {
 }
 
 TEST(SharedCacheClusterTest, ThreeMasterClusterSharesResults) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("kiln-cluster-it-" + std::to_string(getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kiln-cluster-it-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   RedisCluster cluster;
