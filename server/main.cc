@@ -2,7 +2,10 @@
 //
 // Wires the concrete pieces together (this is the only file naming them): the RocksDB store,
 // the kernel compiler, the compile service and the gRPC service, plus the standard health
-// and reflection services, and with --metrics-listen a Prometheus endpoint. Prints "kilnd
+// and reflection services, and with --metrics-listen a Prometheus endpoint. With
+// --shared-cache the store becomes Tiered(RocksDB L1, Redis L2), compiles are coordinated
+// with the other replicas through Redis leases, and the health service "kiln.SharedCache"
+// reports whether Redis is reachable. Prints "kilnd
 // metrics on HOST:PORT" when that endpoint is bound, then "kilnd listening on HOST:PORT" once
 // gRPC serves (with port 0 the port is the one the system chose). On SIGTERM or SIGINT it
 // turns lame duck (health NOT_SERVING, /healthz 503, new compiles refused), lets queued and

@@ -116,7 +116,7 @@ absl::StatusOr<BlobHead> DecodeBlobHead(absl::string_view value) {
 }
 
 absl::StatusOr<absl::string_view> VerifyL2Record(L2RecordKind kind, absl::string_view name,
-                                                absl::string_view value) {
+                                                 absl::string_view value) {
   if (kind == L2RecordKind::kBlob) {
     if (key::Sha256Hex(std::string_view(value.data(), value.size())) != name) {
       return absl::DataLossError(absl::StrCat("blob ", name.substr(0, 12), " (", value.size(),
@@ -142,8 +142,8 @@ absl::StatusOr<absl::string_view> VerifyL2Record(L2RecordKind kind, absl::string
   }
   const absl::string_view payload = value.substr(header_len);
   if (value.substr(16, 32) != BoundDigest(name, payload)) {
-    return absl::DataLossError(absl::StrCat("action record for ", name.substr(0, 12),
-                                            " does not match its digest"));
+    return absl::DataLossError(
+        absl::StrCat("action record for ", name.substr(0, 12), " does not match its digest"));
   }
   return payload;
 }

@@ -17,9 +17,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace kiln::shared {
 
@@ -59,6 +59,6 @@ absl::StatusOr<BlobHead> DecodeBlobHead(absl::string_view value);
 // version this reader does not know (formats change under a new key prefix, so within
 // kiln:v1: an unknown version can only be damage).
 absl::StatusOr<absl::string_view> VerifyL2Record(L2RecordKind kind, absl::string_view name,
-                                                absl::string_view value);
+                                                 absl::string_view value);
 
 }  // namespace kiln::shared

@@ -143,7 +143,8 @@ void LeaseManager::AddStats(v1::GetStatsResponse* stats) const {
   s->set_leases_waited(waited_.load(std::memory_order_relaxed));
   s->set_leases_expired(expired_.load(std::memory_order_relaxed));
   s->set_leases_done_elsewhere(done_elsewhere_.load(std::memory_order_relaxed));
-  s->set_lease_errors(errors_.load(std::memory_order_relaxed) + lost_.load(std::memory_order_relaxed));
+  s->set_lease_errors(errors_.load(std::memory_order_relaxed) +
+                      lost_.load(std::memory_order_relaxed));
 }
 
 }  // namespace kiln::shared

@@ -105,8 +105,8 @@ absl::StatusOr<RedisOptions> ParseRedisUrl(absl::string_view url) {
   if (absl::ConsumePrefix(&rest, "redis-cluster://")) {
     options.cluster = true;
   } else if (!absl::ConsumePrefix(&rest, "redis://")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shared cache URL '", url, "' must start with redis:// or redis-cluster://"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared cache URL '", url, "' must start with redis:// or redis-cluster://"));
   }
   if (!options.cluster) {
     const size_t slash = rest.find('/');
@@ -171,13 +171,12 @@ struct RedisClient::Node {
 
 RedisClient::RedisClient(RedisOptions options)
     : options_(std::move(options)),
-      description_(absl::StrCat(
-          options_.cluster ? "redis-cluster://" : "redis://",
-          absl::StrJoin(options_.seeds, ",",
-                        [](std::string* out, const RedisEndpoint& e) {
-                          absl::StrAppend(out, e.ToString());
-                        }),
-          options_.db != 0 ? absl::StrCat("/", options_.db) : "")) {
+      description_(absl::StrCat(options_.cluster ? "redis-cluster://" : "redis://",
+                                absl::StrJoin(options_.seeds, ",",
+                                              [](std::string* out, const RedisEndpoint& e) {
+                                                absl::StrAppend(out, e.ToString());
+                                              }),
+                                options_.db != 0 ? absl::StrCat("/", options_.db) : "")) {
   absl::MutexLock lock(&mu_);
   if (options_.cluster) slots_.assign(kSlots, nullptr);
 }
@@ -252,7 +251,8 @@ absl::Status RedisClient::RefreshSlots() {
   return last;
 }
 
-absl::StatusOr<RedisReply> RedisClient::RunOn(Node* node, const std::vector<absl::string_view>& args,
+absl::StatusOr<RedisReply> RedisClient::RunOn(Node* node,
+                                              const std::vector<absl::string_view>& args,
                                               bool asking) {
   std::unique_ptr<Conn> conn;
   {
@@ -295,8 +295,8 @@ absl::StatusOr<RedisReply> RedisClient::Command(const std::vector<absl::string_v
   if (down_.load(std::memory_order_relaxed) &&
       absl::GetCurrentTimeNanos() < down_until_ns_.load(std::memory_order_relaxed)) {
     errors_.fetch_add(1, std::memory_order_relaxed);
-    return absl::UnavailableError(absl::StrCat("shared cache ", description_,
-                                               " is unreachable; retrying shortly"));
+    return absl::UnavailableError(
+        absl::StrCat("shared cache ", description_, " is unreachable; retrying shortly"));
   }
   Node* node;
   if (options_.cluster) {
@@ -338,9 +338,9 @@ absl::StatusOr<RedisReply> RedisClient::Command(const std::vector<absl::string_v
 }
 
 void RedisClient::MarkDown(const std::string& why) {
-  down_until_ns_.store(absl::GetCurrentTimeNanos() + absl::ToInt64Nanoseconds(
-                                                         options_.retry_interval),
-                       std::memory_order_relaxed);
+  down_until_ns_.store(
+      absl::GetCurrentTimeNanos() + absl::ToInt64Nanoseconds(options_.retry_interval),
+      std::memory_order_relaxed);
   if (!down_.exchange(true, std::memory_order_relaxed)) {
     outages_.fetch_add(1, std::memory_order_relaxed);
     spdlog::warn(

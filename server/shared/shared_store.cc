@@ -47,9 +47,9 @@ SharedStore::SharedStore(RedisClient* client, SharedStoreOptions options)
                   : "") {}
 
 absl::Status SharedStore::Set(const std::string& key, absl::string_view value) {
-  absl::StatusOr<RedisReply> reply =
-      ttl_ms_.empty() ? client_->Command({"SET", key, value})
-                      : client_->Command({"SET", key, value, "PX", ttl_ms_});
+  absl::StatusOr<RedisReply> reply = ttl_ms_.empty()
+                                         ? client_->Command({"SET", key, value})
+                                         : client_->Command({"SET", key, value, "PX", ttl_ms_});
   if (!reply.ok()) return reply.status();
   bytes_written_.fetch_add(static_cast<int64_t>(value.size()), std::memory_order_relaxed);
   return absl::OkStatus();
@@ -65,7 +65,8 @@ absl::Status SharedStore::PutBlob(const std::string& digest, const std::string& 
     if (!ttl_ms_.empty()) client_->Command({"PEXPIRE", head_key, ttl_ms_}).IgnoreError();
     return absl::OkStatus();
   }
-  if (bytes.size() <= options_.chunk_bytes) return Set(head_key, EncodeBlobHead(0, bytes.size(), bytes));
+  if (bytes.size() <= options_.chunk_bytes)
+    return Set(head_key, EncodeBlobHead(0, bytes.size(), bytes));
   const size_t chunk = options_.chunk_bytes;
   const uint32_t chunks = static_cast<uint32_t>((bytes.size() + chunk - 1) / chunk);
   for (uint32_t i = 0; i < chunks; ++i) {

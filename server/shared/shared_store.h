@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/shared/redis_client.h"
 #include "server/store/artifact_store.h"
@@ -43,9 +43,8 @@ struct SharedStoreOptions {
 // A latency histogram with fixed bounds; lock-free.
 class LatencyHistogram {
  public:
-  static constexpr std::array<double, 11> kBoundsS = {0.0001, 0.00025, 0.0005, 0.001, 0.0025,
-                                                      0.005,  0.01,    0.025,  0.05,  0.1,
-                                                      0.25};
+  static constexpr std::array<double, 11> kBoundsS = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                      0.01,   0.025,   0.05,   0.1,   0.25};
   void Record(absl::Duration d);
   void Fill(v1::SharedCacheStats* stats) const;
 

@@ -64,7 +64,8 @@ Summary Summarize(std::vector<double> ms, double wall_s) {
   std::sort(ms.begin(), ms.end());
   s.n = ms.size();
   auto at = [&](double p) {
-    return ms.empty() ? 0.0 : ms[std::min(ms.size() - 1, static_cast<size_t>(p * (ms.size() - 1) + 0.5))];
+    return ms.empty() ? 0.0
+                      : ms[std::min(ms.size() - 1, static_cast<size_t>(p * (ms.size() - 1) + 0.5))];
   };
   s.p50 = at(0.5);
   s.p99 = at(0.99);
@@ -79,8 +80,9 @@ void Print(const char* what, int threads, const Summary& s) {
 }
 
 void Header(const char* title) {
-  std::printf("\n%s\n\n| %-34s | %7s | %7s | %8s | %8s | %9s |\n|%s|%s|%s|%s|%s|%s|\n", title, "case",
-              "threads", "samples", "p50 ms", "p99 ms", "ops/s", std::string(36, '-').c_str(),
+  std::printf("\n%s\n\n| %-34s | %7s | %7s | %8s | %8s | %9s |\n|%s|%s|%s|%s|%s|%s|\n", title,
+              "case", "threads", "samples", "p50 ms", "p99 ms", "ops/s",
+              std::string(36, '-').c_str(),
               "--------:", "--------:", "---------:", "---------:", "----------:");
 }
 
@@ -91,7 +93,8 @@ Summary Drive(int threads, int per_thread, double seconds,
   std::vector<std::vector<double>> lat(threads);
   std::atomic<int> failures{0};
   const Clock::time_point start = Clock::now();
-  const Clock::time_point end = start + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  const Clock::time_point end =
+      start + std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
@@ -176,22 +179,18 @@ int PartTiers(const Flags& flags, const std::filesystem::path& dir) {
                 flags.set_kib);
   Header(title);
   // Cold L1: keys 0..255 from one thread, 256..1023 from 16 threads (48 each).
-  Print("L2 hit, cold L1 (fills L1)", 1, Drive(1, 256, 0, [&](int, int i) {
-          return answer(keys[i]);
-        }));
-  Print("L2 hit, cold L1 (fills L1)", 16, Drive(16, 48, 0, [&](int t, int i) {
-          return answer(keys[256 + t * 48 + i]);
-        }));
+  Print("L2 hit, cold L1 (fills L1)", 1,
+        Drive(1, 256, 0, [&](int, int i) { return answer(keys[i]); }));
+  Print("L2 hit, cold L1 (fills L1)", 16,
+        Drive(16, 48, 0, [&](int t, int i) { return answer(keys[256 + t * 48 + i]); }));
   // The same keys again: L1 now has them (and verifies the blobs on every hit).
-  Print("L1 hit", 1, Drive(1, 0, flags.seconds, [&](int, int i) {
-          return answer(keys[i % kKeys]);
-        }));
+  Print("L1 hit", 1,
+        Drive(1, 0, flags.seconds, [&](int, int i) { return answer(keys[i % kKeys]); }));
   Print("L1 hit", 16, Drive(16, 0, flags.seconds, [&](int t, int i) {
           return answer(keys[(t * 64 + i) % kKeys]);
         }));
-  Print("artifact reads from L1 (the set)", 1, Drive(1, 0, flags.seconds, [&](int, int i) {
-          return read_artifacts(i % kKeys);
-        }));
+  Print("artifact reads from L1 (the set)", 1,
+        Drive(1, 0, flags.seconds, [&](int, int i) { return read_artifacts(i % kKeys); }));
   auto miss = [&](int t, int i) {
     absl::StatusOr<std::optional<v1::ActionResult>> r =
         tiered.GetResult(key::Sha256Hex("absent " + std::to_string(t) + " " + std::to_string(i)));
@@ -252,34 +251,27 @@ int PartDaemons(const Flags& flags, const std::filesystem::path& dir) {
   }
   Header("Through kilnd: Compile RPC round trip on loopback (replica B unless noted)");
   Clients one({b.address()}, 1), sixteen({b.address()}, 16);
-  Print("L2 hit, cold L1 (A compiled it)", 1, Drive(1, 16, 0, [&](int, int i) {
-          return one.Compile(0, graph(i), true);
-        }));
+  Print("L2 hit, cold L1 (A compiled it)", 1,
+        Drive(1, 16, 0, [&](int, int i) { return one.Compile(0, graph(i), true); }));
   Print("L2 hit, cold L1 (A compiled it)", 16, Drive(16, 2, 0, [&](int t, int i) {
           return sixteen.Compile(t, graph(16 + t * 2 + i), true);
         }));
   const v1::CompileRequest hot = graph(0);
-  Print("L1 hit (memory front + RocksDB)", 1, Drive(1, 0, flags.seconds, [&](int, int) {
-          return one.Compile(0, hot, true);
-        }));
-  Print("L1 hit (memory front + RocksDB)", 16, Drive(16, 0, flags.seconds, [&](int t, int) {
-          return sixteen.Compile(t, hot, true);
-        }));
-  Print("miss (cold compile)", 1, Drive(1, 6, 0, [&](int, int i) {
-          return one.Compile(0, graph(1000 + i), false);
-        }));
-  Print("miss (cold compile)", 16, Drive(16, 1, 0, [&](int t, int) {
-          return sixteen.Compile(t, graph(2000 + t), false);
-        }));
+  Print("L1 hit (memory front + RocksDB)", 1,
+        Drive(1, 0, flags.seconds, [&](int, int) { return one.Compile(0, hot, true); }));
+  Print("L1 hit (memory front + RocksDB)", 16,
+        Drive(16, 0, flags.seconds, [&](int t, int) { return sixteen.Compile(t, hot, true); }));
+  Print("miss (cold compile)", 1,
+        Drive(1, 6, 0, [&](int, int i) { return one.Compile(0, graph(1000 + i), false); }));
+  Print("miss (cold compile)", 16,
+        Drive(16, 1, 0, [&](int t, int) { return sixteen.Compile(t, graph(2000 + t), false); }));
 
   Header("Hit throughput: 16 clients on one replica vs spread over two");
   Clients on_one({b.address()}, 16), on_two({a.address(), b.address()}, 16);
-  Print("1 replica, hot key", 16, Drive(16, 0, flags.seconds, [&](int t, int) {
-          return on_one.Compile(t, hot, true);
-        }));
-  Print("2 replicas, hot key", 16, Drive(16, 0, flags.seconds, [&](int t, int) {
-          return on_two.Compile(t, hot, true);
-        }));
+  Print("1 replica, hot key", 16,
+        Drive(16, 0, flags.seconds, [&](int t, int) { return on_one.Compile(t, hot, true); }));
+  Print("2 replicas, hot key", 16,
+        Drive(16, 0, flags.seconds, [&](int t, int) { return on_two.Compile(t, hot, true); }));
   return 0;
 }
 
@@ -306,8 +298,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("kiln-shared-bench-" + std::to_string(getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kiln-shared-bench-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   std::printf("shared_bench on %u hardware threads\n", std::thread::hardware_concurrency());
   int rc = 0;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "kernels/key/digest.h"
 #include "server/shared/l2_records.h"
 #include "tests/integration/kilnd_process.h"
@@ -111,7 +112,7 @@ class SharedCacheTest : public ::testing::Test {
 TEST_F(SharedCacheTest, CompileOnOneReplicaIsAnL2HitOnAnother) {
   Replica a, b;
   ASSERT_EQ(a.Start(Dir("a"), redis_.url()), "");
-  ASSERT_EQ(b.Start(Dir("b"), redis_.url()), "");
+  ASSERT_EQ(b.Start(Dir("b"), redis_.url(), {"--metrics-listen=127.0.0.1:0"}), "");
   const v1::CompileRequest request = FreshRequest(1.25);
 
   v1::CompileResponse first, second;
@@ -147,6 +148,24 @@ TEST_F(SharedCacheTest, CompileOnOneReplicaIsAnL2HitOnAnother) {
   int64_t timed = 0;
   for (int64_t c : sb.shared().latency_counts()) timed += c;
   EXPECT_GT(timed, 0);
+
+  // /metrics says the same, with the latency as a cumulative Prometheus histogram.
+  const std::string& out = b.process().startup_output();
+  const std::string marker = "kilnd metrics on 127.0.0.1:";
+  const size_t at = out.find(marker);
+  ASSERT_NE(at, std::string::npos) << out;
+  httplib::Client http("127.0.0.1", std::atoi(out.c_str() + at + marker.size()));
+  httplib::Result page = http.Get("/metrics");
+  ASSERT_TRUE(page) << "no answer from /metrics";
+  const std::string& text = page->body;
+  EXPECT_NE(text.find("\nkiln_shared_up 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nkiln_shared_hits_total " + std::to_string(sb.shared().hits()) + "\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("# TYPE kiln_shared_latency_seconds histogram"), std::string::npos);
+  const std::string all_bucket = "kiln_shared_latency_seconds_bucket{le=\"+Inf\"} ";
+  const size_t inf = text.find(all_bucket);
+  ASSERT_NE(inf, std::string::npos);
+  EXPECT_GE(std::atoll(text.c_str() + inf + all_bucket.size()), timed);
 
   // The L2 hit filled B's L1: restarted on the same cache with Redis gone, B still hits.
   redis_.Stop();
@@ -252,9 +271,7 @@ TEST_F(SharedCacheTest, CorruptOrTruncatedValuesInRedisAreNeverServed) {
     requests.push_back(FreshRequest(4.0 + i));
     ASSERT_TRUE(a.Compile(requests[i], &answers[i]).ok());
   }
-  auto blob_key = [&](int i) {
-    return shared::BlobKey(answers[i].result().artifacts(0).digest());
-  };
+  auto blob_key = [&](int i) { return shared::BlobKey(answers[i].result().artifacts(0).digest()); };
   // 0: garbage in place of a blob. 1: a blob cut short. 2: a blob with one byte changed.
   // 3: an action record cut short.
   SetValue(redis_.port(), blob_key(0), "not a blob at all");
@@ -302,8 +319,8 @@ TEST_F(SharedCacheTest, AResultWhoseBlobWasEvictedIsAMiss) {
   v1::CompileResponse first;
   ASSERT_TRUE(a.Compile(request, &first).ok());
   // What maxmemory eviction does: the blob goes, the record naming it stays.
-  RedisReplyPtr del = RedisCall(
-      redis_.port(), {"DEL", shared::BlobKey(first.result().artifacts(0).digest())});
+  RedisReplyPtr del =
+      RedisCall(redis_.port(), {"DEL", shared::BlobKey(first.result().artifacts(0).digest())});
   ASSERT_NE(del, nullptr);
   ASSERT_EQ(del->integer, 1);
   ASSERT_FALSE(ValueOf(redis_.port(), shared::ActionKey(first.handle())).empty());
@@ -351,9 +368,38 @@ TEST_F(SharedCacheTest, RedisDownIsNotAnOutageAndItsReturnIsNoticed) {
   EXPECT_EQ(b.Stats().compiles(), 1);
 }
 
+TEST_F(SharedCacheTest, AHungRedisCostsATimeoutNotAnOutage) {
+  Replica a, b;
+  ASSERT_EQ(a.Start(Dir("a"), redis_.url()), "");
+  ASSERT_EQ(b.Start(Dir("b"), redis_.url()), "");
+  // Stopped, not dead: connections are accepted by the kernel but nothing answers, so every
+  // call must end by its timeout.
+  ASSERT_EQ(kill(redis_.pid(), SIGSTOP), 0);
+  const v1::CompileRequest while_hung = FreshRequest(8.25);
+  v1::CompileResponse r;
+  const auto start = Clock::now();
+  grpc::Status s = a.Compile(while_hung, &r, 60);
+  kill(redis_.pid(), SIGCONT);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(r.cache_hit());
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
+  const v1::GetStatsResponse sa = a.Stats();
+  EXPECT_EQ(sa.compiles(), 1);
+  EXPECT_GE(sa.shared().outages(), 1);
+  EXPECT_GE(sa.shared().errors(), 1);
+
+  // Redis answers again: after the back-off, A writes through and B reads it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const v1::CompileRequest after = FreshRequest(8.5);
+  ASSERT_TRUE(a.Compile(after, &r).ok());
+  ASSERT_TRUE(b.Compile(after, &r).ok());
+  EXPECT_TRUE(r.cache_hit());
+  EXPECT_EQ(b.Stats().compiles(), 0);
+}
+
 TEST(SharedCacheClusterTest, ThreeMasterClusterSharesResults) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("kiln-cluster-it-" + std::to_string(getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kiln-cluster-it-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   RedisCluster cluster;

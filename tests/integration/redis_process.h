@@ -2,10 +2,10 @@
 // RedisCluster: three of them made into a 3-master Redis Cluster with redis-cli.
 //
 // Start() picks a random port, launches redis-server bound to 127.0.0.1 with persistence off
-// and its files in a private directory, and waits until it answers (as itself, not as another server on that port). Stop() ends it
-// (SIGKILL; a cache needs no clean shutdown); StartAgain() brings it back on the same port.
-// The destructor kills a child still running, also when a test failed half way.
-// Thread-safety: not thread-safe; one owner.
+// and its files in a private directory, and waits until it answers (as itself, not as another
+// server on that port). Stop() ends it (SIGKILL; a cache needs no clean shutdown); StartAgain()
+// brings it back on the same port. The destructor kills a child still running, also when a test
+// failed half way. Thread-safety: not thread-safe; one owner.
 #pragma once
 
 #include <hiredis/hiredis.h>
@@ -93,15 +93,27 @@ class RedisProcess {
   }
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   std::string url() const { return "redis://" + address(); }
 
  private:
   std::string Launch() {
-    std::vector<std::string> args = {"redis-server", "--port", std::to_string(port_),
-                                     "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                     "--dir", dir_, "--protected-mode", "no",
-                                     "--logfile", dir_ + "/redis.log"};
+    std::vector<std::string> args = {"redis-server",
+                                     "--port",
+                                     std::to_string(port_),
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--dir",
+                                     dir_,
+                                     "--protected-mode",
+                                     "no",
+                                     "--logfile",
+                                     dir_ + "/redis.log"};
     for (const std::string& a : extra_) args.push_back(a);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());

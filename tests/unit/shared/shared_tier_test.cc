@@ -83,7 +83,8 @@ TEST(L2RecordsTest, VerificationRejectsEveryKindOfDamage) {
   const std::string blob = "artifact bytes";
   const std::string digest = key::Sha256Hex(blob);
   EXPECT_TRUE(VerifyL2Record(L2RecordKind::kBlob, digest, blob).ok());
-  EXPECT_TRUE(absl::IsDataLoss(VerifyL2Record(L2RecordKind::kBlob, digest, "artifact byte").status()));
+  EXPECT_TRUE(
+      absl::IsDataLoss(VerifyL2Record(L2RecordKind::kBlob, digest, "artifact byte").status()));
 
   EXPECT_TRUE(DecodeBlobHead(EncodeBlobHead(0, 3, "abc")).ok());
   EXPECT_TRUE(absl::IsDataLoss(DecodeBlobHead(EncodeBlobHead(0, 4, "abc")).status()));
@@ -167,15 +168,14 @@ TEST_F(SharedTierTest, KeysExpireWhenATtlIsSet) {
   SharedStore store(client_.get(), options);
   const std::vector<std::string> blobs = {"x"};
   ASSERT_TRUE(store.PutResult(std::string(64, 'f'), ResultNaming(blobs), blobs).ok());
-  const int64_t ttl =
-      RedisCall(redis_.port(), {"PTTL", ActionKey(std::string(64, 'f'))})->integer;
+  const int64_t ttl = RedisCall(redis_.port(), {"PTTL", ActionKey(std::string(64, 'f'))})->integer;
   EXPECT_GT(ttl, 50000);
   EXPECT_LE(ttl, 60000);
 }
 
 TEST_F(SharedTierTest, TieredFillsL1FromL2AndSurvivesL2Outage) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("kiln-tiered-unit-" + std::to_string(getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kiln-tiered-unit-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   store::RocksDbStoreOptions l1_options;
@@ -293,8 +293,9 @@ TEST(RedisClusterRoutingTest, FollowsMovedAndAskRedirections) {
   const int to = (from + 1) % 3;
   ASSERT_TRUE(client.Command({"GET", moved}).ok());
   for (int n : {from, to, (from + 2) % 3}) {
-    kiln::testing::RedisReplyPtr r = RedisCall(
-        cluster.node(n).port(), {"CLUSTER", "SETSLOT", std::to_string(slot), "NODE", NodeId(cluster, to)});
+    kiln::testing::RedisReplyPtr r =
+        RedisCall(cluster.node(n).port(),
+                  {"CLUSTER", "SETSLOT", std::to_string(slot), "NODE", NodeId(cluster, to)});
     ASSERT_NE(r, nullptr);
     ASSERT_NE(r->type, REDIS_REPLY_ERROR) << std::string(r->str, r->len);
   }
@@ -317,14 +318,14 @@ TEST(RedisClusterRoutingTest, FollowsMovedAndAskRedirections) {
             {"CLUSTER", "SETSLOT", std::to_string(ask_slot), "MIGRATING", NodeId(cluster, dst)});
   set = client.Command({"SET", asked, "imported"});
   ASSERT_TRUE(set.ok()) << set.status();
-  EXPECT_EQ(RedisCall(cluster.node(dst).port(),
-                      {"CLUSTER", "COUNTKEYSINSLOT", std::to_string(ask_slot)})
-                ->integer,
-            1);
-  EXPECT_EQ(RedisCall(cluster.node(src).port(),
-                      {"CLUSTER", "COUNTKEYSINSLOT", std::to_string(ask_slot)})
-                ->integer,
-            0);
+  EXPECT_EQ(
+      RedisCall(cluster.node(dst).port(), {"CLUSTER", "COUNTKEYSINSLOT", std::to_string(ask_slot)})
+          ->integer,
+      1);
+  EXPECT_EQ(
+      RedisCall(cluster.node(src).port(), {"CLUSTER", "COUNTKEYSINSLOT", std::to_string(ask_slot)})
+          ->integer,
+      0);
   EXPECT_TRUE(client.available());
 }
 
