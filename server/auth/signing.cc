@@ -145,6 +145,11 @@ std::string CanonicalResultBytes(absl::string_view handle, const v1::ActionResul
   e.Int(plan.workspace_bytes());
   e.Int(plan.abi_version());
   e.Str(result.key_debug());
+  e.Int(result.key_fields_size());
+  for (const v1::KeyField& f : result.key_fields()) {
+    e.Str(f.label());
+    e.Str(f.value());
+  }
   return e.Take();
 }
 

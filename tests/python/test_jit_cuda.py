@@ -186,6 +186,17 @@ class FakeDriver:
     def context(self, ctx: int) -> Iterator[None]:
         yield
 
+    # The calling thread's current context (these tests launch from one thread).
+    current = 0
+
+    def cuCtxGetCurrent(self, ref: Any) -> int:
+        ctypes.cast(ref, ctypes.POINTER(ctypes.c_void_p)).contents.value = self.current or None
+        return 0
+
+    def cuCtxSetCurrent(self, ctx: Any) -> int:
+        self.current = ctx.value or 0
+        return 0
+
     def check(self, rc: int, what: str) -> None:
         if rc:
             raise kiln.KilnError(f"{what} failed: {rc}")

@@ -95,6 +95,9 @@ def _print_table(rows: Sequence[Sequence[Any]], indent: str = "") -> None:
 
 
 def _looks_numeric(c: str) -> bool:
+    """Numbers, sizes, durations, and the yes/no of flags: cells of a right-aligned column."""
+    if c in ("yes", "no"):
+        return True
     head = c.split(" ", 1)[0]
     try:
         float(head)
@@ -374,14 +377,24 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return 0
     store = d.pop("store", {})
     shared = d.pop("shared", {})
+    tokens = d.pop("tokens", [])
+    # One table of counters and sizes (a numeric column, right-aligned), then the shared tier
+    # and the per-token counters, each a table of its own when kilnd has them.
     rows = [(k, _stat_text(k, v)) for k, v in d.items()]
     rows += [(f"store.{k}", _stat_text(k, v)) for k, v in store.items()]
-    rows += _shared_tier_rows(shared)
     _print_table(rows)
+    if shared.get("enabled"):
+        _print_table(_shared_tier_rows(shared))
+    if tokens:
+        _print_table([("token", "role", "requests", "denied", "in flight", "limited")] +
+                     [(t.get("name", ""), t.get("role", ""), t.get("requests", 0), t.get("denied", 0),
+                       t.get("compiles_in_flight", 0), t.get("limited", 0)) for t in tokens])
     return 0
 
 
 def _stat_text(name: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if name.endswith("bytes"):
         return human_size(value)
     if name.endswith("_s") and isinstance(value, float):
@@ -434,10 +447,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _shared_tier_rows(shared: dict[str, Any]) -> list[tuple[str, str]]:
-    """The shared (Redis) tier as table rows: state, counters and the latency median from its
-    histogram."""
-    if not shared.get("enabled"):
-        return [("shared", "off (local cache only)")]
+    """The shared (Redis) tier, when kilnd has one, as table rows: state, counters and the
+    latency median from its histogram."""
     rows = [("shared", f"{shared.get('address', '')} ({'up' if shared.get('available') else 'DOWN'})")]
     bounds = shared.pop("latency_bounds_s", [])
     counts = [int(c) for c in shared.pop("latency_counts", [])]

@@ -88,6 +88,10 @@ def canonical_result_bytes(handle: str, result: Any) -> bytes:
     _int(out, plan.workspace_bytes)
     _int(out, plan.abi_version)
     _str(out, result.key_debug)
+    _int(out, len(result.key_fields))
+    for f in result.key_fields:
+        _str(out, f.label)
+        _str(out, f.value)
     return b"".join(out)
 
 
