@@ -64,7 +64,8 @@ std::string ConstArray(const Buffer& b) {
   int64_t n = b.value.NumElements();
   for (int64_t k = 0; k < n; ++k) {
     double f = b.value.f.empty() ? static_cast<double>(b.value.i[k]) : b.value.f[k];
-    int64_t i = b.value.i.empty() ? static_cast<int64_t>(b.value.f[k]) : b.value.i[k];
+    // Float constants hold no integers (and converting theirs could overflow): 0 is unused.
+    int64_t i = b.value.i.empty() ? 0 : b.value.i[k];
     std::string lit = Literal(b.dtype, f, i);
     vals.push_back(StoreConvert(b.dtype, lit));
   }

@@ -25,7 +25,7 @@ std::string ConstArray(const Buffer& b) {
       continue;
     }
     double f = b.value.f.empty() ? static_cast<double>(b.value.i[k]) : b.value.f[k];
-    int64_t i = b.value.i.empty() ? static_cast<int64_t>(b.value.f[k]) : b.value.i[k];
+    int64_t i = b.value.i.empty() ? 0 : b.value.i[k];  // float constants: unused (see cpu_codegen)
     vals.push_back(Literal(b.dtype, f, i));
   }
   std::string type = half ? "float" : StorageType(b.dtype, true);
