@@ -31,7 +31,10 @@ work="$BUILD/corpus-work"
 findings="$BUILD/findings"
 rm -rf "$corpus" "$findings"
 mkdir -p "$work" "$findings"
-python3 tests/fuzz/make_corpus.py "$corpus"
+# The corpus writer imports the kiln package: the project's virtualenv has it and its needs.
+PY=python3
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+"$PY" tests/fuzz/make_corpus.py "$corpus"
 
 # Leak checking is off: the CUDA toolkit's NVRTC keeps allocations for the process's life.
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:symbolize=1"
