@@ -9,6 +9,8 @@ import random
 import shutil
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -483,3 +485,16 @@ def test_sighup_reloads_tokens_and_certificates_under_load(tmp_path, kilnd_binar
             assert admin.stats().requests >= 0
         wait_for_log(d, "SIGHUP: reloaded TLS certificates", "SIGHUP: kept the current TLS certificates",
                      "SIGHUP: reloaded token file")
+
+
+def test_a_client_that_trusts_no_key_needs_no_cryptography():
+    # Machines with a preinstalled Python stack (a GPU image, say) may lack the package: only
+    # verifying signatures needs it.
+    code = ("import sys; sys.modules['cryptography'] = None\n"
+            "from kiln.trust import TrustPolicy\n"
+            "p = TrustPolicy([], None); assert p.allow_unsigned\n"
+            "try:\n    TrustPolicy(['missing.pem'], None)\nexcept ImportError:\n    print('needs it for keys')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, KILN_TRUSTED_KEYS=""))
+    assert r.returncode == 0, r.stderr
+    assert "needs it for keys" in r.stdout

@@ -134,13 +134,14 @@ class TrustPolicy:
 
     def __init__(self, trusted_keys: Optional[Iterable[Union[str, Path]]] = None,
                  allow_unsigned: Optional[bool] = None) -> None:
-        from cryptography.hazmat.primitives import serialization
-
         if trusted_keys is None:
             trusted_keys = [p for p in os.environ.get("KILN_TRUSTED_KEYS", "").split(",") if p.strip()]
         self.key_paths = [str(p).strip() for p in trusted_keys]
         self._keys: dict[str, Any] = {}
         for p in self.key_paths:
+            # Imported only with keys to load: a client that trusts no key needs no cryptography.
+            from cryptography.hazmat.primitives import serialization
+
             key = _load_public_key(p)
             raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
             self._keys[key_id_of(raw)] = key
