@@ -38,6 +38,8 @@ from typing import Any, Callable
 
 import torch
 
+from torch_backend_gpu import median_ms  # the same CUDA-event timing as the backend checks
+
 
 def bert_workload(train: bool) -> tuple[Callable[[int], Any], list[torch.nn.Module]]:
     from transformers import BertConfig, BertModel
@@ -94,21 +96,6 @@ WORKLOADS = {
     "bert_train": lambda: bert_workload(train=True),
     "ln_gelu_train": ln_gelu_workload,
 }
-
-
-def median_ms(step: Callable[[int], Any], iters: int, warmup: int) -> float:
-    for i in range(warmup):
-        step(i)
-    torch.cuda.synchronize()
-    times = []
-    for i in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step(i)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 _PARTS: list[Any] = []
