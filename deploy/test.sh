@@ -12,3 +12,8 @@ if [ -d tests/python ]; then
   export PYTHONPATH="$PWD/client/python${PYTHONPATH:+:$PYTHONPATH}"
   python3 -m pytest -q -p no:cacheprovider tests/python
 fi
+# The mutation check on its small sample: the suite must catch deliberately planted bugs
+# (tests/mutation; the full list: python3 tests/mutation/run_mutants.py).
+if [ -f tests/mutation/run_mutants.py ] && [ "${KILN_MUTATION_SAMPLE:-1}" = 1 ]; then
+  python3 tests/mutation/run_mutants.py --sample
+fi
