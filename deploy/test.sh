@@ -21,3 +21,8 @@ if [ -d tests/python ]; then
 fi
 # The frontend under libFuzzer (clang build of its own, build-fuzz/), bounded: fails on findings.
 bash tests/fuzz/run.sh "${KILN_FUZZ_SECONDS:-120}"
+# The mutation check on its small sample: the suite must catch deliberately planted bugs
+# (tests/mutation; every mutant: .venv/bin/python tests/mutation/run_mutants.py).
+if [ -f tests/mutation/run_mutants.py ] && [ "${KILN_MUTATION_SAMPLE:-1}" = 1 ]; then
+  .venv/bin/python tests/mutation/run_mutants.py --sample
+fi

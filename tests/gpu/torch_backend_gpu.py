@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The kiln torch.compile backend on an NVIDIA GPU: checks against eager, then benchmarks.
 
-Checks (``backend="kiln"`` vs eager on CUDA tensors; outputs and gradients within tolerance):
-``sin(x)**2 + cos(x)**2`` forward and backward (the gradient is zero), the LLTM cell forward and
-backward, torchvision's resnet18 inference at batch 16 (when torchvision is importable), a
+Checks (``backend="kiln"`` vs eager on CUDA tensors; outputs and gradients of a randomly
+weighted loss, element by element within tolerance): ``x*sin(x) + cos(x)**2 - sin(x)`` forward
+and backward (the check of the sin2+cos2 workload, whose own value and gradient are constant),
+the LLTM cell forward and backward, torchvision's resnet18 inference at batch 16 (when torchvision is importable), a
 transformer encoder block forward and backward, the k-means assignment step; and the same
 sin/cos and encoder graphs under ``mode="reduce-overhead"`` (CUDA graphs). A check also says
 how many kiln parts ran on the GPU and how many fell back to torch.
@@ -18,8 +19,9 @@ Benchmarks, against eager and the default backend (Inductor), same inputs:
 It starts its own kilnd from ``$KILND`` (a built binary) with a temporary cache and imports
 kiln from ``PYTHONPATH``; it needs torch (with CUDA), numpy, grpcio and protobuf, and
 torchvision for resnet18. Prints a table; with ``$OUT`` set also writes
-``$OUT/torch_backend.md``. Exits 1 when a check does not match eager (``--strict``: also when
-kiln fell back to torch anywhere).
+``$OUT/torch_backend.md``. Exits 1 when a check does not match eager, or when any part kiln
+claims fell back to torch (eager compared with eager proves nothing); ``--allow-fallback``
+accepts fallbacks.
 
     KILND=build/server/kilnd PYTHONPATH=client/python python tests/gpu/torch_backend_gpu.py
     ... --quick        smaller sizes and fewer iterations
@@ -66,8 +68,8 @@ def workloads(quick: bool) -> dict[str, dict[str, Any]]:
         return E.encoder_block(*a, heads=heads)
 
     out: dict[str, dict[str, Any]] = {
-        "sin2+cos2": dict(fn=E.sin2_cos2, make=lambda s: E.make_sin(n_sin, device=dev, seed=s), trainable=True,
-                          tol=(1e-5, 1e-5), size=f"{n_sin} f32"),
+        "sin2+cos2": dict(fn=E.sin2_cos2, check_fn=E.sin_cos_mix, make=lambda s: E.make_sin(n_sin, device=dev, seed=s),
+                          trainable=True, tol=(1e-5, 1e-5), size=f"{n_sin} f32"),
         "lltm": dict(fn=E.lltm_cell, make=lambda s: E.make_lltm(**lltm, device=dev, seed=s), trainable=True,
                      tol=(1e-4, 1e-4), size=f"batch {lltm['batch']}, state {lltm['state']}"),
         "encoder": dict(fn=encoder, make=lambda s: E.make_encoder(**enc, device=dev, seed=s), trainable=True,
@@ -109,6 +111,33 @@ def fn_and_args(name: str, w: dict[str, Any], seed: int = 0, grad: bool = False)
 
 VERBOSE = False  # --verbose: print every check's kiln parts
 
+# The error a float type allows per element, on top of a workload's tolerance (torch.testing's
+# defaults for each type).
+DTYPE_TOL = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5),
+             torch.float64: (1e-7, 1e-7)}
+
+
+def elements_beyond_tolerance(got: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor,
+                              tol: tuple[float, float]) -> tuple[int, str]:
+    """How many elements of ``got`` are wrong, judged against ``exact`` (a float64 run), and
+    the worst one. Element i passes when |got - exact| <= atol + rtol * |exact| (the larger of
+    the workload's and the dtype's tolerances) or when it is within twice eager's own error at
+    that element. Each element is judged on its own scale: a small element may not hide behind
+    the largest one."""
+    rtol, atol = (max(a, b) for a, b in zip(tol, DTYPE_TOL.get(got.dtype, (0.0, 0.0))))
+    exact = exact.double()
+    err = (got.double() - exact).abs()
+    allowed = torch.maximum(atol + rtol * exact.abs(), 2 * (eager.double() - exact).abs())
+    bad = ~(err <= allowed)  # NaN errors are bad too
+    bad &= ~(torch.isnan(got.double()) & torch.isnan(exact))
+    n = int(bad.sum())
+    if n == 0:
+        return 0, ""
+    i = int(torch.argmax(torch.where(bad, err - allowed, torch.zeros_like(err)).nan_to_num(float("inf"))))
+    return n, (f"{n} element(s) beyond tolerance; worst at {i}: got {float(got.flatten()[i]):.6g}, "
+               f"exact {float(exact.flatten()[i]):.6g}, eager {float(eager.flatten()[i]):.6g}")
+
+
 def _close(a: torch.Tensor, b: torch.Tensor, tol: tuple[float, float]) -> Optional[str]:
     try:
         torch.testing.assert_close(a, b, rtol=tol[0], atol=tol[1])
@@ -136,9 +165,9 @@ def _results(fn: Callable[..., Any], args: Sequence[torch.Tensor], backward: boo
 
 def run_check(name: str, w: dict[str, Any], mode: Optional[str] = None) -> dict[str, Any]:
     """Compiled vs eager. Where the two differ by more than the tolerance, both are measured
-    against a float64 eager run: kiln passes when its error is no larger than twice eager's
-    own, or than the relative tolerance times the largest exact value (long float32 reductions
-    legitimately differ with the summation order)."""
+    against a float64 eager run, element by element (elements_beyond_tolerance): long float32
+    reductions legitimately differ from eager with the summation order, but each element must
+    be right on its own scale."""
     import kiln.torch as kt
     from kiln.torch import examples as E
 
@@ -149,6 +178,7 @@ def run_check(name: str, w: dict[str, Any], mode: Optional[str] = None) -> dict[
     try:
         backward = w["trainable"]
         fn, args = fn_and_args(name, w, seed=1, grad=backward)
+        fn = w.get("check_fn") or fn
         compiled = torch.compile(fn, backend="kiln", mode=mode) if mode else torch.compile(fn, backend="kiln")
 
         def fresh(dtype: Optional[torch.dtype] = None) -> list[torch.Tensor]:
@@ -191,16 +221,11 @@ def run_check(name: str, w: dict[str, Any], mode: Optional[str] = None) -> dict[
                         ro, rg, _ = _results(f64, fresh(torch.float64), backward, wts)
                     ref = ro + rg
                 exact = ref[labels.index(lab)]
-                err_k = float((g.double() - exact).abs().max())
-                err_e = float((r.double() - exact).abs().max())
-                # Relative to the result's scale too: a sum whose terms cancel is exact only to
-                # the terms' magnitude, and ATen's deep reduction trees are unusually good at it.
-                if err_k <= 2 * err_e + 1e-6 or err_k <= w["tol"][0] * float(exact.abs().max()):
-                    notes.append(f"{lab}: differs from eager ({p}) but its error vs float64 is {err_k:.2g}, eager's {err_e:.2g}")
+                n_bad, worst = elements_beyond_tolerance(g, r, exact, w["tol"])
+                if n_bad == 0:
+                    notes.append(f"{lab}: differs from eager ({p}) but every element is within tolerance of float64")
                 else:
-                    problems.append(f"{lab}: {p}; error vs float64 {err_k:.2g}, eager's {err_e:.2g}")
-            if name == "sin2+cos2" and got_g and got_g[0] is not None and float(got_g[0].abs().max()) > 1e-4:
-                problems.append(f"gradient is not zero: max {float(got_g[0].abs().max()):.3g}")
+                    problems.append(f"{lab}: {p}; against float64: {worst}")
         s = kt.stats()
         if VERBOSE:
             for g in kt.last_graphs():
@@ -215,12 +240,13 @@ def run_check(name: str, w: dict[str, Any], mode: Optional[str] = None) -> dict[
         if problems:
             result["status"] = "MISMATCH"
             result["detail"] = "; ".join(problems)[:400]
-        elif s["compiled"] == 0:
+        elif s["compiled"] == 0 or s["kernel_calls"] == 0:
             result["status"] = "torch only"
-            result["detail"] = (fallbacks[0] if fallbacks else "no kiln part")[:400]
-        elif s["failed"]:
+            result["detail"] = (fallbacks[0] if fallbacks else "no kiln part ran")[:400]
+        elif s["failed"] or s["eager_calls"] or s["compiled"] < s["parts"]:
             result["status"] = "ok, partial fallback"
-            result["detail"] = (fallbacks[0] if fallbacks else "")[:400]
+            result["detail"] = (fallbacks[0] if fallbacks else
+                                f"{s['compiled']}/{s['parts']} parts compiled, {s['eager_calls']} eager call(s)")[:400]
         elif notes:
             result["detail"] = f"{len(notes)} result(s) checked against float64 (--verbose shows them)"
     except Exception as e:
@@ -354,7 +380,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer iterations")
     ap.add_argument("--checks-only", action="store_true")
-    ap.add_argument("--strict", action="store_true", help="a fallback to torch fails the run too")
+    ap.add_argument("--allow-fallback", action="store_true",
+                    help="pass a check where kiln fell back to torch for some or all parts")
+    ap.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)  # the default now
     ap.add_argument("--iters", type=int, default=0, help="timed iterations per steady-state measurement")
     ap.add_argument("--workloads", default="", help="comma-separated subset (sin2+cos2,lltm,encoder,kmeans,resnet18)")
     ap.add_argument("--child", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
@@ -404,7 +432,7 @@ def main() -> int:
         print(t, flush=True)
         report += ["## Checks against eager", "", t, ""]
         for c in checks:
-            if c["status"] in ("MISMATCH", "ERROR") or (opts.strict and c["status"] != "ok"):
+            if c["status"] in ("MISMATCH", "ERROR") or (not opts.allow_fallback and c["status"] != "ok"):
                 failed = True
 
         if not opts.checks_only:

@@ -3,6 +3,7 @@
 // Thread-safety: a plain value type.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -67,18 +68,27 @@ class WireGraph {
   v1::Graph graph_;
 };
 
-// sin(x)^2 + cos(x)^2 + c on f32[n]: ~1 for every x. Distinct `c` gives distinct keys.
+// x*sin(x) + cos(x)^2 - sin(x) + c on f32[n]. Every element of the result depends on its own
+// input element through every op (swapping sin and cos, flipping an operator or reading a
+// neighbour all change it); SinCosReference computes it on the host. Distinct `c` gives
+// distinct keys.
 inline v1::Graph SinCosGraph(int64_t n, double c = 0.0) {
   WireGraph g;
   const int x = g.Input("x", v1::F32, {n});
   const int s = g.Op("sin", {x});
   const int co = g.Op("cos", {x});
-  const int s2 = g.Op("mul", {s, s});
+  const int xs = g.Op("mul", {x, s});
   const int c2 = g.Op("mul", {co, co});
-  int y = g.Op("add", {s2, c2});
+  int y = g.Op("sub", {g.Op("add", {xs, c2}), s});
   if (c != 0.0) y = g.Op("add", {y, g.Scalar(c)});
   g.Output(y);
   return g.graph();
+}
+
+// SinCosGraph's value at one element, in double.
+inline double SinCosReference(float x, double c = 0.0) {
+  const double s = std::sin(static_cast<double>(x)), co = std::cos(static_cast<double>(x));
+  return x * s + co * co - s + static_cast<float>(c);
 }
 
 inline v1::Target CpuTarget(const std::string& isa = "x86-64-v2") {

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from types import ModuleType
 from typing import Any
 
 import numpy as np
+import pytest
 
 
 def kiln_cli(env: dict[str, str], *args: Any, check: bool = True) -> subprocess.CompletedProcess:
@@ -59,3 +62,18 @@ def assert_labels_match(labels: np.ndarray, X: np.ndarray, means: np.ndarray, wa
         got_d = dist[labels[diff], np.arange(diff.size)]
         want_d = dist[want[diff], np.arange(diff.size)]
         np.testing.assert_allclose(got_d, want_d, rtol=1e-5, err_msg="labels differ beyond ties")
+
+
+def import_torch() -> ModuleType:
+    """PyTorch, which the suite needs (deploy/setup.sh installs it). Without it the calling
+    test module fails, so that a run without torch cannot pass, unless KILN_SKIP_TORCH=1 asks
+    to skip the torch tests instead (e.g. on a developer machine without torch)."""
+    try:
+        import torch
+
+        return torch
+    except ImportError as e:
+        if os.environ.get("KILN_SKIP_TORCH") == "1":
+            pytest.skip("PyTorch is not installed (KILN_SKIP_TORCH=1)", allow_module_level=True)
+        raise ImportError("the kiln test suite needs PyTorch (deploy/setup.sh installs it); "
+                          "set KILN_SKIP_TORCH=1 to skip the tests that use it") from e

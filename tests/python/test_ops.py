@@ -7,6 +7,7 @@ arithmetic of the lowering is exercised along with the op itself.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -146,6 +147,11 @@ BINARY_CASES = [(op, dtypes) for op in sorted(BINARY)
                 if _binary_applies(op, dtypes)]
 
 
+# Ops whose results hinge on equal operands and NaN (IEEE: every comparison with NaN is false,
+# except ne; maximum and minimum propagate NaN).
+COMPARE_LIKE = {"eq", "ne", "lt", "le", "gt", "ge", "maximum", "minimum"}
+
+
 @pytest.mark.parametrize("op, dtypes", BINARY_CASES)
 def test_binary_broadcast(client, rng, op: str, dtypes: tuple[str, str]) -> None:
     da, db = dtypes
@@ -156,18 +162,52 @@ def test_binary_broadcast(client, rng, op: str, dtypes: tuple[str, str]) -> None
                           ("small" if op == "pow" else "any"))
     if op == "pow" and not floaty:
         b_host = rng.integers(0, 4, size=(4, 5)).astype(NP[db])
-    if da in FLOATS and op in ("maximum", "minimum", "eq", "lt"):
-        a_host.flat[::3] = np.nan
+    if op in COMPARE_LIKE:
+        # Equal operands somewhere: out[i, j, k] compares a[i, 0, k] with b[j, k].
+        if db in FLOATS or da == db:
+            b_host[0, :] = a_host[0, 0, :]
+            b_host[2, ::2] = a_host[3, 0, ::2]
+        else:
+            a_host[0, 0, :] = b_host[0, :]
+            a_host[3, 0, ::2] = b_host[2, ::2]
+        # NaN on either side, and on both.
+        if da in FLOATS:
+            a_host.flat[::3] = np.nan
+        if db in FLOATS:
+            b_host[1, 1::2] = np.nan
+            b_host[3, 0] = np.nan
+    if op.startswith("logical") and "bool" not in dtypes:
+        a_host.flat[::4] = 0  # false operands too (random numbers are all true)
+        b_host[1, ::2] = 0
     x = b.input("a", da, a_host.shape)
     y = b.input("b", db, b_host.shape)
     g = b.build([b.binary(op, x, y)])
     got = client.compile(g)(a_host, b_host)
     with np.errstate(all="ignore"):
         want = BINARY[op](a_host, b_host)
+    if want.dtype == np.bool_:
+        assert want.any() and not want.all(), f"{op}({da},{db}): a constant expected result tests nothing"
     check(got, want, str(want.dtype), f"{op}({da},{db})")
 
 
-# Floats give inf/nan as IEEE says; test_binary_broadcast checks them.
+@pytest.mark.parametrize("dtype", ["f16", "f32", "f64"])
+def test_float_division_by_zero_follows_ieee(client, dtype: str) -> None:
+    """x / ±0 is ±inf or NaN; floordiv follows true division there and remainder gives NaN,
+    as NumPy does."""
+    b = kiln.GraphBuilder()
+    x = b.input("a", dtype, (8,))
+    y = b.input("b", dtype, (8,))
+    g = b.build([b.binary(op, x, y) for op in ("div", "floordiv", "remainder")])
+    a = np.array([7, -7, 0, 2.5, -0.0, np.nan, np.inf, -np.inf], NP[dtype])
+    z = np.array([0, 0, 0, -0.0, 0, 0, -0.0, 0], NP[dtype])
+    got = client.compile(g)(a, z)
+    with np.errstate(all="ignore"):
+        wants = [np.true_divide(a, z), np.floor_divide(a, z), np.remainder(a, z)]
+    for op, g_, w in zip(("div", "floordiv", "remainder"), got, wants):
+        check(g_, w, dtype, f"{op}({dtype}) by zero")
+        np.testing.assert_array_equal(np.signbit(g_), np.signbit(w), err_msg=f"{op}({dtype}) by zero: signs")
+
+
 @pytest.mark.parametrize("dtype", ["i32", "i16"])
 def test_integer_division_by_zero_gives_zero(client, dtype: str) -> None:
     b = kiln.GraphBuilder()
@@ -207,6 +247,43 @@ def test_where_clamp_cast(client, rng) -> None:
 REDUCTIONS = ["sum", "prod", "max", "min", "mean", "any", "all", "var", "std"]
 
 
+def truthiness_inputs(rng: np.random.Generator, dtype: str, shape: tuple[int, ...], axes) -> list[np.ndarray]:
+    """Inputs for any/all: five arrays in which each reduced slice is, in turn, all true, all
+    false, true in one place, false in one place, and mixed. Random data would make nearly
+    every slice all true (numbers) or mixed (bool), so a kernel returning a constant would pass.
+    True numbers include NaN; false ones include -0.0."""
+    nd = len(shape)
+    red = list(range(nd)) if axes is None else sorted(a % nd for a in axes)
+    keep = [a for a in range(nd) if a not in red]
+    m = int(np.prod([shape[a] for a in keep], dtype=np.int64))
+    k = int(np.prod([shape[a] for a in red], dtype=np.int64))
+    perm = keep + red
+    out = []
+    for shift in range(5):
+        truth = np.empty((m, k), bool)
+        for row in range(m):
+            kind = (row + shift) % 5
+            if kind == 4:
+                truth[row] = rng.random(k) < 0.5
+            else:
+                truth[row] = kind in (0, 3)
+                if kind in (2, 3):
+                    truth[row, rng.integers(k)] = kind == 2
+        if dtype == "bool":
+            vals = truth
+        elif dtype in INTS:
+            vals = rng.integers(1, 20, size=(m, k)) * rng.choice([-1, 1], size=(m, k))
+            vals = np.where(truth, vals, 0).astype(NP[dtype])
+        else:
+            vals = rng.standard_normal((m, k)) + np.where(rng.random((m, k)) < 0.5, 1.0, -1.0)
+            vals[rng.random((m, k)) < 0.05] = np.nan
+            vals = np.where(truth, vals, np.where(rng.random((m, k)) < 0.5, 0.0, -0.0)).astype(NP[dtype])
+        arr = vals.reshape([shape[a] for a in perm]).transpose(np.argsort(perm))
+        out.append(np.ascontiguousarray(arr))
+    return out
+
+
+
 # bool is covered for the counting reductions only; keepdim over the last axis for f32 only.
 REDUCTION_CASES = [(op, dtype, axes, keepdim) for op in REDUCTIONS for dtype in ["f32", "f64", "i32", "bool"]
                    for axes in [(1,), (0, 2), (2,), None] for keepdim in [False, True]
@@ -217,26 +294,33 @@ REDUCTION_CASES = [(op, dtype, axes, keepdim) for op in REDUCTIONS for dtype in 
 @pytest.mark.parametrize("op, dtype, axes, keepdim", REDUCTION_CASES)
 def test_reductions(client, rng, op: str, dtype: str, axes, keepdim: bool) -> None:
     shape = (5, 7, 9)
-    host = random_array(rng, dtype, shape, "small")
+    if op in ("any", "all"):
+        hosts = truthiness_inputs(rng, dtype, shape, axes)
+    else:
+        hosts = [random_array(rng, dtype, shape, "small")]
     if op == "prod" and dtype in FLOATS:
-        host = rng.uniform(0.8, 1.25, size=shape).astype(NP[dtype])
+        hosts = [rng.uniform(0.8, 1.25, size=shape).astype(NP[dtype])]
     b = kiln.GraphBuilder()
     x = b.input("x", dtype, shape)
     r = b.reduce(op, x, axes=list(axes) if axes else None, keepdim=keepdim,
                  correction=1.0 if op in ("var", "std") else None)
-    got = client.compile(b.build([r]))(host)
+    compiled = client.compile(b.build([r]))
     ax = axes if axes else None
     kw = {"axis": ax, "keepdims": keepdim}
-    if op in ("var", "std"):
-        want = getattr(np, op)(host, ddof=1, **kw)
-    elif op in ("any", "all"):
-        want = getattr(np, op)(host, **kw)
-    else:
-        want = getattr(np, {"max": "max", "min": "min"}.get(op, op))(host, **kw)
-    want = np.asarray(want)
-    if op in ("sum", "prod") and dtype in ("i32", "bool"):
-        want = want.astype(np.int64)
-    check(got, want, str(want.dtype), f"{op}{axes} keepdim={keepdim} {dtype}")
+    seen = set()
+    for host in hosts:
+        got = compiled(host)
+        if op in ("var", "std"):
+            want = getattr(np, op)(host, ddof=1, **kw)
+        else:
+            want = getattr(np, op)(host, **kw)
+        want = np.asarray(want)
+        if op in ("sum", "prod") and dtype in ("i32", "bool"):
+            want = want.astype(np.int64)
+        seen.update(np.unique(want).tolist() if want.dtype == np.bool_ else ())
+        check(got, want, str(want.dtype), f"{op}{axes} keepdim={keepdim} {dtype}")
+    if op in ("any", "all"):
+        assert seen == {False, True}, f"{op}: the inputs never made the result both true and false"
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64", "i32", "u8"])
@@ -275,7 +359,7 @@ def test_layout_ops(client, rng) -> None:
     yh = random_array(rng, "f32", (6, 1))
     got = client.compile(b.build(outs))(xh, yh)
     wants = [
-        xh.reshape(24, 5), xh.transpose(2, 0, 1).reshape(5, -1), xh[:, :, None, :].squeeze(2) if False else xh[:, :, None],
+        xh.reshape(24, 5), xh.transpose(2, 0, 1).reshape(5, -1), xh[:, :, None],
         xh[:, 5:-7:-2, 1:100:3], np.concatenate([xh, np.broadcast_to(yh, (4, 6, 5)), xh], axis=2),
         np.broadcast_to(yh, (3, 6, 7)), np.broadcast_to(np.arange(4, dtype=np.int32), (3, 4)),
         np.full((2, 3), 2.5), xh + np.arange(5, dtype=np.float32),
@@ -340,14 +424,26 @@ def test_odd_shapes(client, rng, shape) -> None:
         np.testing.assert_allclose(got[1], np.exp(host * np.float32(2)).sum(-1, keepdims=True), rtol=1e-5)
 
 
+def thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
 @pytest.mark.parametrize("op", ["sum", "max", "var", "std", "mean", "all"])
 def test_whole_tensor_reductions_run_in_parallel(client, rng, op: str) -> None:
     # Large enough that the outermost reduction loop is split across threads, including
     # reductions nested in reductions (var: a mean inside a sum).
     shape = (64, 512)
     host = random_array(rng, "f64", shape, "small")
+    host[50, 300] = 0.0  # so that `all` is false
     b = kiln.GraphBuilder()
     x = b.input("x", "f64", shape)
-    got = client.compile(b.build([b.reduce(op, x)]))(host, num_threads=2)
+    compiled = client.compile(b.build([b.reduce(op, x)]))
     want = np.asarray(getattr(np, op)(host))
+    # OpenMP keeps the threads of its largest team so far, all counted in `before`. A team
+    # larger than that must start new threads: the kernel ran in parallel only if it did.
+    before = thread_count()
+    got = compiled(host, num_threads=before + 4)
+    assert thread_count() >= before + 2, f"{op}: no new threads: the reduction did not run in parallel"
     check(got, want, str(want.dtype), f"{op} over all axes")
+    for threads in (1, 3):
+        check(compiled(host, num_threads=threads), want, str(want.dtype), f"{op} over all axes, {threads} threads")

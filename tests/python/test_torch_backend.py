@@ -1,19 +1,21 @@
 """The torch.compile backend (kiln.torch) on CPU tensors against eager PyTorch.
 
-Skipped when PyTorch is not installed. Each test compiles with ``backend="kiln"`` against the
-session's daemon and checks outputs (and gradients) against eager, and that kiln actually ran
-kernels: a test must not pass by falling back to torch everywhere.
+PyTorch is required: without it this module fails (helpers.import_torch). Each test compiles
+with ``backend="kiln"`` against the session's daemon and checks outputs (and gradients of a
+randomly weighted loss) against eager, and that kiln actually ran kernels: a test must not
+pass by falling back to torch everywhere.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any, Callable, Sequence
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from helpers import import_torch
+
+torch = import_torch()
 import torch.nn.functional as F  # noqa: E402
 
 import kiln  # noqa: E402
@@ -53,10 +55,12 @@ def check_fwd_bwd(fn: Callable[..., Any], args: Sequence[torch.Tensor], client: 
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
     if backward:
-        # A weighted sum, so each output's gradient differs from a plain ones tensor.
-        weights = [torch.linspace(-1, 1, w.numel(), dtype=w.dtype).reshape(w.shape) for w in want]
-        sum((g * wt).sum() for g, wt in zip(got, weights)).backward()
-        sum((w * wt).sum() for w, wt in zip(want, weights)).backward()
+        # A randomly weighted sum of the outputs, so that each element's gradient is distinct
+        # and errors cannot cancel (as they can in a plain sum).
+        gen = torch.Generator().manual_seed(2024)
+        weights = [torch.randn(w.shape, generator=gen, dtype=torch.float64).to(w.dtype) for w in want]
+        sum((g * wt).sum() for g, wt in zip(got, weights) if g.is_floating_point()).backward()
+        sum((w * wt).sum() for w, wt in zip(want, weights) if w.is_floating_point()).backward()
         for i, (ak, ar) in enumerate(zip(a_kiln, a_ref)):
             if ar.grad is None:
                 continue
@@ -84,24 +88,19 @@ def test_backend_is_registered() -> None:
 
 # ---------------------------------------------------------------------------------- workloads
 
-def test_sin2_cos2_forward_and_backward(client: Any) -> None:
+def test_sin_cos_forward_and_backward(client: Any) -> None:
     before = client.stats()
     (x,) = E.make_sin(10000)
-    xk = x.detach().clone().requires_grad_()
-    y = compiled(E.sin2_cos2, client)(xk)
-    torch.testing.assert_close(y, torch.ones_like(y), rtol=0, atol=1e-5)
-    y.sum().backward()
-    torch.testing.assert_close(xk.grad, torch.zeros_like(x), rtol=0, atol=1e-5)
-    check_fwd_bwd(E.sin2_cos2, [x], client)
+    check_fwd_bwd(E.sin_cos_mix, [x], client)
     s = assert_kiln_ran(min_parts=2, graphs=2)  # a forward and a backward part
     assert s["kiln_nodes"] > 0
     after = client.stats()
     assert after.requests > before.requests  # the daemon saw the parts
 
 
-def test_sin2_cos2_float64(client: Any) -> None:
+def test_sin_cos_float64(client: Any) -> None:
     (x,) = E.make_sin(777, dtype=torch.float64)
-    check_fwd_bwd(E.sin2_cos2, [x], client, rtol=1e-12, atol=1e-12)
+    check_fwd_bwd(E.sin_cos_mix, [x], client, rtol=1e-12, atol=1e-12)
     assert_kiln_ran(min_parts=2)
 
 
@@ -255,12 +254,12 @@ def test_part_that_fails_to_compile_warns_once_and_matches(client: Any) -> None:
 def test_unreachable_daemon_falls_back(kilnd: Any) -> None:
     dead = kiln.Client("127.0.0.1:1", max_attempts=1, timeout=2, compile_timeout=2)
     try:
-        f = torch.compile(E.sin2_cos2, backend="kiln", options={"client": dead})
+        f = torch.compile(E.sin_cos_mix, backend="kiln", options={"client": dead})
         (x,) = E.make_sin(100, requires_grad=False)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             y = f(x)
-        torch.testing.assert_close(y, E.sin2_cos2(x))
+        torch.testing.assert_close(y, E.sin_cos_mix(x))
         assert any(issubclass(w.category, kt.KilnFallbackWarning) for w in caught)
         assert kt.stats()["compiled"] == 0
     finally:
@@ -271,14 +270,15 @@ def test_unreachable_daemon_falls_back(kilnd: Any) -> None:
 
 def test_recompile_hits_caches(client: Any) -> None:
     (x,) = E.make_sin(300, requires_grad=False)
-    compiled(E.sin2_cos2, client)(x)
+    compiled(E.sin_cos_mix, client)(x)
     assert kt.stats()["compiled"] == 1
     torch._dynamo.reset()
-    compiled(E.sin2_cos2, client)(x)  # same graph again: remembered in this process
+    compiled(E.sin_cos_mix, client)(x)  # same graph again: remembered in this process
     assert kt.stats()["memo_hits"] == 1
     kt.clear_memo()
     torch._dynamo.reset()
-    compiled(E.sin2_cos2, client)(x)  # asked again: the daemon has it cached
+    y = compiled(E.sin_cos_mix, client)(x)  # asked again: the daemon has it cached
+    torch.testing.assert_close(y, E.sin_cos_mix(x))
     assert kt.stats()["cache_hits"] >= 1
 
 
@@ -286,20 +286,24 @@ def test_reduce_overhead_on_cpu_runs(server: str, monkeypatch: pytest.MonkeyPatc
     """CUDA graphs apply to GPU graphs only: on CPU the mode changes nothing."""
     monkeypatch.setenv("KILN_SERVER", server)  # torch.compile takes mode or options, not both
     (x,) = E.make_sin(256)
-    f = torch.compile(E.sin2_cos2, backend="kiln", mode="reduce-overhead")
-    xk = x.detach().clone().requires_grad_()
+    f = torch.compile(E.sin_cos_mix, backend="kiln", mode="reduce-overhead")
+    xk, xe = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+    w = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
     y = f(xk)
-    y.sum().backward()
-    torch.testing.assert_close(y, E.sin2_cos2(x.detach()))
-    assert xk.grad is not None and float(xk.grad.abs().max()) < 1e-5
+    (y * w).sum().backward()
+    want = E.sin_cos_mix(xe)
+    (want * w).sum().backward()
+    torch.testing.assert_close(y, want)
+    assert xk.grad is not None
+    torch.testing.assert_close(xk.grad, xe.grad)
     assert_kiln_ran(min_parts=2)
 
 
 def test_backend_factory_with_options(client: Any) -> None:
     be = kt.backend(client=client, opt_level=1, mode="reduce-overhead")
     (x,) = E.make_sin(64, requires_grad=False)
-    y = torch.compile(E.sin2_cos2, backend=be)(x)
-    assert math.isclose(float(y.mean()), 1.0, rel_tol=1e-5)
+    y = torch.compile(E.sin_cos_mix, backend=be)(x)
+    torch.testing.assert_close(y, E.sin_cos_mix(x))
     assert_kiln_ran(min_parts=1)
 
 
@@ -316,3 +320,30 @@ def test_half_types(client: Any, dtype: torch.dtype) -> None:
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
     assert_kiln_ran(min_parts=1)
+
+
+# ---------------------------------------------------------------------------------- the GPU check
+
+def test_gpu_check_judges_each_element_on_its_own_scale() -> None:
+    """tests/gpu/torch_backend_gpu.py's comparison: an element far off on its own scale fails
+    even when the tensor holds much larger values; rounding-sized errors pass."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "gpu" / "torch_backend_gpu.py"
+    spec = importlib.util.spec_from_file_location("torch_backend_gpu", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    exact = torch.tensor([1000.0, 0.5, -2.0, 1e-3], dtype=torch.float64)
+    eager = exact.float()
+    tol = (1e-5, 1e-5)
+    assert mod.elements_beyond_tolerance(eager, eager, exact, tol)[0] == 0
+    rounded = (exact * (1 + 3e-7)).float()
+    assert mod.elements_beyond_tolerance(rounded, eager, exact, tol)[0] == 0
+    small_wrong = eager.clone()
+    small_wrong[3] = 2e-3  # 100% off, yet within rtol * max|exact| = 0.01 of the whole tensor
+    n, why = mod.elements_beyond_tolerance(small_wrong, eager, exact, tol)
+    assert n == 1 and "worst at 3" in why, why
+    nan = eager.clone()
+    nan[1] = float("nan")
+    assert mod.elements_beyond_tolerance(nan, eager, exact, tol)[0] == 1

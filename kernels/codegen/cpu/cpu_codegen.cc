@@ -34,7 +34,9 @@ class CpuKernelEmitter : public ScopedEmitter {
     auto& stmts = scopes_[target].stmts;
     const std::string decl = " " + result + "_acc = ";
     size_t i = stmts.size();
-    while (i > 0 && stmts[i - 1].find(decl) == std::string::npos) --i;
+    // Declarations are the unindented lines (the combine step of max/min, `acc = v > acc ? ...`,
+    // also holds `decl`, but inside the loop, indented).
+    while (i > 0 && (stmts[i - 1].find(decl) == std::string::npos || stmts[i - 1].rfind(" ", 0) == 0)) --i;
     while (i < stmts.size() && stmts[i].rfind("for (", 0) != 0 && stmts[i].rfind("#pragma", 0) != 0) ++i;
     if (i == stmts.size()) return;
     const std::string simd = "#pragma omp simd";

@@ -5,8 +5,16 @@
 // A block runs as one fiber per thread on the calling OS thread: every fiber runs until it
 // reaches a barrier (__syncthreads, or either half of a warp shuffle), then the next; when
 // all have arrived the barrier opens. Threads that return while others wait at a barrier
-// are reported as divergence (fatal), as that would hang or be undefined on a GPU. Blocks
-// run one after another, so `__shared__` maps onto `static`.
+// are reported as divergence (fatal), as that would hang or be undefined on a GPU.
+//
+// Blocks run one after another, so `__shared__` maps onto `static` storage, all of it in one
+// linker section. To keep that from hiding bugs a GPU would show, every launch runs its blocks
+// in a shuffled order (a kernel must not depend on block order), runs the threads of a block in
+// a shuffled order between barriers (a missing __syncthreads shows as a wrong result), and
+// fills shared memory with a fresh junk byte before each block (a read of shared memory the
+// block has not written shows as a wrong result, not as the previous block's data). The
+// shuffles come from a generator seeded by KILN_EMU_SEED (default 1) and the launch count, so
+// a failure repeats.
 // Thread-safety: one launch at a time per process.
 #pragma once
 
@@ -18,8 +26,11 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <numeric>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -72,7 +83,12 @@ inline void FiberMain() {
 #define __restrict__ __restrict
 #define __launch_bounds__(n)
 #define __align__(n) __attribute__((aligned(n)))
-#define __shared__ static
+#define __shared__ static __attribute__((section("kiln_emu_shared")))
+
+// The bounds of the section holding every __shared__ variable (defined by the linker; weak, so
+// a unit without shared memory still loads).
+extern "C" char __start_kiln_emu_shared[] __attribute__((weak, visibility("hidden")));
+extern "C" char __stop_kiln_emu_shared[] __attribute__((weak, visibility("hidden")));
 
 inline void __syncthreads() { kiln_emu::Barrier(); }
 
@@ -149,7 +165,16 @@ extern "C" int kiln_emu_launch(void* fn, unsigned grid, unsigned block, void** a
   if (stacks == MAP_FAILED) abort();
   kiln_emu::grid_dim = {grid, 1, 1};
   kiln_emu::block_dim = {block, 1, 1};
-  for (unsigned b = 0; b < grid; ++b) {
+  static unsigned long long launches = 0;
+  const char* seed_text = getenv("KILN_EMU_SEED");
+  std::mt19937_64 rng((seed_text ? strtoull(seed_text, nullptr, 10) : 1ull) * 1000003ull + launches++);
+  std::vector<unsigned> block_order(grid), thread_order(block);
+  std::iota(block_order.begin(), block_order.end(), 0u);
+  std::iota(thread_order.begin(), thread_order.end(), 0u);
+  std::shuffle(block_order.begin(), block_order.end(), rng);
+  for (unsigned b : block_order) {
+    if (__start_kiln_emu_shared != nullptr && __stop_kiln_emu_shared != nullptr)
+      memset(__start_kiln_emu_shared, static_cast<int>(rng() & 0xff), __stop_kiln_emu_shared - __start_kiln_emu_shared);
     Block blk;
     blk.fibers.resize(block);
     blk.slots.assign(block, 0);
@@ -167,7 +192,8 @@ extern "C" int kiln_emu_launch(void* fn, unsigned grid, unsigned block, void** a
     }
     for (;;) {
       unsigned done = 0, waiting = 0;
-      for (unsigned t = 0; t < block; ++t) {
+      std::shuffle(thread_order.begin(), thread_order.end(), rng);
+      for (unsigned t : thread_order) {
         kiln_emu::Fiber& f = blk.fibers[t];
         if (f.done) {
           ++done;

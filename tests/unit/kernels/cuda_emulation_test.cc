@@ -15,17 +15,52 @@ ir::Graph Binary(const char* op, std::vector<ir::TensorType> in) {
   return Make(std::move(in), [&](ir::Builder& b) { return std::vector<ValueId>{*b.Add(op, {0, 1})}; });
 }
 
+// out = f(a, b) with NumPy broadcasting, in double on the host: a reference that shares no
+// code with either backend.
+Reference BroadcastReference(ir::Shape a, ir::Shape b, std::function<double(double, double)> f) {
+  return [a, b, f](const std::vector<HostTensor>& in, std::vector<HostTensor>* out) {
+    const size_t rank = std::max(a.size(), b.size());
+    ir::Shape pa(rank - a.size(), 1), pb(rank - b.size(), 1), o(rank);
+    pa.insert(pa.end(), a.begin(), a.end());
+    pb.insert(pb.end(), b.begin(), b.end());
+    for (size_t k = 0; k < rank; ++k) o[k] = std::max(pa[k], pb[k]);
+    for (int64_t i = 0; i < (*out)[0].elements; ++i) {
+      int64_t rest = i, ia = 0, ib = 0, sa = 1, sb = 1;
+      for (size_t k = rank; k-- > 0;) {
+        const int64_t at = rest % o[k];
+        rest /= o[k];
+        if (pa[k] != 1) ia += at * sa;
+        if (pb[k] != 1) ib += at * sb;
+        sa *= pa[k];
+        sb *= pb[k];
+      }
+      (*out)[0].Set(i, f(in[0].At(ia), in[1].At(ib)));
+    }
+  };
+}
+
+double Plus(double x, double y) { return x + y; }
+double Minus(double x, double y) { return x - y; }
+double Times(double x, double y) { return x * y; }
+
 ir::Graph Reduce(const char* op, ir::TensorType in, ir::AttrMap attrs) {
   return Make({std::move(in)}, [&](ir::Builder& b) { return std::vector<ValueId>{*b.Add(op, {0}, attrs)}; });
 }
 
+// Checked against host references, not the CPU backend, so that a bug in code both backends
+// share (expression printing, lowering, scheduling) fails here too.
 TEST(CudaEmulation, Pointwise) {
-  ExpectMatchesCpu(Binary("add", {Ty(DType::kF32, {1000}), Ty(DType::kF32, {1000})}));       // vectors of 4
-  ExpectMatchesCpu(Binary("add", {Ty(DType::kF32, {37, 129}), Ty(DType::kF32, {37, 129})}));  // scalar lanes
-  ExpectMatchesCpu(Binary("mul", {Ty(DType::kF32, {64, 48}), Ty(DType::kF32, {48})}));         // row broadcast
-  ExpectMatchesCpu(Binary("sub", {Ty(DType::kF64, {64, 48}), Ty(DType::kF64, {64, 1})}));      // column broadcast
-  ExpectMatchesCpu(Binary("add", {Ty(DType::kI8, {256}), Ty(DType::kF16, {256})}));            // mixed types
-  ExpectMatchesCpu(SinCos(1024));
+  ExpectMatchesCpu(Binary("add", {Ty(DType::kF32, {1000}), Ty(DType::kF32, {1000})}), nullptr,  // vectors of 4
+                   BroadcastReference({1000}, {1000}, Plus));
+  ExpectMatchesCpu(Binary("add", {Ty(DType::kF32, {37, 129}), Ty(DType::kF32, {37, 129})}), nullptr,  // scalar lanes
+                   BroadcastReference({37, 129}, {37, 129}, Plus));
+  ExpectMatchesCpu(Binary("mul", {Ty(DType::kF32, {64, 48}), Ty(DType::kF32, {48})}), nullptr,  // row broadcast
+                   BroadcastReference({64, 48}, {48}, Times));
+  ExpectMatchesCpu(Binary("sub", {Ty(DType::kF64, {64, 48}), Ty(DType::kF64, {64, 1})}), nullptr,  // column broadcast
+                   BroadcastReference({64, 48}, {64, 1}, Minus));
+  ExpectMatchesCpu(Binary("add", {Ty(DType::kI8, {256}), Ty(DType::kF16, {256})}), nullptr,  // mixed types
+                   BroadcastReference({256}, {256}, Plus));
+  ExpectMatchesCpu(SinCos(1024), nullptr, SinCosReference);
 }
 
 TEST(CudaEmulation, Views) {
@@ -37,12 +72,23 @@ TEST(CudaEmulation, Views) {
     auto c = *b.Add("concat", {s, s}, {{"axis", int64_t{0}}});
     auto i = *b.Add("iota", {}, {{"shape", ir::IntList{32, 6}}, {"axis", int64_t{1}}, {"dtype", DType::kF32}});
     return std::vector<ValueId>{*b.Add("add", {c, i})};
-  }));
+  }),
+                   nullptr, [](const std::vector<HostTensor>& in, std::vector<HostTensor>* out) {
+                     // t = x^T [16, 24]; s[r][j] = t[r][20 - 3j]; c = s stacked twice; + column index.
+                     for (int64_t r = 0; r < 32; ++r)
+                       for (int64_t j = 0; j < 6; ++j)
+                         (*out)[0].Set(r * 6 + j, in[0].At((20 - 3 * j) * 16 + r % 16) + static_cast<double>(j));
+                   });
   ir::TensorType strided = Ty(DType::kF32, {16, 24});
   strided.strides = {1, 16};
   ExpectMatchesCpu(Make({strided, Ty(DType::kF16, {24})}, [](ir::Builder& b) {
     return std::vector<ValueId>{*b.Add("mul", {0, 1})};
-  }));
+  }),
+                   nullptr, [](const std::vector<HostTensor>& in, std::vector<HostTensor>* out) {
+                     // Element (i, j) of the input lies at i * 1 + j * 16.
+                     for (int64_t i = 0; i < 16; ++i)
+                       for (int64_t j = 0; j < 24; ++j) (*out)[0].Set(i * 24 + j, in[0].At(i + 16 * j) * in[1].At(j));
+                   });
 }
 
 TEST(CudaEmulation, UnaryOpsEveryDtype) {

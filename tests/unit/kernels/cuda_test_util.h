@@ -46,14 +46,43 @@ struct HostTensor {
   std::shared_ptr<char> data;
   int64_t bytes() const { return elements * ir::DTypeSize(dtype); }
 
-  static HostTensor Make(ir::DType t, int64_t n) {
+  // Every byte is `poison` until written. The default makes floats NaN and integers -1; the
+  // output checks use the finite sentinels kPoisonA and kPoisonB instead (see
+  // ExpectMatchesCpu).
+  static HostTensor Make(ir::DType t, int64_t n, unsigned char poison = 0xff) {
     HostTensor h;
     h.dtype = t;
     h.elements = n;
     size_t size = static_cast<size_t>((std::max<int64_t>(h.bytes(), 1) + 63) / 64 * 64);
     h.data = std::shared_ptr<char>(static_cast<char*>(std::aligned_alloc(64, size)), std::free);
-    std::memset(h.data.get(), 0xff, size);  // poison: NaN for floats, -1 for integers
+    std::memset(h.data.get(), poison, size);
     return h;
+  }
+  // Whether element i has the same bytes here and in `o`.
+  bool SameBits(const HostTensor& o, int64_t i) const {
+    const int64_t w = ir::DTypeSize(dtype);
+    return std::memcmp(data.get() + i * w, o.data.get() + i * w, static_cast<size_t>(w)) == 0;
+  }
+  void Set(int64_t i, double v) {
+    char* p = data.get();
+    switch (dtype) {
+      case ir::DType::kF16: reinterpret_cast<_Float16*>(p)[i] = static_cast<_Float16>(v); break;
+      case ir::DType::kBF16: {
+        float f = static_cast<float>(v);
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+        break;
+      }
+      case ir::DType::kF32: reinterpret_cast<float*>(p)[i] = static_cast<float>(v); break;
+      case ir::DType::kF64: reinterpret_cast<double*>(p)[i] = v; break;
+      case ir::DType::kI8: reinterpret_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
+      case ir::DType::kI16: reinterpret_cast<int16_t*>(p)[i] = static_cast<int16_t>(v); break;
+      case ir::DType::kI32: reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+      case ir::DType::kI64: reinterpret_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+      case ir::DType::kU8: reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+      case ir::DType::kBool: reinterpret_cast<uint8_t*>(p)[i] = v != 0; break;
+    }
   }
   double At(int64_t i) const {
     const char* p = data.get();
@@ -77,6 +106,11 @@ struct HostTensor {
     return 0;
   }
 };
+
+// Two poison bytes whose patterns are finite numbers of every float type (0x5a5a5a5a is about
+// 1.5e16 as f32; 0xa5a5 about -0.022 as f16) and odd values of every integer type. An output
+// element the kernel never writes keeps the poison, which no reference shares in both runs.
+inline constexpr unsigned char kPoisonA = 0x5a, kPoisonB = 0xa5;
 
 // Random values suited to the dtype: normal floats (some ops make NaN, as they should),
 // small integers (so products and powers stay in range), booleans.
@@ -148,8 +182,9 @@ class EmulatedUnit {
   void* handle() const { return handle_; }
 
   // `tensors`: the graph's inputs then its outputs, as for the CPU library.
-  absl::Status Run(const LaunchPlan& plan, const std::vector<HostTensor>& tensors, int num_inputs) {
-    HostTensor ws = HostTensor::Make(ir::DType::kU8, std::max<int64_t>(plan.workspace_bytes, 1));
+  absl::Status Run(const LaunchPlan& plan, const std::vector<HostTensor>& tensors, int num_inputs,
+                   unsigned char poison = 0xff) {
+    HostTensor ws = HostTensor::Make(ir::DType::kU8, std::max<int64_t>(plan.workspace_bytes, 1), poison);
     std::vector<void*> ptrs;
     for (const PlanBuffer& b : plan.buffers) {
       switch (b.role) {
@@ -191,8 +226,14 @@ using ir::AttrMap;
 using ir::DType;
 using ir::ValueId;
 
-#define REQUIRE_NVRTC() \
-  if (!::kiln::testing::HaveNvrtc()) GTEST_SKIP() << "no NVRTC in this build"
+// Tests that build cubins need NVRTC, which the build has when CMake found the CUDA toolkit.
+// Without it they skip, saying so; with KILN_REQUIRE_NVRTC=1 in the environment (a machine
+// that must have the toolkit) they fail instead.
+#define REQUIRE_NVRTC()                                                                         \
+  if (!::kiln::testing::HaveNvrtc()) {                                                          \
+    if (std::getenv("KILN_REQUIRE_NVRTC") != nullptr) FAIL() << "no NVRTC in this build";        \
+    GTEST_SKIP() << "no NVRTC in this build (the CUDA toolkit was not found at configure time)"; \
+  }
 
 inline int64_t Elements(const ir::Shape& s) {
   int64_t n = 1;
@@ -219,8 +260,11 @@ using Mutator = std::function<void(int input, HostTensor* t)>;
 // Fills the expected outputs from the inputs, in place of the CPU backend.
 using Reference = std::function<void(const std::vector<HostTensor>& inputs, std::vector<HostTensor>* outputs)>;
 
-// Runs `g` through the CPU backend (or `reference`) and the emulated CUDA unit on the same
-// random inputs, and compares the outputs.
+// Runs `g` through the CPU backend (or `reference`, preferred where the test can compute the
+// result on the host: a bug shared by both backends survives a comparison between them) and
+// the emulated CUDA unit on the same random inputs, and compares the outputs. The unit runs
+// twice, its outputs and workspace poisoned with kPoisonA and then kPoisonB: the two runs must
+// agree bit for bit, so an element left unwritten fails whatever the reference holds there.
 inline void ExpectMatchesCpu(const ir::Graph& g, const Mutator& mutate = nullptr, const Reference& reference = nullptr) {
   auto gen = SharedPipeline().Generate(g, CudaTarget(90), CompileOptions{});
   ASSERT_TRUE(gen.ok()) << gen.status();
@@ -233,10 +277,12 @@ inline void ExpectMatchesCpu(const ir::Graph& g, const Mutator& mutate = nullptr
     inputs.push_back(RandomTensor(g.inputs[i].dtype, n, &rng));
     if (mutate) mutate(static_cast<int>(i), &inputs.back());
   }
+  std::vector<HostTensor> again;
   for (ValueId v : g.outputs) {
     const ir::TensorType& t = g.TypeOf(v);
     want.push_back(HostTensor::Make(t.dtype, Elements(t.shape)));
-    got.push_back(HostTensor::Make(t.dtype, Elements(t.shape)));
+    got.push_back(HostTensor::Make(t.dtype, Elements(t.shape), kPoisonA));
+    again.push_back(HostTensor::Make(t.dtype, Elements(t.shape), kPoisonB));
   }
   if (reference) {
     reference(inputs, &want);
@@ -249,17 +295,19 @@ inline void ExpectMatchesCpu(const ir::Graph& g, const Mutator& mutate = nullptr
     for (const HostTensor& t : want) args.push_back(t.data.get());
     ASSERT_EQ(lib.Run(args), 0);
   }
-  std::vector<HostTensor> all = inputs;
-  all.insert(all.end(), got.begin(), got.end());
-  ASSERT_TRUE((*emu)->Run(gen->plan, all, g.num_inputs()).ok());
+  for (auto [outs, poison] : {std::pair{&got, kPoisonA}, std::pair{&again, kPoisonB}}) {
+    std::vector<HostTensor> all = inputs;
+    all.insert(all.end(), outs->begin(), outs->end());
+    ASSERT_TRUE((*emu)->Run(gen->plan, all, g.num_inputs(), poison).ok());
+  }
   int failures = 0;
   for (size_t o = 0; o < want.size(); ++o) {
     for (int64_t i = 0; i < want[o].elements && failures < 8; ++i) {
       double w = want[o].At(i), c = got[o].At(i);
-      if (!Close(want[o].dtype, c, w)) {
+      if (!Close(want[o].dtype, c, w) || !got[o].SameBits(again[o], i)) {
         ++failures;
         ADD_FAILURE() << "output " << o << " (" << ir::DTypeName(want[o].dtype) << ") element " << i << ": cuda " << c
-                      << ", expected " << w;
+                      << " (" << again[o].At(i) << " with the other poison), expected " << w;
       }
     }
   }
@@ -277,24 +325,39 @@ inline const char* kBinaryOps[] = {"add", "sub", "mul", "div", "floordiv", "rema
 inline const char* kReduceOps[] = {"sum", "prod", "max", "min", "any", "all", "mean", "var", "std", "argmax", "argmin",
                             "logsumexp", "norm"};
 
-// Every op in `ops` the type rules accept for `t`, applied to the inputs; one graph.
+inline std::vector<std::string> ExpectedRejections(DType t, const std::string& family);
+
+// Adds `op` when the type rules accept it; records it in `rejected` when they refuse it.
+inline void AddOrRecord(ir::Builder& b, const std::string& op, std::vector<ValueId> inputs, const AttrMap& attrs,
+                        std::vector<ValueId>* outs, std::vector<std::string>* rejected) {
+  absl::StatusOr<ValueId> v = b.Add(op, std::move(inputs), attrs);
+  if (v.ok()) {
+    outs->push_back(*v);
+    return;
+  }
+  EXPECT_NE(v.status().message().find(op + ": " + op), std::string_view::npos) << v.status();  // names the op
+  if (rejected->empty() || rejected->back() != op) rejected->push_back(op);
+}
+
+// Every op of the family that the type rules accept for `t`, applied to the inputs; one graph.
+// The ops the rules refuse are checked against ExpectedRejections, so that no op drops out
+// of the "every op" tests unnoticed.
 inline ir::Graph AllElementwise(DType t, const ir::Shape& shape, bool binary) {
   ir::Graph in;
   in.inputs = {Ty(t, shape), Ty(t, shape)};
   ir::Builder b(in);
   std::vector<ValueId> outs;
+  std::vector<std::string> rejected;
   if (binary) {
-    for (const char* op : kBinaryOps)
-      if (auto v = b.Add(op, {0, 1}); v.ok()) outs.push_back(*v);
-    if (auto c = b.Add("gt", {0, 1}); c.ok())
-      if (auto w = b.Add("where", {*c, 0, 1}); w.ok()) outs.push_back(*w);
+    for (const char* op : kBinaryOps) AddOrRecord(b, op, {0, 1}, {}, &outs, &rejected);
+    if (auto c = b.Add("gt", {0, 1}); c.ok()) AddOrRecord(b, "where", {*c, 0, 1}, {}, &outs, &rejected);
   } else {
-    for (const char* op : kUnaryOps)
-      if (auto v = b.Add(op, {0}); v.ok()) outs.push_back(*v);
-    if (auto v = b.Add("clamp", {0}, {{"min", -1.5}, {"max", 2.0}}); v.ok()) outs.push_back(*v);
+    for (const char* op : kUnaryOps) AddOrRecord(b, op, {0}, {}, &outs, &rejected);
+    AddOrRecord(b, "clamp", {0}, {{"min", -1.5}, {"max", 2.0}}, &outs, &rejected);
     for (DType to : {DType::kF32, DType::kI32, DType::kBool, DType::kF16})
-      if (auto v = b.Add("cast", {0}, {{"dtype", to}}); v.ok()) outs.push_back(*v);
+      AddOrRecord(b, "cast", {0}, {{"dtype", to}}, &outs, &rejected);
   }
+  EXPECT_EQ(rejected, ExpectedRejections(t, binary ? "binary" : "unary")) << "dtype " << ir::DTypeName(t);
   return Verified(b.Finish(outs));
 }
 
@@ -304,6 +367,7 @@ inline ir::Graph AllReductions(DType t, const ir::Shape& shape) {
   in.inputs = {Ty(t, shape)};
   ir::Builder b(in);
   std::vector<ValueId> outs;
+  std::vector<std::string> rejected;
   for (const char* op : kReduceOps) {
     bool arg = std::string(op) == "argmax" || std::string(op) == "argmin";
     std::vector<AttrMap> variants;
@@ -312,21 +376,57 @@ inline ir::Graph AllReductions(DType t, const ir::Shape& shape) {
     } else {
       variants = {{{"axes", ir::IntList{-1}}}, {{"axes", ir::IntList{0}}}, {}};
     }
-    for (const AttrMap& attrs : variants)
-      if (auto v = b.Add(op, {0}, attrs); v.ok()) outs.push_back(*v);
+    for (const AttrMap& attrs : variants) AddOrRecord(b, op, {0}, attrs, &outs, &rejected);
   }
+  EXPECT_EQ(rejected, ExpectedRejections(t, "reduce")) << "dtype " << ir::DTypeName(t);
   return Verified(b.Finish(outs));
 }
 
 inline const ir::DType kAllTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI32,
                            DType::kI64, DType::kI8,  DType::kU8,  DType::kBool};
 
+// The ops of each family the type rules refuse for a dtype (kernels/ir/OPS.md), in the
+// order of kUnaryOps, kBinaryOps and kReduceOps.
+inline std::vector<std::string> ExpectedRejections(DType t, const std::string& family) {
+  const bool fl = ir::IsFloat(t);
+  if (family == "unary") {
+    if (fl) return {"bitwise_not"};  // bit operations take integers and bool
+    if (t == DType::kBool) return {"neg", "sign"};  // NumPy refuses them for bool
+    return {};
+  }
+  if (family == "binary") {
+    if (fl) return {"bitwise_and", "bitwise_or", "bitwise_xor"};
+    if (t == DType::kBool) return {"sub", "floordiv", "remainder", "pow"};  // NumPy refuses them for bool
+    return {};
+  }
+  return {};  // every reduction takes every type
+}
+
+// x*sin(x) + cos(x)^2 - sin(x): each element depends on its input through every op.
 inline ir::Graph SinCos(int64_t n) {
   return Make({Ty(DType::kF32, {n})}, [](ir::Builder& b) {
     auto s = *b.Add("sin", {0});
     auto c = *b.Add("cos", {0});
-    return std::vector<ValueId>{*b.Add("add", {*b.Add("mul", {s, s}), *b.Add("mul", {c, c})})};
+    auto xs = *b.Add("mul", {0, s});
+    return std::vector<ValueId>{*b.Add("sub", {*b.Add("add", {xs, *b.Add("mul", {c, c})}), s})};
   });
+}
+inline void SinCosReference(const std::vector<HostTensor>& in, std::vector<HostTensor>* out) {
+  for (int64_t i = 0; i < in[0].elements; ++i) {
+    const double x = in[0].At(i), s = std::sin(x), c = std::cos(x);
+    (*out)[0].Set(i, x * s + c * c - s);
+  }
+}
+// Softmax over the rows of a rows x cols tensor, in double.
+inline std::vector<double> HostSoftmaxRows(const HostTensor& x, int64_t rows, int64_t cols) {
+  std::vector<double> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < cols; ++j) m = std::max(m, x.At(r * cols + j));
+    for (int64_t j = 0; j < cols; ++j) sum += (out[r * cols + j] = std::exp(x.At(r * cols + j) - m));
+    for (int64_t j = 0; j < cols; ++j) out[r * cols + j] /= sum;
+  }
+  return out;
 }
 inline ir::Graph Softmax(int64_t r, int64_t c, DType t = DType::kF32) {
   return Make({Ty(t, {r, c})}, [](ir::Builder& b) { return std::vector<ValueId>{*b.Add("softmax", {0})}; });

@@ -1,5 +1,6 @@
 // End-to-end compiler tests: graph -> passes -> schedule -> C++ -> g++ -> .so -> run.
 #include <cmath>
+#include <filesystem>
 #include <random>
 
 #include "tests/unit/kernels/test_util.h"
@@ -19,16 +20,19 @@ absl::StatusOr<CompileResult> CompileGraph(const ir::Graph& g) {
   return testing::SharedPipeline().Compile(copy, t, CompileOptions{});
 }
 
-TEST(Pipeline, SinSquaredPlusCosSquaredIsOneKernel) {
+// x*sin(x) + cos(x)^2 - sin(x): unlike sin^2 + cos^2, every element's value depends on its own
+// input element through every op, so a swapped function, a flipped operator or a wrong index
+// changes the result.
+TEST(Pipeline, SinCosChainIsOneKernel) {
   ir::Graph in;
   in.inputs = {Ty(DType::kF32, {1000})};
   ir::Builder b(in);
   ir::ValueId x = 0;
   auto s = *b.Add("sin", {x});
   auto c = *b.Add("cos", {x});
-  auto s2 = *b.Add("mul", {s, s});
+  auto xsin = *b.Add("mul", {x, s});
   auto c2 = *b.Add("mul", {c, c});
-  auto r = *b.Add("add", {s2, c2});
+  auto r = *b.Add("sub", {*b.Add("add", {xsin, c2}), s});
   ir::Graph g = b.Finish({r});
   auto res = CompileGraph(g);
   ASSERT_TRUE(res.ok()) << res.status();
@@ -51,7 +55,11 @@ TEST(Pipeline, SinSquaredPlusCosSquaredIsOneKernel) {
   std::uniform_real_distribution<float> d(-10, 10);
   for (float& v : xs) v = d(rng);
   ASSERT_EQ(k.Run({xs.data(), out.data()}), 0);
-  for (int i = 0; i < 1000; ++i) EXPECT_NEAR(out[i], 1.0f, 1e-5) << i;
+  for (int i = 0; i < 1000; ++i) {
+    const double sx = std::sin(static_cast<double>(xs[i])), cx = std::cos(static_cast<double>(xs[i]));
+    const double want = xs[i] * sx + cx * cx - sx;
+    EXPECT_NEAR(out[i], want, 2e-5 * (1 + std::fabs(want))) << i << " x=" << xs[i];
+  }
 }
 
 TEST(Pipeline, KMeansAssignmentIsOneKernel) {
@@ -144,6 +152,13 @@ TEST(Pipeline, ColumnSumFeedingRowOpIsStored) {
 namespace kiln {
 namespace {
 
+// Threads of this process now.
+int ThreadCount() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
 int KernelsOf(const ir::Graph& g) {
   ir::Graph copy = g;
   EXPECT_TRUE(ir::VerifyAndInfer(copy).ok());
@@ -221,9 +236,18 @@ TEST(Fusion, WholeTensorSumRunsInParallelAndMatches) {
   std::vector<double> x(n);
   double ref = 0;
   for (int64_t i = 0; i < n; ++i) ref += (x[i] = static_cast<double>(i % 100) * 0.5);
+  // OpenMP keeps the threads of its largest team so far; they are all in `before`. A team
+  // larger than that must start new threads, so new threads show the loop ran in parallel.
+  const int before = ThreadCount();
   double out = -1;
-  ASSERT_EQ(k.Run({x.data(), &out}, 2), 0);
+  ASSERT_EQ(k.Run({x.data(), &out}, before + 4), 0);
+  EXPECT_GE(ThreadCount(), before + 2) << "no new threads: the sum did not run in parallel";
   EXPECT_DOUBLE_EQ(out, ref);
+  for (int threads : {1, 3}) {
+    out = -1;
+    ASSERT_EQ(k.Run({x.data(), &out}, threads), 0);
+    EXPECT_DOUBLE_EQ(out, ref) << threads << " threads";
+  }
 }
 
 }  // namespace

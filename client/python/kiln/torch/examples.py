@@ -1,7 +1,8 @@
 """Reference workloads for the kiln backend, written in plain torch.
 
 The tests and the GPU benchmark compile these with ``backend="kiln"`` and compare against
-eager and Inductor: ``sin(x)**2 + cos(x)**2`` (forward and backward: the gradient is zero), the
+eager and Inductor: ``sin(x)**2 + cos(x)**2`` (forward and backward: the gradient is zero; a
+benchmark only, since it cannot tell sin from cos) and ``sin_cos_mix`` for checks, the
 LLTM cell, a transformer encoder block (attention through matmul and softmax, layer_norm,
 gelu) and a k-means assignment step. Each ``make_*`` function returns the arguments for its
 workload at a given size, on a given device, from a seeded generator.
@@ -19,6 +20,13 @@ import torch.nn.functional as F
 def sin2_cos2(x: torch.Tensor) -> torch.Tensor:
     """Equals 1 everywhere; its gradient is 0."""
     return torch.sin(x) ** 2 + torch.cos(x) ** 2
+
+
+def sin_cos_mix(x: torch.Tensor) -> torch.Tensor:
+    """x*sin(x) + cos(x)**2 - sin(x): the sin/cos workload for checks. Unlike ``sin2_cos2`` its
+    value and gradient depend on x through every op, so swapped functions or a sign error in a
+    derivative show."""
+    return x * torch.sin(x) + torch.cos(x) ** 2 - torch.sin(x)
 
 
 def lltm_cell(x: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor, old_h: torch.Tensor,
@@ -130,4 +138,5 @@ __all__ = [
     "make_lltm",
     "make_sin",
     "sin2_cos2",
+    "sin_cos_mix",
 ]

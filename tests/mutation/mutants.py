@@ -1,0 +1,179 @@
+"""The deliberate bugs the mutation check plants in kiln, one at a time.
+
+Each mutant names one file, a piece of its text that must occur there exactly once, and what
+replaces it; the build targets the tests below need; and the tests that must fail once the bug
+is in. Test specs:
+
+    gtest:TARGET[:FILTER]    a kiln_cc_test binary (through ctest), optionally with --gtest_filter
+    pytest:ARGS              python3 -m pytest ARGS (paths relative to the repository root)
+
+A mutant whose text no longer matches fails the run: edit the entry with the code it follows.
+Add a mutant with every subsystem, and with every bug a test should have caught.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    what: str
+    file: str
+    find: str
+    replace: str
+    tests: tuple[str, ...]
+    build: tuple[str, ...] = field(default=())
+
+
+def _daemon(*pytest_args: str) -> tuple[str, ...]:
+    return tuple(f"pytest:{a}" for a in pytest_args)
+
+
+MUTANTS: list[Mutant] = [
+    Mutant(
+        name="add-printed-as-sub",
+        what="the C-family expression printer writes `add` as `-`",
+        file="kernels/codegen/c_expr.cc",
+        find='if (op == "add") return Typed(result, infix("+"));',
+        replace='if (op == "add") return Typed(result, infix("-"));',
+        tests=("gtest:kernels_test:Pipeline.*",),
+    ),
+    Mutant(
+        name="cpu-sin-cos-swapped",
+        what="the CPU runtime header maps kiln_sin onto cos and kiln_cos onto sin",
+        file="kernels/runtime/kiln_cpu.h",
+        find="KILN_UNARY(log1p) KILN_UNARY(sin) KILN_UNARY(cos) KILN_UNARY(tan)",
+        replace=("KILN_UNARY(log1p) KILN_UNARY(tan)\n"
+                 "KILN_INLINE float kiln_sin(float x) { return cosf(x); }\n"
+                 "KILN_INLINE double kiln_sin(double x) { return cos(x); }\n"
+                 "KILN_INLINE float kiln_cos(float x) { return sinf(x); }\n"
+                 "KILN_INLINE double kiln_cos(double x) { return sin(x); }\n"),
+        tests=("gtest:kernels_test:Pipeline.*",),
+    ),
+    Mutant(
+        name="cuda-sin-cos-swapped",
+        what="the CUDA runtime header maps kiln_sin onto cos and kiln_cos onto sin",
+        file="kernels/runtime/kiln_cuda.h",
+        find="KILN_UNARY(log1p) KILN_UNARY(sin) KILN_UNARY(cos) KILN_UNARY(tan)",
+        replace=("KILN_UNARY(log1p) KILN_UNARY(tan)\n"
+                 "KILN_D float kiln_sin(float x) { return cosf(x); }\n"
+                 "KILN_D double kiln_sin(double x) { return cos(x); }\n"
+                 "KILN_D float kiln_cos(float x) { return sinf(x); }\n"
+                 "KILN_D double kiln_cos(double x) { return sin(x); }\n"),
+        tests=("gtest:cuda_codegen_test:CudaEmulation.Pointwise",),
+    ),
+    Mutant(
+        name="slice-start-off-by-one",
+        what="a slice's index expression starts one element late",
+        file="kernels/lower/lower.cc",
+        find="r[a] = AddConst(Scale(index[a], steps[i]), sl->first);",
+        replace="r[a] = AddConst(Scale(index[a], steps[i]), sl->first + 1);",
+        tests=("gtest:kernels_test:Pipeline.*:Fusion.*",),
+    ),
+    Mutant(
+        name="concat-boundary-off-by-one",
+        what="concat switches to the next input one element early",
+        file="kernels/lower/lower.cc",
+        find="sel.ivalue = offsets[k] + size;",
+        replace="sel.ivalue = offsets[k] + size - 1;",
+        tests=("gtest:cuda_codegen_test:CudaEmulation.Views",),
+    ),
+    Mutant(
+        name="sum-identity-one",
+        what="a sum starts from 1 instead of 0",
+        file="kernels/codegen/c_expr.cc",
+        find='if (op == "sum") return Literal(t, 0, 0);',
+        replace='if (op == "sum") return Literal(t, 1, 1);',
+        tests=("gtest:kernels_test:Pipeline.*:Fusion.*",),
+    ),
+    Mutant(
+        name="any-identity-true",
+        what="`any` starts from true instead of false",
+        file="kernels/codegen/c_expr.cc",
+        find='if (op == "any") return "0";',
+        replace='if (op == "any") return "1";',
+        tests=_daemon("tests/python/test_ops.py -k 'test_reductions and any'"),
+        build=("kilnd",),
+    ),
+    Mutant(
+        name="ge-printed-as-gt",
+        what="`ge` is printed as a strict comparison",
+        file="kernels/codegen/c_expr.cc",
+        find='if (op == "ge") return infix(">=");',
+        replace='if (op == "ge") return infix(">");',
+        tests=_daemon("tests/python/test_ops.py -k 'test_binary_broadcast and ge'"),
+        build=("kilnd",),
+    ),
+    Mutant(
+        name="input-strides-ignored",
+        what="the scheduler ignores an input's declared strides and reads it as contiguous",
+        file="kernels/schedule/schedule.cc",
+        find="t.strides.empty() ? lower::ContiguousStrides(t.shape) : t.strides);",
+        replace="lower::ContiguousStrides(t.shape));",
+        tests=("gtest:cuda_codegen_test:CudaEmulation.Views",),
+    ),
+    Mutant(
+        name="store-blob-digest-unchecked",
+        what="the RocksDB store serves a blob without checking it hashes to its digest",
+        file="server/store/rocksdb_store.cc",
+        find=('  if (actual != raw) {\n'
+              '    KILN_RETURN_IF_ERROR(HandleCorruptBlob(raw, "content does not match its digest"));'),
+        replace=('  if (actual.empty()) {\n'
+                 '    KILN_RETURN_IF_ERROR(HandleCorruptBlob(raw, "content does not match its digest"));'),
+        tests=("gtest:store_test",),
+    ),
+    Mutant(
+        name="client-cache-digest-unchecked",
+        what="the C++ client's artifact directory trusts a file without hashing it",
+        file="client/cpp/artifact_cache.cc",
+        find="return key::Sha256Hex(*bytes) == digest ? Check::kValid : Check::kCorrupt;",
+        replace="return !digest.empty() ? Check::kValid : Check::kCorrupt;",
+        tests=("gtest:client_artifact_cache_test",),
+    ),
+    Mutant(
+        name="python-fetch-digest-unchecked",
+        what="the Python client stores fetched bytes without checking their digest",
+        file="client/python/kiln/cache.py",
+        find="            if h.hexdigest() != digest:\n",
+        replace="            if False:\n",
+        tests=("pytest:tests/python/test_builder_offline.py -k test_artifact_cache_verifies_digests",),
+    ),
+    Mutant(
+        name="cpp-signature-unchecked",
+        what="the C++ trust policy accepts a signed result without verifying the signature",
+        file="server/auth/signing.cc",
+        find="  if (!VerifyEd25519(it->second.get(), CanonicalResultBytes(handle, result), sig.signature())) {",
+        replace="  if (false && !VerifyEd25519(it->second.get(), CanonicalResultBytes(handle, result), sig.signature())) {",
+        tests=("gtest:auth_test:Signing.*",),
+    ),
+    Mutant(
+        name="python-signature-unchecked",
+        what="the Python trust policy accepts a signed result without verifying the signature",
+        file="client/python/kiln/trust.py",
+        find="            key.verify(bytes(sig.signature), canonical_result_bytes(handle, result))\n",
+        replace="            pass\n",
+        tests=_daemon("tests/python/test_trust.py -k 'tampered_records'"),
+        build=("kilnd",),
+    ),
+    Mutant(
+        name="l2-action-digest-unchecked",
+        what="an action record read from Redis is served without checking its bound digest",
+        file="server/shared/l2_records.cc",
+        find="  if (value.substr(16, 32) != BoundDigest(name, payload)) {",
+        replace="  if (false && value.substr(16, 32) != BoundDigest(name, payload)) {",
+        tests=("gtest:shared_tier_test:L2RecordsTest.*",),
+    ),
+    Mutant(
+        name="role-check-skipped",
+        what="a token's role is not compared with the role a call needs",
+        file="server/auth/tokens.cc",
+        find="  if (entry.role < needed) {",
+        replace="  if (false && entry.role < needed) {",
+        tests=("gtest:auth_test:Authorizer.*",),
+    ),
+]
+
+# The small sample deploy/test.sh runs on every CI run: one compiler bug, one cache bug.
+CI_SAMPLE = ["cpu-sin-cos-swapped", "store-blob-digest-unchecked"]
