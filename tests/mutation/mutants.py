@@ -76,8 +76,8 @@ MUTANTS: list[Mutant] = [
         name="concat-boundary-off-by-one",
         what="concat switches to the next input one element early",
         file="kernels/lower/lower.cc",
-        find="sel.ivalue = offsets[k] + size;",
-        replace="sel.ivalue = offsets[k] + size - 1;",
+        find="parts.push_back({MakeCast(Lower(n.inputs[k], r), out.dtype), offsets[k] + size});",
+        replace="parts.push_back({MakeCast(Lower(n.inputs[k], r), out.dtype), offsets[k] + size - 1});",
         tests=("gtest:cuda_codegen_test:CudaEmulation.Views",),
     ),
     Mutant(
