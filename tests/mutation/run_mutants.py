@@ -50,12 +50,22 @@ def copy_tree(dst: Path) -> None:
         src = REPO / rel
         if not src.is_file():  # deleted in the working tree
             continue
-        target = dst / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_file() and target.read_bytes() == src.read_bytes():
-            continue  # unchanged: keep its time stamp so the build does not redo it
-        shutil.copyfile(src, target)
-        shutil.copymode(src, target)
+        copy_file(src, dst / rel)
+    # The Python client's generated protocol modules are build outputs (ignored by git); the
+    # copy's Python tests need them, and no mutant touches the protos.
+    proto = REPO / "client" / "python" / "kiln" / "_proto"
+    if proto.is_dir():
+        for src in proto.rglob("*"):
+            if src.is_file() and "__pycache__" not in src.parts:
+                copy_file(src, dst / src.relative_to(REPO))
+
+
+def copy_file(src: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_file() and target.read_bytes() == src.read_bytes():
+        return  # unchanged: keep its time stamp so the build does not redo it
+    shutil.copyfile(src, target)
+    shutil.copymode(src, target)
 
 
 def targets_of(m: Mutant) -> list[str]:

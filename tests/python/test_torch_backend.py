@@ -8,6 +8,7 @@ pass by falling back to torch everywhere.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -297,6 +298,75 @@ def test_reduce_overhead_on_cpu_runs(server: str, monkeypatch: pytest.MonkeyPatc
     assert xk.grad is not None
     torch.testing.assert_close(xk.grad, xe.grad)
     assert_kiln_ran(min_parts=2)
+
+
+class GatedClient:
+    """The session's client with every compile held until ``gate`` is set: a compile that
+    cannot finish, to see what async mode does meanwhile."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.address = inner.address
+        self.gate = threading.Event()
+        self.calls = 0
+
+    def compile(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        assert self.gate.wait(120), "the test never released the compile"
+        return self.inner.compile(*args, **kwargs)
+
+
+def test_async_compile_answers_in_torch_then_switches_to_kiln(client: Any) -> None:
+    """With async, a call never waits for kilnd: while the parts compile the graph runs in
+    torch (right results, no kernel calls); once they are loaded the kernels run."""
+    gated = GatedClient(client)
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * w + torch.exp(-x * x).sum(dim=-1, keepdim=True)
+
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(64, 48, generator=gen, requires_grad=True)
+    w = torch.randn(64, 48, generator=gen)
+    f = torch.compile(fn, backend="kiln", options={"client": gated, "async": True})
+
+    got = f(x, w)  # returns although no compile can finish yet
+    torch.testing.assert_close(got, fn(x, w))
+    s = kt.stats()
+    assert gated.calls >= 1 and s["compiled"] == 0 and s["kernel_calls"] == 0 and s["eager_calls"] >= 1, s
+
+    gated.gate.set()
+    got.backward(torch.ones_like(got))  # the backward graph compiles (asynchronously) here
+    assert kt.wait(120), "async compiles did not finish"
+    before = kt.stats()["kernel_calls"]
+    x2 = x.detach().clone().requires_grad_(True)
+    weights = torch.randn(64, 48, generator=gen)
+    got = f(x2, w)
+    (got * weights).sum().backward()
+    x_ref = x.detach().clone().requires_grad_(True)
+    want = fn(x_ref, w)
+    (want * weights).sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x2.grad, x_ref.grad, rtol=1e-5, atol=1e-5)
+    s = kt.stats()
+    assert s["failed"] == 0 and s["compiled"] >= 2, (s, kt.last_graphs())
+    assert s["kernel_calls"] >= before + 2, s  # forward and backward parts ran as kernels
+
+
+def test_async_compile_failure_falls_back_like_a_blocking_one(kilnd: Any) -> None:
+    """A daemon that cannot be reached, in async mode: the program goes on in torch."""
+    dead = kiln.Client("127.0.0.1:1", max_attempts=1, timeout=2, compile_timeout=2)
+    try:
+        f = torch.compile(E.sin_cos_mix, backend="kiln", options={"client": dead, "async": True})
+        (x,) = E.make_sin(100, requires_grad=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", kt.KilnFallbackWarning)
+            torch.testing.assert_close(f(x), E.sin_cos_mix(x))
+            assert kt.wait(60)
+            torch.testing.assert_close(f(x), E.sin_cos_mix(x))
+        s = kt.stats()
+        assert s["failed"] >= 1 and s["kernel_calls"] == 0, s
+    finally:
+        dead.close()
 
 
 def test_backend_factory_with_options(client: Any) -> None:

@@ -17,6 +17,7 @@ CUDA graphs. A part kiln cannot compile runs in torch after one :class:`KilnFall
 
 - :func:`kiln_backend`: the backend function (what ``backend="kiln"`` resolves to).
 - :func:`backend`: a backend with options bound (``backend=kiln.torch.backend(server=...)``).
+- :func:`wait`: blocks until compiles started with ``options={"async": True}`` are done.
 - :func:`stats`, :func:`reset_stats`, :func:`last_graphs`: what the backend did, for tests and
   diagnostics. :func:`register_lowering` extends the ATen-to-kiln mapping table.
 """
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch  # noqa: F401  (a clear ImportError when PyTorch is absent)
 
-from .dynamo_backend import BackendConfig, backend, compile_aten_graph, kiln_backend, make_backend
+from .dynamo_backend import BackendConfig, backend, compile_aten_graph, kiln_backend, make_backend, wait
 from .lowering import Unsupported, lowered_ops, register_lowering, unregister_lowering
 from .runtime import KilnFallbackWarning, KilnPart, clear_memo
 from .runtime import reset_stats as _reset_stats
@@ -108,4 +109,5 @@ __all__ = [
     "reset_stats",
     "stats",
     "unregister_lowering",
+    "wait",
 ]

@@ -18,7 +18,13 @@ Options: ``client`` (a :class:`kiln.Client`), ``server`` (an address; default
 ``$KILN_SERVER``, then localhost:50051), ``cpu_target`` (default ``"cpu"``: this machine's ISA
 level), ``opt_level`` (0-3) or ``compile_options`` (a kiln.v1.CompileOptions), ``cudagraphs``
 (bool; default on for ``mode="reduce-overhead"`` and ``"max-autotune"``), ``timeout`` (seconds
-a compile may take).
+a compile may take), ``async`` (bool, default off: compile without waiting, below).
+
+With ``options={"async": True}`` a new graph does not wait for kilnd: its parts compile in the
+background while the graph runs in torch, and the first call after they are loaded switches
+to the kiln kernels (and, in reduce-overhead mode, to CUDA graphs). The first result of a new
+model then comes at eager speed instead of after the compile; :func:`kiln.torch.wait` blocks
+until every pending compile has finished (benchmarks, tests, a warm-up step).
 
 Whatever fails inside the backend (a part the daemon rejects, a daemon that cannot be reached,
 a lowering bug) makes the affected part, or at worst the whole graph, run in torch after one
@@ -28,6 +34,7 @@ warning; the user's program goes on.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
 import operator
 import os
@@ -45,7 +52,7 @@ from .runtime import CompileSettings, KilnFallbackWarning, KilnPart, bump, compi
 
 _CUDAGRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 _KNOWN_OPTIONS = frozenset({"client", "server", "cpu_target", "opt_level", "compile_options", "cudagraphs",
-                            "triton.cudagraphs", "timeout"})
+                            "triton.cudagraphs", "timeout", "async"})
 
 
 @dataclass
@@ -58,6 +65,7 @@ class BackendConfig:
     compile_options: Any = None
     cudagraphs: bool = False
     timeout: Optional[float] = None
+    async_compile: bool = False
 
     @staticmethod
     def from_args(mode: Optional[str] = None, options: Optional[dict[str, Any]] = None) -> "BackendConfig":
@@ -71,6 +79,7 @@ class BackendConfig:
             cpu_target=opts.get("cpu_target", "cpu"),
             cudagraphs=bool(opts.get("cudagraphs", opts.get("triton.cudagraphs", mode in _CUDAGRAPH_MODES))),
             timeout=opts.get("timeout"),
+            async_compile=bool(opts.get("async", False)),
         )
         if opts.get("compile_options") is not None:
             cfg.compile_options = opts["compile_options"]
@@ -137,22 +146,95 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         bump(parts=len(parts),
              kiln_nodes=sum(len(s.nodes) for s in segments if s.is_kiln),
              torch_nodes=sum(1 for s in segments if not s.is_kiln for n in s.nodes if n.op == "call_function"))
-        if parts:
-            compile_parts(parts, config.settings())
-        RECENT.append({"kind": kind, "parts": describe(parts), "segments": len(segments)})
         fn: Callable[[list[Any]], Any] = make_boxed_func(outer.forward)
+        wrap_cuda_graphs = False
         if config.cudagraphs:
             from . import cuda
 
-            if cuda.wants_cuda_graphs(example_inputs):
-                fn = cuda.CudaGraphRunner(fn, name=f"{kind} graph")
-        return fn
+            wrap_cuda_graphs = cuda.wants_cuda_graphs(example_inputs)
+
+        def finish() -> Callable[[list[Any]], Any]:
+            if wrap_cuda_graphs:
+                from . import cuda
+
+                return cuda.CudaGraphRunner(fn, name=f"{kind} graph")
+            return fn
+
+        def compile_all(settings: Any) -> None:
+            if parts:
+                compile_parts(parts, settings)
+            RECENT.append({"kind": kind, "parts": describe(parts), "segments": len(segments)})
+
+        if parts and config.async_compile:
+            settings = config.settings()
+            return AsyncGraph(fn, submit_compile(lambda: compile_all(settings)), finish)
+        compile_all(config.settings() if parts else None)
+        return finish()
     except Exception as e:
         _reraise_if_dynamo_control(e)
         warnings.warn(f"kiln: could not compile a {kind} graph; running it in torch: {type(e).__name__}: {e}",
                       KilnFallbackWarning, stacklevel=2)
         bump(failed=1)
         return make_boxed_func(gm.forward)
+
+
+# Compiles started with options={"async": True} that have not finished, for wait().
+_pending: set[concurrent.futures.Future[Any]] = set()
+_pending_lock = threading.Lock()
+_async_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+
+def submit_compile(job: Callable[[], None]) -> concurrent.futures.Future[Any]:
+    """Runs ``job`` (a graph's compile_parts) on the background pool; :func:`wait` sees it."""
+    global _async_pool
+    with _pending_lock:
+        if _async_pool is None:
+            # One thread: compile_parts itself compiles a graph's parts concurrently, and graphs
+            # queued behind each other reach the kernels in the order the program met them.
+            _async_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-async")
+        fut = _async_pool.submit(job)
+        _pending.add(fut)
+    fut.add_done_callback(_forget)
+    return fut
+
+
+def _forget(fut: concurrent.futures.Future[Any]) -> None:
+    with _pending_lock:
+        _pending.discard(fut)
+
+
+def wait(timeout: Optional[float] = None) -> bool:
+    """Blocks until every compile started with ``async`` has finished (its parts loaded or
+    fallen back); returns False if ``timeout`` seconds passed first."""
+    with _pending_lock:
+        pending = list(_pending)
+    done, not_done = concurrent.futures.wait(pending, timeout=timeout)
+    return not not_done
+
+
+class AsyncGraph:
+    """A compiled graph whose parts are still compiling: runs the rewritten graph with every
+    part in torch (a part without a kernel runs its nodes eagerly) until the compile is done,
+    then the final function (``finish()``: the same graph, CUDA graphs around it if asked).
+
+    The switch happens between calls, never inside one; a part loads its kernel before it is
+    visible to callers (KilnPart.compile assigns it last)."""
+
+    def __init__(self, eager: Callable[[list[Any]], Any], future: concurrent.futures.Future[Any],
+                 finish: Callable[[], Callable[[list[Any]], Any]]) -> None:
+        self._boxed_call = True  # AOTAutograd calls it with one list of arguments
+        self._eager = eager
+        self._future = future
+        self._finish = finish
+        self._final: Optional[Callable[[list[Any]], Any]] = None
+
+    def __call__(self, args: list[Any]) -> Any:
+        final = self._final
+        if final is None:
+            if not self._future.done():
+                return self._eager(args)
+            final = self._final = self._finish()
+        return final(args)
 
 
 def rewrite(gm: torch.fx.GraphModule, segments: Sequence[Segment]) -> tuple[torch.fx.GraphModule, list[KilnPart]]:
@@ -264,5 +346,5 @@ def backend(**options: Any) -> Callable[..., Any]:
     return make_backend(BackendConfig.from_args(mode, options))
 
 
-__all__ = ["BackendConfig", "backend", "compile_aten_graph", "decompositions", "kiln_backend", "make_backend", "rewrite"]
+__all__ = ["AsyncGraph", "BackendConfig", "backend", "compile_aten_graph", "decompositions", "kiln_backend", "make_backend", "rewrite", "wait"]
 

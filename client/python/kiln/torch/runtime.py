@@ -193,11 +193,14 @@ class KilnPart(torch.nn.Module):
             if self._is_cuda:
                 from . import cuda
 
-                self.kernel = cuda.load_kernel(compiled, self.device)
+                kernel = cuda.load_kernel(compiled, self.device)
             else:
-                self.kernel = compiled.load()
+                kernel = compiled.load()
             self.compiled = compiled
             self.workspace_bytes = int(compiled.plan.workspace_bytes)
+            # Last: with async compiles, a call on another thread takes the kernel path as soon
+            # as it sees a kernel, and everything that path reads must be set by then.
+            self.kernel = kernel
             return None
         except Exception as e:  # compile errors, daemon down, load failures: all fall back
             self.kernel = None
