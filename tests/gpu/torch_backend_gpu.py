@@ -256,6 +256,52 @@ def run_check(name: str, w: dict[str, Any], mode: Optional[str] = None) -> dict[
     return result
 
 
+def run_held_results_check(name: str, w: dict[str, Any]) -> dict[str, Any]:
+    """reduce-overhead returns results that live in a CUDA graph's memory, without copies: a
+    result the caller still holds must not be overwritten by a later replay. Calls the compiled
+    function on four different inputs, holding every result (and, when trainable, runs the
+    backward of their weighted sum at the end, as gradient accumulation would), then compares
+    each with eager."""
+    import kiln.torch as kt
+
+    torch._dynamo.reset()
+    kt.reset_stats()
+    label = f"{name} (reduce-overhead, results held)"
+    result: dict[str, Any] = {"check": label, "status": "ok", "detail": ""}
+    try:
+        backward = w["trainable"]
+        fn0, _ = fn_and_args(name, w, seed=1, grad=backward)
+        fn = w.get("check_fn") or fn0
+        compiled = torch.compile(fn, backend="kiln", mode="reduce-overhead")
+        inputs = [fn_and_args(name, w, seed=10 + i, grad=backward)[1] for i in range(4)]
+        problems: list[str] = []
+        with torch.enable_grad() if backward else torch.no_grad():
+            held = [compiled(*[a.detach().clone().requires_grad_(a.requires_grad) for a in args]) for args in inputs]
+            for i, (got, args) in enumerate(zip(held, inputs)):
+                want = fn(*[a.detach().clone() for a in args])
+                for j, (g, r) in enumerate(zip(got if isinstance(got, tuple) else (got,),
+                                               want if isinstance(want, tuple) else (want,))):
+                    p = _close(g.detach(), r.detach(), w["tol"])
+                    if p:
+                        problems.append(f"call {i} output {j}: {p}")
+        torch.cuda.synchronize()
+        s = kt.stats()
+        result.update(parts=s["parts"], compiled=s["compiled"], failed=s["failed"])
+        if problems:
+            result["status"] = "MISMATCH"
+            result["detail"] = "; ".join(problems)[:400]
+        elif s["graph_replays"] == 0:
+            result["status"] = "no replay"
+            result["detail"] = "no call was served by a CUDA graph"
+        else:
+            result["detail"] = f"{s['graph_replays']} replays"
+    except Exception as e:
+        result["status"] = "ERROR"
+        result["detail"] = f"{type(e).__name__}: {e}"[:400]
+        traceback.print_exc()
+    return result
+
+
 # ---------------------------------------------------------------------------------- timing
 
 def median_ms(step: Callable[[int], Any], iters: int, warmup: int) -> float:
@@ -332,19 +378,34 @@ def first_result_child(name: str, backend: str, quick: bool) -> None:
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     fn, args = fn_and_args(name, w, seed=0, grad=False)
-    if backend == "kiln":
+    if backend.startswith("kiln"):
         import kiln.torch  # noqa: F401  (registers the backend; not timed, as an entry point would)
     torch.cuda.synchronize()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
-        f = torch.compile(fn, backend=backend)
+        if backend == "eager":
+            f = fn
+        elif backend == "kiln-async":
+            f = torch.compile(fn, backend="kiln", options={"async": True})
+        else:
+            f = torch.compile(fn, backend=backend)
         with torch.no_grad():
             f(*args)
         torch.cuda.synchronize()
         t1 = time.perf_counter()
     extra: dict[str, Any] = {}
-    if backend == "kiln":
+    if backend == "kiln-async":
+        import kiln.torch as kt
+
+        kt.wait()
+        with torch.no_grad():
+            f(*args)
+            f(*args)
+        torch.cuda.synchronize()
+        s = kt.stats()
+        extra = {"compiled": s["compiled"], "failed": s["failed"], "kernel_calls": s["kernel_calls"]}
+    elif backend == "kiln":
         import kiln.torch as kt
 
         s = kt.stats()
@@ -424,9 +485,10 @@ def main() -> int:
             work_items = {k: v for k, v in work_items.items() if k in wanted}
         # ------------------------------------------------------------------ checks
         checks = [run_check(n, w) for n, w in work_items.items()]
-        for n in ("sin2+cos2", "encoder"):
+        for n in ("sin2+cos2", "encoder", "resnet18"):
             if n in work_items:
                 checks.append(run_check(n, work_items[n], mode="reduce-overhead"))
+                checks.append(run_held_results_check(n, work_items[n]))
         rows = [(c["check"], c["status"], f"{c.get('compiled', 0)}/{c.get('parts', 0)}", c["detail"]) for c in checks]
         t = table(["check vs eager", "status", "kiln parts compiled", "detail"], rows)
         print(t, flush=True)
@@ -451,6 +513,14 @@ def main() -> int:
                     k_warm = time_to_first_result(n, "kiln", env_k, opts.quick)  # caches now full
                 finally:
                     cold_d.stop()
+                async_d = kiln.local.LocalDaemon(binary, work / f"kilnd-async-{n}")
+                try:
+                    env_a = dict(os.environ)
+                    env_a.update(KILN_SERVER=async_d.address, KILN_CACHE_DIR=str(work / f"client-async-{n}"))
+                    k_async = time_to_first_result(n, "kiln-async", env_a, opts.quick)
+                finally:
+                    async_d.stop()
+                eager_first = time_to_first_result(n, "eager", dict(os.environ), opts.quick)
                 env_i = dict(os.environ)
                 d = ind_dir / n
                 shutil.rmtree(d, ignore_errors=True)
@@ -458,17 +528,23 @@ def main() -> int:
                 i_cold = time_to_first_result(n, "inductor", env_i, opts.quick)
                 i_warm = time_to_first_result(n, "inductor", env_i, opts.quick)
                 note = ""
-                for r in (k_cold, k_warm, i_cold, i_warm):
+                for r in (k_cold, k_warm, i_cold, i_warm, k_async, eager_first):
                     if "error" in r:
                         note = r["error"].strip().splitlines()[-1][:120] if r["error"].strip() else "error"
                 if not note and k_cold.get("failed"):
                     note = f"kiln: {k_cold['failed']} part(s) fell back to torch"
-                cold_rows.append((n, f"{k_cold['seconds']:.2f}", f"{k_warm['seconds']:.2f}",
+                if not note and (k_async.get("failed") or not k_async.get("kernel_calls")):
+                    note = f"kiln async: {k_async.get('failed')} fallback(s), {k_async.get('kernel_calls')} kernel calls after wait()"
+                cold_rows.append((n, f"{eager_first['seconds']:.2f}", f"{k_async['seconds']:.2f}",
+                                  f"{k_cold['seconds']:.2f}", f"{k_warm['seconds']:.2f}",
                                   f"{i_cold['seconds']:.2f}", f"{i_warm['seconds']:.2f}", note))
                 print(cold_rows[-1], flush=True)
-            t = table(["workload", "kiln cold s", "kiln warm s", "inductor cold s", "inductor warm s", "note"], cold_rows)
+            t = table(["workload", "eager s", "kiln async cold s", "kiln cold s", "kiln warm s", "inductor cold s",
+                       "inductor warm s", "note"], cold_rows)
             print(t, flush=True)
             report += ["## Time to first result (fresh process, inference)", "",
+                       "Eager: the first eager call in a fresh process. Kiln async: options={\"async\": True}, "
+                       "cold caches (the first call runs in torch while kilnd compiles). "
                        "Cold: empty kiln daemon and artifact caches / empty Inductor caches. Warm: a new "
                        "process with kiln's caches full / Inductor's caches warm. From torch.compile to the "
                        "first result on the host, CUDA already initialised.", "", t, ""]

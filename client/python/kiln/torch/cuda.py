@@ -16,12 +16,13 @@ memory reuse rules hold for them.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from .. import cuda as _kcuda
 from ..cuda import CudaKernel
+from .runtime import STATS
 
 
 def load_kernel(compiled: Any, device: torch.device) -> CudaKernel:
@@ -34,26 +35,79 @@ def load_kernel(compiled: Any, device: torch.device) -> CudaKernel:
 
 # ---------------------------------------------------------------------------------- CUDA graphs
 
-class CudaGraphRunner:
-    """Replays a boxed compiled function (``fn(list_of_args) -> list``) through CUDA graphs.
+def _storage_uses(t: torch.Tensor) -> int:
+    """How many tensors (views included) share ``t``'s storage."""
+    return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
 
-    One graph per argument signature (shapes, strides, dtypes, devices). The first call with a
-    signature runs ``fn`` as it is (a warm-up: lazy initialisation, library handles); the
-    second captures it into a ``torch.cuda.CUDAGraph`` reading from static copies of the
-    arguments; later calls copy the arguments in, replay, and return copies of the static
-    results, so a result stays valid after the next replay. Arguments that are not all CUDA
-    tensors, or a capture that fails (an op that synchronises with the host), make it run
-    ``fn`` directly from then on, after one warning.
+
+# Addresses of outputs that live in a captured graph's memory: stable for as long as the graph
+# exists, so a graph that reads them (a backward reading saved activations) can read them in
+# place instead of from copies.
+_graph_outputs: set[int] = set()
+
+
+class _Instance:
+    """One capture of a graph: the CUDA graph, the copies it reads the moving arguments from,
+    the addresses of the arguments it reads in place, and its outputs (with the use count of
+    each output's storage while only this instance holds it)."""
+
+    def __init__(self, graph: Any, static_in: list[Optional[torch.Tensor]], in_place: dict[int, int],
+                 outputs: list[Any]) -> None:
+        self.graph = graph
+        self.static_in = static_in  # None where the argument is read in place
+        self.in_place = in_place  # argument index -> the address captured
+        self.outputs = outputs
+        self.tensors = [o for o in outputs if isinstance(o, torch.Tensor)]
+        self.baseline = [_storage_uses(o) for o in self.tensors]
+        for o in self.tensors:
+            _graph_outputs.add(o.data_ptr())
+
+    def fits(self, ptrs: Sequence[int]) -> bool:
+        return all(ptrs[i] == p for i, p in self.in_place.items())
+
+    def free(self) -> bool:
+        """No result of an earlier replay is still in use (a replay would overwrite it)."""
+        return all(_storage_uses(o) <= b for o, b in zip(self.tensors, self.baseline))
+
+
+class CudaGraphRunner:
+    """Replays a boxed compiled function (``fn(list_of_args) -> list``) through CUDA graphs,
+    without copying what need not be copied.
+
+    Per argument signature (shapes, strides, dtypes, devices), the first call runs ``fn`` as it
+    is (a warm-up: lazy initialisation, library handles). Later calls replay a captured
+    instance of the graph:
+
+    - **Arguments** whose address has never moved between calls (parameters, buffers,
+      persistent state), and arguments that are outputs of a captured graph (activations a
+      backward graph reads), are read in place: the instance remembers their addresses and is
+      replayed only for calls that pass the same ones. Arguments seen at another address once
+      are copied into the instance's static inputs from then on.
+    - **Results** are the instance's own output memory, returned as new tensor objects over it
+      (no copy). An instance is replayed only when no result of its previous replay is still
+      in use (the storage use counts say so); otherwise another instance is used or captured
+      (at most ``MAX_INSTANCES`` per signature: a training step alternates between two; past
+      that the oldest unpinned instance is replaced), and when every instance's results are
+      still held the call runs ``fn`` directly. A result therefore stays valid for as long as
+      the caller holds it, as in eager mode.
+
+    Arguments that are not all CUDA tensors, or a capture that fails (an op that synchronises
+    with the host), make it run ``fn`` directly from then on, after one warning.
     """
+
+    MAX_INSTANCES = 3
 
     def __init__(self, fn: Callable[[list[Any]], Any], name: str = "graph") -> None:
         # An instance attribute: AOTAutograd looks for it on wrappers that copy __dict__ only.
         self._boxed_call = True
         self.fn = fn
         self.name = name
-        self._graphs: dict[Any, tuple[Any, list[torch.Tensor], Any]] = {}
-        self._seen: set[Any] = set()
+        self._instances: dict[Any, list[_Instance]] = {}
+        self._last_ptrs: dict[Any, list[int]] = {}
+        self._moving: dict[Any, set[int]] = {}  # per signature: arguments seen at another address
         self._disabled = False
+        self.replays = 0  # diagnostics: calls served by a replay
+        self.direct_calls = 0  # and calls that ran fn (warm-ups, all instances busy)
 
     def __call__(self, args: list[Any]) -> Any:
         if self._disabled:
@@ -61,24 +115,42 @@ class CudaGraphRunner:
         sig = self._signature(args)
         if sig is None:
             return self.fn(args)
-        entry = self._graphs.get(sig)
-        if entry is None:
-            if sig not in self._seen:
-                self._seen.add(sig)
-                return self.fn(args)
+        ptrs = [a.data_ptr() for a in args]
+        last = self._last_ptrs.get(sig)
+        self._last_ptrs[sig] = ptrs
+        if last is None:
+            self.direct_calls += 1
+            return self.fn(args)
+        moving = self._moving.setdefault(sig, set())
+        moving.update(i for i, (p, q) in enumerate(zip(ptrs, last)) if p != q and p not in _graph_outputs)
+        instances = self._instances.setdefault(sig, [])
+        inst = next((i for i in instances if i.fits(ptrs) and i.free()), None)
+        if inst is None:
+            if len(instances) >= self.MAX_INSTANCES:
+                # Replace the oldest instance nobody's results pin (its graph and memory go);
+                # if every one is pinned, run without a graph.
+                stale = next((i for i in instances if i.free()), None)
+                if stale is None:
+                    self.direct_calls += 1
+                    return self.fn(args)
+                instances.remove(stale)
+            in_place = {i: p for i, p in enumerate(ptrs)
+                        if p in _graph_outputs or (i not in moving and p == last[i])}
             try:
-                entry = self._capture(args)
+                inst = self._capture(args, in_place)
             except Exception as e:
                 self._disabled = True
                 warnings.warn(f"kiln: CUDA graph capture of {self.name} failed; running without CUDA graphs: "
                               f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
                 return self.fn(args)
-            self._graphs[sig] = entry
-        graph, static_in, static_out = entry
-        for dst, src in zip(static_in, args):
-            dst.copy_(src)
-        graph.replay()
-        return [o.clone() if isinstance(o, torch.Tensor) else o for o in static_out]
+            instances.append(inst)
+        for dst, src in zip(inst.static_in, args):
+            if dst is not None:
+                dst.copy_(src)
+        inst.graph.replay()
+        self.replays += 1
+        STATS.graph_replays += 1
+        return [o.detach() if isinstance(o, torch.Tensor) else o for o in inst.outputs]
 
     @staticmethod
     def _signature(args: Sequence[Any]) -> Any:
@@ -89,18 +161,23 @@ class CudaGraphRunner:
             sig.append((tuple(a.shape), a.stride(), a.dtype, a.device))
         return tuple(sig)
 
-    def _capture(self, args: list[Any]) -> tuple[Any, list[torch.Tensor], Any]:
-        static_in = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a) for a in args]
-        # Warm up on a side stream with the static buffers, as torch's CUDA graph notes advise.
+    def _capture(self, args: list[Any], in_place: dict[int, int]) -> _Instance:
+        static_in: list[Optional[torch.Tensor]] = [
+            None if i in in_place else
+            torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
+            for i, a in enumerate(args)]
+        feed = [a if s is None else s for a, s in zip(args, static_in)]
+        # Warm up on a side stream with the buffers the graph will read, as torch's CUDA graph
+        # notes advise.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.fn(list(static_in))
+            self.fn(list(feed))
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            static_out = self.fn(list(static_in))
-        return graph, static_in, static_out
+            outputs = self.fn(list(feed))
+        return _Instance(graph, static_in, in_place, list(outputs))
 
 
 def wants_cuda_graphs(example_inputs: Sequence[Any]) -> bool:

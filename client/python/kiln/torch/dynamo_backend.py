@@ -23,8 +23,10 @@ a compile may take), ``async`` (bool, default off: compile without waiting, belo
 With ``options={"async": True}`` a new graph does not wait for kilnd: its parts compile in the
 background while the graph runs in torch, and the first call after they are loaded switches
 to the kiln kernels (and, in reduce-overhead mode, to CUDA graphs). The first result of a new
-model then comes at eager speed instead of after the compile; :func:`kiln.torch.wait` blocks
-until every pending compile has finished (benchmarks, tests, a warm-up step).
+model then waits only for Dynamo's and AOTAutograd's tracing (which any torch.compile backend
+pays, and which must run on the caller's thread: Dynamo drops its record of how it fakified the
+inputs once the frame is compiled), not for kilnd; :func:`kiln.torch.wait` blocks until every
+pending compile has finished (benchmarks, tests, a warm-up step).
 
 Whatever fails inside the backend (a part the daemon rejects, a daemon that cannot be reached,
 a lowering bug) makes the affected part, or at worst the whole graph, run in torch after one

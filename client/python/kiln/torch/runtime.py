@@ -45,7 +45,8 @@ class Stats:
     cache; ``memo_hits``: found in this process without asking. ``failed``: parts that fell
     back to torch. ``kiln_nodes``/``torch_nodes``: ATen nodes placed in kiln parts or left to
     torch. ``kernel_calls``/``eager_calls``: part calls that ran the kernels or torch.
-    ``compile_s``: wall time spent compiling and loading parts.
+    ``compile_s``: wall time spent compiling and loading parts. ``graph_replays``: calls
+    served by replaying a CUDA graph (reduce-overhead mode).
     """
 
     graphs: int = 0
@@ -59,6 +60,7 @@ class Stats:
     kernel_calls: int = 0
     eager_calls: int = 0
     compile_s: float = 0.0
+    graph_replays: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
