@@ -167,8 +167,13 @@ v1::Graph EncodeGraph(const Graph& g) {
       else if (auto* p = std::get_if<std::string>(&val)) a.set_s(*p);
       else if (auto* p = std::get_if<bool>(&val)) a.set_b(*p);
       else if (auto* p = std::get_if<DType>(&val)) a.set_dtype(static_cast<v1::DType>(*p));
-      else if (auto* p = std::get_if<IntList>(&val)) for (int64_t x : *p) a.mutable_ints()->add_values(x);
-      else if (auto* p = std::get_if<FloatList>(&val)) for (double x : *p) a.mutable_floats()->add_values(x);
+      else if (auto* p = std::get_if<IntList>(&val)) {
+        v1::IntList* l = a.mutable_ints();  // set even when empty: an empty list is a value
+        for (int64_t x : *p) l->add_values(x);
+      } else if (auto* p = std::get_if<FloatList>(&val)) {
+        v1::FloatList* l = a.mutable_floats();
+        for (double x : *p) l->add_values(x);
+      }
       else if (auto* p = std::get_if<Constant>(&val)) {
         v1::TensorValue* t = a.mutable_tensor();
         t->set_dtype(static_cast<v1::DType>(p->dtype));

@@ -154,6 +154,7 @@ def profile_steps(step: Callable[[int], Any], steps: int, kiln_names: set[str]) 
         KilnPart.forward = orig  # type: ignore[method-assign]
     kern = collections.Counter()
     kern_ms = collections.Counter()
+    per_kernel = collections.Counter()
     cpu_ops = collections.Counter()
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
@@ -163,7 +164,9 @@ def profile_steps(step: Callable[[int], Any], steps: int, kiln_names: set[str]) 
             else:
                 kind = "kiln" if is_kiln else "torch"
             kern[kind] += 1
-            kern_ms[kind] += e.device_time / 1000.0 if hasattr(e, "device_time") else e.cuda_time / 1000.0
+            ms = e.device_time / 1000.0 if hasattr(e, "device_time") else e.cuda_time / 1000.0
+            kern_ms[kind] += ms
+            per_kernel[("kiln " if is_kiln else "") + e.name[:90]] += ms
         elif e.name in ("aten::copy_", "aten::clone", "aten::contiguous", "aten::empty", "aten::empty_strided",
                         "cuLaunchKernel", "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync",
                         "aten::to", "aten::_to_copy"):
@@ -173,6 +176,7 @@ def profile_steps(step: Callable[[int], Any], steps: int, kiln_names: set[str]) 
         "gpu_ms": {k: v / steps for k, v in kern_ms.items()},
         "launches": {k: v / steps for k, v in kern.items()},
         "cpu_ops": {k: v / steps for k, v in cpu_ops.items()},
+        "top_kernels": [(k, v / steps) for k, v in per_kernel.most_common(12)],
         "part_calls": len(part_calls) / steps,
         "part_host_ms": sum(part_calls) * 1000 / steps,
         "part_call_us_median": statistics.median(part_calls) * 1e6 if part_calls else 0.0,
@@ -275,6 +279,18 @@ def main() -> int:
             lines.append(f"| host ms inside kiln parts | | {pk['part_host_ms']:.3f} |")
             lines.append(f"| host us per part call (median) | | {pk['part_call_us_median']:.1f} |")
             lines.append("")
+            for label, prof in (("Inductor", pi), ("kiln", pk)):
+                lines += [f"Top kernels per step, {label} (GPU ms):", ""]
+                lines += [f"- {ms:.3f} {kname}" for kname, ms in prof["top_kernels"]]
+                lines.append("")
+            if name.startswith("ln_gelu"):  # small enough to show what kiln generated
+                for p in kiln_parts():
+                    if p.compiled is not None:
+                        try:
+                            rep = p.compiled.fusion_report()
+                        except Exception as e:  # diagnostics only
+                            rep = f"(no report: {e})"
+                        lines += [f"Fusion report of {p.part_name}:", "", "```", rep.strip()[:3000], "```", ""]
             fell = [p for p in row["kiln_parts"] if not p["kiln"]]
             if fell:
                 lines.append("fallbacks: " + "; ".join(f"{p['name']}: {p['error']}" for p in fell[:10]))

@@ -118,6 +118,18 @@ def test_composites(client, rng):
         np.testing.assert_allclose(gv, wv_, rtol=1e-4, atol=1e-5, err_msg=f"output {i}")
 
 
+def test_scalar_shaped_full_and_empty_list_attributes(client, rng):
+    """An empty ``ints`` attribute (the shape of a scalar) is a value, not a missing one."""
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (5,))
+    two = b.full((), 2.5, "f32")
+    g = b.build([b.binary("mul", x, two), two])
+    xv = rng.standard_normal(5).astype(np.float32)
+    got = client.compile(g, "cpu")(xv)
+    np.testing.assert_allclose(got[0], xv * np.float32(2.5), rtol=1e-6)
+    assert got[1].shape == () and float(got[1]) == 2.5
+
+
 def test_non_contiguous_inputs_are_copied(client, rng):
     b = kiln.GraphBuilder()
     x = b.input("x", "f64", (6, 4))

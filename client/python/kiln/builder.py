@@ -988,8 +988,10 @@ def _set_attr(attr: Any, kind: str, value: Any) -> None:
     elif kind == "dtype":
         attr.dtype = dt.to_wire(value)
     elif kind == "ints":
+        attr.ints.SetInParent()  # an empty list is a value too (the shape of a scalar)
         attr.ints.values.extend(int(v) for v in value)
     elif kind == "floats":
+        attr.floats.SetInParent()
         attr.floats.values.extend(float(v) for v in value)
     elif kind == "tensor":
         name, arr = value if isinstance(value, tuple) else (dt.dtype_name(value.dtype), value)

@@ -36,10 +36,23 @@ absl::StatusOr<std::vector<KernelFunction>> KernelGen::Run() {
     }
     inner = true;
     r_inner = std::max(r_inner, ReduceExtent(*n, kern_.extents));
-    for (const Expr* m : Nodes(n->args[0]))
-      if (m->kind == Expr::Kind::kLoad && m->buffer >= 0 &&
-          Coefficient(FlatAddress(unit_->buffers[m->buffer], m->index), n->rvars.back()) == 1)
-        contiguous = true;
+    // Contiguous when the reduction's largest operand is read along the reduced axis: a
+    // per-row vector (the mean and rstd of a layer_norm backward's column sums) is contiguous
+    // in the row index too, but the matrix read beside it decides how memory is walked.
+    int64_t largest = 0;
+    bool largest_contiguous = false;
+    for (const Expr* m : Nodes(n->args[0])) {
+      if (m->kind != Expr::Kind::kLoad || m->buffer < 0) continue;
+      const Buffer& b = unit_->buffers[m->buffer];
+      const bool along = Coefficient(FlatAddress(b, m->index), n->rvars.back()) == 1;
+      if (b.bytes > largest) {
+        largest = b.bytes;
+        largest_contiguous = along;
+      } else if (b.bytes == largest) {
+        largest_contiguous = largest_contiguous || along;
+      }
+    }
+    contiguous = contiguous || largest_contiguous;
   }
   int64_t n_out = Product(loops_, 0, rank);
   if (d_outer >= 0) {

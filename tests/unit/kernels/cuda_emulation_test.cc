@@ -169,6 +169,26 @@ TEST(CudaEmulation, ColumnTiles) {
                    [](int, HostTensor* t) { reinterpret_cast<float*>(t->data.get())[1999 * 33 + 4] = NAN; });
 }
 
+// Column sums of a matrix times a per-row vector (a layer_norm backward's weight gradient):
+// the vector is contiguous along the reduced rows, the matrix is not. The matrix decides:
+// a column tile (coalesced across columns), not a row of threads striding down one column.
+TEST(CudaEmulation, ColumnSumsBesideAPerRowVector) {
+  REQUIRE_NVRTC();
+  ir::Graph g = Make({Ty(DType::kF32, {3000, 96}), Ty(DType::kF32, {3000, 1})}, [](ir::Builder& b) {
+    auto prod = *b.Add("mul", {0, 1});
+    return std::vector<ValueId>{*b.Add("sum", {prod}, {{"axes", ir::IntList{0}}}),
+                                *b.Add("sum", {0}, {{"axes", ir::IntList{0}}})};
+  });
+  // Multiples of 1/8: every partial sum is exact in float, so any summation order agrees.
+  ExpectMatchesCpu(g, [](int, HostTensor* t) {
+    float* p = reinterpret_cast<float*>(t->data.get());
+    for (int64_t k = 0; k < t->elements; ++k) p[k] = std::round(p[k] * 8) / 8;
+  });
+  auto gen = SharedPipeline().Generate(g, CudaTarget(90), CompileOptions{});
+  ASSERT_TRUE(gen.ok()) << gen.status();
+  EXPECT_NE(gen->fusion_report.find("column tile"), std::string::npos) << gen->fusion_report;
+}
+
 TEST(CudaEmulation, WholeTensorReductions) {
   // Small: one block, one launch.
   ExpectMatchesCpu(Reduce("sum", Ty(DType::kF32, {1000}), {}));
