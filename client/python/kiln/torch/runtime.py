@@ -255,6 +255,11 @@ class KilnPart(torch.nn.Module):
         bump(eager_calls=1)
         return self.eager(*args)
 
+    # The rewritten graph calls parts as modules (``self.kiln_part_0(...)``): calling forward
+    # directly skips nn.Module's hook dispatch, a few microseconds per call on the hot path
+    # (parts never have hooks).
+    __call__ = forward
+
     def _prepare_run(self) -> None:
         """What every call needs and no call changes, computed once after loading: the call
         path then costs a few comparisons per argument and one allocation per output."""
