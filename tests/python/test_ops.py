@@ -351,3 +351,39 @@ def test_whole_tensor_reductions_run_in_parallel(client, rng, op: str) -> None:
     got = client.compile(b.build([b.reduce(op, x)]))(host, num_threads=2)
     want = np.asarray(getattr(np, op)(host))
     check(got, want, str(want.dtype), f"{op} over all axes")
+
+
+@pytest.mark.parametrize("rewrites", [True, False])
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_factored_sums(client, rng, dtype: str, rewrites: bool) -> None:
+    """Sums the algebraic rewrite factors (outer-product sums, their means, scaled terms, a
+    sum of terms), read through strided views, with the rewrite on and off: both within the
+    suite's tolerance of NumPy."""
+    n, d = 13, 9
+    b = kiln.GraphBuilder()
+    raw = random_array(rng, dtype, (2 * d, n))
+    x, xh = strided_view(b, "x", dtype, (n, d), raw)
+    y = b.input("y", dtype, (n, d))
+    w = b.input("w", dtype, (n,))
+    yh, wh = random_array(rng, dtype, (n, d)), random_array(rng, dtype, (n,), "positive")
+    xe, ye = b.unsqueeze(x, [2]), b.unsqueeze(y, [1])
+    we = b.unsqueeze(w, [1, 2])
+    outs = [
+        b.sum(xe * ye, axes=[-2, -1]),
+        b.mean(xe * ye, axes=[1, 2], keepdim=True),
+        b.sum(xe * 0.5 * ye / we, axes=[1, 2]),
+        b.sum(xe * ye - xe + ye * 2.0, axes=[1, 2]),
+        b.sum(xe * ye, axes=[0, 2]),
+        b.sum(xe * ye),
+    ]
+    got = client.compile(b.build(outs), options=kiln.make_options(algebraic_rewrites=rewrites))(raw, yh, wh)
+    X, Y, W = xh[:, :, None], yh[:, None, :], wh[:, None, None]
+    wants = [np.sum(X * Y, axis=(-2, -1)), np.mean(X * Y, axis=(1, 2), keepdims=True),
+             np.sum(X * NP[dtype](0.5) * Y / W, axis=(1, 2)), np.sum(X * Y - X + Y * NP[dtype](2), axis=(1, 2)),
+             np.sum(X * Y, axis=(0, 2)), np.sum(X * Y)]
+    for i, (g_, w_) in enumerate(zip(got, wants)):
+        # Sums of n*d products: the tolerance scales with the sum of magnitudes, as any two
+        # summation orders differ by that much (NumPy's is pairwise).
+        scale = np.sum(np.abs(X * Y) + np.abs(X) + np.abs(Y) * 2) / max(g_.size, 1)
+        rtol, atol = TOL[dtype]
+        np.testing.assert_allclose(g_, w_, rtol=rtol, atol=atol + rtol * scale, err_msg=f"factored sum {i}")
