@@ -387,3 +387,31 @@ def test_factored_sums(client, rng, dtype: str, rewrites: bool) -> None:
         scale = np.sum(np.abs(X * Y) + np.abs(X) + np.abs(Y) * 2) / max(g_.size, 1)
         rtol, atol = TOL[dtype]
         np.testing.assert_allclose(g_, w_, rtol=rtol, atol=atol + rtol * scale, err_msg=f"factored sum {i}")
+
+
+# Outer-axis reductions large enough for the CPU's lane tiles to split rows across threads
+# (few kept columns) and to give whole tiles to threads (many columns, a partial last tile).
+@pytest.mark.parametrize("shape", [(3001, 37), (17, 9000 * 4 + 5)])
+def test_outer_axis_reductions_split_over_threads(client, rng, shape) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", shape)
+    t = b.input("t", "f32", (shape[1], shape[0]))
+    outs = [b.sum(x, axes=[0]), b.max(x, axes=[0]), b.var(x, axes=[0]), b.argmax(x, axis=0),
+            b.softmax(x, axis=0), b.sum(b.gt(x, 0.5), axes=[0]), b.sum(b.permute(t, [1, 0]), axes=[0]),
+            b.any(b.isnan(x), axes=[0])]
+    xh = random_array(rng, "f32", shape)
+    xh[5, 3] = np.nan  # a NaN propagates through max, wins argmax, poisons var and softmax
+    th = np.ascontiguousarray(random_array(rng, "f32", shape).T)
+    compiled = client.compile(b.build(outs))
+    x64 = xh.astype(np.float64)
+    e = np.exp(x64 - x64.max(0, keepdims=True))
+    wants = [x64.sum(0), x64.max(0), x64.var(0), np.argmax(xh, axis=0), e / e.sum(0, keepdims=True),
+             (xh > 0.5).sum(0), th.T.astype(np.float64).sum(0), np.isnan(xh).any(0)]
+    for threads in (1, 2, 3):
+        got = compiled(xh, th, num_threads=threads)
+        for i, (g_, w_) in enumerate(zip(got, wants)):
+            what = f"output {i}, {threads} thread(s), shape {shape}"
+            if g_.dtype.kind == "f":
+                np.testing.assert_allclose(g_, w_, rtol=2e-5, atol=2e-3, equal_nan=True, err_msg=what)
+            else:
+                np.testing.assert_array_equal(g_, w_, err_msg=what)
