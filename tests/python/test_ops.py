@@ -415,3 +415,17 @@ def test_outer_axis_reductions_split_over_threads(client, rng, shape) -> None:
                 np.testing.assert_allclose(g_, w_, rtol=2e-5, atol=2e-3, equal_nan=True, err_msg=what)
             else:
                 np.testing.assert_array_equal(g_, w_, err_msg=what)
+
+
+def test_algebraic_rewrites_option_enters_the_key(client) -> None:
+    b = kiln.GraphBuilder()
+    x, y = b.input("x", "f32", (8, 5)), b.input("y", "f32", (8, 5))
+    g = b.build([b.sum(b.unsqueeze(x, [2]) * b.unsqueeze(y, [1]), axes=[1, 2])])
+    on = client.compile(g, options=kiln.make_options(algebraic_rewrites=True))
+    off = client.compile(g, options=kiln.make_options(algebraic_rewrites=False))
+    assert on.handle != off.handle
+    src_on, src_off = (client.source(c.handle).source for c in (on, off))
+    # Factored: two sums over one axis each (one reduction loop apiece); unfactored: one
+    # reduction over both axes, two nested loops.
+    assert src_on != src_off
+    assert client.compile(g, options=kiln.make_options(algebraic_rewrites=False)).cache_hit
