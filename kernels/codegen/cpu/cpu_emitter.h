@@ -10,8 +10,9 @@
 //                      its values are arrays over the tile and each reduction placed there
 //                      walks its reduced range once per tile, updating all the tile's
 //                      accumulators per step in a vector loop, so a reduction over an outer
-//                      axis reads memory in order (kernels/codegen/cpu/cpu_codegen.cc decides
-//                      when);
+//                      axis reads memory in order; sums take 2 or 4 rows per step, added
+//                      pairwise before the accumulator (kernels/codegen/cpu/cpu_lanes.h says
+//                      when tiles are used);
 //   parallel reduce    whole-tensor reductions, or a tile's reductions when the kept extent
 //                      is small, run their outermost reduced loop across threads with
 //                      per-thread partials merged by OpenMP.

@@ -8,21 +8,24 @@ static void k0(const float* __restrict in0, float* __restrict tmp0, float* __res
     const int64_t kn = 2560;
     float t0_acc[2560];
     float t0[2560];
-    float t6[2560];
-    float t2_acc[2560];
-    float t2[2560];
+    float t9[2560];
+    float t5_acc[2560];
+    float t5[2560];
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;
       t0_acc[kl] = (0.0f);
     }
     #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:t0_acc[:2560])
-    for (int64_t i1 = 0; i1 < 1024; ++i1) {
+    for (int64_t i1 = 0; i1 < 1024; i1 += 4) {
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;
         const float t1 = in0[i0 + 2560 * i1];
-        t0_acc[kl] += t1;
+        const float t2 = in0[i0 + 2560 * (i1 + 1)];
+        const float t3 = in0[i0 + 2560 * (i1 + 2)];
+        const float t4 = in0[i0 + 2560 * (i1 + 3)];
+        t0_acc[kl] += ((t1 + t2) + (t3 + t4));
       }
     }
     #pragma omp simd
@@ -30,25 +33,34 @@ static void k0(const float* __restrict in0, float* __restrict tmp0, float* __res
       const int64_t i0 = kb + kl;
       t0[kl] = t0_acc[kl];
       tmp0[i0] = (float)(t0[kl]);
-      t6[kl] = (t0[kl] * (0.0009765625f));
-      t2_acc[kl] = (0.0f);
+      t9[kl] = (t0[kl] * (0.0009765625f));
+      t5_acc[kl] = (0.0f);
     }
-    #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:t2_acc[:2560])
-    for (int64_t i2 = 0; i2 < 1024; ++i2) {
+    #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:t5_acc[:2560])
+    for (int64_t i2 = 0; i2 < 1024; i2 += 4) {
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;
-        const float t5 = in0[i0 + 2560 * i2];
-        const float t4 = (t5 - t6[kl]);
-        const float t3 = (t4 * t4);
-        t2_acc[kl] += t3;
+        const float t8 = in0[i0 + 2560 * i2];
+        const float t7 = (t8 - t9[kl]);
+        const float t6 = (t7 * t7);
+        const float t12 = in0[i0 + 2560 * (i2 + 1)];
+        const float t11 = (t12 - t9[kl]);
+        const float t10 = (t11 * t11);
+        const float t15 = in0[i0 + 2560 * (i2 + 2)];
+        const float t14 = (t15 - t9[kl]);
+        const float t13 = (t14 * t14);
+        const float t18 = in0[i0 + 2560 * (i2 + 3)];
+        const float t17 = (t18 - t9[kl]);
+        const float t16 = (t17 * t17);
+        t5_acc[kl] += ((t6 + t10) + (t13 + t16));
       }
     }
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;
-      t2[kl] = t2_acc[kl];
-      tmp1[i0] = (float)(t2[kl]);
+      t5[kl] = t5_acc[kl];
+      tmp1[i0] = (float)(t5[kl]);
     }
   }
 }

@@ -9,20 +9,23 @@ static void k0(const float* __restrict in0, const float* __restrict in1, float* 
     const int64_t kn = 4000;
     float t0_acc[4000];
     float t0[4000];
-    float t2_acc[4000];
-    int t2_acc_nan[4000];
-    float t2[4000];
+    float t5_acc[4000];
+    int t5_acc_nan[4000];
+    float t5[4000];
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;
       t0_acc[kl] = (0.0f);
     }
-    for (int64_t i1 = 0; i1 < 16; ++i1) {
+    for (int64_t i1 = 0; i1 < 16; i1 += 4) {
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;
         const float t1 = in1[16 * i0 + i1];
-        t0_acc[kl] += t1;
+        const float t2 = in1[16 * i0 + (i1 + 1)];
+        const float t3 = in1[16 * i0 + (i1 + 2)];
+        const float t4 = in1[16 * i0 + (i1 + 3)];
+        t0_acc[kl] += ((t1 + t2) + (t3 + t4));
       }
     }
     #pragma omp simd
@@ -30,22 +33,22 @@ static void k0(const float* __restrict in0, const float* __restrict in1, float* 
       const int64_t i0 = kb + kl;
       t0[kl] = t0_acc[kl];
       out0[i0] = (float)(t0[kl]);
-      t2_acc[kl] = (-__builtin_inff());
-      t2_acc_nan[kl] = 0;
+      t5_acc[kl] = (-__builtin_inff());
+      t5_acc_nan[kl] = 0;
     }
     for (int64_t i2 = 0; i2 < 16; ++i2) {
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;
-        const float t3 = in0[i0 + 36000 * i2];
-        t2_acc[kl] = t3 > t2_acc[kl] ? t3 : t2_acc[kl]; t2_acc_nan[kl] |= (int)(t3 != t3);
+        const float t6 = in0[i0 + 36000 * i2];
+        t5_acc[kl] = t6 > t5_acc[kl] ? t6 : t5_acc[kl]; t5_acc_nan[kl] |= (int)(t6 != t6);
       }
     }
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;
-      t2[kl] = (t2_acc_nan[kl] ? __builtin_nanf("") : t2_acc[kl]);
-      out1[i0] = (float)(t2[kl]);
+      t5[kl] = (t5_acc_nan[kl] ? __builtin_nanf("") : t5_acc[kl]);
+      out1[i0] = (float)(t5[kl]);
     }
   }
 }

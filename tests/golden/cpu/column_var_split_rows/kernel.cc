@@ -12,21 +12,24 @@ static void k0(const float* __restrict in0, float* __restrict out0, int64_t* __r
     float t1_acc[300];
     float t1[300];
     float t0[300];
-    float t8_acc[300];
-    int64_t t8_idx[300];
-    int64_t t8[300];
+    float t20_acc[300];
+    int64_t t20_idx[300];
+    int64_t t20[300];
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;
       t6_acc[kl] = (0.0f);
     }
     #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:t6_acc[:300])
-    for (int64_t i2 = 0; i2 < 4096; ++i2) {
+    for (int64_t i2 = 0; i2 < 4096; i2 += 4) {
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;
         const float t7 = in0[i0 + 300 * i2];
-        t6_acc[kl] += t7;
+        const float t8 = in0[i0 + 300 * (i2 + 1)];
+        const float t9 = in0[i0 + 300 * (i2 + 2)];
+        const float t10 = in0[i0 + 300 * (i2 + 3)];
+        t6_acc[kl] += ((t7 + t8) + (t9 + t10));
       }
     }
     #pragma omp simd
@@ -37,14 +40,23 @@ static void k0(const float* __restrict in0, float* __restrict out0, int64_t* __r
       t1_acc[kl] = (0.0f);
     }
     #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:t1_acc[:300])
-    for (int64_t i1 = 0; i1 < 4096; ++i1) {
+    for (int64_t i1 = 0; i1 < 4096; i1 += 4) {
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;
         const float t4 = in0[i0 + 300 * i1];
         const float t3 = (t4 - t5[kl]);
         const float t2 = (t3 * t3);
-        t1_acc[kl] += t2;
+        const float t13 = in0[i0 + 300 * (i1 + 1)];
+        const float t12 = (t13 - t5[kl]);
+        const float t11 = (t12 * t12);
+        const float t16 = in0[i0 + 300 * (i1 + 2)];
+        const float t15 = (t16 - t5[kl]);
+        const float t14 = (t15 * t15);
+        const float t19 = in0[i0 + 300 * (i1 + 3)];
+        const float t18 = (t19 - t5[kl]);
+        const float t17 = (t18 * t18);
+        t1_acc[kl] += ((t2 + t11) + (t14 + t17));
       }
     }
     #pragma omp simd
@@ -53,22 +65,22 @@ static void k0(const float* __restrict in0, float* __restrict out0, int64_t* __r
       t1[kl] = t1_acc[kl];
       t0[kl] = (t1[kl] / (4096.0f));
       out0[i0] = (float)(t0[kl]);
-      t8_acc[kl] = (-__builtin_inff());
-      t8_idx[kl] = 0;
+      t20_acc[kl] = (-__builtin_inff());
+      t20_idx[kl] = 0;
     }
     for (int64_t i3 = 0; i3 < 4096; ++i3) {
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;
-        const float t9 = in0[i0 + 300 * i3];
-        if ((t9 > t8_acc[kl]) || (t9 != t9 && t8_acc[kl] == t8_acc[kl])) { t8_acc[kl] = t9; t8_idx[kl] = i3; }
+        const float t21 = in0[i0 + 300 * i3];
+        if ((t21 > t20_acc[kl]) || (t21 != t21 && t20_acc[kl] == t20_acc[kl])) { t20_acc[kl] = t21; t20_idx[kl] = i3; }
       }
     }
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;
-      t8[kl] = t8_idx[kl];
-      out1[i0] = (int64_t)(t8[kl]);
+      t20[kl] = t20_idx[kl];
+      out1[i0] = (int64_t)(t20[kl]);
     }
   }
 }
