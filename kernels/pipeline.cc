@@ -3,6 +3,8 @@
 //   Decompose        composites -> primitives; first, so every later pass sees primitives only
 //   FoldConstants    scalar arithmetic on constants (decompositions make some)
 //   Simplify         identities (x*1, cast round trips...), after folding made the constants
+//   FactorReductions sums of products over disjoint axes -> products of sums (when the
+//                    options allow reassociation); after Simplify, whose x*1 would split factors
 //   CSE              after Simplify, which can make distinct nodes identical
 //   DCE              last: drops what the passes above left unused
 //   Schedule         lowering + fusion + buffer plan (backend-neutral)
@@ -89,20 +91,24 @@ std::string Pipeline::Fingerprint(const Target& target) const {
 
 namespace {
 
-absl::StatusOr<ir::Graph> RunPasses(const ir::Graph& graph, bool trace, const FrontendBudget& budget) {
+absl::StatusOr<ir::Graph> RunPasses(const ir::Graph& graph, const CompileOptions& options, bool trace,
+                                     const FrontendBudget& budget) {
   ir::Graph g = graph;
   struct Stage {
     const char* name;
     absl::StatusOr<ir::Graph> (*fn)(const ir::Graph&);
+    bool on;
   };
-  static const Stage kStages[] = {
-      {"decompose", passes::Decompose},
-      {"fold_constants", passes::FoldConstants},
-      {"simplify", passes::Simplify},
-      {"cse", passes::EliminateCommonSubexpressions},
-      {"dce", passes::EliminateDeadCode},
+  const Stage stages[] = {
+      {"decompose", passes::Decompose, true},
+      {"fold_constants", passes::FoldConstants, true},
+      {"simplify", passes::Simplify, true},
+      {"factor_reductions", passes::FactorReductions, options.algebraic_rewrites},
+      {"cse", passes::EliminateCommonSubexpressions, true},
+      {"dce", passes::EliminateDeadCode, true},
   };
-  for (const Stage& s : kStages) {
+  for (const Stage& s : stages) {
+    if (!s.on) continue;
     KILN_ASSIGN_OR_RETURN(g, s.fn(g));
     KILN_RETURN_IF_ERROR(budget.Check(s.name));
 #ifndef NDEBUG
@@ -119,7 +125,7 @@ absl::StatusOr<Pipeline::Generated> Pipeline::Generate(const ir::Graph& graph, c
                                                        const CompileOptions& options) const {
   KILN_RETURN_IF_ERROR(CheckTarget(target));
   const FrontendBudget budget(impl_->config.max_frontend_ms);
-  KILN_ASSIGN_OR_RETURN(ir::Graph g, RunPasses(graph, impl_->config.trace, budget));
+  KILN_ASSIGN_OR_RETURN(ir::Graph g, RunPasses(graph, options, impl_->config.trace, budget));
   schedule::ScheduleOptions schedule_options;
   schedule_options.max_expr_depth = impl_->config.max_expr_depth;
   schedule_options.budget = &budget;

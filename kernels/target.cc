@@ -13,7 +13,8 @@ std::string Target::ToString() const {
 }
 
 std::string CompileOptions::ToString() const {
-  return absl::StrCat("opt_level=", opt_level, ";vector_math=", vector_math ? 1 : 0);
+  return absl::StrCat("opt_level=", opt_level, ";vector_math=", vector_math ? 1 : 0,
+                      ";algebraic_rewrites=", algebraic_rewrites ? 1 : 0);
 }
 
 }  // namespace kiln

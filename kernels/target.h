@@ -25,6 +25,9 @@ struct Target {
 struct CompileOptions {
   int opt_level = 3;
   bool vector_math = true;
+  // Rewrites that reassociate floating point within the op suite's tolerance
+  // (passes/factor_reductions.cc says which and how far).
+  bool algebraic_rewrites = true;
   std::string ToString() const;
 };
 

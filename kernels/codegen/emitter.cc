@@ -55,9 +55,15 @@ std::string ScopedEmitter::Emit(const lower::ExprPtr& ep) {
     auto hit = scopes_[i].cache.find(&e);
     if (hit != scopes_[i].cache.end()) return hit->second;
   }
+  std::string ref;
+  if (Hoist(ep, target, &ref)) {
+    scopes_[target].cache[&e] = ref;
+    return ref;
+  }
   std::string name = NewTemp();
   if (e.kind == Expr::Kind::kReduce) {
     EmitReduce(e, name, target);
+    ref = ValueRef(target, name);
   } else {
     std::string text;
     if (e.kind == Expr::Kind::kLoad) {
@@ -68,9 +74,14 @@ std::string ScopedEmitter::Emit(const lower::ExprPtr& ep) {
       std::string index_text = e.index.empty() ? "" : lower::ToC(e.index[0], var_names_);
       text = PointwiseText(e, args, index_text);
     }
-    scopes_[target].stmts.push_back(absl::StrCat("const ", ComputeTypeName(e.dtype), " ", name, " = ", text, ";"));
+    ref = Define(target, e, name, text);
   }
-  scopes_[target].cache[&e] = name;
+  scopes_[target].cache[&e] = ref;
+  return ref;
+}
+
+std::string ScopedEmitter::Define(size_t target, const Expr& e, const std::string& name, const std::string& text) {
+  scopes_[target].stmts.push_back(absl::StrCat("const ", ComputeTypeName(e.dtype), " ", name, " = ", text, ";"));
   return name;
 }
 

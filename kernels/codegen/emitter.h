@@ -54,6 +54,13 @@ class ScopedEmitter {
   virtual void EmitReduce(const lower::Expr& e, const std::string& result, size_t scope_index);
   // Pragma placed before the innermost loop of a reduction (empty: none).
   virtual std::string ReducePragma(const lower::Expr& e, const std::string& acc) const;
+  // Backend hooks around one value placed in scope `target`. Hoist: computes `e` elsewhere
+  // (e.g. once, into a table) and sets `ref` to the text reading it; false: emit as usual.
+  // Define: the statement(s) defining `name` = `text`; returns the text naming the value.
+  // ValueRef: the text naming a reduction's result `name`.
+  virtual bool Hoist(const lower::ExprPtr&, size_t, std::string*) { return false; }
+  virtual std::string Define(size_t target, const lower::Expr& e, const std::string& name, const std::string& text);
+  virtual std::string ValueRef(size_t, const std::string& name) { return name; }
 
   // StrCat, not "t" + std::to_string(): GCC 12 at -O3 warns falsely (-Wrestrict) inside
   // std::string's operator+ (GCC bug 105651).

@@ -15,6 +15,9 @@ absl::StatusOr<ir::Graph> FoldConstants(const ir::Graph& graph);
 // passes/simplify.cc: x*1, x+0, x-0, x/1, neg(neg(x)), cast to the same type, lossless
 // cast round trips, single-use views of views stay as they are (lowering folds them).
 absl::StatusOr<ir::Graph> Simplify(const ir::Graph& graph);
+// passes/factor_reductions.cc: sums of products of factors over disjoint reduced axes become
+// products of smaller sums (reassociates floating point; legality in the file).
+absl::StatusOr<ir::Graph> FactorReductions(const ir::Graph& graph);
 // passes/cse.cc: identical nodes (op, inputs, attributes) computed once.
 absl::StatusOr<ir::Graph> EliminateCommonSubexpressions(const ir::Graph& graph);
 // passes/dce.cc: nodes no output depends on are dropped.

@@ -4,6 +4,7 @@
 // key.txt, and the launch plan as plan.json (kernels/codegen/PLAN.md).
 //
 //   kilnc GRAPH [--target cpu:x86-64-v3|cuda:sm_90] [--out DIR] [--source-only] [--trace]
+//         [--no-algebraic-rewrites]
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -68,14 +69,16 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 int main(int argc, char** argv) {
   std::string graph_path, target_text = "cpu:x86-64-v3", out_dir = ".";
   bool source_only = false, trace = false;
+  kiln::CompileOptions options;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--target" && i + 1 < argc) target_text = argv[++i];
     else if (a == "--out" && i + 1 < argc) out_dir = argv[++i];
     else if (a == "--source-only") source_only = true;
     else if (a == "--trace") trace = true;
+    else if (a == "--no-algebraic-rewrites") options.algebraic_rewrites = false;
     else if (a == "--help" || a == "-h") {
-      std::printf("usage: kilnc GRAPH [--target cpu:ISA|cuda:sm_NN] [--out DIR] [--source-only] [--trace]\n");
+      std::printf("usage: kilnc GRAPH [--target cpu:ISA|cuda:sm_NN] [--out DIR] [--source-only] [--trace] [--no-algebraic-rewrites]\n");
       return 0;
     } else graph_path = a;
   }
@@ -111,7 +114,7 @@ int main(int argc, char** argv) {
   };
   bool cuda = target->is_cuda();
   if (source_only) {
-    auto gen = (*pipeline)->Generate(*graph, *target, kiln::CompileOptions{});
+    auto gen = (*pipeline)->Generate(*graph, *target, options);
     if (!gen.ok()) return Fail(std::string(gen.status().message()));
     write(cuda ? "kernel.cu" : "kernel.cc", gen->source);
     write("report.txt", gen->fusion_report);
@@ -119,7 +122,7 @@ int main(int argc, char** argv) {
     std::printf("%d kernel(s)\n", gen->num_kernels);
     return 0;
   }
-  auto r = (*pipeline)->Compile(*graph, *target, kiln::CompileOptions{});
+  auto r = (*pipeline)->Compile(*graph, *target, options);
   if (!r.ok()) return Fail(std::string(r.status().message()));
   for (const kiln::Artifact& a : r->artifacts) {
     switch (a.kind) {
@@ -131,7 +134,7 @@ int main(int argc, char** argv) {
     }
   }
   write("plan.json", PlanJson(r->plan, target->ToString()));
-  auto key = kiln::key::ComputeKey(*graph, *target, kiln::CompileOptions{}, (*pipeline)->Fingerprint(*target));
+  auto key = kiln::key::ComputeKey(*graph, *target, options, (*pipeline)->Fingerprint(*target));
   write("key.txt", key.DebugString());
   std::printf("%d kernel(s), frontend %.1f ms, toolchain %.1f ms, key %s\n", r->stats.num_kernels,
               r->stats.frontend_ms, r->stats.toolchain_ms, key.digest.c_str());

@@ -36,6 +36,7 @@ v1::CompileOptions EncodeOptions(const CompileOptions& options) {
   wire.set_opt_level(options.opt_level);
   wire.set_opt_level_set(true);
   wire.set_disable_vector_math(!options.vector_math);
+  wire.set_disable_algebraic_rewrites(!options.algebraic_rewrites);
   return wire;
 }
 

@@ -99,8 +99,19 @@ def server(kilnd: Daemon) -> str:
 
 @pytest.fixture(scope="session")
 def client(server: str) -> Iterator["kiln.Client"]:
-    """A client of the session's daemon."""
+    """A client of the session's daemon. ``KILN_TEST_ALGEBRAIC_REWRITES=0`` compiles every graph
+    that asks for no options of its own without the reassociating rewrites, so the whole
+    suite can be run both ways."""
     c = kiln.Client(server)
+    if os.environ.get("KILN_TEST_ALGEBRAIC_REWRITES", "1") == "0":
+        compile_ = c.compile
+
+        def compile_without_rewrites(graph, target="cpu", options=None, **kw):
+            if options is None:
+                options = kiln.make_options(algebraic_rewrites=False)
+            return compile_(graph, target, options, **kw)
+
+        c.compile = compile_without_rewrites  # type: ignore[method-assign]
     yield c
     c.close()
 

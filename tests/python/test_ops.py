@@ -447,3 +447,81 @@ def test_whole_tensor_reductions_run_in_parallel(client, rng, op: str) -> None:
     check(got, want, str(want.dtype), f"{op} over all axes")
     for threads in (1, 3):
         check(compiled(host, num_threads=threads), want, str(want.dtype), f"{op} over all axes, {threads} threads")
+
+
+@pytest.mark.parametrize("rewrites", [True, False])
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_factored_sums(client, rng, dtype: str, rewrites: bool) -> None:
+    """Sums the algebraic rewrite factors (outer-product sums, their means, scaled terms, a
+    sum of terms), read through strided views, with the rewrite on and off: both within the
+    suite's tolerance of NumPy."""
+    n, d = 13, 9
+    b = kiln.GraphBuilder()
+    raw = random_array(rng, dtype, (2 * d, n))
+    x, xh = strided_view(b, "x", dtype, (n, d), raw)
+    y = b.input("y", dtype, (n, d))
+    w = b.input("w", dtype, (n,))
+    yh, wh = random_array(rng, dtype, (n, d)), random_array(rng, dtype, (n,), "positive")
+    xe, ye = b.unsqueeze(x, [2]), b.unsqueeze(y, [1])
+    we = b.unsqueeze(w, [1, 2])
+    outs = [
+        b.sum(xe * ye, axes=[-2, -1]),
+        b.mean(xe * ye, axes=[1, 2], keepdim=True),
+        b.sum(xe * 0.5 * ye / we, axes=[1, 2]),
+        b.sum(xe * ye - xe + ye * 2.0, axes=[1, 2]),
+        b.sum(xe * ye, axes=[0, 2]),
+        b.sum(xe * ye),
+    ]
+    got = client.compile(b.build(outs), options=kiln.make_options(algebraic_rewrites=rewrites))(raw, yh, wh)
+    X, Y, W = xh[:, :, None], yh[:, None, :], wh[:, None, None]
+    wants = [np.sum(X * Y, axis=(-2, -1)), np.mean(X * Y, axis=(1, 2), keepdims=True),
+             np.sum(X * NP[dtype](0.5) * Y / W, axis=(1, 2)), np.sum(X * Y - X + Y * NP[dtype](2), axis=(1, 2)),
+             np.sum(X * Y, axis=(0, 2)), np.sum(X * Y)]
+    for i, (g_, w_) in enumerate(zip(got, wants)):
+        # Sums of n*d products: the tolerance scales with the sum of magnitudes, as any two
+        # summation orders differ by that much (NumPy's is pairwise).
+        scale = np.sum(np.abs(X * Y) + np.abs(X) + np.abs(Y) * 2) / max(g_.size, 1)
+        rtol, atol = TOL[dtype]
+        np.testing.assert_allclose(g_, w_, rtol=rtol, atol=atol + rtol * scale, err_msg=f"factored sum {i}")
+
+
+# Outer-axis reductions large enough for the CPU's lane tiles to split rows across threads
+# (few kept columns) and to give whole tiles to threads (many columns, a partial last tile).
+@pytest.mark.parametrize("shape", [(3001, 37), (17, 9000 * 4 + 5)])
+def test_outer_axis_reductions_split_over_threads(client, rng, shape) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", shape)
+    t = b.input("t", "f32", (shape[1], shape[0]))
+    outs = [b.sum(x, axes=[0]), b.max(x, axes=[0]), b.var(x, axes=[0]), b.argmax(x, axis=0),
+            b.softmax(x, axis=0), b.sum(b.gt(x, 0.5), axes=[0]), b.sum(b.permute(t, [1, 0]), axes=[0]),
+            b.any(b.isnan(x), axes=[0])]
+    xh = random_array(rng, "f32", shape)
+    xh[5, 3] = np.nan  # a NaN propagates through max, wins argmax, poisons var and softmax
+    th = np.ascontiguousarray(random_array(rng, "f32", shape).T)
+    compiled = client.compile(b.build(outs))
+    x64 = xh.astype(np.float64)
+    e = np.exp(x64 - x64.max(0, keepdims=True))
+    wants = [x64.sum(0), x64.max(0), x64.var(0), np.argmax(xh, axis=0), e / e.sum(0, keepdims=True),
+             (xh > 0.5).sum(0), th.T.astype(np.float64).sum(0), np.isnan(xh).any(0)]
+    for threads in (1, 2, 3):
+        got = compiled(xh, th, num_threads=threads)
+        for i, (g_, w_) in enumerate(zip(got, wants)):
+            what = f"output {i}, {threads} thread(s), shape {shape}"
+            if g_.dtype.kind == "f":
+                np.testing.assert_allclose(g_, w_, rtol=2e-5, atol=2e-3, equal_nan=True, err_msg=what)
+            else:
+                np.testing.assert_array_equal(g_, w_, err_msg=what)
+
+
+def test_algebraic_rewrites_option_enters_the_key(client) -> None:
+    b = kiln.GraphBuilder()
+    x, y = b.input("x", "f32", (8, 5)), b.input("y", "f32", (8, 5))
+    g = b.build([b.sum(b.unsqueeze(x, [2]) * b.unsqueeze(y, [1]), axes=[1, 2])])
+    on = client.compile(g, options=kiln.make_options(algebraic_rewrites=True))
+    off = client.compile(g, options=kiln.make_options(algebraic_rewrites=False))
+    assert on.handle != off.handle
+    src_on, src_off = (client.source(c.handle).source for c in (on, off))
+    # Factored: two sums over one axis each (one reduction loop apiece); unfactored: one
+    # reduction over both axes, two nested loops.
+    assert src_on != src_off
+    assert client.compile(g, options=kiln.make_options(algebraic_rewrites=False)).cache_hit

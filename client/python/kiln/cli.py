@@ -165,7 +165,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from .graphio import load_request
 
     req = load_request(args.graph)
-    options = make_options(args.opt_level, not args.no_vector_math) if (args.opt_level is not None or args.no_vector_math) else req.options
+    asked = args.opt_level is not None or args.no_vector_math or args.no_algebraic_rewrites
+    options = make_options(args.opt_level, not args.no_vector_math, not args.no_algebraic_rewrites) if asked else req.options
     with _client(args) as client:
         t0 = time.perf_counter()
         c = client.compile(req.graph, args.target, options)
@@ -500,6 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--target", "-t", default="cpu", help="cpu (this machine), cpu:x86-64-v3, cpu:+avx2+fma, cuda:sm_90 (default: cpu)")
     s.add_argument("--opt-level", type=int, choices=range(4), default=None, help="0 (fastest build) to 3 (fastest code, the default)")
     s.add_argument("--no-vector-math", action="store_true", help="compute transcendentals with the scalar libm")
+    s.add_argument("--no-algebraic-rewrites", action="store_true",
+                   help="no reassociating rewrites (a sum of a product over disjoint axes stays one sum)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_compile)
 

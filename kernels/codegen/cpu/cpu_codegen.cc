@@ -3,7 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/c_expr.h"
-#include "kernels/codegen/emitter.h"
+#include "kernels/codegen/cpu/cpu_emitter.h"
+#include "kernels/codegen/cpu/cpu_lanes.h"
 
 namespace kiln::codegen {
 namespace {
@@ -12,44 +13,6 @@ using schedule::Buffer;
 
 // Below this many iterations a loop is not worth a parallel region's fork/join.
 constexpr int64_t kMinParallelWork = 1 << 14;
-
-class CpuKernelEmitter : public ScopedEmitter {
- public:
-  using ScopedEmitter::ScopedEmitter;
-
-  // Whole-tensor reductions (a kernel with no output loops) run their outermost loop across
-  // threads with per-thread partials, merged by OpenMP.
-  bool parallel_top_reduce = false;
-
- protected:
-  void EmitReduce(const lower::Expr& e, const std::string& result, size_t target) override {
-    ScopedEmitter::EmitReduce(e, result, target);
-    if (!parallel_top_reduce || target != 0 || e.op == "argmax" || e.op == "argmin") return;
-    int64_t work = 1;
-    for (int rv : e.rvars) work *= kernel_.extents[rv];
-    if (work < kMinParallelWork) return;
-    // Turn this reduction's outermost loop into a parallel one. Its statements were appended
-    // last: accumulator declarations, then the loop (after any reduction its body needed,
-    // which came first and must not be touched).
-    auto& stmts = scopes_[target].stmts;
-    const std::string decl = " " + result + "_acc = ";
-    size_t i = stmts.size();
-    // Declarations are the unindented lines (the combine step of max/min, `acc = v > acc ? ...`,
-    // also holds `decl`, but inside the loop, indented).
-    while (i > 0 && (stmts[i - 1].find(decl) == std::string::npos || stmts[i - 1].rfind(" ", 0) == 0)) --i;
-    while (i < stmts.size() && stmts[i].rfind("for (", 0) != 0 && stmts[i].rfind("#pragma", 0) != 0) ++i;
-    if (i == stmts.size()) return;
-    const std::string simd = "#pragma omp simd";
-    if (stmts[i].rfind(simd, 0) == 0) {
-      // A single loop: parallel and simd together.
-      stmts[i].replace(0, simd.size(), "#pragma omp parallel for simd num_threads(nt)");
-    } else {
-      std::string clause = ScopedEmitter::ReducePragma(e, result + "_acc");
-      clause.replace(0, simd.size(), "#pragma omp parallel for num_threads(nt)");
-      stmts.insert(stmts.begin() + static_cast<long>(i), clause);
-    }
-  }
-};
 
 std::string BufferName(const Buffer& b, int id) {
   switch (b.role) {
@@ -96,7 +59,11 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k)
   CpuKernelEmitter em(p, k, var_names, names);
   int rank = k.num_loops;
   em.parallel_top_reduce = rank == 0;
+  em.enable_invariant_tables();
   if (rank > 0) em.set_simd_scope(rank);  // the innermost output loop is a simd loop
+  // Reductions over an outer axis: the innermost output loop runs in lane tiles.
+  const LanePlan lanes = PlanLanes(p, k, kMinParallelWork);
+  if (lanes.lanes > 0) em.set_lanes({static_cast<size_t>(rank), rank - 1, lanes.lanes, lanes.split_rows});
   em.PushScope(-1);
   for (int d = 0; d < rank; ++d) em.PushScope(d);
   const std::vector<lower::Affine>& idx = k.out_index;
@@ -104,7 +71,8 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k)
     std::string v = em.Emit(o.value);
     const Buffer& b = p.buffers[o.buffer];
     std::string stored = b.dtype == ir::DType::kBool ? v : absl::StrCat("(", ComputeTypeName(b.dtype), ")(", v, ")");
-    em.AddStatement(absl::StrCat(names[o.buffer], "[", em.Address(o.buffer, idx), "] = ", StoreConvert(b.dtype, stored), ";"));
+    em.AddStatement(absl::StrCat(lanes.lanes > 0 ? std::string(1, CpuKernelEmitter::kLaneMark) : "", names[o.buffer],
+                                 "[", em.Address(o.buffer, idx), "] = ", StoreConvert(b.dtype, stored), ";"));
   }
   // Assemble loops from the innermost scope outwards.
   int64_t work = 1;
@@ -112,9 +80,13 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k)
   std::vector<std::string> body;
   for (int d = rank - 1; d >= 0; --d) {
     std::vector<std::string> stmts = em.PopScope();
+    bool outer = d == 0, inner = d == rank - 1;
+    if (inner && lanes.lanes > 0) {
+      body = LaneTileLoop(em.AssembleLanes(stmts), k.extents[d], lanes, outer && lanes.parallel_tiles);
+      continue;
+    }
     stmts.insert(stmts.end(), body.begin(), body.end());
     std::vector<std::string> loop;
-    bool outer = d == 0, inner = d == rank - 1;
     if (outer && work >= kMinParallelWork) {
       loop.push_back(absl::StrCat("#pragma omp parallel for", inner ? " simd" : "", " num_threads(nt) schedule(static)"));
     } else if (inner) {

@@ -6,7 +6,11 @@
 //   row           reductions hoisted above the innermost output loops (softmax, layer_norm):
 //                 TR threads per outer index cooperate over the row, reductions combine
 //                 through warp shuffles and shared memory, and a row that fits is unrolled and
-//                 kept in registers so memory is read once;
+//                 kept in registers so memory is read once; threads per row follow the shape
+//                 (rows x reduced extent): about 8 elements per thread for rows that stream
+//                 memory (short rows: a few threads, several rows per block, shuffles only),
+//                 32 per thread (at least a warp) for rows bound by arithmetic on re-read
+//                 operands when the rows alone fill the GPU (a reduced outer product);
 //   per-output    reductions inside the innermost loop: one thread per output with sequential
 //                 loops (small reductions, e.g. k-means' argmin over the centres), or a row of
 //                 threads per output when the reduction is long and contiguous;

@@ -80,6 +80,19 @@ std::vector<const Expr*> FindReductions(const std::vector<ExprPtr>& trees, const
   return found;
 }
 
+// Whether a load in `trees` walks memory along flat variable `var` (unit stride, no atoms).
+bool StreamsAlong(const std::vector<ExprPtr>& trees, int var, const schedule::Program& prog) {
+  if (var < 0) return false;
+  for (const ExprPtr& t : trees)
+    for (const Expr* n : Nodes(t)) {
+      if (n->kind != Expr::Kind::kLoad) continue;
+      const Buffer& b = prog.buffers[n->buffer];
+      Affine addr = FlatAddress(b, n->index);
+      if (Coefficient(addr, var) == 1 && !UsesVarInAtom(addr, var)) return true;
+    }
+  return false;
+}
+
 }  // namespace
 
 // One thread per vector of V outputs along the innermost dimension.
@@ -183,6 +196,15 @@ void KernelGen::Row(int p) {
       for (const Expr* n : Nodes(t))
         if (partial_index_.count(n)) work = std::max(work, em.extents()[n->rvars[0]]);
   int64_t TR = std::clamp<int64_t>(Pow2Ceil(CeilDiv(work, kRowElementsPerThread)), rows == 1 ? 32 : 1, 1024);
+  // Rows that stream no memory of their own along the row (an outer product reduced, every
+  // element a product of re-read operands) are bound by arithmetic and by the combine, not by
+  // loads in flight: when the rows alone fill the GPU, a few warps per row with more elements
+  // each finish sooner than a block-wide tree.
+  std::vector<ExprPtr> row_bodies = trees;
+  for (const Expr* n : coops) row_bodies.push_back(found[n].body);
+  if (rows >= int64_t{4} * cfg_.sm_count && !StreamsAlong(row_bodies, E, fn->prog) &&
+      std::none_of(coops.begin(), coops.end(), [&](const Expr* n) { return StreamsAlong({found[n].body}, found[n].var, fn->prog); }))
+    TR = std::min(TR, std::max<int64_t>(32, Pow2Ceil(CeilDiv(work, kComputeRowElementsPerThread))));
   const int64_t RPB = TR <= 32 && rows > 1 ? 128 / TR : 1;
   const int64_t block = TR * RPB;
   em.kt_var = em.NewVar(TR, "kt");

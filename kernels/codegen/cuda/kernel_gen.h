@@ -31,6 +31,8 @@ inline constexpr int64_t kMaxUnrolledElements = 32;
 inline constexpr int64_t kCacheBudgetWords = 48;
 // Elements per thread a row aims for: enough loads in flight, few enough registers.
 inline constexpr int64_t kRowElementsPerThread = 8;
+// Elements per thread for rows bound by arithmetic rather than loads (see KernelGen::Row).
+inline constexpr int64_t kComputeRowElementsPerThread = 32;
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t Pow2Ceil(int64_t x) {

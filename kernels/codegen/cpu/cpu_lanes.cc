@@ -1,0 +1,107 @@
+#include "kernels/codegen/cpu/cpu_lanes.h"
+
+#include <algorithm>
+#include <functional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln::codegen {
+namespace {
+
+using lower::Expr;
+
+// Tiles fewer than this go to threads as split reduced loops rather than whole tiles.
+constexpr int64_t kMinParallelTiles = 8;
+
+int64_t Coefficient(const lower::Affine& a, int var) {
+  lower::Term t;
+  t.kind = lower::Term::Kind::kVar;
+  t.var = var;
+  auto it = a.terms.find(t);
+  return it == a.terms.end() ? 0 : it->second;
+}
+
+// The flat element offset of a load (strides applied).
+lower::Affine FlatAddress(const schedule::Buffer& b, const std::vector<lower::Affine>& index) {
+  lower::Affine addr = lower::Affine::Const(0);
+  for (size_t k = 0; k < index.size(); ++k)
+    if (b.shape[k] != 1) addr = lower::Add(addr, lower::Scale(index[k], b.strides[k]));
+  return addr;
+}
+
+// Reductions that depend on output variable `x`, each with its longest reduced range, and
+// whether one of them walks an outer axis (see the header).
+struct Found {
+  bool outer_walk = false;
+  int64_t reduced = 1;
+};
+
+Found Scan(const schedule::Program& p, const schedule::Kernel& k, int x) {
+  Found f;
+  std::set<const Expr*> seen;
+  std::function<void(const Expr*)> walk = [&](const Expr* n) {
+    if (!seen.insert(n).second) return;
+    for (const auto& a : n->args) walk(a.get());
+    if (n->kind != Expr::Kind::kReduce) return;
+    std::vector<int> fv = n->FreeVars();
+    if (!std::count(fv.begin(), fv.end(), x)) return;
+    int64_t r = 1;
+    for (int rv : n->rvars) r *= k.extents[rv];
+    std::set<const Expr*> body_seen;
+    std::function<void(const Expr*)> loads = [&](const Expr* m) {
+      if (!body_seen.insert(m).second) return;
+      for (const auto& a : m->args) loads(a.get());
+      if (m->kind != Expr::Kind::kLoad) return;
+      lower::Affine addr = FlatAddress(p.buffers[m->buffer], m->index);
+      if (Coefficient(addr, x) != 1) return;
+      for (int rv : n->rvars)
+        if (Coefficient(addr, rv) != 0) {
+          f.outer_walk = true;
+          f.reduced = std::max(f.reduced, r);
+        }
+    };
+    loads(n->args[0].get());
+  };
+  for (const auto& o : k.outputs) walk(o.value.get());
+  return f;
+}
+
+}  // namespace
+
+LanePlan PlanLanes(const schedule::Program& p, const schedule::Kernel& k, int64_t min_parallel_work) {
+  LanePlan plan;
+  if (k.num_loops == 0) return plan;
+  const int x = k.num_loops - 1;
+  const int64_t extent = k.extents[x];
+  Found f = Scan(p, k, x);
+  if (!f.outer_walk || extent < 2) return plan;
+  // Balanced tiles of at most kMaxLanes, a multiple of 16 lanes (whole vectors) when wider.
+  const int64_t tiles = (extent + kMaxLanes - 1) / kMaxLanes;
+  int64_t lanes = (extent + tiles - 1) / tiles;
+  if (lanes > 16) lanes = (lanes + 15) / 16 * 16;
+  plan.lanes = std::min(lanes, extent);
+  if (k.num_loops == 1 && extent * f.reduced >= min_parallel_work) {
+    if (tiles >= kMinParallelTiles) plan.parallel_tiles = true;
+    else plan.split_rows = true;
+  }
+  return plan;
+}
+
+std::vector<std::string> LaneTileLoop(const std::vector<std::string>& body, int64_t extent, const LanePlan& plan,
+                                      bool parallel) {
+  std::vector<std::string> loop;
+  if (parallel) loop.push_back("#pragma omp parallel for num_threads(nt) schedule(static)");
+  loop.push_back(absl::StrCat("for (int64_t kb = 0; kb < ", extent, "; kb += ", plan.lanes, ") {"));
+  if (extent % plan.lanes == 0) {
+    loop.push_back(absl::StrCat("  const int64_t kn = ", plan.lanes, ";"));
+  } else {
+    loop.push_back(absl::StrCat("  const int64_t kn = kb + ", plan.lanes, " <= ", extent, " ? ", plan.lanes, " : ",
+                                extent, " - kb;"));
+  }
+  for (const std::string& s : body) loop.push_back("  " + s);
+  loop.push_back("}");
+  return loop;
+}
+
+}  // namespace kiln::codegen
