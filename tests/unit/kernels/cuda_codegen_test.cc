@@ -52,6 +52,31 @@ TEST(CudaNvrtc, EveryOpCompilesForSm80AndSm90) {
   }
 }
 
+// Reduced outer products build for both architectures: factored (row sums of 64, 8 threads
+// per row) and, without the rewrite or with a function of the product in between, rows bound
+// by arithmetic (128 threads per row, 32 products each).
+TEST(CudaNvrtc, OuterProductSumsCompileForSm80AndSm90) {
+  REQUIRE_NVRTC();
+  CompileOptions off;
+  off.algebraic_rewrites = false;
+  const struct {
+    ir::Graph g;
+    CompileOptions options;
+    const char* strategy;
+  } cases[] = {
+      {OuterProductSum(1024, 64, nullptr, DType::kF32), CompileOptions{}, "8 thread(s) per row, 16 row(s) per block"},
+      {OuterProductSum(1024, 64, nullptr, DType::kF32), off, "128 thread(s) per row, 1 row(s) per block"},
+      {OuterProductSum(1024, 64, "exp", DType::kF32), CompileOptions{}, "128 thread(s) per row, 1 row(s) per block"},
+  };
+  for (int sm : {80, 90})
+    for (const auto& c : cases) {
+      auto r = testing::SharedPipeline().Compile(c.g, CudaTarget(sm), c.options);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->artifacts[0].bytes.substr(0, 4), "\x7f" "ELF");
+      EXPECT_NE(r->artifacts[3].bytes.find(c.strategy), std::string::npos) << r->artifacts[3].bytes;
+    }
+}
+
 TEST(CudaNvrtc, FingerprintNamesNvrtcAndOptions) {
   REQUIRE_NVRTC();
   std::string f = testing::SharedPipeline().Fingerprint(CudaTarget(90));
