@@ -77,6 +77,30 @@ TEST(CudaNvrtc, OuterProductSumsCompileForSm80AndSm90) {
     }
 }
 
+// Tuning variants (CompileOptions.variant) build, and change what their knobs say: the
+// pointwise block and the threads per row of a row kernel; past the table's end: the default.
+TEST(CudaNvrtc, VariantsBuildAndApplyTheirKnobs) {
+  REQUIRE_NVRTC();
+  ir::Graph g = Make({Ty(DType::kF32, {1000, 300}), Ty(DType::kF32, {4096})}, [](ir::Builder& b) {
+    return std::vector<ValueId>{*b.Add("softmax", {0}, {{"axis", int64_t{-1}}}), *b.Add("exp", {1})};
+  });
+  auto report = [&](int variant) {
+    CompileOptions o;
+    o.variant = variant;
+    auto r = testing::SharedPipeline().Compile(g, CudaTarget(90), o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->artifacts[3].bytes : "";
+  };
+  const std::string dflt = report(0);
+  EXPECT_NE(dflt.find("64 thread(s) per row"), std::string::npos) << dflt;
+  EXPECT_NE(dflt.find("block 256"), std::string::npos) << dflt;
+  EXPECT_NE(report(1).find("block 128"), std::string::npos);
+  EXPECT_NE(report(2).find("block 512"), std::string::npos);
+  EXPECT_NE(report(3).find("32 thread(s) per row"), std::string::npos);
+  EXPECT_NE(report(4).find("128 thread(s) per row"), std::string::npos);
+  EXPECT_EQ(report(99), dflt);
+}
+
 TEST(CudaNvrtc, FingerprintNamesNvrtcAndOptions) {
   REQUIRE_NVRTC();
   std::string f = testing::SharedPipeline().Fingerprint(CudaTarget(90));
