@@ -14,7 +14,7 @@ std::string Target::ToString() const {
 
 std::string CompileOptions::ToString() const {
   return absl::StrCat("opt_level=", opt_level, ";vector_math=", vector_math ? 1 : 0,
-                      ";algebraic_rewrites=", algebraic_rewrites ? 1 : 0);
+                      ";algebraic_rewrites=", algebraic_rewrites ? 1 : 0, ";variant=", variant);
 }
 
 }  // namespace kiln

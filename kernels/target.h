@@ -28,6 +28,8 @@ struct CompileOptions {
   // Rewrites that reassociate floating point within the op suite's tolerance
   // (passes/factor_reductions.cc says which and how far).
   bool algebraic_rewrites = true;
+  // Kernel variant for tuning (0: the default choice; see kernels/codegen/variants.h).
+  int variant = 0;
   std::string ToString() const;
 };
 

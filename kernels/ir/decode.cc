@@ -144,6 +144,7 @@ CompileOptions DecodeOptions(const v1::CompileOptions& wire) {
   if (wire.opt_level_set()) o.opt_level = std::clamp(wire.opt_level(), 0, 3);
   o.vector_math = !wire.disable_vector_math();
   o.algebraic_rewrites = !wire.disable_algebraic_rewrites();
+  o.variant = std::max(wire.variant(), 0);
   return o;
 }
 

@@ -37,6 +37,7 @@ v1::CompileOptions EncodeOptions(const CompileOptions& options) {
   wire.set_opt_level_set(true);
   wire.set_disable_vector_math(!options.vector_math);
   wire.set_disable_algebraic_rewrites(!options.algebraic_rewrites);
+  wire.set_variant(options.variant);
   return wire;
 }
 

@@ -205,6 +205,41 @@ TEST_F(KilndCompileTest, CompileFetchRunRestartHit) {
   }
 }
 
+// CompileOptions.disable_algebraic_rewrites reaches the compile worker and enters the key:
+// sum(x[:, :, None] * y[:, None, :], axes=(1, 2)) is two row sums (two accumulators) by
+// default and one reduction over both axes (one accumulator) when disabled.
+TEST_F(KilndCompileTest, AlgebraicRewritesOptionReachesTheWorker) {
+  WireGraph g;
+  const int x = g.Input("x", v1::F32, {64, 32});
+  const int y = g.Input("y", v1::F32, {64, 32});
+  const int xe = g.Op("unsqueeze", {x}, {{"axes", WireGraph::Ints({2})}});
+  const int ye = g.Op("unsqueeze", {y}, {{"axes", WireGraph::Ints({1})}});
+  g.Output(g.Op("sum", {g.Op("mul", {xe, ye})}, {{"axes", WireGraph::Ints({1, 2})}}));
+  KilndProcess kilnd;
+  ASSERT_EQ(kilnd.Start(dir_ + "/cache"), "");
+  auto stub = kilnd.Stub();
+  auto accumulators = [&](bool disable, std::string* handle) {
+    v1::CompileRequest req = MakeRequest(g.graph());
+    req.mutable_options()->set_disable_algebraic_rewrites(disable);
+    v1::CompileResponse resp;
+    grpc::Status s = CompileOnce(*stub, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    *handle = resp.handle();
+    grpc::ClientContext ctx;
+    v1::GetSourceRequest sreq;
+    sreq.set_handle(resp.handle());
+    v1::GetSourceResponse source;
+    EXPECT_TRUE(stub->GetSource(&ctx, sreq, &source).ok());
+    int n = 0;
+    for (size_t at = source.source().find("_acc = "); at != std::string::npos; at = source.source().find("_acc = ", at + 1)) ++n;
+    return n;
+  };
+  std::string on, off;
+  EXPECT_EQ(accumulators(false, &on), 2);
+  EXPECT_EQ(accumulators(true, &off), 1);
+  EXPECT_NE(on, off);
+}
+
 TEST_F(KilndCompileTest, PrewarmStreamsOneEventPerRequest) {
   KilndProcess kilnd;
   ASSERT_EQ(kilnd.Start(dir_ + "/cache"), "");

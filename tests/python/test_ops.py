@@ -525,3 +525,39 @@ def test_algebraic_rewrites_option_enters_the_key(client) -> None:
     # reduction over both axes, two nested loops.
     assert src_on != src_off
     assert client.compile(g, options=kiln.make_options(algebraic_rewrites=False)).cache_hit
+
+
+def test_autotune_times_distinct_variants_that_agree(client, rng) -> None:
+    """Kernel variants (CompileOptions.variant) compile, agree with the default, enter the key,
+    and kiln.autotune keeps the fastest of the distinct ones."""
+    shape = (1000, 2000)  # rows a multiple of 4, columns past two tile widths: every CPU knob applies
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", shape)
+    g = b.build([b.var(x, axes=[0]), b.sum(x, axes=[0])])
+    xh = random_array(rng, "f32", shape)
+    best, timings = kiln.autotune(client, g, [xh], iters=3, rtol=1e-4, atol=1e-3)
+    handles = [t.handle for t in timings]
+    assert len(timings) == 4 and len(set(handles)) == len(handles)  # the CPU table's 4 entries
+    assert best.handle in handles
+    assert min(t.median_ms for t in timings) == next(t.median_ms for t in timings if t.handle == best.handle)
+    # A graph the knobs do not touch (pointwise) has one distinct variant.
+    b = kiln.GraphBuilder()
+    y = b.input("y", "f32", (64,))
+    _, only = kiln.autotune(client, b.build([b.exp(y)]), [random_array(rng, "f32", (64,))], iters=1)
+    assert len(only) == 1
+    np.testing.assert_allclose(best(xh)[0], xh.astype(np.float64).var(0), rtol=1e-4, atol=1e-3)
+
+
+def test_jit_max_autotune_keeps_a_variant_and_matches_numpy(client, rng) -> None:
+    def col_stats(x):
+        return (x - x.mean(axis=0)) / np.sqrt(x.var(axis=0) + 1e-5)
+
+    f = kiln.jit(col_stats, client=client, mode="max-autotune")
+    x = random_array(rng, "f32", (1000, 2000))
+    got = f(x)
+    assert f.compile_count == 1
+    np.testing.assert_allclose(got, col_stats(x.astype(np.float64)), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(f(x), got)  # later calls: the kept variant, no tuning again
+    assert f.compile_count == 1
+    with pytest.raises(ValueError):
+        kiln.jit(col_stats, client=client, mode="fastest")

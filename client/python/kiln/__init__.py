@@ -30,6 +30,7 @@ from . import dtypes  # noqa: E402
 from . import local  # noqa: E402
 from .builder import GraphBuilder, Value  # noqa: E402
 from .client import Client, Compiled, TensorSpec, make_options  # noqa: E402
+from .autotune import VariantTiming, autotune  # noqa: E402
 from .errors import (  # noqa: E402
     ArtifactError,
     CompileError,
@@ -72,6 +73,8 @@ __all__ = [
     "load_graph",
     "load_request",
     "make_options",
+    "autotune",
+    "VariantTiming",
     "save_graph",
     "service_pb2",
     "service_pb2_grpc",

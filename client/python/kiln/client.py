@@ -52,11 +52,13 @@ TargetLike = Union[str, Target, Any]
 _COMPILE_ERROR_CODES = frozenset({"INVALID_ARGUMENT", "INTERNAL", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "UNIMPLEMENTED"})
 
 
-def make_options(opt_level: Optional[int] = None, vector_math: bool = True, algebraic_rewrites: bool = True) -> Any:
+def make_options(opt_level: Optional[int] = None, vector_math: bool = True, algebraic_rewrites: bool = True,
+                 variant: int = 0) -> Any:
     """A kiln.v1.CompileOptions: ``opt_level`` 0-3 (default: the daemon's, 3), ``vector_math``
     allows vectorised transcendentals (a few ulp), ``algebraic_rewrites`` allows reassociating
     rewrites such as a sum of a product over disjoint axes computed as a product of sums
-    (results within the op suite's tolerance)."""
+    (results within the op suite's tolerance), ``variant`` picks one of the compiler's kernel
+    variants for tuning (0: its default choice; see :func:`kiln.autotune`)."""
     o = service_pb2.CompileOptions()
     if opt_level is not None:
         if not 0 <= opt_level <= 3:
@@ -65,6 +67,9 @@ def make_options(opt_level: Optional[int] = None, vector_math: bool = True, alge
         o.opt_level_set = True
     o.disable_vector_math = not vector_math
     o.disable_algebraic_rewrites = not algebraic_rewrites
+    if variant < 0:
+        raise ValueError("variant is >= 0")
+    o.variant = variant
     return o
 
 

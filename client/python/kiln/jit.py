@@ -46,6 +46,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from . import dtypes as dt
+from .autotune import autotune as tune
 from .errors import KilnError, KilnFallbackWarning, RpcError
 from .target import Target
 from .tracer import Trace, Tracer
@@ -258,8 +259,11 @@ class JitFunction:
     """
 
     def __init__(self, fn: Callable[..., Any], target: Union[str, Target], client: Any = None, options: Any = None,
-                 num_threads: Optional[int] = None, fallback: bool = False) -> None:
+                 num_threads: Optional[int] = None, fallback: bool = False, mode: Optional[str] = None) -> None:
+        if mode not in (None, "default", "max-autotune"):
+            raise ValueError(f"kiln.jit: unknown mode {mode!r} (None, 'default' or 'max-autotune')")
         self.fn = fn
+        self.autotune = mode == "max-autotune"
         self.target: Union[Target, str] = _parse_target(target)
         # A plain "cuda" target: the sm is part of each signature's key.
         self._per_device = self.target == "cuda"
@@ -374,7 +378,13 @@ class JitFunction:
                 if entry is None:
                     traced = self._trace(desc, found)
                     compiled = None
-                    if traced.graph is not None:
+                    if traced.graph is not None and self.autotune and mode != _EXAMPLE:
+                        # Time the kernel variants on these very arguments, keep the fastest.
+                        compiled, _ = tune(self.client, traced.graph, found.arrays, target, options=self.options,
+                                           num_threads=self.num_threads)
+                        self.compile_count += 1
+                        _check_plan(compiled, traced)
+                    elif traced.graph is not None:
                         compiled = self.client.compile(traced.graph, target, self.options)
                         self.compile_count += 1
                         _check_plan(compiled, traced)
@@ -438,7 +448,8 @@ _FALLBACK_RETRY_S = 30.0
 
 
 def jit(fn: Optional[Callable[..., Any]] = None, *, target: Union[str, Target] = "cpu", client: Any = None,
-        options: Any = None, num_threads: Optional[int] = None, fallback: bool = False) -> Any:
+        options: Any = None, num_threads: Optional[int] = None, fallback: bool = False,
+        mode: Optional[str] = None) -> Any:
     """Compiles a NumPy function with kiln; use as ``@kiln.jit`` or ``@kiln.jit(target=...)``.
 
     ``target``: a CPU target (``"cpu"``, the default, is this machine's best ISA level) or a
@@ -451,6 +462,9 @@ def jit(fn: Optional[Callable[..., Any]] = None, *, target: Union[str, Target] =
     ``$OMP_NUM_THREADS``, then the CPUs this process may use). ``fallback=True`` (CPU targets
     only): when the daemon cannot be reached, run the plain NumPy function instead, with one
     :class:`kiln.KilnFallbackWarning`, and try the daemon again 30 s later.
+    ``mode="max-autotune"``: at each new signature, the kernel variants are compiled and timed
+    on the call's own arguments, and the fastest serves this and later calls
+    (:func:`kiln.autotune`).
 
     Raises ValueError at once for a bad target, and :class:`kiln.UnsupportedError` at the first
     call if the function does something kiln cannot express, naming the NumPy function.
@@ -458,6 +472,6 @@ def jit(fn: Optional[Callable[..., Any]] = None, *, target: Union[str, Target] =
     t = _parse_target(target)
 
     def wrap(f: Callable[..., Any]) -> JitFunction:
-        return JitFunction(f, t, client=client, options=options, num_threads=num_threads, fallback=fallback)
+        return JitFunction(f, t, client=client, options=options, num_threads=num_threads, fallback=fallback, mode=mode)
 
     return wrap(fn) if fn is not None else wrap

@@ -49,7 +49,7 @@ struct KernelText {
 };
 
 // Kernel parameters: every buffer the kernel touches, read-only ones const.
-KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k) {
+KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k, const CpuVariant& variant) {
   int nvars = static_cast<int>(k.extents.size());
   std::vector<std::string> var_names;
   for (int v = 0; v < nvars; ++v) var_names.push_back(absl::StrCat("i", v));
@@ -62,8 +62,9 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k)
   em.enable_invariant_tables();
   if (rank > 0) em.set_simd_scope(rank);  // the innermost output loop is a simd loop
   // Reductions over an outer axis: the innermost output loop runs in lane tiles.
-  const LanePlan lanes = PlanLanes(p, k, kMinParallelWork);
-  if (lanes.lanes > 0) em.set_lanes({static_cast<size_t>(rank), rank - 1, lanes.lanes, lanes.split_rows});
+  const LanePlan lanes = PlanLanes(p, k, kMinParallelWork, variant);
+  if (lanes.lanes > 0)
+    em.set_lanes({static_cast<size_t>(rank), rank - 1, lanes.lanes, lanes.split_rows, lanes.max_unroll});
   em.PushScope(-1);
   for (int d = 0; d < rank; ++d) em.PushScope(d);
   const std::vector<lower::Affine>& idx = k.out_index;
@@ -132,7 +133,7 @@ std::string GenerateCpu(const schedule::Program& p, const CompileOptions& option
     if (b.role == Buffer::Role::kConst) absl::StrAppend(&src, ConstArray(b), "\n");
   std::vector<KernelText> kernels;
   for (const schedule::Kernel& k : p.kernels) {
-    kernels.push_back(KernelFunction(p, k));
+    kernels.push_back(KernelFunction(p, k, CpuVariantOf(options.variant)));
     absl::StrAppend(&src, "\n", kernels.back().text);
   }
 

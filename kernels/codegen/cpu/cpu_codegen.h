@@ -12,7 +12,7 @@
 
 namespace kiln::codegen {
 
-inline constexpr int kCpuCodegenVersion = 1;
+inline constexpr int kCpuCodegenVersion = 2;
 inline constexpr uint32_t kCpuAbiVersion = 1;
 
 // The generated source includes "kiln_cpu.h" (codegen/runtime_headers.h).

@@ -206,7 +206,7 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
   int unroll = 1;
   if (op == "sum")
     for (int u : {4, 2})
-      if (kernel_.extents[inner] % u == 0 && kernel_.extents[inner] >= 2 * u) {
+      if (u <= lanes_.max_unroll && kernel_.extents[inner] % u == 0 && kernel_.extents[inner] >= 2 * u) {
         unroll = u;
         break;
       }

@@ -47,6 +47,7 @@ class CpuKernelEmitter : public ScopedEmitter {
     int var = -1;
     int64_t lanes = 0;
     bool split_rows = false;
+    int max_unroll = 4;
   };
   void set_lanes(const Lanes& lanes) { lanes_ = lanes; }
 

@@ -69,20 +69,23 @@ Found Scan(const schedule::Program& p, const schedule::Kernel& k, int x) {
 
 }  // namespace
 
-LanePlan PlanLanes(const schedule::Program& p, const schedule::Kernel& k, int64_t min_parallel_work) {
+LanePlan PlanLanes(const schedule::Program& p, const schedule::Kernel& k, int64_t min_parallel_work,
+                   const CpuVariant& variant) {
   LanePlan plan;
+  plan.max_unroll = variant.max_unroll;
+  const int64_t max_lanes = variant.max_lanes;
   if (k.num_loops == 0) return plan;
   const int x = k.num_loops - 1;
   const int64_t extent = k.extents[x];
   Found f = Scan(p, k, x);
   if (!f.outer_walk || extent < 2) return plan;
-  // Balanced tiles of at most kMaxLanes, a multiple of 16 lanes (whole vectors) when wider.
-  const int64_t tiles = (extent + kMaxLanes - 1) / kMaxLanes;
+  // Balanced tiles of at most max_lanes, a multiple of 16 lanes (whole vectors) when wider.
+  const int64_t tiles = (extent + max_lanes - 1) / max_lanes;
   int64_t lanes = (extent + tiles - 1) / tiles;
   if (lanes > 16) lanes = (lanes + 15) / 16 * 16;
   plan.lanes = std::min(lanes, extent);
   if (k.num_loops == 1 && extent * f.reduced >= min_parallel_work) {
-    if (tiles >= kMinParallelTiles) plan.parallel_tiles = true;
+    if (tiles >= kMinParallelTiles || (variant.prefer_tiles && tiles > 1)) plan.parallel_tiles = true;
     else plan.split_rows = true;
   }
   return plan;

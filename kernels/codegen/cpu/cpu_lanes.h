@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/codegen/variants.h"
 #include "kernels/schedule/program.h"
 
 namespace kiln::codegen {
@@ -26,14 +27,15 @@ struct LanePlan {
   int64_t lanes = 0;  // 0: no lane tiles
   bool parallel_tiles = false;
   bool split_rows = false;
+  int max_unroll = 4;  // rows a sum takes per step
 };
 
-// Most lanes per tile: whole rows of common widths, so each step reads a row in order; the
-// arrays a reduction touches per step (its accumulators, the statistics it reads) stay in
-// the first- or second-level cache.
-inline constexpr int64_t kMaxLanes = 4096;
-
-LanePlan PlanLanes(const schedule::Program& p, const schedule::Kernel& k, int64_t min_parallel_work);
+// `variant` sets the widest tile (by default 4096 lanes: whole rows of common widths, so each
+// step reads a row in order while the arrays a reduction touches per step, its accumulators
+// and the statistics it reads, stay in the first- or second-level cache), the unrolling and
+// the thread split.
+LanePlan PlanLanes(const schedule::Program& p, const schedule::Kernel& k, int64_t min_parallel_work,
+                   const CpuVariant& variant);
 
 // The tile loop over an output loop of `extent` (its variable is defined per lane inside
 // `body`, see CpuKernelEmitter::AssembleLanes).

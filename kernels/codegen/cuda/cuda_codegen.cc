@@ -7,6 +7,7 @@
 #include "kernels/codegen/c_expr.h"
 #include "kernels/codegen/plan.h"
 #include "kernels/codegen/cuda/cuda_kernel.h"
+#include "kernels/codegen/variants.h"
 
 namespace kiln::codegen {
 namespace {
@@ -65,10 +66,11 @@ int SmCount(int sm) {
 
 absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Target& target,
                                       const CompileOptions& options) {
-  (void)options;  // no option changes CUDA code yet
   schedule::Program unit = program;
   cuda::KernelConfig cfg;
   cfg.sm_count = SmCount(target.sm);
+  cfg.pointwise_block = CudaVariantOf(options.variant).pointwise_block;
+  cfg.row_threads_shift = CudaVariantOf(options.variant).row_threads_shift;
   // 32-bit index arithmetic is cheaper; take it when every index fits with room for the
   // lanes a row split runs past its end (they are guarded, but their indices are computed).
   int64_t largest = 0;

@@ -17,7 +17,7 @@
 
 namespace kiln::codegen {
 
-inline constexpr int kCudaCodegenVersion = 1;
+inline constexpr int kCudaCodegenVersion = 2;
 inline constexpr uint32_t kCudaAbiVersion = 1;
 
 struct CudaUnit {

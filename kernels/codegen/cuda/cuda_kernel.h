@@ -35,6 +35,9 @@ namespace kiln::codegen::cuda {
 struct KernelConfig {
   int sm_count = 132;
   std::string index_type = "int";  // "int" when every index fits in 31 bits, else "int64_t"
+  // Tuning knobs (CompileOptions.variant, kernels/codegen/variants.h).
+  int pointwise_block = 256;
+  int row_threads_shift = 0;
 };
 
 struct KernelFunction {

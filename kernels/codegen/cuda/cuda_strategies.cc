@@ -107,7 +107,7 @@ void KernelGen::Pointwise() {
   for (const auto& o : kern_.outputs) trees.push_back(o.value);
   const int V = PickV(trees, x, C, WidestOutput(fn->prog, kern_), fn->prog);
   const int64_t NV = N / V;
-  int B = kPointwiseBlock;
+  int B = cfg_.pointwise_block;
   if (NV < B) B = static_cast<int>(std::max<int64_t>(32, Pow2Ceil(NV)));
   em.kt_var = em.NewVar(B, "kt");
   em.threads_per_row = B;
@@ -205,6 +205,8 @@ void KernelGen::Row(int p) {
   if (rows >= int64_t{4} * cfg_.sm_count && !StreamsAlong(row_bodies, E, fn->prog) &&
       std::none_of(coops.begin(), coops.end(), [&](const Expr* n) { return StreamsAlong({found[n].body}, found[n].var, fn->prog); }))
     TR = std::min(TR, std::max<int64_t>(32, Pow2Ceil(CeilDiv(work, kComputeRowElementsPerThread))));
+  if (cfg_.row_threads_shift > 0) TR = std::min<int64_t>(TR << cfg_.row_threads_shift, 1024);
+  if (cfg_.row_threads_shift < 0) TR = std::max<int64_t>(TR >> -cfg_.row_threads_shift, rows == 1 ? 32 : 1);
   const int64_t RPB = TR <= 32 && rows > 1 ? 128 / TR : 1;
   const int64_t block = TR * RPB;
   em.kt_var = em.NewVar(TR, "kt");

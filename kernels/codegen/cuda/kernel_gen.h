@@ -23,6 +23,7 @@ using schedule::Buffer;
 // Whole-tensor reductions this small (and kernels this small) run in one block, in one launch.
 inline constexpr int64_t kDirectLimit = int64_t{1} << 16;
 inline constexpr int kPartialBlock = 512;
+// The default pointwise block (KernelConfig::pointwise_block), for shape thresholds.
 inline constexpr int kPointwiseBlock = 256;
 // Rows of up to this many vectors per thread are unrolled (and may be cached in registers).
 inline constexpr int64_t kMaxUnrolledVectors = 8;

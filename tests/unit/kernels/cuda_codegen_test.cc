@@ -52,6 +52,55 @@ TEST(CudaNvrtc, EveryOpCompilesForSm80AndSm90) {
   }
 }
 
+// Reduced outer products build for both architectures: factored (row sums of 64, 8 threads
+// per row) and, without the rewrite or with a function of the product in between, rows bound
+// by arithmetic (128 threads per row, 32 products each).
+TEST(CudaNvrtc, OuterProductSumsCompileForSm80AndSm90) {
+  REQUIRE_NVRTC();
+  CompileOptions off;
+  off.algebraic_rewrites = false;
+  const struct {
+    ir::Graph g;
+    CompileOptions options;
+    const char* strategy;
+  } cases[] = {
+      {OuterProductSum(1024, 64, nullptr, DType::kF32), CompileOptions{}, "8 thread(s) per row, 16 row(s) per block"},
+      {OuterProductSum(1024, 64, nullptr, DType::kF32), off, "128 thread(s) per row, 1 row(s) per block"},
+      {OuterProductSum(1024, 64, "exp", DType::kF32), CompileOptions{}, "128 thread(s) per row, 1 row(s) per block"},
+  };
+  for (int sm : {80, 90})
+    for (const auto& c : cases) {
+      auto r = testing::SharedPipeline().Compile(c.g, CudaTarget(sm), c.options);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->artifacts[0].bytes.substr(0, 4), "\x7f" "ELF");
+      EXPECT_NE(r->artifacts[3].bytes.find(c.strategy), std::string::npos) << r->artifacts[3].bytes;
+    }
+}
+
+// Tuning variants (CompileOptions.variant) build, and change what their knobs say: the
+// pointwise block and the threads per row of a row kernel; past the table's end: the default.
+TEST(CudaNvrtc, VariantsBuildAndApplyTheirKnobs) {
+  REQUIRE_NVRTC();
+  ir::Graph g = Make({Ty(DType::kF32, {1000, 300}), Ty(DType::kF32, {4096})}, [](ir::Builder& b) {
+    return std::vector<ValueId>{*b.Add("softmax", {0}, {{"axis", int64_t{-1}}}), *b.Add("exp", {1})};
+  });
+  auto report = [&](int variant) {
+    CompileOptions o;
+    o.variant = variant;
+    auto r = testing::SharedPipeline().Compile(g, CudaTarget(90), o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->artifacts[3].bytes : "";
+  };
+  const std::string dflt = report(0);
+  EXPECT_NE(dflt.find("64 thread(s) per row"), std::string::npos) << dflt;
+  EXPECT_NE(dflt.find("block 256"), std::string::npos) << dflt;
+  EXPECT_NE(report(1).find("block 128"), std::string::npos);
+  EXPECT_NE(report(2).find("block 512"), std::string::npos);
+  EXPECT_NE(report(3).find("32 thread(s) per row"), std::string::npos);
+  EXPECT_NE(report(4).find("128 thread(s) per row"), std::string::npos);
+  EXPECT_EQ(report(99), dflt);
+}
+
 TEST(CudaNvrtc, FingerprintNamesNvrtcAndOptions) {
   REQUIRE_NVRTC();
   std::string f = testing::SharedPipeline().Fingerprint(CudaTarget(90));

@@ -161,21 +161,6 @@ TEST(CudaEmulation, PerOutputReductions) {
   ExpectMatchesCpu(Reduce("argmin", Ty(DType::kF32, {50, 300}), {{"axis", int64_t{1}}}), ties);
 }
 
-// sum over (j, k) of f(x[i, j] * y[i, k]): factored into row sums when f is the identity
-// (passes/factor_reductions.cc), otherwise rows with no memory stream of their own, bound by
-// arithmetic: a few warps per row (KernelGen::Row).
-// f64: the sums cancel (random signs), so f32 results of two summation orders differ in
-// their leading digits.
-ir::Graph OuterProductSum(int64_t rows, int64_t d, const char* f) {
-  return Make({Ty(DType::kF64, {rows, d}), Ty(DType::kF64, {rows, d})}, [&](ir::Builder& b) {
-    auto xe = *b.Add("unsqueeze", {0}, {{"axes", ir::IntList{2}}});
-    auto ye = *b.Add("unsqueeze", {1}, {{"axes", ir::IntList{1}}});
-    ValueId p = *b.Add("mul", {xe, ye});
-    if (f) p = *b.Add(f, {p});
-    return std::vector<ValueId>{*b.Add("sum", {p}, {{"axes", ir::IntList{-2, -1}}})};
-  });
-}
-
 TEST(CudaEmulation, OuterProductSums) {
   ExpectMatchesCpu(OuterProductSum(1024, 64, nullptr));
   ExpectMatchesCpu(OuterProductSum(1024, 64, "sin"));

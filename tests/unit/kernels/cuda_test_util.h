@@ -256,6 +256,21 @@ inline ir::Graph Make(std::vector<ir::TensorType> inputs, const std::function<st
   return Verified(b.Finish(outs));
 }
 
+// sum over (j, k) of f(x[i, j] * y[i, k]): factored into row sums when f is the identity
+// (passes/factor_reductions.cc), otherwise rows with no memory stream of their own, bound by
+// arithmetic: a few warps per row (KernelGen::Row).
+// f64 by default: the sums cancel (random signs), so f32 results of two summation orders
+// differ in their leading digits.
+inline ir::Graph OuterProductSum(int64_t rows, int64_t d, const char* f, ir::DType t = ir::DType::kF64) {
+  return Make({Ty(t, {rows, d}), Ty(t, {rows, d})}, [&](ir::Builder& b) {
+    auto xe = *b.Add("unsqueeze", {0}, {{"axes", ir::IntList{2}}});
+    auto ye = *b.Add("unsqueeze", {1}, {{"axes", ir::IntList{1}}});
+    ir::ValueId p = *b.Add("mul", {xe, ye});
+    if (f) p = *b.Add(f, {p});
+    return std::vector<ir::ValueId>{*b.Add("sum", {p}, {{"axes", ir::IntList{-2, -1}}})};
+  });
+}
+
 using Mutator = std::function<void(int input, HostTensor* t)>;
 // Fills the expected outputs from the inputs, in place of the CPU backend.
 using Reference = std::function<void(const std::vector<HostTensor>& inputs, std::vector<HostTensor>* outputs)>;
