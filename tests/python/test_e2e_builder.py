@@ -130,6 +130,18 @@ def test_scalar_shaped_full_and_empty_list_attributes(client, rng):
     assert got[1].shape == () and float(got[1]) == 2.5
 
 
+@pytest.mark.parametrize("shape", [(6, 8), (300, 40)])
+def test_column_reduction_beside_a_whole_tensor_reduction(client, rng, shape):
+    """A column max (lane tiles) minus the mean of row minima (a whole-tensor reduction in the
+    same kernel's prologue): the prologue's loops are not lane loops."""
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", shape)
+    g = b.build([b.binary("sub", b.reduce("max", x, axes=[0]), b.reduce("mean", b.reduce("min", x, axes=[1])))])
+    xv = rng.standard_normal(shape).astype(np.float32)
+    got = client.compile(g, "cpu")(xv)
+    np.testing.assert_allclose(got, xv.max(0) - xv.min(1).mean(), rtol=1e-5, atol=1e-6)
+
+
 def test_non_contiguous_inputs_are_copied(client, rng):
     b = kiln.GraphBuilder()
     x = b.input("x", "f64", (6, 4))

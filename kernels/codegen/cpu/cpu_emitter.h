@@ -63,7 +63,11 @@ class CpuKernelEmitter : public ScopedEmitter {
   std::string ValueRef(size_t target, const std::string& name) override;
 
  private:
-  bool InLanes(size_t target) const { return lanes_.lanes > 0 && target == lanes_.scope; }
+  // The lane scope is identified by its depth and the variable it binds: a reduction placed
+  // above the tile (a whole-tensor mean in the prologue) has loop scopes of the same depth.
+  bool InLanes(size_t target) const {
+    return lanes_.lanes > 0 && target == lanes_.scope && target < scopes_.size() && scopes_[target].var == lanes_.var;
+  }
   void EmitLaneReduce(const lower::Expr& e, const std::string& result, size_t target);
   void ParallelizeTopReduce(const lower::Expr& e, const std::string& result, size_t target);
   // "for (int64_t kl = 0; kl < kn; ++kl) {" with the lane's variable defined, as lines.
