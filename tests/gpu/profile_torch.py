@@ -142,6 +142,7 @@ def profile_steps(step: Callable[[int], Any], steps: int, kiln_names: set[str]) 
         return r
 
     KilnPart.forward = timed  # type: ignore[method-assign]
+    KilnPart.__call__ = timed  # type: ignore[method-assign]  (parts are called through __call__)
     try:
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -152,6 +153,7 @@ def profile_steps(step: Callable[[int], Any], steps: int, kiln_names: set[str]) 
             wall = (time.perf_counter() - t0) / steps
     finally:
         KilnPart.forward = orig  # type: ignore[method-assign]
+        KilnPart.__call__ = orig  # type: ignore[method-assign]
     kern = collections.Counter()
     kern_ms = collections.Counter()
     per_kernel = collections.Counter()
