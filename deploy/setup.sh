@@ -18,6 +18,7 @@ APT_PACKAGES=(
   python3 python3-venv python3-dev
   clang-14 libclang-rt-14-dev
   libhiredis-dev redis-server redis-tools systemd
+  bubblewrap
   openssl
 )
 # Into .venv. torch is the default Linux wheel from PyPI (CUDA libraries included: PyPI has

@@ -12,6 +12,7 @@ kiln_cc_library(kiln_server
     kiln_status_map
     kiln_auth
     kiln_compile_service
+    kiln_ext
     kiln_proto
     PkgConfig::GRPCPP
     absl::status
@@ -31,6 +32,7 @@ target_link_libraries(kilnd PRIVATE
   kiln_auth
   kiln_metrics
   kiln_compile_service
+  kiln_ext
   kiln_worker
   kiln_store
   kiln_tiered_store
@@ -48,3 +50,6 @@ target_link_libraries(kilnd PRIVATE
 # The health probe containers and scripts run against kilnd's gRPC health service.
 add_executable(kiln_health_probe ${CMAKE_CURRENT_LIST_DIR}/health_probe.cc)
 target_link_libraries(kiln_health_probe PRIVATE PkgConfig::GRPCPP)
+if(TARGET kiln-nvrtc)
+  add_dependencies(kilnd kiln-nvrtc)
+endif()

@@ -16,6 +16,7 @@
 //
 // `kilnd keygen PRIVATE.pem [PUBLIC.pem]` writes a new Ed25519 key pair for --signing-key (the
 // public key, by default PRIVATE.pem.pub, is what clients trust) and exits.
+#include <filesystem>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -95,6 +96,17 @@ ABSL_FLAG(double, max_frontend_ms, 10000,
 ABSL_FLAG(bool, compile_in_process, false,
           "Run the compiler inside kilnd instead of in supervised worker processes (a crash "
           "or hang in it then takes kilnd down). For debugging.");
+ABSL_FLAG(bool, custom_builds, true,
+          "Serve BuildExtension and CompileRawKernel (custom C++/CUDA builds, sandboxed with "
+          "bubblewrap). Without a working sandbox they are refused, naming why.");
+ABSL_FLAG(std::string, build_memory, "8GiB", "Address-space limit of one custom build command.");
+ABSL_FLAG(double, build_timeout_s, 300, "Wall-clock limit of one custom build, all steps.");
+ABSL_FLAG(int, build_max_processes, 64, "Processes one custom build may run at once.");
+ABSL_FLAG(int, build_workers, 2, "Custom builds run at once.");
+ABSL_FLAG(std::string, build_inputs_size, "4GiB",
+          "Bytes of uploaded build inputs (sources, header trees) kept; least recently used "
+          "go first.");
+ABSL_FLAG(std::string, nvcc, "nvcc", "nvcc for the .cu sources of custom builds.");
 ABSL_FLAG(std::string, worker_memory, "8GiB",
           "Address-space limit of each compile worker process (and the host compiler it "
           "runs), e.g. 4GiB; 0: none.");
@@ -232,6 +244,19 @@ std::string BoundAddress(const std::string& listen, int port) {
   const size_t colon = listen.rfind(':');
   if (colon == std::string::npos || listen.rfind("unix:", 0) == 0) return listen;
   return absl::StrCat(listen.substr(0, colon), ":", port);
+}
+
+// A program installed beside kilnd (as the build puts it: server/ext/kiln-nvrtc next to
+// server/kilnd, or the same folder), or the bare name for a PATH lookup.
+std::string NextToSelf(const std::string& name) {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (const std::filesystem::path& p : {self.parent_path() / name, self.parent_path() / "ext" / name}) {
+      if (access(p.c_str(), X_OK) == 0) return p.string();
+    }
+  }
+  return name;
 }
 
 int Fail(const std::string& message) {
@@ -465,6 +490,37 @@ int Run() {
       compiler->get(), cache, compile_options);
   ServiceOptions service_options;
   if ((*authorizer)->enabled()) service_options.authorizer = authorizer->get();
+  std::unique_ptr<ext::ExtensionBuilder> ext_builder;
+  if (absl::GetFlag(FLAGS_custom_builds)) {
+    ext::ExtOptions ext_options;
+    ext_options.dir = absl::StrCat(absl::GetFlag(FLAGS_cache_dir), "/build-inputs");
+    int64_t inputs_size = 0, build_memory = 0;
+    if (!ParseByteSize(absl::GetFlag(FLAGS_build_inputs_size), &inputs_size)) {
+      return Fail(absl::StrCat("cannot read --build-inputs-size '", absl::GetFlag(FLAGS_build_inputs_size), "'"));
+    }
+    if (!ParseByteSize(absl::GetFlag(FLAGS_build_memory), &build_memory)) {
+      return Fail(absl::StrCat("cannot read --build-memory '", absl::GetFlag(FLAGS_build_memory), "'"));
+    }
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    build_memory = int64_t{1} << 40;  // sanitizers reserve terabytes of address space up front
+#endif
+    ext_options.input_capacity_bytes = inputs_size;
+    ext_options.workers = std::max(1, absl::GetFlag(FLAGS_build_workers));
+    ext_options.negative_ttl = absl::Seconds(absl::GetFlag(FLAGS_negative_cache_s));
+    ext_options.max_upload_bytes = int64_t{absl::GetFlag(FLAGS_max_request_mib)} << 20;
+    ext_options.sandbox.limits.timeout_s = absl::GetFlag(FLAGS_build_timeout_s);
+    ext_options.sandbox.limits.address_space_bytes = build_memory;
+    ext_options.sandbox.limits.max_processes = absl::GetFlag(FLAGS_build_max_processes);
+    ext_options.cxx = absl::GetFlag(FLAGS_host_compiler);
+    ext_options.nvcc = absl::GetFlag(FLAGS_nvcc);
+    ext_options.nvrtc_tool = NextToSelf("kiln-nvrtc");
+    ext_options.sign = compile_options.sign;
+    absl::StatusOr<std::unique_ptr<ext::ExtensionBuilder>> made =
+        ext::ExtensionBuilder::Create(ext_options, cache);
+    if (!made.ok()) return Fail(absl::StrCat("custom builds: ", made.status().message()));
+    ext_builder = *std::move(made);
+    service_options.ext = ext_builder.get();
+  }
   auto service =
       std::make_unique<KilnService>(compile_service.get(), cache, service_options);
 

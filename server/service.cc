@@ -521,7 +521,97 @@ grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* con
   if (!caller.ok()) return Refuse(reactor, "GetStats", caller.status());
   *response = compile_->Stats();
   if (options_.authorizer != nullptr) options_.authorizer->AddStats(response);
+  if (options_.ext != nullptr) {
+    const ext::ExtStats ext = options_.ext->Stats();
+    response->set_ext_builds(ext.builds);
+    response->set_ext_failures(ext.failures);
+    response->set_ext_cache_hits(ext.cache_hits);
+    response->set_ext_input_blobs(ext.input_blobs);
+    response->set_ext_input_bytes(ext.input_bytes);
+  }
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+// ---- Custom kernels (server/ext/ext.h): blobs in, a module or a cubin out.
+
+namespace {
+
+const absl::Status kNoExt =
+    absl::UnimplementedError("custom kernel builds are not enabled on this server");
+
+void LogExt(std::string_view method, std::string_view caller, const std::string& handle,
+            const absl::Status& status, std::string_view outcome, absl::Time start) {
+  const std::string_view prefix = handle.empty() ? std::string_view("-") : std::string_view(handle).substr(0, 12);
+  if (status.ok()) {
+    spdlog::info("{} {} {} {} {:.3f} ms", method, caller, prefix, outcome, MsSince(start));
+  } else {
+    const std::string_view m(status.message().data(), status.message().size());
+    spdlog::info("{} {} {} error {}: {} {:.3f} ms", method, caller, prefix,
+                 absl::StatusCodeToString(status.code()), m.substr(0, m.find('\n')), MsSince(start));
+  }
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* KilnService::FindMissingBlobs(grpc::CallbackServerContext* context,
+                                                        const v1::FindMissingBlobsRequest* request,
+                                                        v1::FindMissingBlobsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kCompile, "FindMissingBlobs");
+  if (!caller.ok()) return Refuse(reactor, "FindMissingBlobs", caller.status());
+  if (options_.ext == nullptr) return Refuse(reactor, "FindMissingBlobs", kNoExt);
+  *response = options_.ext->FindMissing(*request);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KilnService::UploadBlobs(grpc::CallbackServerContext* context,
+                                                   const v1::UploadBlobsRequest* request,
+                                                   v1::UploadBlobsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kCompile, "UploadBlobs");
+  if (!caller.ok()) return Refuse(reactor, "UploadBlobs", caller.status());
+  if (options_.ext == nullptr) return Refuse(reactor, "UploadBlobs", kNoExt);
+  absl::StatusOr<v1::UploadBlobsResponse> stored = options_.ext->Upload(*request);
+  if (stored.ok()) *response = *std::move(stored);
+  reactor->Finish(ToGrpcStatus(stored.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KilnService::BuildExtension(grpc::CallbackServerContext* context,
+                                                      const v1::BuildExtensionRequest* request,
+                                                      v1::BuildExtensionResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kCompile, "BuildExtension");
+  if (!caller.ok()) return Refuse(reactor, "BuildExtension", caller.status());
+  if (options_.ext == nullptr) return Refuse(reactor, "BuildExtension", kNoExt);
+  // Runs inline (a hit, a refusal, missing inputs) or later on a build thread.
+  options_.ext->Build(*request, [reactor, response, start, name = caller->name](
+                                    absl::Status status, v1::BuildExtensionResponse reply) {
+    LogExt("BuildExtension", name, reply.handle(), status,
+           reply.missing_size() > 0 ? "missing-inputs" : reply.cache_hit() ? "hit" : "built", start);
+    if (status.ok()) *response = std::move(reply);
+    reactor->Finish(ToGrpcStatus(status));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KilnService::CompileRawKernel(grpc::CallbackServerContext* context,
+                                                        const v1::CompileRawKernelRequest* request,
+                                                        v1::CompileRawKernelResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kCompile, "CompileRawKernel");
+  if (!caller.ok()) return Refuse(reactor, "CompileRawKernel", caller.status());
+  if (options_.ext == nullptr) return Refuse(reactor, "CompileRawKernel", kNoExt);
+  options_.ext->CompileRaw(*request, [reactor, response, start, name = caller->name](
+                                         absl::Status status, v1::CompileRawKernelResponse reply) {
+    LogExt("CompileRawKernel", name, reply.handle(), status, reply.cache_hit() ? "hit" : "built", start);
+    if (status.ok()) *response = std::move(reply);
+    reactor->Finish(ToGrpcStatus(status));
+  });
   return reactor;
 }
 

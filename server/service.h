@@ -7,7 +7,8 @@
 // Each Compile logs one line: method, caller (token name), key prefix, outcome (hit / miss /
 // joined / error), ms.
 // Every call is authorized first (auth::Authorizer): Lookup, GetResult, FetchArtifact,
-// GetSource and GetStats need role read, Compile and Prewarm role compile. Compiles count
+// GetSource and GetStats need role read; Compile, Prewarm and the custom-kernel calls
+// (FindMissingBlobs, UploadBlobs, BuildExtension, CompileRawKernel) role compile. Compiles count
 // against the caller's in-flight limit; a caller at its limit is still answered from the cache
 // and gets RESOURCE_EXHAUSTED for a miss. The health service is not this service: it stays
 // open to everyone.
@@ -21,6 +22,7 @@
 #include "kiln/v1/service.grpc.pb.h"
 #include "server/auth/auth.h"
 #include "server/compile/compile_service.h"
+#include "server/ext/ext.h"
 #include "server/store/artifact_store.h"
 
 namespace kiln::server {
@@ -30,6 +32,9 @@ struct ServiceOptions {
   int prewarm_concurrency = 8;                 // requests of one Prewarm stream in flight at once
   // Who may call what; null lets everyone call everything. Must outlive the service.
   const auth::Authorizer* authorizer = nullptr;
+  // Custom kernels (BuildExtension, CompileRawKernel and their blob calls); null answers them
+  // UNIMPLEMENTED. Must outlive the service.
+  ext::ExtensionBuilder* ext = nullptr;
 };
 
 class KilnService final : public v1::Kiln::CallbackService {
@@ -60,6 +65,18 @@ class KilnService final : public v1::Kiln::CallbackService {
   grpc::ServerUnaryReactor* Explain(grpc::CallbackServerContext* context,
                                     const v1::ExplainRequest* request,
                                     v1::ExplainResponse* response) override;
+  grpc::ServerUnaryReactor* FindMissingBlobs(grpc::CallbackServerContext* context,
+                                             const v1::FindMissingBlobsRequest* request,
+                                             v1::FindMissingBlobsResponse* response) override;
+  grpc::ServerUnaryReactor* UploadBlobs(grpc::CallbackServerContext* context,
+                                        const v1::UploadBlobsRequest* request,
+                                        v1::UploadBlobsResponse* response) override;
+  grpc::ServerUnaryReactor* BuildExtension(grpc::CallbackServerContext* context,
+                                           const v1::BuildExtensionRequest* request,
+                                           v1::BuildExtensionResponse* response) override;
+  grpc::ServerUnaryReactor* CompileRawKernel(grpc::CallbackServerContext* context,
+                                             const v1::CompileRawKernelRequest* request,
+                                             v1::CompileRawKernelResponse* response) override;
 
  private:
   // The caller of `context` when it holds `needed`; otherwise the status to finish with.

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -48,6 +49,16 @@ absl::StatusOr<ProcessResult> RunSandboxed(const std::vector<std::string>& argv,
     setrlimit(RLIMIT_CPU, &rl);
     rl.rlim_cur = rl.rlim_max = 0;
     setrlimit(RLIMIT_CORE, &rl);
+    if (limits.run_as_uid >= 0) {
+      if (setgroups(0, nullptr) != 0 && errno != EPERM) _exit(126);
+      if (setgid(static_cast<gid_t>(limits.run_as_gid >= 0 ? limits.run_as_gid : limits.run_as_uid)) != 0 ||
+          setuid(static_cast<uid_t>(limits.run_as_uid)) != 0)
+        _exit(126);
+    }
+    if (limits.max_processes > 0) {
+      rl.rlim_cur = rl.rlim_max = static_cast<rlim_t>(limits.max_processes);
+      setrlimit(RLIMIT_NPROC, &rl);
+    }
     execvp(cargv[0], cargv.data());
     _exit(127);
   }
@@ -74,8 +85,21 @@ absl::StatusOr<ProcessResult> RunSandboxed(const std::vector<std::string>& argv,
     if (r.output.size() < (64 << 10)) r.output.append(buf, static_cast<size_t>(n));
   }
   close(pipefd[0]);
+  // The output closed; the child may still run (it closed its own output): wait for it no
+  // longer than the deadline.
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  for (;;) {
+    pid_t w = waitpid(pid, &status, timed_out ? 0 : WNOHANG);
+    if (w == pid || (w < 0 && errno != EINTR)) break;
+    if (w == 0) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        timed_out = true;
+        kill(-pid, SIGKILL);
+        kill(pid, SIGKILL);
+        continue;
+      }
+      usleep(2000);
+    }
   }
   r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (timed_out)
@@ -91,7 +115,11 @@ absl::StatusOr<ProcessResult> RunSandboxed(const std::vector<std::string>& argv,
 
 absl::StatusOr<TempDir> TempDir::Create(const std::string& prefix) {
   const char* base = std::getenv("TMPDIR");
-  std::string tmpl = absl::StrCat(base && *base ? base : "/tmp", "/", prefix, "XXXXXX");
+  return CreateIn(base && *base ? base : "/tmp", prefix);
+}
+
+absl::StatusOr<TempDir> TempDir::CreateIn(const std::string& parent, const std::string& prefix) {
+  std::string tmpl = absl::StrCat(parent, "/", prefix, "XXXXXX");
   std::vector<char> b(tmpl.begin(), tmpl.end());
   b.push_back('\0');
   if (!mkdtemp(b.data())) return absl::UnavailableError(absl::StrCat("mkdtemp failed for ", tmpl));

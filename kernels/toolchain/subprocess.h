@@ -21,6 +21,12 @@ struct SandboxLimits {
   double timeout_s = 60;
   int64_t address_space_bytes = int64_t{8} << 30;
   int64_t file_size_bytes = int64_t{1} << 30;
+  // RLIMIT_NPROC for the child (counted per user: meaningful with run_as_uid); 0: unchanged.
+  int64_t max_processes = 0;
+  // When >= 0 (and the caller may), the child drops to this uid/gid, with no supplementary
+  // groups, before exec: the process cap then counts only its own processes.
+  int run_as_uid = -1;
+  int run_as_gid = -1;
 };
 
 // Runs argv[0] (looked up on PATH) in `workdir`. DeadlineExceeded on timeout (the child is
@@ -32,6 +38,8 @@ absl::StatusOr<ProcessResult> RunSandboxed(const std::vector<std::string>& argv,
 class TempDir {
  public:
   static absl::StatusOr<TempDir> Create(const std::string& prefix);
+  // The same, inside `parent` instead of $TMPDIR.
+  static absl::StatusOr<TempDir> CreateIn(const std::string& parent, const std::string& prefix);
   TempDir(TempDir&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
   TempDir(const TempDir&) = delete;
   ~TempDir();

@@ -325,9 +325,16 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
     from .target import Target
     from .v1 import service_pb2
 
+    from . import ext
+    from .errors import KilnError
+
     targets = [Target.parse(t) for t in args.target]
     files = list(iter_graph_files(args.paths))
+    builds = ext.iter_build_records(args.paths)
     failures: list[str] = []
+    if files and not targets:
+        print("prewarm: graphs need at least one --target", file=sys.stderr)
+        return 2
     requests: list[Any] = []
     labels: list[str] = []
     for f in files:
@@ -345,9 +352,22 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
     mode = "off" if (args.json or args.quiet) else ("bar" if sys.stderr.isatty() else "lines")
     progress = _Progress(len(requests), mode, labels)
     t0 = time.monotonic()
+    built = build_hits = 0
     with _client(args) as client:
         events = client.prewarm(requests, on_event=lambda _r, e: progress.update(e)) if requests else []
-    progress.finish()
+        progress.finish()
+        # Recorded custom builds (extensions, raw kernels), one at a time: each is a whole
+        # compiler run on kilnd.
+        for f in builds:
+            try:
+                outcome = ext.replay_file(client, f)
+            except (KilnError, OSError, ValueError) as err:
+                failures.append(f"{f}: {err}")
+                continue
+            build_hits += outcome.cache_hit
+            built += not outcome.cache_hit
+            if mode == "lines":
+                print(f"{'cache hit' if outcome.cache_hit else 'built':<10} {outcome.seconds * 1000:8.1f} ms  {f}", flush=True)
     elapsed = time.monotonic() - t0
     compiled = sum(1 for e in events if e.code == 0 and not e.cache_hit)
     hits = sum(1 for e in events if e.code == 0 and e.cache_hit)
@@ -358,13 +378,15 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
         _print_json({
             "graphs": len(files), "targets": [str(t) for t in targets], "requests": len(requests),
             "compiled": compiled, "cache_hits": hits, "failed": len(failures), "seconds": round(elapsed, 3),
+            "builds": len(builds), "built": built, "build_cache_hits": build_hits,
             "failures": failures,
             "results": [{"graph": l, "handle": e.handle, "cache_hit": e.cache_hit, "code": _CODE_NAMES.get(e.code, e.code), "ms": round(e.ms, 3)} for l, e in zip(labels, events)],
         })
     else:
         for failure in failures:
             print(f"FAILED {failure}", file=sys.stderr)
-        print(f"prewarm: {len(files)} graphs x {len(targets)} targets: {compiled} compiled, {hits} cache hits, "
+        print(f"prewarm: {len(files)} graphs x {len(targets)} targets: {compiled} compiled, {hits} cache hits; "
+              f"{len(builds)} custom builds: {built} built, {build_hits} cache hits; "
               f"{len(failures)} failed in {elapsed:.1f} s")
     return 1 if failures else 0
 
@@ -534,8 +556,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("prewarm", parents=[common], help="compile recorded graphs for targets", description="Compile every graph file in PATHs (folders are searched recursively) for every --target at prewarm priority. Exit status 1 if any failed.")
-    s.add_argument("paths", nargs="+", metavar="PATH", help="graph files or folders of them (.kreq recordings, .json, .txtpb, .pb)")
-    s.add_argument("--target", "-t", action="append", required=True, help="a target; repeat for several")
+    s.add_argument("paths", nargs="+", metavar="PATH",
+                   help="graph files or folders of them (.kreq recordings, .json, .txtpb, .pb); .kbuild recordings "
+                        "of extension builds and raw kernels are built as recorded")
+    s.add_argument("--target", "-t", action="append", default=[], help="a target for the graphs; repeat for several")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_prewarm)

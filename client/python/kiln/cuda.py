@@ -26,6 +26,7 @@ copies an argument that is not.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import importlib
@@ -689,9 +690,134 @@ def run_compiled(compiled: Any, arrays: Sequence[Any], out: Optional[Sequence[An
     return results[0] if len(results) == 1 else tuple(results)
 
 
+class RawKernel:
+    """A hand-written CUDA kernel compiled by kilnd with NVRTC and cached cluster-wide, in the
+    spirit of CuPy's ``RawKernel``.
+
+    ``source``: CUDA C++; ``name``: the ``__global__`` function to launch (an ``extern "C"``
+    name, or a C++ name expression such as ``"scale<float>"``, which kilnd lowers to its mangled
+    name); ``options``: NVRTC options (``-arch`` is kiln's, from the device). Compiles on first
+    use per architecture (or ahead of time with :meth:`compile`, on a machine without a GPU).
+
+    Calling ``kernel(grid, block, args, shared_mem=0, stream=None)`` launches it: ``args`` are
+    CUDA arrays (PyTorch tensors, CuPy arrays, anything with ``__cuda_array_interface__``:
+    passed as their device pointer), NumPy scalars (passed with their own type), Python
+    ``int`` (as a 64-bit integer), ``float`` (as a double) and ``bool``. The launch is
+    asynchronous, on ``stream`` (a ``CUstream`` handle as an int) or else the current stream of
+    the arrays' framework (PyTorch's, then CuPy's).
+    """
+
+    def __init__(self, source: str, name: str, options: Sequence[str] = (), *, client: Any = None) -> None:
+        self.source = source
+        self.name = name
+        self.options = tuple(options)
+        self._client = client
+        self._built: dict[int, tuple[bytes, str]] = {}
+        self._functions: dict[int, tuple[Any, ctypes.c_void_p, ctypes.c_void_p]] = {}
+        self._lock = threading.Lock()
+
+    def _get_client(self) -> Any:
+        if self._client is None:
+            from .client import Client
+
+            self._client = Client()
+        return self._client
+
+    def compile(self, sm: int) -> tuple[bytes, str]:
+        """(cubin, lowered name) for ``sm`` (e.g. 90), from kilnd's cache or compiled there."""
+        with self._lock:
+            if sm in self._built:
+                return self._built[sm]
+        from . import ext
+        from .v1 import service_pb2
+
+        client = self._get_client()
+        request = service_pb2.CompileRawKernelRequest(source=self.source, name=self.name, options=list(self.options), sm=sm)
+        outcome = ext.compile_raw_kernel(client, request)
+        art = next((a for a in outcome.result.artifacts if a.kind == service_pb2.CUBIN), None)
+        if art is None or not outcome.result.plan.steps:
+            raise KilnError(f"kilnd's result for raw kernel {self.name!r} holds no cubin")
+        cubin = client.read_verified(art.digest, size=art.size or None)
+        lowered = outcome.result.plan.steps[0].kernel
+        rec = dict(kind="raw_kernel", name=self.name,
+                   request=base64.b64encode(request.SerializeToString(deterministic=True)).decode())
+        ext.record_build(client, rec)
+        with self._lock:
+            self._built[sm] = (cubin, lowered)
+        return cubin, lowered
+
+    @property
+    def lowered_name(self) -> Optional[str]:
+        """The mangled name of the last compile, when there was one."""
+        return next(iter(self._built.values()))[1] if self._built else None
+
+    def _function(self, device: int) -> ctypes.c_void_p:
+        with self._lock:
+            hit = self._functions.get(device)
+        if hit is not None:
+            return hit[2]
+        drv = Driver.get()
+        major, minor = drv.compute_capability(device)
+        cubin, lowered = self.compile(major * 10 + minor)
+        ctx = drv.primary_context(device)
+        with drv.context(ctx):
+            module = ctypes.c_void_p()
+            drv.check(drv.cuModuleLoadData(ctypes.byref(module), cubin), f"cuModuleLoadData({self.name})")
+            fn = ctypes.c_void_p()
+            drv.check(drv.cuModuleGetFunction(ctypes.byref(fn), module, lowered.encode()), f"cuModuleGetFunction({lowered})")
+        with self._lock:
+            self._functions[device] = (ctx, module, fn)
+        return fn
+
+    @staticmethod
+    def _arg(a: Any, i: int) -> tuple[Any, Optional[int], Optional[str]]:
+        """(ctypes value, device, framework) of one launch argument."""
+        if isinstance(a, bool):
+            return ctypes.c_bool(a), None, None
+        if isinstance(a, int):
+            return ctypes.c_int64(a), None, None
+        if isinstance(a, float):
+            return ctypes.c_double(a), None, None
+        if isinstance(a, np.generic):
+            kinds = {np.dtype(np.float32): ctypes.c_float, np.dtype(np.float64): ctypes.c_double,
+                     np.dtype(np.int8): ctypes.c_int8, np.dtype(np.int16): ctypes.c_int16,
+                     np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64,
+                     np.dtype(np.uint8): ctypes.c_uint8, np.dtype(np.uint16): ctypes.c_uint16,
+                     np.dtype(np.uint32): ctypes.c_uint32, np.dtype(np.uint64): ctypes.c_uint64,
+                     np.dtype(np.bool_): ctypes.c_bool, np.dtype(np.float16): ctypes.c_uint16}
+            t = kinds.get(a.dtype)
+            if t is None:
+                raise TypeError(f"argument {i}: NumPy scalars of {a.dtype} are not kernel arguments")
+            return t(a.view(np.uint16).item() if a.dtype == np.float16 else a.item()), None, None
+        obj, kind = as_cuda_array(a, f"argument {i}")
+        fw = _framework(kind)
+        return ctypes.c_void_p(fw.ptr(obj)), fw.device(obj), kind
+
+    def __call__(self, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], *, shared_mem: int = 0,
+                 stream: Optional[int] = None) -> None:
+        values = [self._arg(a, i) for i, a in enumerate(args)]
+        devices = {d for _, d, _ in values if d is not None}
+        if len(devices) > 1:
+            raise ValueError(f"raw kernel {self.name!r}: arguments on several devices {sorted(devices)}")
+        device = devices.pop() if devices else current_device()
+        fn = self._function(device)
+        if stream is None:
+            kinds = [k for _, _, k in values if k is not None]
+            name = "torch" if "torch" in kinds else kinds[0] if kinds else default_framework()
+            stream = _framework(name).stream(device)
+        holders = [v for v, _, _ in values]
+        params = (ctypes.c_void_p * max(len(holders), 1))(*[ctypes.cast(ctypes.pointer(h), ctypes.c_void_p) for h in holders])
+        g, b = _dims(grid), _dims(block)
+        drv = Driver.get()
+        with drv.context(drv.primary_context(device)):
+            drv.check(drv.cuLaunchKernel(fn, g[0], g[1], g[2], b[0], b[1], b[2], int(shared_mem), ctypes.c_void_p(stream),
+                                         params, None), f"cuLaunchKernel({self.name})")
+
+
 __all__ = [
     "ALIGNMENT",
     "CudaKernel",
+    "RawKernel",
     "Driver",
     "as_cuda_array",
     "cuda_available",

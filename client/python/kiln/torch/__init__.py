@@ -28,6 +28,7 @@ from typing import Any
 
 import torch  # noqa: F401  (a clear ImportError when PyTorch is absent)
 
+from .extension import build, load, load_inline
 from .dynamo_backend import BackendConfig, backend, compile_aten_graph, kiln_backend, make_backend, wait
 from .lowering import Unsupported, lowered_ops, register_lowering, unregister_lowering
 from .runtime import KilnFallbackWarning, KilnPart, clear_memo
@@ -98,10 +99,13 @@ __all__ = [
     "KilnPart",
     "Unsupported",
     "backend",
+    "build",
     "clear_memo",
     "compile_aten_graph",
     "kiln_backend",
     "last_graphs",
+    "load",
+    "load_inline",
     "lowered_ops",
     "make_backend",
     "register",

@@ -1,0 +1,355 @@
+"""PyTorch C++/CUDA extensions built by kilnd: drop-in counterparts of
+``torch.utils.cpp_extension.load`` and ``load_inline``.
+
+The build runs on kilnd, in its sandbox, and its result is cached there cluster-wide: a second
+machine (or a fresh container) with the same sources, flags and PyTorch gets the module from
+the cache instead of running g++ and nvcc again. The key covers the sources and the header
+trees they compile against (PyTorch's, Python's, any ``extra_include_paths``) by digest, the
+flags, the CUDA archs, the Python ABI tag and PyTorch's ABI facts, and kilnd adds its
+compilers' versions.
+
+Flags follow ``cpp_extension``: ``-DTORCH_EXTENSION_NAME=<name>``,
+``-DTORCH_API_INCLUDE_EXTENSION_H``, ``-std=c++20 -fPIC`` for C++; PyTorch's
+``COMMON_NVCC_FLAGS`` for ``.cu`` files, built for each arch of ``TORCH_CUDA_ARCH_LIST`` (or of
+the visible devices). The module is linked without PyTorch's libraries, naming them as
+dependencies (``libtorch_python.so`` and the rest): they resolve against the copies already in
+the process that imports it, so kilnd needs PyTorch's headers only, never its 1 GB of libraries.
+CUDA code links the CUDA runtime statically, so the module does not depend on which CUDA
+runtime the importing process has.
+
+Differences from ``cpp_extension``: ``build_directory`` is accepted and ignored (nothing is
+built locally); ``is_standalone`` is not supported; ``verbose`` prints kilnd's build log.
+``build()`` builds (or finds) the module without importing it, for prewarming on a machine
+without a GPU.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import sysconfig
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from .. import ext as _ext
+from ..errors import KilnError
+
+PathLike = Union[str, os.PathLike]
+
+_CUDA_SONAMES = ("libc10_cuda.so", "libtorch_cuda.so")
+_CPU_SONAMES = ("libc10.so", "libtorch_cpu.so", "libtorch.so", "libtorch_python.so")
+_DEFAULT_NVCC_FLAGS = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                       "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__",
+                       "--expt-relaxed-constexpr"]
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def cuda_archs(explicit: Optional[Sequence[int]] = None) -> list[int]:
+    """The sm numbers to build ``.cu`` files for: ``explicit``, else ``TORCH_CUDA_ARCH_LIST``
+    ("8.0;9.0", "9.0+PTX"), else the visible devices'. KilnError when none can be found."""
+    if explicit:
+        return sorted({int(a) for a in explicit})
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if env:
+        out = set()
+        for part in env.replace(",", ";").replace(" ", ";").split(";"):
+            part = part.strip().removesuffix("+PTX")
+            if not part:
+                continue
+            try:
+                major, _, minor = part.partition(".")
+                out.add(int(major) * 10 + int(minor or 0))
+            except ValueError:
+                raise KilnError(f"TORCH_CUDA_ARCH_LIST: cannot read '{part}'") from None
+        return sorted(out)
+    torch = _torch()
+    if torch.cuda.is_available():
+        return sorted({a * 10 + b for a, b in (torch.cuda.get_device_capability(i)
+                                              for i in range(torch.cuda.device_count()))})
+    raise KilnError("no CUDA architecture to build for: set TORCH_CUDA_ARCH_LIST (e.g. '9.0') on a machine without a GPU")
+
+
+def _python_tag() -> str:
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    return suffix.strip(".").removesuffix(".so").removesuffix(".")
+
+
+def _include_trees(paths: Sequence[PathLike], cache_dir: Optional[Path]) -> tuple[list[_ext.Tree], list[tuple[int, str]], list[str]]:
+    """Trees for -I paths: a path inside another path's folder shares its tree (PyTorch's API
+    headers live inside its include folder). Returns (trees, (tree index, subdir) per path,
+    the trees' local roots)."""
+    resolved = [Path(p).resolve() for p in paths]
+    roots: list[Path] = []
+    for p in sorted(set(resolved), key=lambda q: len(q.parts)):
+        if not any(p == r or r in p.parents for r in roots):
+            roots.append(p)
+    trees = [_ext.tree_of_folder(r, cache_dir=cache_dir) for r in roots]
+    where = []
+    for p in resolved:
+        i = next(i for i, r in enumerate(roots) if p == r or r in p.parents)
+        where.append((i, "" if p == roots[i] else p.relative_to(roots[i]).as_posix()))
+    return trees, where, [str(r) for r in roots]
+
+
+def _multiarch_pyconfig() -> Optional[_ext.Tree]:
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    ver = sysconfig.get_config_var("LDVERSION") or sysconfig.get_python_version()
+    if not multiarch:
+        return None
+    folder = Path("/usr/include") / multiarch / f"python{ver}"
+    if not folder.is_dir() or not str(sysconfig.get_path("include", scheme="posix_prefix")).startswith("/usr/include"):
+        return None
+    prefix = f"{multiarch}/python{ver}"
+    return _ext.Tree.from_bytes({f"{prefix}/{f.name}": f.read_bytes() for f in sorted(folder.iterdir()) if f.is_file()})
+
+
+def _source_tree(sources: Sequence[PathLike]) -> tuple[_ext.Tree, list[str]]:
+    """The tree of the sources' common folder (sources and headers only) and the sources'
+    paths in it."""
+    paths = [Path(s).resolve() for s in sources]
+    for p in paths:
+        if not p.is_file():
+            raise KilnError(f"no such source file: {p}")
+    root = Path(os.path.commonpath([str(p.parent) for p in paths]))
+    try:
+        tree = _ext.tree_of_folder(root, suffixes=_ext.SOURCE_SUFFIXES)
+    except KilnError:
+        # A root too large to send (sources spread over a big folder): the sources and the
+        # headers beside each of them.
+        contents = {}
+        for p in paths:
+            for f in p.parent.iterdir():
+                if f.is_file() and f.name.endswith(_ext.SOURCE_SUFFIXES):
+                    contents[f.relative_to(root).as_posix()] = f.read_bytes()
+        tree = _ext.Tree.from_bytes(contents)
+    rels = [p.relative_to(root).as_posix() for p in paths]
+    known = {f.path for f in tree.files}
+    for r in rels:
+        if r not in known:
+            raise KilnError(f"source {r} must end in .c, .cc, .cpp, .cxx or .cu")
+    return tree, rels
+
+
+class Prepared:
+    """A build request with the trees it names, ready to send (and to record)."""
+
+    def __init__(self, request: Any, source_tree: _ext.Tree, include_trees: list[_ext.Tree], include_roots: list[str]) -> None:
+        self.request = request
+        self.source_tree = source_tree
+        self.include_trees = include_trees
+        self.include_roots = include_roots
+
+    @property
+    def trees(self) -> list[_ext.Tree]:
+        return [self.source_tree, *self.include_trees]
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "kind": "extension",
+            "name": self.request.name,
+            "request": base64.b64encode(self.request.SerializeToString(deterministic=True)).decode(),
+            "source_tree": _ext.tree_to_record(self.source_tree, inline=True),
+            "include_trees": [{"digest": t.digest, "root": r} if r else {"digest": t.digest, **_ext.tree_to_record(t, inline=True)}
+                              for t, r in zip(self.include_trees, self.include_roots)],
+        }
+
+
+def prepare(name: str, sources: Union[PathLike, Sequence[PathLike]], extra_cflags: Optional[Sequence[str]] = None,
+            extra_cuda_cflags: Optional[Sequence[str]] = None, extra_ldflags: Optional[Sequence[str]] = None,
+            extra_include_paths: Optional[Sequence[PathLike]] = None, with_cuda: Optional[bool] = None,
+            cuda_archs_list: Optional[Sequence[int]] = None, cache_dir: Optional[Path] = None) -> Prepared:
+    """The BuildExtensionRequest for these arguments (no server involved)."""
+    from ..v1 import service_pb2
+    import torch.utils.cpp_extension as cpp
+
+    torch = _torch()
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    if not sources:
+        raise KilnError("no sources to build")
+    source_tree, compile_paths = _source_tree(sources)
+    if with_cuda is None:
+        with_cuda = any(p.endswith(".cu") for p in compile_paths)
+    torch_includes = [p for p in cpp.include_paths("cpu")]
+    py_include = sysconfig.get_path("include", scheme="posix_prefix")
+    user_includes = [str(p) for p in (extra_include_paths or [])]
+    includes = user_includes + torch_includes + ([py_include] if py_include else [])
+    trees, where, roots = _include_trees(includes, cache_dir)
+
+    common = [f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    get_abi = getattr(cpp, "_get_pybind11_abi_build_flags", None)
+    if get_abi is not None:  # pybind11's ABI defines, on the PyTorch versions that set them
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            common += list(get_abi())
+    common.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))}")
+    cflags = common + ["-std=c++20", "-fPIC"] + list(extra_cflags or [])
+    cuda_cflags: list[str] = []
+    archs: list[int] = []
+    if with_cuda:
+        archs = cuda_archs(cuda_archs_list)
+        nvcc_common = list(getattr(cpp, "COMMON_NVCC_FLAGS", _DEFAULT_NVCC_FLAGS))
+        cuda_cflags = common + nvcc_common + list(extra_cuda_cflags or [])
+        if not any(f.startswith("-std=") for f in cuda_cflags):
+            cuda_cflags.append("-std=c++20")
+    lib_dir = Path(torch.__file__).parent / "lib"
+    sonames = [s for s in _CPU_SONAMES if (lib_dir / s).exists()]
+    if with_cuda:
+        sonames = [s for s in _CUDA_SONAMES if (lib_dir / s).exists()] + sonames
+
+    req = service_pb2.BuildExtensionRequest(
+        name=name, source_tree=source_tree.digest, compile=compile_paths,
+        cflags=cflags, cuda_cflags=cuda_cflags, ldflags=list(extra_ldflags or []),
+        cuda_archs=archs, python_tag=_python_tag(), link_sonames=sonames)
+    for i, sub in where:
+        req.include_dirs.add(tree=trees[i].digest, subdir=sub)
+    # Debian-style Pythons split pyconfig.h by architecture: Python.h's pyconfig.h includes
+    # <x86_64-linux-gnu/python3.X/pyconfig.h> from /usr/include, which kilnd's /usr/include
+    # need not hold (another Python). That folder alone goes up as a tree of its own.
+    arch_tree = _multiarch_pyconfig()
+    if arch_tree is not None:
+        trees.append(arch_tree)
+        roots.append("")
+        req.include_dirs.add(tree=arch_tree.digest, subdir="")
+    req.client_abi["torch"] = torch.__version__
+    req.client_abi["cxx11_abi"] = str(int(bool(torch._C._GLIBCXX_USE_CXX11_ABI)))
+    req.client_abi["python"] = sys.version.split()[0]
+    return Prepared(req, source_tree, trees, roots)
+
+
+def _client(client: Any) -> Any:
+    if client is not None:
+        return client
+    from ..client import Client
+
+    return Client()
+
+
+def build_prepared(prepared: Prepared, client: Any = None, *, verbose: bool = False, priority: int = 0) -> tuple[Path, _ext.BuildOutcome]:
+    """Gets or builds a prepared request; returns the module's local path and the outcome."""
+    from ..v1 import service_pb2
+
+    client = _client(client)
+    prepared.request.priority = priority
+    outcome = _ext.build_extension(client, prepared.request, prepared.trees)
+    if verbose:
+        print(f"kiln: extension {prepared.request.name}: {'cache hit' if outcome.cache_hit else 'built'} "
+              f"({outcome.seconds:.2f} s, {outcome.uploaded_bytes} bytes uploaded)\n{outcome.log}", file=sys.stderr)
+    art = next((a for a in outcome.result.artifacts if a.kind == service_pb2.SHARED_OBJECT), None)
+    if art is None:
+        raise KilnError(f"kilnd's result for extension {prepared.request.name} holds no module")
+    client.read_verified(art.digest, size=art.size or None)  # fetched and checked here
+    path = client.fetch(art.digest, size=art.size or None)
+    _ext.record_build(client, prepared.record())
+    return path, outcome
+
+
+def build(name: str, sources: Union[PathLike, Sequence[PathLike]], extra_cflags: Optional[Sequence[str]] = None,
+          extra_cuda_cflags: Optional[Sequence[str]] = None, extra_ldflags: Optional[Sequence[str]] = None,
+          extra_include_paths: Optional[Sequence[PathLike]] = None, verbose: bool = False,
+          with_cuda: Optional[bool] = None, client: Any = None, cuda_archs_list: Optional[Sequence[int]] = None) -> Path:
+    """Builds (or finds in kilnd's cache) the extension without importing it; returns the local
+    path of the module. For prewarming: a machine without a GPU builds CUDA extensions for
+    ``TORCH_CUDA_ARCH_LIST``."""
+    client = _client(client)
+    prepared = prepare(name, sources, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths, with_cuda,
+                       cuda_archs_list, cache_dir=client.cache.root)
+    return build_prepared(prepared, client, verbose=verbose)[0]
+
+
+_loaded: dict[str, Any] = {}
+
+
+def _import_module(name: str, path: Path) -> Any:
+    key = f"{name}:{path}"
+    if key in _loaded:
+        return _loaded[key]
+    _torch()  # PyTorch's libraries must be in the process before the module's dependencies resolve
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+    if spec is None:
+        raise KilnError(f"cannot import {path} as {name}")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    _loaded[key] = module
+    return module
+
+
+def load(name: str, sources: Union[PathLike, Sequence[PathLike]], extra_cflags: Optional[Sequence[str]] = None,
+         extra_cuda_cflags: Optional[Sequence[str]] = None, extra_ldflags: Optional[Sequence[str]] = None,
+         extra_include_paths: Optional[Sequence[PathLike]] = None, build_directory: Optional[str] = None,
+         verbose: bool = False, with_cuda: Optional[bool] = None, is_python_module: bool = True,
+         is_standalone: bool = False, keep_intermediates: bool = True, *, client: Any = None,
+         cuda_archs_list: Optional[Sequence[int]] = None) -> Any:
+    """Like ``torch.utils.cpp_extension.load``, built on kilnd: returns the imported module
+    (``is_python_module=False``: loads it into the process as a library of torch ops, with
+    ``torch.ops.load_library``, and returns its path)."""
+    del build_directory, keep_intermediates  # nothing is built here
+    if is_standalone:
+        raise KilnError("kiln.torch.load builds modules, not standalone executables")
+    path = build(name, sources, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths, verbose,
+                 with_cuda, client, cuda_archs_list)
+    if not is_python_module:
+        _torch().ops.load_library(str(path))
+        return path
+    return _import_module(name, path)
+
+
+def _inline_sources(name: str, cpp_sources: Union[str, Sequence[str]], cuda_sources: Union[str, Sequence[str], None],
+                    functions: Union[str, Sequence[str], dict[str, str], None], with_pytorch_error_handling: bool) -> dict[str, str]:
+    """The files ``load_inline`` compiles, as ``cpp_extension.load_inline`` writes them."""
+    if isinstance(cpp_sources, str):
+        cpp_sources = [cpp_sources]
+    if isinstance(cuda_sources, str):
+        cuda_sources = [cuda_sources]
+    cpp = "#include <torch/extension.h>\n" + "\n".join(cpp_sources)
+    if functions is not None:
+        if isinstance(functions, str):
+            functions = [functions]
+        if isinstance(functions, (list, tuple)):
+            functions = {f: f"{f}" for f in functions}
+        defs = []
+        for fn, doc in functions.items():
+            wrap = f"torch::wrap_pybind_function(&{fn})" if with_pytorch_error_handling else f"&{fn}"
+            defs.append(f'  m.def("{fn}", {wrap}, "{doc}");')
+        cpp += "\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n" + "\n".join(defs) + "\n}\n"
+    files = {"main.cpp": cpp}
+    if cuda_sources:
+        files["cuda.cu"] = ("#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
+                            + "\n".join(cuda_sources))
+    return files
+
+
+def load_inline(name: str, cpp_sources: Union[str, Sequence[str]], cuda_sources: Union[str, Sequence[str], None] = None,
+                functions: Union[str, Sequence[str], dict[str, str], None] = None,
+                extra_cflags: Optional[Sequence[str]] = None, extra_cuda_cflags: Optional[Sequence[str]] = None,
+                extra_ldflags: Optional[Sequence[str]] = None, extra_include_paths: Optional[Sequence[PathLike]] = None,
+                build_directory: Optional[str] = None, verbose: bool = False, with_cuda: Optional[bool] = None,
+                is_python_module: bool = True, with_pytorch_error_handling: bool = True,
+                keep_intermediates: bool = True, use_pch: bool = False, *, client: Any = None,
+                cuda_archs_list: Optional[Sequence[int]] = None) -> Any:
+    """Like ``torch.utils.cpp_extension.load_inline``, built on kilnd."""
+    del use_pch
+    files = _inline_sources(name, cpp_sources, cuda_sources, functions, with_pytorch_error_handling)
+    with tempfile.TemporaryDirectory(prefix=f"kiln-inline-{name}-") as d:
+        paths = []
+        for fname, text in files.items():
+            p = Path(d) / fname
+            p.write_text(text)
+            paths.append(p)
+        path = build(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths, verbose,
+                     with_cuda if with_cuda is not None else bool(cuda_sources), client, cuda_archs_list)
+    if not is_python_module:
+        _torch().ops.load_library(str(path))
+        return path
+    return _import_module(name, path)

@@ -1,0 +1,280 @@
+"""Custom kernels built by kilnd: PyTorch extensions (kiln.torch.load / load_inline), raw CUDA
+kernels (kiln.cuda.RawKernel), their sandbox, and prewarm of recorded builds.
+
+A private kilnd with tight build limits serves the module. The LLTM extension (tests/ext/lltm)
+is built once (about 20 s of g++ on torch/extension.h) and reused; a second process with an
+empty local cache must get it without a build.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+import kiln
+import kiln.cuda
+from kiln.errors import RpcError
+from kiln.recorder import Recorder
+
+from conftest import CLIENT_DIR, private_kilnd
+from helpers import import_torch
+
+torch = import_torch()
+import kiln.torch  # noqa: E402  (after torch, which it needs)
+
+REPO = Path(__file__).resolve().parents[2]
+LLTM = REPO / "tests" / "ext" / "lltm"
+sys.path.insert(0, str(LLTM))
+from reference import lltm_reference, make_function, random_inputs  # noqa: E402
+
+LIMITS = ["--build-timeout-s=90", "--build-memory=4GiB", "--build-max-processes=64", "--negative-cache-s=120"]
+
+
+@pytest.fixture(scope="module")
+def ext_kilnd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    yield from private_kilnd(tmp_path_factory, "kilnd-ext", LIMITS)
+
+
+@pytest.fixture(scope="module")
+def record_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ext-recordings")
+
+
+@pytest.fixture(scope="module")
+def ext_client(ext_kilnd: Any, record_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[kiln.Client]:
+    c = kiln.Client(ext_kilnd.address, cache_dir=tmp_path_factory.mktemp("ext-client-cache"),
+                    recorder=Recorder(record_dir))
+    from kiln.v1 import service_pb2
+
+    # A host where the sandbox cannot run refuses every build, saying why: fail on that at once.
+    probe = _try(lambda: c._call("BuildExtension", service_pb2.BuildExtensionRequest(name="x"), 10))
+    assert probe is not None and "sandbox" not in str(probe), f"custom builds are off: {probe}"
+    yield c
+    c.close()
+
+
+def _try(fn: Any) -> Any:
+    try:
+        fn()
+    except RpcError as e:
+        return e
+    return None
+
+
+@pytest.fixture(scope="module")
+def lltm(ext_client: kiln.Client) -> Any:
+    return kiln.torch.load("lltm_cpp", [LLTM / "lltm.cpp"], client=ext_client)
+
+
+def _run_both(module: Any, *shape: int, seed: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Outputs and input gradients of the extension and of the reference, same inputs."""
+    results = []
+    for impl in (make_function(module).apply, lltm_reference):
+        xs = random_inputs(*shape, seed=seed)
+        h, c = impl(*xs)
+        (h * torch.linspace(-1, 1, h.shape[1], dtype=h.dtype) + 0.5 * c).sum().backward()
+        results.append([h.detach(), c.detach()] + [x.grad for x in xs])
+    return results[0], results[1]
+
+
+@pytest.mark.parametrize("shape", [(4, 5, 6), (1, 3, 2), (17, 32, 8)])
+def test_lltm_extension_matches_python(lltm: Any, shape: tuple[int, int, int]) -> None:
+    got, want = _run_both(lltm, *shape, seed=sum(shape))
+    for g, w, what in zip(got, want, ["new_h", "new_cell", "d_input", "d_weights", "d_bias", "d_old_h", "d_old_cell"]):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=what)
+
+
+def test_lltm_extension_passes_gradcheck(lltm: Any) -> None:
+    fn = make_function(lltm)
+    assert torch.autograd.gradcheck(fn.apply, random_inputs(3, 4, 5, seed=7))
+
+
+def test_second_process_gets_the_module_without_building(lltm: Any, ext_kilnd: Any, tmp_path: Path) -> None:
+    before = kiln.Client(ext_kilnd.address).stats()
+    script = textwrap.dedent(f"""
+        import json, sys, time
+        t0 = time.perf_counter()
+        import torch
+        sys.path.insert(0, {str(LLTM)!r})
+        import kiln, kiln.torch
+        from reference import lltm_reference, make_function, random_inputs
+        c = kiln.Client({ext_kilnd.address!r}, cache_dir={str(tmp_path / 'fresh-cache')!r})
+        t1 = time.perf_counter()
+        m = kiln.torch.load("lltm_cpp", [{str(LLTM / 'lltm.cpp')!r}], client=c)
+        t2 = time.perf_counter()
+        xs = random_inputs(5, 6, 7, seed=3)
+        h, cell = make_function(m).apply(*xs)
+        rh, rc = lltm_reference(*xs)
+        print(json.dumps({{"ok": bool(torch.allclose(h, rh) and torch.allclose(cell, rc)), "load_s": t2 - t1}}))
+    """)
+    env = {"PYTHONPATH": str(CLIENT_DIR), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["ok"]
+    after = kiln.Client(ext_kilnd.address).stats()
+    assert after.ext_builds == before.ext_builds, "the second process built the module again"
+    assert after.ext_cache_hits == before.ext_cache_hits + 1
+
+
+def test_load_inline(ext_client: kiln.Client) -> None:
+    source = textwrap.dedent("""
+        torch::Tensor scaled_sum(torch::Tensor a, torch::Tensor b, double s) {
+          TORCH_CHECK(a.sizes() == b.sizes(), "shapes differ");
+          return a + s * b;
+        }
+    """)
+    m = kiln.torch.load_inline("kiln_inline_test", source, functions=["scaled_sum"], client=ext_client)
+    a, b = torch.randn(7, 3, dtype=torch.float64), torch.randn(7, 3, dtype=torch.float64)
+    torch.testing.assert_close(m.scaled_sum(a, b, 2.5), a + 2.5 * b)
+    with pytest.raises(RuntimeError, match="shapes differ"):
+        m.scaled_sum(a, b[:2], 1.0)
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def _build_error(ext_client: kiln.Client, sources: list[Path], **kw: Any) -> RpcError:
+    with pytest.raises(RpcError) as info:
+        kiln.torch.build("kiln_bad_ext", sources, client=ext_client, **kw)
+    return info.value
+
+
+def test_compile_error_returns_diagnostics_and_is_remembered(ext_client: kiln.Client, tmp_path: Path) -> None:
+    src = _write(tmp_path, "broken.cpp", """
+        int broken(int x) { return x +; }
+    """)
+    err = _build_error(ext_client, [src])
+    assert err.code == "INVALID_ARGUMENT"
+    assert "/src/broken.cpp" in str(err) and "error" in str(err)
+    assert str(tmp_path) not in str(err), "diagnostics name a client path"
+    builds = ext_client.stats().ext_builds
+    again = _build_error(ext_client, [src])
+    assert again.code == "INVALID_ARGUMENT" and "/src/broken.cpp" in str(again)
+    assert ext_client.stats().ext_builds == builds, "a remembered failure was built again"
+
+
+@pytest.mark.parametrize("flag", ["-fplugin=/tmp/evil.so", "-specs=/tmp/evil.specs", "-B/tmp/evil", "-wrapper",
+                                  "-fuse-ld=/tmp/evil-ld", "@/tmp/evil-args", "-Wl,--plugin,/tmp/evil.so"])
+def test_code_loading_flags_are_refused(ext_client: kiln.Client, tmp_path: Path, flag: str) -> None:
+    src = _write(tmp_path, "ok.cpp", "int ok() { return 1; }\n")
+    builds = ext_client.stats().ext_builds
+    err = _build_error(ext_client, [src], extra_cflags=[flag])
+    assert err.code == "INVALID_ARGUMENT"
+    assert flag in str(err) and "not allowed" in str(err)
+    assert ext_client.stats().ext_builds == builds
+
+
+def test_nvcc_host_compiler_flag_is_refused(ext_client: kiln.Client, tmp_path: Path) -> None:
+    from kiln import ext
+    from kiln.v1 import service_pb2
+
+    tree = ext.Tree.from_bytes({"k.cu": b"__global__ void k() {}\n"})
+    req = service_pb2.BuildExtensionRequest(name="k", source_tree=tree.digest, compile=["k.cu"], cuda_archs=[90],
+                                            cuda_cflags=["-ccbin", "/tmp/evil-gcc"])
+    with pytest.raises(RpcError) as info:
+        ext.build_extension(ext_client, req, [tree])
+    assert info.value.code == "INVALID_ARGUMENT" and "-ccbin" in str(info.value)
+
+
+def test_includes_outside_the_input_root_fail_without_leaking(ext_client: kiln.Client, ext_kilnd: Any, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.h"
+    secret.write_text("this_is_a_secret_token_4711\n")
+    cache_file = next(p for p in Path(ext_kilnd.cache_dir).rglob("*") if p.is_file())
+    for target in ["/etc/passwd", str(secret), str(cache_file), "../../../../../../etc/hostname", "/root/.bashrc"]:
+        src = _write(tmp_path, "peek.cpp", f'#include "{target}"\nint peek() {{ return 0; }}\n')
+        err = _build_error(ext_client, [src])
+        assert err.code == "INVALID_ARGUMENT", (target, err)
+        assert "No such file" in str(err), (target, err)
+        for leak in ("root:x:", "this_is_a_secret_token_4711"):
+            assert leak not in str(err), (target, err)
+
+
+def test_endless_include_stops_at_a_limit_and_kilnd_keeps_serving(ext_client: kiln.Client, tmp_path: Path,
+                                                                  rng: Any) -> None:
+    src = _write(tmp_path, "endless.cpp", '#include "/dev/zero"\n')
+    start = time.monotonic()
+    err = _build_error(ext_client, [src])
+    elapsed = time.monotonic() - start
+    assert err.code in ("RESOURCE_EXHAUSTED", "INVALID_ARGUMENT"), err
+    assert elapsed < 120, f"the build ran {elapsed:.0f} s, past its 90 s limit"
+    # Still serving: graph compiles and stats.
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (4, 5))
+    k = ext_client.compile(b.build(b.exp(x)))
+    import numpy as np
+
+    a = rng.standard_normal((4, 5)).astype(np.float32)
+    np.testing.assert_allclose(k(a), np.exp(a), rtol=1e-5)
+    assert ext_client.stats().ext_failures >= 1
+
+
+RAW_SOURCE = """
+template <typename T>
+__global__ void scale(T* x, T a, long long n) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= a;
+}
+extern "C" __global__ void add_one(float* x, long long n) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < n) x[i] += 1.0f;
+}
+"""
+
+
+def test_raw_kernels_compile_on_kilnd_and_are_cached(ext_client: kiln.Client) -> None:
+    k = kiln.cuda.RawKernel(RAW_SOURCE, "scale<float>", client=ext_client)
+    try:
+        cubin, lowered = k.compile(90)
+    except RpcError as e:
+        if e.code == "FAILED_PRECONDITION" and "NVRTC" in str(e):
+            pytest.skip(f"kilnd has no NVRTC here: {e}")
+        raise
+    assert cubin[:4] == b"\x7fELF"
+    assert lowered.startswith("_Z") and "scale" in lowered
+    assert kiln.cuda.RawKernel(RAW_SOURCE, "add_one", client=ext_client).compile(90)[1] == "add_one"
+    builds, hits = ext_client.stats().ext_builds, ext_client.stats().ext_cache_hits
+    again = kiln.cuda.RawKernel(RAW_SOURCE, "scale<float>", client=ext_client).compile(90)
+    assert again == (cubin, lowered)
+    s = ext_client.stats()
+    assert (s.ext_builds, s.ext_cache_hits) == (builds, hits + 1)
+    with pytest.raises(RpcError) as info:
+        kiln.cuda.RawKernel("__global__ void broken( { }", "broken", client=ext_client).compile(90)
+    assert info.value.code == "INVALID_ARGUMENT" and "error" in str(info.value)
+    with pytest.raises(RpcError) as info:
+        kiln.cuda.RawKernel(RAW_SOURCE, "add_one", options=["-arch=sm_80"], client=ext_client).compile(90)
+    assert info.value.code == "INVALID_ARGUMENT"
+
+
+def test_prewarm_replays_recorded_builds(lltm: Any, ext_client: kiln.Client, record_dir: Path,
+                                         tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The recordings of this module's builds, replayed by `kiln prewarm` into a fresh kilnd:
+    afterwards the same loads are cache hits there."""
+    kiln.cuda.RawKernel(RAW_SOURCE, "add_one", client=ext_client)  # recorded when it compiled
+    records = sorted(record_dir.glob("*.kbuild"))
+    kinds = {json.loads(p.read_text())["kind"] for p in records}
+    assert "extension" in kinds
+    gen = private_kilnd(tmp_path_factory, "kilnd-ext-prewarm", LIMITS)
+    fresh = next(gen)
+    try:
+        from kiln.cli import main
+
+        assert main(["prewarm", str(record_dir), "--target", "cpu", "--server", fresh.address]) == 0
+        c = kiln.Client(fresh.address, cache_dir=tmp_path_factory.mktemp("prewarmed-client"))
+        built = c.stats().ext_builds
+        assert built >= 1
+        kiln.torch.build("lltm_cpp", [LLTM / "lltm.cpp"], client=c)
+        s = c.stats()
+        assert s.ext_builds == built and s.ext_cache_hits >= 1
+    finally:
+        next(gen, None)
