@@ -530,9 +530,10 @@ int Run() {
   if (const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
       !metrics_listen.empty()) {
     metrics = std::make_unique<MetricsServer>(
-        [stats = compile_service.get(), tokens = authorizer->get()] {
+        [stats = compile_service.get(), tokens = authorizer->get(), ext = ext_builder.get()] {
           v1::GetStatsResponse s = stats->Stats();
           tokens->AddStats(&s);
+          if (ext != nullptr) ext->AddStats(&s);
           return s;
         });
     HttpsSetup https;

@@ -163,6 +163,12 @@ std::string RenderPrometheus(const v1::GetStatsResponse& s) {
                 s.worker_cancels());
   AppendCounter(&out, "kiln_worker_restarts_total",
                 "Compile worker processes started to replace lost ones.", s.worker_restarts());
+  AppendCounter(&out, "kiln_ext_builds_total",
+                "Custom builds (extensions, raw kernels) run in the sandbox.", s.ext_builds());
+  AppendCounter(&out, "kiln_ext_failures_total",
+                "Custom builds that failed (compiler errors, limits).", s.ext_failures());
+  AppendCounter(&out, "kiln_ext_cache_hits_total",
+                "Custom builds answered from the cache.", s.ext_cache_hits());
   if (s.shared().enabled()) AppendSharedTier(&out, s.shared());
   if (s.tokens_size() > 0) {
     AppendCounter(&out, "kiln_unauthenticated_total",

@@ -521,14 +521,7 @@ grpc::ServerUnaryReactor* KilnService::GetStats(grpc::CallbackServerContext* con
   if (!caller.ok()) return Refuse(reactor, "GetStats", caller.status());
   *response = compile_->Stats();
   if (options_.authorizer != nullptr) options_.authorizer->AddStats(response);
-  if (options_.ext != nullptr) {
-    const ext::ExtStats ext = options_.ext->Stats();
-    response->set_ext_builds(ext.builds);
-    response->set_ext_failures(ext.failures);
-    response->set_ext_cache_hits(ext.cache_hits);
-    response->set_ext_input_blobs(ext.input_blobs);
-    response->set_ext_input_bytes(ext.input_bytes);
-  }
+  if (options_.ext != nullptr) options_.ext->AddStats(response);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -622,4 +622,13 @@ ExtStats ExtensionBuilder::Stats() const {
   return ExtStats{builds_.load(), failures_count_.load(), hits_.load(), inputs_->blobs(), inputs_->bytes()};
 }
 
+void ExtensionBuilder::AddStats(v1::GetStatsResponse* response) const {
+  const ExtStats s = Stats();
+  response->set_ext_builds(s.builds);
+  response->set_ext_failures(s.failures);
+  response->set_ext_cache_hits(s.cache_hits);
+  response->set_ext_input_blobs(s.input_blobs);
+  response->set_ext_input_bytes(s.input_bytes);
+}
+
 }  // namespace kiln::ext

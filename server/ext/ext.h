@@ -91,6 +91,8 @@ class ExtensionBuilder {
   void CompileRaw(const v1::CompileRawKernelRequest& request, RawCallback done);
 
   ExtStats Stats() const;
+  // Adds the custom-build counters to a GetStats reply (and so to /metrics).
+  void AddStats(v1::GetStatsResponse* response) const;
   // Why builds are refused on this host (empty when they run).
   const std::string& unavailable() const { return unavailable_; }
 

@@ -4,7 +4,7 @@ Builds the LLTM C++ extension (tests/ext/lltm/lltm.cpp) both ways, each load in 
 process (what a new container or CI job pays), timing the load call only (PyTorch is imported
 before the clock starts):
 
-- cpp_extension cold: an empty TORCH_EXTENSIONS_DIR (g++ and ninja on this machine);
+- cpp_extension cold: an empty TORCH_EXTENSIONS_DIR, ccache off (g++ and ninja on this machine);
   warm: the same folder again (ninja finds nothing to do).
 - kiln cold: an empty kilnd (upload of the header trees, then the build on kilnd);
   warm, new machine: kilnd has it, the process has an empty local cache (what a second node
@@ -70,7 +70,8 @@ def main() -> int:
     rows: dict[str, list[float]] = {}
     try:
         # cpp_extension
-        tenv = dict(env, TORCH_EXTENSIONS_DIR=str(work / "torch-ext"))
+        # cpp_extension builds through ccache when it finds one: a fresh node's ccache is empty.
+        tenv = dict(env, TORCH_EXTENSIONS_DIR=str(work / "torch-ext"), CCACHE_DISABLE="1")
         rows["cpp_extension.load, cold"] = [child(tenv, "torch", str(LLTM))]
         rows["cpp_extension.load, warm (same machine)"] = [child(tenv, "torch", str(LLTM)) for _ in range(args.repeat)]
         # kiln

@@ -112,6 +112,8 @@ TEST(KilndMetricsTest, ScrapeAfterCompileAndHit) {
         {"kiln_store_write_resumes_total", "counter"},
         {"kiln_worker_crashes_total", "counter"},  {"kiln_worker_timeouts_total", "counter"},
         {"kiln_worker_cancels_total", "counter"},  {"kiln_worker_restarts_total", "counter"},
+        {"kiln_ext_builds_total", "counter"},      {"kiln_ext_failures_total", "counter"},
+        {"kiln_ext_cache_hits_total", "counter"},
     };
     const std::string text = "\n" + page;  // every line, the first too, follows a newline
     for (const auto& [name, type] : kMetrics) {

@@ -80,11 +80,15 @@ def register() -> bool:
     Dynamo then loads the backend through it, and registering here too would make that load
     fail on a duplicate name.
     """
+    # The entry point first: when it is installed, importing Dynamo (over a second) is left to
+    # torch.compile, so that `import kiln.torch` for extensions alone stays quick.
+    if _entry_point_installed():
+        return False
     try:
         from torch._dynamo.backends import registry
     except Exception:  # a torch without Dynamo: nothing to register with
         return False
-    if BACKEND_NAME in registry._COMPILER_FNS or _entry_point_installed():
+    if BACKEND_NAME in registry._COMPILER_FNS:
         return False
     registry.register_backend(kiln_backend, name=BACKEND_NAME)
     return True
