@@ -15,11 +15,15 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kernels/codegen/cpu/cpu_codegen.h"
 #include "kernels/codegen/cuda/cuda_codegen.h"
+#include "kernels/codegen/c_expr.h"
 #include "kernels/codegen/plan.h"
+#include "kernels/codegen/symbolic.h"
 #include "kernels/codegen/runtime_headers.h"
 #include "kernels/ir/op_registry.h"
+#include "kernels/ir/symbols.h"
 #include "kernels/key/key.h"
 #include "kernels/passes/passes.h"
 #include "kernels/schedule/policy.h"
@@ -112,11 +116,47 @@ absl::StatusOr<ir::Graph> RunPasses(const ir::Graph& graph, const CompileOptions
     KILN_ASSIGN_OR_RETURN(g, s.fn(g));
     KILN_RETURN_IF_ERROR(budget.Check(s.name));
 #ifndef NDEBUG
-    KILN_RETURN_IF_ERROR(ir::VerifyAndInfer(g));  // re-verify between stages in debug builds
+    // Re-verified between stages in debug builds (sample sizes of a symbolic graph may exceed
+    // a static graph's element limit).
+    KILN_RETURN_IF_ERROR(ir::VerifyAndInfer(g, ir::SymbolicLimits({})));
 #endif
     if (trace) fprintf(stderr, "=== after %s\n%s", s.name, g.ToString().c_str());
   }
   return g;
+}
+
+// Rules a symbolic graph must follow beyond what verification at one sample checks: a choice
+// that the verifier makes from a size and that would come out differently for a small size.
+// A slice clamps its bounds to the axis, so along a symbolic axis only whole-axis slices
+// (and reversals) have the same meaning for every size.
+absl::Status CheckSymbolicRules(const ir::Graph& graph) {
+  ir::Graph a = graph, b = graph;
+  const std::vector<std::vector<int64_t>> points = codegen::SymbolicSamplePoints(static_cast<int>(graph.symbols.size()));
+  ir::SetSymbolSizes(a, points.front());
+  ir::SetSymbolSizes(b, points.back());
+  KILN_RETURN_IF_ERROR(ir::VerifyAndInfer(a, ir::SymbolicLimits({})));
+  KILN_RETURN_IF_ERROR(ir::VerifyAndInfer(b, ir::SymbolicLimits({})));
+  for (size_t k = 0; k < a.nodes.size(); ++k) {
+    const ir::Node& n = a.nodes[k];
+    if (n.op != "slice") continue;
+    const ir::ValueId v = a.num_inputs() + static_cast<ir::ValueId>(k);
+    const ir::Shape& in_a = a.TypeOf(n.inputs[0]).shape;
+    const ir::Shape& in_b = b.TypeOf(n.inputs[0]).shape;
+    const ir::IntList axes = n.Ints("axes"), steps = n.Ints("steps");
+    for (size_t i = 0; i < axes.size(); ++i) {
+      const int64_t ax = axes[i] < 0 ? axes[i] + static_cast<int64_t>(in_a.size()) : axes[i];
+      if (ax < 0 || ax >= static_cast<int64_t>(in_a.size()) || in_a[ax] == in_b[ax]) continue;
+      const int64_t step = i < steps.size() ? steps[i] : 1;
+      const bool whole = (step == 1 || step == -1) && n.type.shape[ax] == in_a[ax] &&
+                         b.NodeOf(v).type.shape[ax] == in_b[ax];
+      if (!whole)
+        return absl::InvalidArgumentError(absl::StrCat(
+            graph.Describe(v), ": slices axis ", ax, " of symbolic size ", in_a[ax],
+            " (rule: along a symbolic dimension only whole-axis slices and reversals, since a slice's bounds are "
+            "clamped to the size)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -125,6 +165,61 @@ absl::StatusOr<Pipeline::Generated> Pipeline::Generate(const ir::Graph& graph, c
                                                        const CompileOptions& options) const {
   KILN_RETURN_IF_ERROR(CheckTarget(target));
   const FrontendBudget budget(impl_->config.max_frontend_ms);
+  if (graph.is_symbolic()) {
+    auto out = GenerateSymbolic(graph, target, options, budget);
+    if (!out.ok()) return absl::Status(out.status().code(), ir::NameSymbols(out.status().message(), graph));
+    return out;
+  }
+  return GenerateAt(graph, target, options, budget, 0);
+}
+
+// One graph with symbolic sizes -> one unit for every size: the frontend runs at each sample
+// point and codegen/symbolic.h generalises the texts (why that is sound is written there).
+absl::StatusOr<Pipeline::Generated> Pipeline::GenerateSymbolic(const ir::Graph& graph, const Target& target,
+                                                               const CompileOptions& options,
+                                                               const FrontendBudget& budget) const {
+  std::vector<std::string> names = graph.symbols;
+  if (target.is_cuda())
+    return absl::InvalidArgumentError(absl::StrCat("symbolic sizes (", absl::StrJoin(names, ", "),
+                                                   ") on target ", target.ToString(),
+                                                   " (rule: CUDA kernels are compiled per shape; send static shapes)"));
+  const int r = static_cast<int>(names.size());
+  KILN_RETURN_IF_ERROR(CheckSymbolicRules(graph));
+  codegen::ScopedSymbolicSample sampling;
+  std::vector<codegen::SymbolicSample> samples;
+  Generated first;
+  for (const std::vector<int64_t>& point : codegen::SymbolicSamplePoints(r)) {
+    ir::Graph g = graph;
+    ir::SetSymbolSizes(g, point);
+    KILN_RETURN_IF_ERROR(ir::VerifyAndInfer(g, ir::SymbolicLimits({})));
+    KILN_ASSIGN_OR_RETURN(Generated gen, GenerateAt(g, target, options, budget, r));
+    if (samples.empty()) first = gen;
+    samples.push_back({std::move(gen.source), std::move(gen.plan)});
+  }
+  KILN_ASSIGN_OR_RETURN(codegen::SymbolicUnit unit, codegen::Generalise(samples, names));
+  Generated out = std::move(first);
+  out.source = std::move(unit.source);
+  out.plan = std::move(unit.plan);
+  for (int k = 0; k < r; ++k) {
+    PlanSymbol sym{names[k], -1, -1};
+    for (int i = 0; i < graph.num_inputs() && sym.input < 0; ++i) {
+      const std::vector<int32_t>& ds = graph.inputs[i].dim_symbols;
+      for (size_t d = 0; d < ds.size(); ++d)
+        if (ds[d] == k) {
+          sym = {names[k], i, static_cast<int32_t>(d)};
+          break;
+        }
+    }
+    out.plan.symbols.push_back(std::move(sym));
+  }
+  out.fusion_report = absl::StrCat("symbolic sizes: ", absl::StrJoin(names, ", "), " (numbers below are one sample)\n",
+                                   ir::NameSymbols(out.fusion_report, graph));
+  return out;
+}
+
+absl::StatusOr<Pipeline::Generated> Pipeline::GenerateAt(const ir::Graph& graph, const Target& target,
+                                                         const CompileOptions& options, const FrontendBudget& budget,
+                                                         int num_symbols) const {
   KILN_ASSIGN_OR_RETURN(ir::Graph g, RunPasses(graph, options, impl_->config.trace, budget));
   schedule::ScheduleOptions schedule_options;
   schedule_options.max_expr_depth = impl_->config.max_expr_depth;
@@ -142,8 +237,8 @@ absl::StatusOr<Pipeline::Generated> Pipeline::Generate(const ir::Graph& graph, c
     KILN_RETURN_IF_ERROR(budget.Check("codegen"));
     return out;
   }
-  out.source = codegen::GenerateCpu(program, options);
-  out.plan = codegen::MakePlan(program, codegen::kCpuAbiVersion);
+  out.source = codegen::GenerateCpu(program, options, num_symbols);
+  out.plan = codegen::MakePlan(program, num_symbols > 0 ? codegen::kCpuSymbolicAbiVersion : codegen::kCpuAbiVersion);
   KILN_RETURN_IF_ERROR(budget.Check("codegen"));
   return out;
 }

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/ir/graph.h"
 #include "kernels/target.h"
+#include "kernels/util/budget.h"
 
 namespace kiln {
 
@@ -57,6 +58,11 @@ class Pipeline {
  private:
   struct Impl;
   explicit Pipeline(std::unique_ptr<Impl> impl);
+  // Generate for a graph of static shapes (`num_symbols` > 0: one sample of a symbolic graph).
+  absl::StatusOr<Generated> GenerateAt(const ir::Graph& graph, const Target& target, const CompileOptions& options,
+                                       const FrontendBudget& budget, int num_symbols) const;
+  absl::StatusOr<Generated> GenerateSymbolic(const ir::Graph& graph, const Target& target,
+                                             const CompileOptions& options, const FrontendBudget& budget) const;
   std::unique_ptr<Impl> impl_;
 };
 

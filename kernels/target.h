@@ -41,6 +41,22 @@ struct Artifact {
   std::string bytes;
 };
 
+// A polynomial with integer coefficients over a plan's symbols (kiln.v1.SizeExpr):
+// the sum of coeff * prod(symbol[k] ** exponents[k]).
+struct SizeTerm {
+  int64_t coeff = 0;
+  std::vector<int32_t> exponents;
+};
+struct SizeExpr {
+  std::vector<SizeTerm> terms;
+};
+// Where a symbol's value is read: dimension `axis` of graph input `input`.
+struct PlanSymbol {
+  std::string name;
+  int32_t input = 0;
+  int32_t axis = 0;
+};
+
 // The launch plan: see kernels/codegen/PLAN.md for the format.
 enum class BufferRole { kInput = 1, kOutput = 2, kTemp = 3 };
 struct PlanBuffer {
@@ -50,6 +66,9 @@ struct PlanBuffer {
   std::vector<int64_t> shape;
   int64_t bytes = 0;
   int64_t offset = 0;  // temps: offset in the workspace
+  // Symbolic plans only: shape and size as polynomials of the symbols.
+  std::vector<SizeExpr> shape_exprs;
+  SizeExpr bytes_expr;
 };
 struct PlanStep {
   std::string kernel;
@@ -63,6 +82,7 @@ struct LaunchPlan {
   std::vector<PlanStep> steps;
   int64_t workspace_bytes = 0;
   uint32_t abi_version = 1;
+  std::vector<PlanSymbol> symbols;  // non-empty: a symbolic plan (ABI.md, version 2)
 };
 
 struct CompileStats {

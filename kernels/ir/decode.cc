@@ -1,8 +1,10 @@
 #include "kernels/ir/decode.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/ir/symbols.h"
 #include "kernels/util/status_macros.h"
 
 namespace kiln::ir {
@@ -63,6 +65,45 @@ absl::StatusOr<AttrValue> DecodeAttr(const v1::AttrValue& a, const std::string& 
   return InvalidArgumentError(absl::StrCat(where, ": attribute has no value"));
 }
 
+// Symbol names of one input -> ids in `g.symbols` (numbered by first appearance).
+absl::Status DecodeSymbols(const v1::TensorType& wire, const std::string& where, TensorType& t, Graph& g) {
+  if (wire.dim_symbols_size() == 0) return absl::OkStatus();
+  if (wire.dim_symbols_size() != wire.shape_size())
+    return InvalidArgumentError(absl::StrCat(where, ": ", wire.dim_symbols_size(), " dim_symbols for rank ",
+                                             wire.shape_size(), " (rule: one entry per dimension)"));
+  bool any = false;
+  for (const std::string& name : wire.dim_symbols()) {
+    if (name.empty()) {
+      t.dim_symbols.push_back(-1);
+      continue;
+    }
+    const bool ok_name = name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+                           return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '/';
+                         });
+    if (!ok_name)
+      return InvalidArgumentError(absl::StrCat(where, ": bad symbol name '", name.substr(0, 64),
+                                               "' (rule: letters, digits, _ . /, at most 64 characters)"));
+    auto it = std::find(g.symbols.begin(), g.symbols.end(), name);
+    if (it == g.symbols.end()) {
+      if (static_cast<int>(g.symbols.size()) == kMaxSymbols)
+        return InvalidArgumentError(absl::StrCat(where, ": symbol '", name, "' is one too many (rule: at most ",
+                                                 kMaxSymbols, " distinct symbolic sizes per graph)"));
+      g.symbols.push_back(name);
+      it = g.symbols.end() - 1;
+    }
+    t.dim_symbols.push_back(static_cast<int32_t>(it - g.symbols.begin()));
+    any = true;
+  }
+  if (!any) {
+    t.dim_symbols.clear();
+    return absl::OkStatus();
+  }
+  if (!t.strides.empty())
+    return InvalidArgumentError(absl::StrCat(where, ": declared strides on an input with symbolic dimensions",
+                                             " (rule: symbolic inputs are contiguous)"));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Graph> DecodeGraph(const v1::Graph& wire, const Limits& limits) {
@@ -77,6 +118,7 @@ absl::StatusOr<Graph> DecodeGraph(const v1::Graph& wire, const Limits& limits) {
     KILN_ASSIGN_OR_RETURN(t.dtype, DecodeDType(in.type().dtype(), where));
     t.shape.assign(in.type().shape().begin(), in.type().shape().end());
     t.strides.assign(in.type().strides().begin(), in.type().strides().end());
+    KILN_RETURN_IF_ERROR(DecodeSymbols(in.type(), where, t, g));
     g.inputs.push_back(std::move(t));
     g.input_names.push_back(in.name());
   }
@@ -95,7 +137,14 @@ absl::StatusOr<Graph> DecodeGraph(const v1::Graph& wire, const Limits& limits) {
     g.nodes.push_back(std::move(n));
   }
   g.outputs.assign(wire.outputs().begin(), wire.outputs().end());
-  KILN_RETURN_IF_ERROR(VerifyAndInfer(g, limits));
+  if (!g.is_symbolic()) {
+    KILN_RETURN_IF_ERROR(VerifyAndInfer(g, limits));
+    return g;
+  }
+  // Verified at the first sample; a rule that fails names the symbol, not the sample value.
+  SetSymbolSizes(g, FirstSample(g));
+  absl::Status st = VerifyAndInfer(g, SymbolicLimits(limits));
+  if (!st.ok()) return absl::Status(st.code(), NameSymbols(st.message(), g));
   return g;
 }
 
@@ -156,6 +205,7 @@ v1::Graph EncodeGraph(const Graph& g) {
     in->mutable_type()->set_dtype(static_cast<v1::DType>(g.inputs[i].dtype));
     for (int64_t d : g.inputs[i].shape) in->mutable_type()->add_shape(d);
     for (int64_t s : g.inputs[i].strides) in->mutable_type()->add_strides(s);
+    for (int32_t k : g.inputs[i].dim_symbols) in->mutable_type()->add_dim_symbols(k >= 0 ? g.symbols[k] : "");
   }
   for (const Node& n : g.nodes) {
     v1::Node* wn = w.add_nodes();

@@ -41,7 +41,11 @@ std::string AttrToString(const AttrValue& v) {
 int64_t TensorType::NumElements() const { return Product(shape); }
 
 std::string TensorType::ToString() const {
-  std::string s = absl::StrCat(DTypeName(dtype), "[", absl::StrJoin(shape, ","), "]");
+  std::vector<std::string> dims;
+  for (size_t d = 0; d < shape.size(); ++d)
+    dims.push_back(d < dim_symbols.size() && dim_symbols[d] >= 0 ? absl::StrCat("$", dim_symbols[d])
+                                                                 : absl::StrCat(shape[d]));
+  std::string s = absl::StrCat(DTypeName(dtype), "[", absl::StrJoin(dims, ","), "]");
   if (!strides.empty()) absl::StrAppend(&s, "{", absl::StrJoin(strides, ","), "}");
   return s;
 }

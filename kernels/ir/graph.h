@@ -24,6 +24,10 @@ struct TensorType {
   Shape shape;
   // Graph inputs only, in elements; empty means row-major contiguous.
   std::vector<int64_t> strides;
+  // Graph inputs only: per dimension, the id of the symbol it stands for (Graph::symbols),
+  // or -1 for a static dimension; empty when every dimension is static. The matching entry
+  // of `shape` holds the symbol's current sample value (kernels/ir/symbols.h).
+  std::vector<int32_t> dim_symbols;
 
   int64_t NumElements() const;
   int64_t Rank() const { return static_cast<int64_t>(shape.size()); }
@@ -72,7 +76,11 @@ struct Graph {
   std::vector<std::string> input_names;  // same length as inputs
   std::vector<Node> nodes;
   std::vector<ValueId> outputs;
+  // Names of the symbolic sizes, by id, numbered in order of first appearance over the
+  // inputs' dimensions. Empty for a graph of static shapes.
+  std::vector<std::string> symbols;
 
+  bool is_symbolic() const { return !symbols.empty(); }
   int32_t num_inputs() const { return static_cast<int32_t>(inputs.size()); }
   int32_t num_values() const { return num_inputs() + static_cast<int32_t>(nodes.size()); }
   bool IsInput(ValueId v) const { return v < num_inputs(); }

@@ -95,7 +95,14 @@ std::string CanonicalBytes(const ir::Graph& g) {
   w.I64(g.num_inputs());
   for (const ir::TensorType& t : g.inputs) {
     w.I64(static_cast<int64_t>(t.dtype));
-    w.Ints(t.shape);
+    if (t.dim_symbols.empty()) {
+      w.Ints(t.shape);
+    } else {  // a symbolic dimension enters as -1 - its id: the symbol, never its sample value
+      ir::Shape shape = t.shape;
+      for (size_t d = 0; d < shape.size(); ++d)
+        if (t.dim_symbols[d] >= 0) shape[d] = -1 - t.dim_symbols[d];
+      w.Ints(shape);
+    }
     w.Ints(t.strides);
   }
   w.I64(static_cast<int64_t>(order.size()));

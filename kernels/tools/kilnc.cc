@@ -15,6 +15,8 @@
 
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "absl/strings/str_join.h"
+#include "kernels/codegen/symbolic.h"
 #include "kernels/ir/decode.h"
 #include "kernels/key/key.h"
 #include "kernels/pipeline.h"
@@ -48,7 +50,21 @@ std::string PlanJson(const kiln::LaunchPlan& plan, const std::string& target) {
     const kiln::PlanBuffer& b = plan.buffers[i];
     j += std::string(i ? "," : "") + "\n    {\"role\": \"" + RoleName(b.role) + "\", \"index\": " +
          std::to_string(b.index) + ", \"dtype\": \"" + kiln::ir::DTypeName(b.dtype) + "\", \"shape\": " +
-         ints(b.shape) + ", \"bytes\": " + std::to_string(b.bytes) + ", \"offset\": " + std::to_string(b.offset) + "}";
+         ints(b.shape) + ", \"bytes\": " + std::to_string(b.bytes) + ", \"offset\": " + std::to_string(b.offset);
+    if (!plan.symbols.empty()) {  // symbolic plans: shape and size as expressions of the symbols
+      std::vector<std::string> names, dims;
+      for (const kiln::PlanSymbol& s : plan.symbols) names.push_back(s.name);
+      for (const kiln::SizeExpr& e : b.shape_exprs) dims.push_back("\"" + kiln::codegen::SizeExprToString(e, names) + "\"");
+      j += ", \"shape_exprs\": [" + absl::StrJoin(dims, ", ") + "], \"bytes_expr\": \"" +
+           kiln::codegen::SizeExprToString(b.bytes_expr, names) + "\"";
+    }
+    j += "}";
+  }
+  if (!plan.symbols.empty()) {
+    j += "\n  ],\n  \"symbols\": [";
+    for (size_t i = 0; i < plan.symbols.size(); ++i)
+      j += std::string(i ? "," : "") + "\n    {\"name\": \"" + plan.symbols[i].name +
+           "\", \"input\": " + std::to_string(plan.symbols[i].input) + ", \"axis\": " + std::to_string(plan.symbols[i].axis) + "}";
   }
   j += "\n  ],\n  \"steps\": [";
   for (size_t i = 0; i < plan.steps.size(); ++i) {

@@ -144,6 +144,26 @@ std::string CanonicalResultBytes(absl::string_view handle, const v1::ActionResul
   }
   e.Int(plan.workspace_bytes());
   e.Int(plan.abi_version());
+  if (plan.symbols_size() > 0) {  // symbolic plans only, so every other record signs as before
+    auto expr = [&e](const v1::SizeExpr& x) {
+      e.Int(x.terms_size());
+      for (const v1::SizeTerm& t : x.terms()) {
+        e.Int(t.coeff());
+        e.Ints(t.exponents());
+      }
+    };
+    e.Int(plan.symbols_size());
+    for (const v1::PlanSymbol& s : plan.symbols()) {
+      e.Str(s.name());
+      e.Int(s.input());
+      e.Int(s.axis());
+    }
+    for (const v1::PlanBuffer& b : plan.buffers()) {
+      e.Int(b.shape_exprs_size());
+      for (const v1::SizeExpr& x : b.shape_exprs()) expr(x);
+      expr(b.bytes_expr());
+    }
+  }
   e.Str(result.key_debug());
   e.Int(result.key_fields_size());
   for (const v1::KeyField& f : result.key_fields()) {

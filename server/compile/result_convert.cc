@@ -5,6 +5,23 @@
 #include "kernels/ir/decode.h"
 
 namespace kiln::compile {
+namespace {
+
+void ToWireSizeExpr(const SizeExpr& e, v1::SizeExpr* wire) {
+  for (const SizeTerm& t : e.terms) {
+    v1::SizeTerm* out = wire->add_terms();
+    out->set_coeff(t.coeff);
+    for (int32_t x : t.exponents) out->add_exponents(x);
+  }
+}
+
+SizeExpr FromWireSizeExpr(const v1::SizeExpr& wire) {
+  SizeExpr e;
+  for (const v1::SizeTerm& t : wire.terms()) e.terms.push_back({t.coeff(), {t.exponents().begin(), t.exponents().end()}});
+  return e;
+}
+
+}  // namespace
 
 void ToWirePlan(const LaunchPlan& plan, bool has_geometry, v1::LaunchPlan* wire) {
   for (const PlanBuffer& b : plan.buffers) {
@@ -16,6 +33,8 @@ void ToWirePlan(const LaunchPlan& plan, bool has_geometry, v1::LaunchPlan* wire)
     for (int64_t d : b.shape) out->add_shape(d);
     out->set_bytes(b.bytes);
     out->set_offset(b.offset);
+    for (const SizeExpr& e : b.shape_exprs) ToWireSizeExpr(e, out->add_shape_exprs());
+    if (!plan.symbols.empty()) ToWireSizeExpr(b.bytes_expr, out->mutable_bytes_expr());
   }
   for (const PlanStep& s : plan.steps) {
     v1::PlanStep* out = wire->add_steps();
@@ -29,6 +48,12 @@ void ToWirePlan(const LaunchPlan& plan, bool has_geometry, v1::LaunchPlan* wire)
   }
   wire->set_workspace_bytes(plan.workspace_bytes);
   wire->set_abi_version(plan.abi_version);
+  for (const PlanSymbol& sym : plan.symbols) {
+    v1::PlanSymbol* out = wire->add_symbols();
+    out->set_name(sym.name);
+    out->set_input(sym.input);
+    out->set_axis(sym.axis);
+  }
 }
 
 void ToWireStats(const CompileStats& stats, v1::CompileStats* wire) {
@@ -61,6 +86,8 @@ LaunchPlan FromWirePlan(const v1::LaunchPlan& wire) {
     out.shape.assign(b.shape().begin(), b.shape().end());
     out.bytes = b.bytes();
     out.offset = b.offset();
+    for (const v1::SizeExpr& e : b.shape_exprs()) out.shape_exprs.push_back(FromWireSizeExpr(e));
+    out.bytes_expr = FromWireSizeExpr(b.bytes_expr());
   }
   for (const v1::PlanStep& s : wire.steps()) {
     PlanStep& out = plan.steps.emplace_back();
@@ -72,6 +99,7 @@ LaunchPlan FromWirePlan(const v1::LaunchPlan& wire) {
   }
   plan.workspace_bytes = wire.workspace_bytes();
   plan.abi_version = wire.abi_version();
+  for (const v1::PlanSymbol& s : wire.symbols()) plan.symbols.push_back({s.name(), s.input(), s.axis()});
   return plan;
 }
 

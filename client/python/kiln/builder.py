@@ -200,6 +200,7 @@ class GraphBuilder:
 
     def __init__(self) -> None:
         self._inputs: list[tuple[str, str, Shape, Optional[tuple[int, ...]]]] = []
+        self._input_dims: list[Optional[tuple[str, ...]]] = []
         self._input_values: list[Value] = []
         self._nodes: list[_Node] = []
         self._node_values: list[Value] = []
@@ -208,9 +209,18 @@ class GraphBuilder:
 
     # ------------------------------------------------------------------ structure
 
-    def input(self, name: str, dtype: DTypeLike, shape: Sequence[int], strides: Optional[Sequence[int]] = None) -> Value:
+    def input(self, name: str, dtype: DTypeLike, shape: Sequence[int], strides: Optional[Sequence[int]] = None,
+              dims: Optional[Sequence[Optional[str]]] = None) -> Value:
         """Adds a graph input. ``strides`` (in elements, optional) declares a non-contiguous
-        layout the caller will pass (e.g. a transposed array); omitted means C-contiguous."""
+        layout the caller will pass (e.g. a transposed array); omitted means C-contiguous.
+
+        ``dims`` (optional, one entry per dimension) makes dimensions symbolic: a name (``"N"``)
+        stands for a size known only at run time, the same name for the same size across
+        inputs; None or ``""`` keeps a dimension static. The compiled kernel then serves every
+        value of the symbols (kernels/codegen/ABI.md, version 2). ``shape`` still gives an
+        example size for each symbolic dimension, which this builder's own shape inference
+        uses; keep it generic (not 0 or 1) so that broadcasting is inferred as for any size.
+        """
         shp = tuple(operator.index(d) for d in shape)
         if any(d < 0 for d in shp):
             raise ValueError(f"input {name!r}: negative dimension in {shp}")
@@ -219,8 +229,18 @@ class GraphBuilder:
             st = tuple(operator.index(s) for s in strides)
             if len(st) != len(shp):
                 raise ValueError(f"input {name!r}: {len(st)} strides for rank {len(shp)}")
+        sym: Optional[tuple[str, ...]] = None
+        if dims is not None:
+            sym = tuple(d or "" for d in dims)
+            if len(sym) != len(shp):
+                raise ValueError(f"input {name!r}: {len(sym)} dims for rank {len(shp)}")
+            if not any(sym):
+                sym = None
+            elif st is not None:
+                raise ValueError(f"input {name!r}: symbolic dimensions need a contiguous input (no strides)")
         v = Value(self, ("input", len(self._inputs)), dt.dtype_name(dtype), shp)
         self._inputs.append((name, v.dtype, shp, st))
+        self._input_dims.append(sym)
         self._input_values.append(v)
         return v
 
@@ -296,13 +316,15 @@ class GraphBuilder:
             return ref[1] if ref[0] == "input" else ids[ref[1]]
 
         g = graph_pb2.Graph()
-        for name, dtype, shape, strides in self._inputs:
+        for (name, dtype, shape, strides), sym in zip(self._inputs, self._input_dims):
             inp = g.inputs.add()
             inp.name = name
             inp.type.dtype = dt.to_wire(dtype)
             inp.type.shape.extend(shape)
             if strides is not None:
                 inp.type.strides.extend(strides)
+            if sym is not None:
+                inp.type.dim_symbols.extend(sym)
         for j, n in enumerate(self._nodes):
             if not keep[j]:
                 continue

@@ -545,6 +545,15 @@ class Compiled:
         self._kernel_lock = threading.Lock()
         self._source: Optional[Any] = None
         self.inputs, self.outputs = self._specs(graph)
+        # Symbolic plans (ABI 2): the symbols' names and where each is read, and every input's
+        # and output's shape as polynomials of them (kernels/codegen/ABI.md).
+        self.symbols: list[str] = [sym.name for sym in self.plan.symbols]
+        self._in_exprs: list[list[Any]] = []
+        self._out_exprs: list[list[Any]] = []
+        if self.symbols:
+            by_role: dict[tuple[int, int], Any] = {(b.role, b.index): b for b in self.plan.buffers}
+            self._in_exprs = [list(by_role[(service_pb2.INPUT, i)].shape_exprs) for i in range(len(self.inputs))]
+            self._out_exprs = [list(by_role[(service_pb2.OUTPUT, i)].shape_exprs) for i in range(len(self.outputs))]
 
     def __repr__(self) -> str:
         return (f"<kiln.Compiled {self.handle[:12]} target={self.target} kernels={self.stats.num_kernels} "
@@ -659,14 +668,21 @@ class Compiled:
             raise TypeError(f"{self.handle[:12]} takes {len(self.inputs)} inputs, got {len(arrays)}")
         keep: list[np.ndarray] = []
         ptrs: list[int] = []
-        for spec, a in zip(self.inputs, arrays):
+        sizes: Optional[list[int]] = None
+        in_shapes = [spec.shape for spec in self.inputs]
+        out_shapes = [spec.shape for spec in self.outputs]
+        if self.symbols:
+            sizes = self._bind_sizes(arrays)
+            in_shapes = [tuple(_eval_size(e, sizes) for e in exprs) for exprs in self._in_exprs]
+            out_shapes = [tuple(_eval_size(e, sizes) for e in exprs) for exprs in self._out_exprs]
+        for spec, a, shape in zip(self.inputs, arrays, in_shapes):
             want = dt.to_numpy(spec.dtype)
             if not isinstance(a, np.ndarray):
                 a = np.asarray(a, dtype=want)
             if a.dtype != want:
                 raise TypeError(f"input {spec.name!r}: dtype {a.dtype}, expected {want}")
-            if a.shape != spec.shape:
-                raise ValueError(f"input {spec.name!r}: shape {a.shape}, expected {spec.shape}")
+            if a.shape != shape:
+                raise ValueError(f"input {spec.name!r}: shape {a.shape}, expected {self._shape_text(spec, shape)}")
             if spec.strides:
                 elem = tuple(s // a.itemsize for s in a.strides)
                 if elem != spec.strides or any(s % a.itemsize for s in a.strides):
@@ -676,26 +692,77 @@ class Compiled:
             keep.append(a)
             ptrs.append(a.ctypes.data)
         results: list[np.ndarray] = []
-        for i, spec in enumerate(self.outputs):
+        for i, (spec, shape) in enumerate(zip(self.outputs, out_shapes)):
             want = dt.to_numpy(spec.dtype)
             if out is not None:
                 o = out[i]
-                if o.dtype != want or o.shape != spec.shape or not o.flags.c_contiguous or not o.flags.writeable:
-                    raise ValueError(f"out[{i}] must be a writeable C-contiguous {want} array of shape {spec.shape}")
+                if o.dtype != want or o.shape != shape or not o.flags.c_contiguous or not o.flags.writeable:
+                    raise ValueError(f"out[{i}] must be a writeable C-contiguous {want} array of shape {shape}")
             else:
-                o = np.empty(spec.shape, dtype=want)
+                o = np.empty(shape, dtype=want)
             results.append(o)
             ptrs.append(o.ctypes.data)
         ws = None
         ws_ptr = None
-        if self.plan.workspace_bytes > 0:
-            ws = aligned_empty(int(self.plan.workspace_bytes))
+        ws_bytes = kernel.workspace_bytes(sizes) if sizes is not None else int(self.plan.workspace_bytes)
+        if ws_bytes > 0:
+            ws = aligned_empty(ws_bytes)
             ws_ptr = ws.ctypes.data
-        rc = kernel.run(ptrs, ws_ptr, num_threads if num_threads else default_num_threads())
+        rc = kernel.run(ptrs, ws_ptr, num_threads if num_threads else default_num_threads(), sizes)
         del keep, ws
         if rc != 0:
             raise KilnError(f"kiln_run of {self.handle[:12]} returned {rc}")
         return results[0] if len(results) == 1 else tuple(results)
+
+
+    def _bind_sizes(self, arrays: Sequence[Any]) -> list[int]:
+        """The symbols' values, each read from the input dimension the plan names."""
+        sizes: list[int] = []
+        for sym in self.plan.symbols:
+            a = arrays[sym.input]
+            shape = np.shape(a)
+            if sym.axis >= len(shape):
+                spec = self.inputs[sym.input]
+                raise ValueError(f"input {spec.name!r}: rank {len(shape)}, expected {len(spec.shape)}")
+            sizes.append(int(shape[sym.axis]))
+        return sizes
+
+    def _shape_text(self, spec: TensorSpec, shape: tuple[int, ...]) -> str:
+        """An expected shape with its symbolic dimensions named: "(N=7, 2)"."""
+        if not self.symbols:
+            return str(shape)
+        idx = self.inputs.index(spec)
+        dims = []
+        for d, e in zip(shape, self._in_exprs[idx]):
+            name = _size_name(e, self.symbols)
+            dims.append(f"{name}={d}" if name else str(d))
+        return "(" + ", ".join(dims) + ")"
+
+
+def _eval_size(expr: Any, sizes: Sequence[int]) -> int:
+    """A kiln.v1.SizeExpr at ``sizes``."""
+    total = 0
+    for t in expr.terms:
+        v = int(t.coeff)
+        for k, e in enumerate(t.exponents):
+            v *= int(sizes[k]) ** int(e)
+        total += v
+    return total
+
+
+def _size_name(expr: Any, names: Sequence[str]) -> str:
+    """"N", "2*N*T": the expression's text, or "" when it is a constant."""
+    parts = []
+    for t in expr.terms:
+        factors = [names[k] for k, e in enumerate(t.exponents) for _ in range(int(e))]
+        if not factors:
+            if len(expr.terms) == 1:
+                return ""
+            factors = [str(t.coeff)]
+        elif t.coeff != 1:
+            factors.insert(0, str(t.coeff))
+        parts.append("*".join(factors))
+    return " + ".join(parts)
 
 
 def _is_hex64(s: str) -> bool:

@@ -47,7 +47,7 @@ import numpy as np
 
 from . import dtypes as dt
 from .autotune import autotune as tune
-from .errors import KilnError, KilnFallbackWarning, RpcError
+from .errors import CompileError, KilnError, KilnFallbackWarning, RpcError
 from .target import Target
 from .tracer import Trace, Tracer
 
@@ -237,12 +237,44 @@ class _Entry:
         self.traced = traced
         self.compiled = compiled
 
+    def accepts(self, shapes: list[tuple[int, ...]]) -> bool:
+        """Whether a symbolic entry's kernel takes inputs of these shapes (its symbols bound
+        from them, every input matching its shape expressions)."""
+        from .client import _eval_size
+
+        c = self.compiled
+        try:
+            sizes = [shapes[sym.input][sym.axis] for sym in c.plan.symbols]
+            return all(len(shape) == len(exprs) and all(_eval_size(e, sizes) == d for e, d in zip(exprs, shape))
+                       for shape, exprs in zip(shapes, c._in_exprs))
+        except IndexError:
+            return False
+
     def run(self, arrays: list[Any], num_threads: Optional[int]) -> Any:
         outs: tuple[Any, ...] = ()
         if self.compiled is not None:
             r = self.compiled(*arrays, num_threads=num_threads)
             outs = r if isinstance(r, tuple) else (r,)
         return _rebuild_result(self.traced.result_desc, outs, arrays)
+
+
+class _Dynamic:
+    """Automatic dynamic shapes for one argument structure (see JitFunction._dynamic_entry)."""
+
+    def __init__(self, first: list[tuple[int, ...]]) -> None:
+        self.first = first
+        self.dims: set[tuple[int, int]] = set()
+        self.entry: Optional[_Entry] = None
+        self.refused = False
+
+
+def _strip_shapes(desc: Any) -> Any:
+    """``desc`` with each array's shape replaced by its rank."""
+    if isinstance(desc, tuple) and desc and desc[0] == "A":
+        return ("A", desc[1], len(desc[2]), desc[3])
+    if isinstance(desc, tuple):
+        return tuple(_strip_shapes(d) for d in desc)
+    return desc
 
 
 class JitFunction:
@@ -259,10 +291,16 @@ class JitFunction:
     """
 
     def __init__(self, fn: Callable[..., Any], target: Union[str, Target], client: Any = None, options: Any = None,
-                 num_threads: Optional[int] = None, fallback: bool = False, mode: Optional[str] = None) -> None:
+                 num_threads: Optional[int] = None, fallback: bool = False, mode: Optional[str] = None,
+                 dynamic: Optional[bool] = None) -> None:
         if mode not in (None, "default", "max-autotune"):
             raise ValueError(f"kiln.jit: unknown mode {mode!r} (None, 'default' or 'max-autotune')")
         self.fn = fn
+        self.dynamic = dynamic
+        # Symbolic sizes (CPU targets): per argument structure (shapes reduced to ranks), the
+        # shapes first seen, the (input, axis) pairs made symbolic so far and their entry.
+        self._dyn: dict[Any, _Dynamic] = {}
+        self._dyn_warned = False
         self.autotune = mode == "max-autotune"
         self.target: Union[Target, str] = _parse_target(target)
         # A plain "cuda" target: the sm is part of each signature's key.
@@ -372,6 +410,8 @@ class JitFunction:
         target = self._target_for(found)
         key = (desc, target) if self._per_device else desc
         entry = self._cache.get(key)
+        if entry is None and self.dynamic is not False and not self.is_cuda and not self.autotune:
+            entry = self._dynamic_entry(desc, found, target)
         if entry is None:
             with self._lock:
                 entry = self._cache.get(key)
@@ -391,6 +431,76 @@ class JitFunction:
                     entry = _Entry(traced, compiled)
                     self._cache[key] = entry
         return entry, found.arrays
+
+    def _dynamic_entry(self, desc: Any, found: _Args, target: Target) -> Optional[_Entry]:
+        """The entry with symbolic sizes that serves this call, compiling it when needed; None
+        to compile (or find) the exact signature instead.
+
+        ``dynamic=True``: every dimension other than 0 and 1 is symbolic from the first call
+        (sizes 0 and 1 stay specialised, as in torch). ``dynamic=None``: the first call compiles
+        exact shapes; a later call whose shapes differ makes exactly the differing dimensions
+        symbolic ("automatic dynamic"), so a function sees at most two compiles for any number
+        of sizes. Dimensions of equal example size share a symbol ("duck sizing"); a call whose
+        sizes break such an equality, or a graph kilnd cannot compile for every size, gets its
+        exact signature compiled (with one KilnFallbackWarning for the latter)."""
+        shapes = [shape for _, shape in found.types]
+        skeleton = _strip_shapes(desc)
+        with self._lock:
+            state = self._dyn.get(skeleton)
+            if state is None:
+                state = _Dynamic(shapes)
+                self._dyn[skeleton] = state
+                if self.dynamic is None:
+                    return None
+                state.dims = {(i, a) for i, shape in enumerate(shapes) for a, d in enumerate(shape) if d not in (0, 1)}
+            if state.refused:
+                return None
+            grown = state.dims | {(i, a) for i, (s0, s1) in enumerate(zip(state.first, shapes))
+                                  for a, (d0, d1) in enumerate(zip(s0, s1)) if d0 != d1}
+            if not grown:
+                return None
+            if grown == state.dims and state.entry is not None:
+                entry = state.entry
+            else:
+                entry = self._compile_symbolic(desc, found, target, grown)
+                if entry is None:
+                    state.refused = True
+                    return None
+                state.dims, state.entry = grown, entry
+        if not entry.accepts(shapes):
+            return None
+        return entry
+
+    def _compile_symbolic(self, desc: Any, found: _Args, target: Target, dims: set[tuple[int, int]]) -> Optional[_Entry]:
+        traced = self._trace(desc, found)
+        if traced.graph is None:
+            return None
+        graph = traced.graph
+        names: dict[int, str] = {}  # example size -> symbol (duck sizing)
+        for i, inp in enumerate(graph.inputs):
+            marks = []
+            for a, d in enumerate(inp.type.shape):
+                if (i, a) in dims and d not in (0, 1):
+                    marks.append(names.setdefault(int(d), f"s{len(names)}"))
+                else:
+                    marks.append("")
+            if any(marks):
+                inp.type.ClearField("dim_symbols")
+                inp.type.dim_symbols.extend(marks)
+        if not names:
+            return None
+        try:
+            compiled = self.client.compile(graph, target, self.options)
+        except CompileError as e:
+            if e.code != "INVALID_ARGUMENT":
+                raise
+            if not self._dyn_warned:
+                self._dyn_warned = True
+                warnings.warn(f"kiln.jit: {getattr(self.fn, '__qualname__', self.fn)} is compiled per shape: kilnd "
+                              f"cannot compile it for every size ({e})", KilnFallbackWarning, stacklevel=4)
+            return None
+        self.compile_count += 1
+        return _Entry(traced, compiled)
 
     def compiled_for(self, *args: Any, **kwargs: Any) -> Any:
         """The :class:`kiln.Compiled` for these arguments' signature (compiling if needed);
@@ -426,7 +536,7 @@ class JitFunction:
 
 def _check_plan(compiled: Any, traced: Traced) -> None:
     """The daemon's output types must be the ones the tracer inferred (else NumPy semantics
-    would silently differ)."""
+    would silently differ). Symbolic plans are checked at their example sizes."""
     got = [(s.dtype, tuple(s.shape)) for s in compiled.outputs]
     want = [(d, tuple(s)) for d, s in traced.output_types]
     if got != want:
@@ -449,7 +559,7 @@ _FALLBACK_RETRY_S = 30.0
 
 def jit(fn: Optional[Callable[..., Any]] = None, *, target: Union[str, Target] = "cpu", client: Any = None,
         options: Any = None, num_threads: Optional[int] = None, fallback: bool = False,
-        mode: Optional[str] = None) -> Any:
+        mode: Optional[str] = None, dynamic: Optional[bool] = None) -> Any:
     """Compiles a NumPy function with kiln; use as ``@kiln.jit`` or ``@kiln.jit(target=...)``.
 
     ``target``: a CPU target (``"cpu"``, the default, is this machine's best ISA level) or a
@@ -465,6 +575,10 @@ def jit(fn: Optional[Callable[..., Any]] = None, *, target: Union[str, Target] =
     ``mode="max-autotune"``: at each new signature, the kernel variants are compiled and timed
     on the call's own arguments, and the fastest serves this and later calls
     (:func:`kiln.autotune`).
+    ``dynamic`` (CPU targets): None, the default, compiles exact shapes first and, when a
+    later call's shapes differ, one kernel in which the differing dimensions are symbolic and
+    that serves every size of them (torch's "automatic dynamic"); True makes every dimension
+    but those of size 0 and 1 symbolic from the first call; False compiles each shape.
 
     Raises ValueError at once for a bad target, and :class:`kiln.UnsupportedError` at the first
     call if the function does something kiln cannot express, naming the NumPy function.
@@ -472,6 +586,7 @@ def jit(fn: Optional[Callable[..., Any]] = None, *, target: Union[str, Target] =
     t = _parse_target(target)
 
     def wrap(f: Callable[..., Any]) -> JitFunction:
-        return JitFunction(f, t, client=client, options=options, num_threads=num_threads, fallback=fallback, mode=mode)
+        return JitFunction(f, t, client=client, options=options, num_threads=num_threads, fallback=fallback, mode=mode,
+                           dynamic=dynamic)
 
     return wrap(fn) if fn is not None else wrap

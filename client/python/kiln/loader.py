@@ -5,6 +5,12 @@ A CPU artifact is a shared object exporting::
     uint32_t kiln_abi_version(void);
     int kiln_run(void* const* args, void* workspace, int num_threads);
 
+or, for a graph with symbolic sizes (ABI version 2, kernels/codegen/ABI.md)::
+
+    uint32_t kiln_abi_version(void);   /* 2 */
+    int64_t kiln_workspace_bytes(const int64_t* sizes);
+    int kiln_run(void* const* args, const int64_t* sizes, void* workspace, int num_threads);
+
 ``args`` holds the input buffers in graph input order, then the output buffers in graph output
 order; ``workspace`` is ``plan.workspace_bytes`` bytes (NULL when 0); 0 means success. Each
 shared object is opened once per process, keyed by its digest.
@@ -20,16 +26,17 @@ import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
 from .errors import ArtifactError
 
 #: The CPU artifact ABI this client speaks.
-SUPPORTED_ABI_VERSIONS: frozenset[int] = frozenset({1})
+SUPPORTED_ABI_VERSIONS: frozenset[int] = frozenset({1, 2})
 
 _ArgArray = ctypes.POINTER(ctypes.c_void_p)
+_SizeArray = ctypes.POINTER(ctypes.c_int64)
 
 
 class CpuKernel:
@@ -73,14 +80,36 @@ class CpuKernel:
         version_fn.argtypes = []
         version_fn.restype = ctypes.c_uint32
         self.abi_version = int(version_fn())
-        self._run.argtypes = [_ArgArray, ctypes.c_void_p, ctypes.c_int]
+        self._workspace_fn = None
+        if self.abi_version == 2:
+            try:
+                self._workspace_fn = self._lib.kiln_workspace_bytes
+            except AttributeError as e:
+                raise ArtifactError(f"{path}: ABI 2 artifact without kiln_workspace_bytes: {e}", digest) from e
+            self._workspace_fn.argtypes = [_SizeArray]
+            self._workspace_fn.restype = ctypes.c_int64
+            self._run.argtypes = [_ArgArray, _SizeArray, ctypes.c_void_p, ctypes.c_int]
+        else:
+            self._run.argtypes = [_ArgArray, ctypes.c_void_p, ctypes.c_int]
         self._run.restype = ctypes.c_int
 
-    def run(self, pointers: Sequence[int], workspace: Optional[int], num_threads: int) -> int:
-        """Calls ``kiln_run`` with raw buffer addresses; returns its status. The GIL is
-        released for the duration of the call."""
+    def run(self, pointers: Sequence[int], workspace: Optional[int], num_threads: int,
+            sizes: Optional[Sequence[int]] = None) -> int:
+        """Calls ``kiln_run`` with raw buffer addresses (and, for ABI 2, the symbols' values);
+        returns its status. The GIL is released for the duration of the call."""
         args = (ctypes.c_void_p * max(len(pointers), 1))(*pointers)
+        if self.abi_version == 2:
+            return int(self._run(args, _sizes(sizes), workspace, int(num_threads)))
         return int(self._run(args, workspace, int(num_threads)))
+
+    def workspace_bytes(self, sizes: Sequence[int]) -> int:
+        """ABI 2: the workspace this artifact needs for ``sizes`` (0 for ABI 1: see the plan)."""
+        return int(self._workspace_fn(_sizes(sizes))) if self._workspace_fn is not None else 0
+
+
+def _sizes(sizes: Optional[Sequence[int]]) -> Any:
+    values = list(sizes or ())
+    return (ctypes.c_int64 * max(len(values), 1))(*values)
 
 
 _kernels: dict[str, CpuKernel] = {}

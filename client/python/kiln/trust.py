@@ -87,6 +87,23 @@ def canonical_result_bytes(handle: str, result: Any) -> bytes:
         _ints(out, s.args)
     _int(out, plan.workspace_bytes)
     _int(out, plan.abi_version)
+    if plan.symbols:  # symbolic plans only (server/auth/FORMAT.md)
+        def expr(e: Any) -> None:
+            _int(out, len(e.terms))
+            for t in e.terms:
+                _int(out, t.coeff)
+                _ints(out, t.exponents)
+
+        _int(out, len(plan.symbols))
+        for sym in plan.symbols:
+            _str(out, sym.name)
+            _int(out, sym.input)
+            _int(out, sym.axis)
+        for b in plan.buffers:
+            _int(out, len(b.shape_exprs))
+            for e in b.shape_exprs:
+                expr(e)
+            expr(b.bytes_expr)
     _str(out, result.key_debug)
     _int(out, len(result.key_fields))
     for f in result.key_fields:

@@ -14,8 +14,13 @@ namespace kiln::codegen {
 
 inline constexpr int kCpuCodegenVersion = 2;
 inline constexpr uint32_t kCpuAbiVersion = 1;
+// Artifacts of graphs with symbolic sizes (ABI.md, version 2).
+inline constexpr uint32_t kCpuSymbolicAbiVersion = 2;
 
 // The generated source includes "kiln_cpu.h" (codegen/runtime_headers.h).
-std::string GenerateCpu(const schedule::Program& program, const CompileOptions& options);
+// `num_symbols` > 0: the program is a sample of a symbolic graph; the unit exports ABI
+// version 2, every function reads the sizes as `kiln_s<k>`, and temps are laid out at run
+// time (kernels/codegen/symbolic.h turns the sample's numbers into expressions of them).
+std::string GenerateCpu(const schedule::Program& program, const CompileOptions& options, int num_symbols = 0);
 
 }  // namespace kiln::codegen

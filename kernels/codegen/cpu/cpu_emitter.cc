@@ -204,7 +204,7 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
   // before the accumulator: a quarter of the accumulator traffic.
   const int inner = e.rvars.back();
   int unroll = 1;
-  if (op == "sum")
+  if (op == "sum" && !InSymbolicSample())
     for (int u : {4, 2})
       if (u <= lanes_.max_unroll && kernel_.extents[inner] % u == 0 && kernel_.extents[inner] >= 2 * u) {
         unroll = u;

@@ -165,9 +165,9 @@ TEST(ResultConvertTest, DigestsSizesPlanAndOrder) {
   compiled.artifacts.push_back({ArtifactKind::kSharedObject, "binary"});
   compiled.artifacts.push_back({ArtifactKind::kSource, "int main;"});
   compiled.plan.buffers.push_back(
-      {BufferRole::kInput, 0, ir::DType::kF32, {2, 3}, 24, 0});
+      {BufferRole::kInput, 0, ir::DType::kF32, {2, 3}, 24, 0, {}, {}});
   compiled.plan.buffers.push_back(
-      {BufferRole::kTemp, 0, ir::DType::kF64, {4}, 32, 64});
+      {BufferRole::kTemp, 0, ir::DType::kF64, {4}, 32, 64, {}, {}});
   compiled.plan.steps.push_back({});
   compiled.plan.steps.back().kernel = "k0";
   compiled.plan.steps.back().args = {0, 1};

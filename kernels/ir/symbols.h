@@ -1,0 +1,48 @@
+// Symbolic sizes in the IR: a dimension of a graph input may stand for a size known only at
+// run time (proto/kiln/v1/graph.proto, TensorType.dim_symbols).
+//
+// The compiler's stages work on numbers. A symbolic graph therefore always carries *sample
+// values* in its symbolic dimensions: large numbers, a band of its own per symbol, so that two
+// symbols never coincide and every size-dependent choice (a loop worth threads, a table too big
+// to keep) comes out the same for all samples, while their residues differ, so that a choice
+// resting on divisibility does not. Verification at a sample holds for every size exactly when its rules compare
+// shapes structurally (equal symbols, a symbol against 1); a rule that needs a number (a
+// reshape by a fixed factor, broadcasting a symbol against a fixed size other than 1) fails
+// at the sample and is reported with the symbol's name. kernels/codegen/symbolic.h turns code
+// generated at several samples into code for every size.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "kernels/ir/graph.h"
+#include "kernels/ir/op_registry.h"
+
+namespace kiln::ir {
+
+// At most this many distinct symbols per graph (each costs a factor of 3 in generation).
+inline constexpr int kMaxSymbols = 3;
+// Sample points per symbol: three for interpolation (degree <= 2 in each symbol), then one to
+// check against.
+inline constexpr int kSamplePoints = 4;
+
+// Sample value `point` (0..kSamplePoints-1) of symbol `symbol`.
+int64_t SampleValue(int symbol, int point);
+
+// Writes `values[k]` into every input dimension standing for symbol k.
+void SetSymbolSizes(Graph& graph, const std::vector<int64_t>& values);
+// The sample-0 values of the graph's symbols.
+std::vector<int64_t> FirstSample(const Graph& graph);
+
+// `message` with every number equal to a sample value of a symbol (any point) replaced by that
+// symbol's name in quotes: what a rule failing at a sample says about the graph.
+std::string NameSymbols(absl::string_view message, const Graph& graph);
+
+// Limits for verifying a symbolic graph at its samples: element counts are the client's
+// business at run time, and a product of samples may exceed a static graph's limit.
+Limits SymbolicLimits(const Limits& limits);
+
+}  // namespace kiln::ir

@@ -1,0 +1,252 @@
+"""The op suite with symbolic dimensions: each graph is compiled once, with some dimensions
+named instead of numbered, and run at many sizes (0, 1, primes, non-multiples of the vector
+width), every result compared with NumPy as in test_ops.py. One compile serves every size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.errors import CompileError
+from test_ops import BINARY, FLOATS, NP, REDUCTIONS, UNARY, check, float_result, np_erf, random_array
+
+SIZES = [0, 1, 2, 7, 13, 17, 31, 1000]
+
+
+def compile_once(client, graph):
+    compiled = client.compile(graph)
+    assert compiled.plan.abi_version == 2 and compiled.symbols, "a symbolic graph compiles to an ABI 2 artifact"
+    return compiled
+
+
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary_symbolic(client, rng, op: str) -> None:
+    dtype = "f32"
+    fn, domain = UNARY[op]
+    b = kiln.GraphBuilder()
+    x = b.input("x", dtype, (5, 3), dims=("N", None))
+    compiled = compile_once(client, b.build([b.unary(op, x)]))
+    for n in SIZES:
+        host = random_array(rng, dtype, (n, 3), domain)
+        got = compiled(host)
+        with np.errstate(all="ignore"):
+            want = np_erf(host) if op == "erf" else np.asarray(fn(host))
+        if op in ("rsqrt", "sigmoid"):
+            want = want.astype(host.dtype)
+        check(got, want, float_result(dtype) if op in UNARY else dtype, f"{op} at N={n}")
+
+
+BINARY_DTYPES = {"bitwise_and": "i32", "bitwise_or": "i32", "bitwise_xor": "i32", "floordiv": "i32",
+                 "remainder": "i32"}
+
+
+@pytest.mark.parametrize("op", sorted(BINARY))
+def test_binary_broadcast_symbolic(client, rng, op: str) -> None:
+    """a[N, 1, 5] op b[M, 5] -> [N, M, 5]: two symbols, one broadcast against 1."""
+    dtype = BINARY_DTYPES.get(op, "f64")
+    b = kiln.GraphBuilder()
+    x = b.input("a", dtype, (7, 1, 5), dims=("N", None, None))
+    y = b.input("b", dtype, (4, 5), dims=("M", None))
+    compiled = compile_once(client, b.build([b.binary(op, x, y)]))
+    for n, m in [(1, 1), (0, 3), (2, 7), (13, 1), (17, 31), (100, 3)]:
+        a = random_array(rng, dtype, (n, 1, 5), "positive" if op == "pow" else "any")
+        c = random_array(rng, dtype, (m, 5), "positive" if dtype != "f64" or op == "pow" else "any")
+        got = compiled(a, c)
+        with np.errstate(all="ignore"):
+            want = BINARY[op](a, c)
+        check(got, want, str(want.dtype), f"{op} at N={n}, M={m}")
+
+
+REDUCTION_AXES = [(0,), (1,), (2,), (0, 2), (1, 2), None]
+
+
+@pytest.mark.parametrize("op", REDUCTIONS)
+@pytest.mark.parametrize("axes", REDUCTION_AXES)
+def test_reductions_symbolic(client, rng, op: str, axes) -> None:
+    """x[N, 7, T]: reductions over symbolic axes, static ones, and both."""
+    dtype = "bool" if op in ("any", "all") else "f64"
+    b = kiln.GraphBuilder()
+    x = b.input("x", dtype, (5, 7, 9), dims=("N", None, "T"))
+    r = b.reduce(op, x, axes=list(axes) if axes else None, keepdim=False,
+                 correction=1.0 if op in ("var", "std") else None)
+    compiled = compile_once(client, b.build([r]))
+    for n, t in [(1, 1), (2, 3), (7, 13), (31, 2), (3, 1000)]:
+        host = random_array(rng, dtype, (n, 7, t), "small")
+        if op == "prod":
+            host = rng.uniform(0.8, 1.25, size=(n, 7, t))
+        got = compiled(host)
+        kw = {"axis": axes}
+        with np.errstate(all="ignore"):
+            want = np.asarray(getattr(np, op)(host, ddof=1, **kw) if op in ("var", "std") else getattr(np, op)(host, **kw))
+        check(got, want, str(want.dtype), f"{op}{axes} at N={n}, T={t}")
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_arg_reductions_symbolic(client, rng, op: str) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (5, 9), dims=("N", "K"))
+    f = getattr(b, op)
+    compiled = compile_once(client, b.build([f(x, axis=0), f(x, axis=1)]))
+    for n, k in [(1, 1), (2, 7), (13, 17), (1000, 3)]:
+        host = random_array(rng, "f32", (n, k))
+        got0, got1 = compiled(host)
+        np.testing.assert_array_equal(got0, getattr(np, op)(host, axis=0))
+        np.testing.assert_array_equal(got1, getattr(np, op)(host, axis=1))
+
+
+def test_layout_ops_symbolic(client, rng) -> None:
+    """Permute, reshape with -1, concat along a symbolic axis, whole-axis slice and reversal."""
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (5, 4, 3), dims=("B", "T", None))
+    y = b.input("y", "f32", (6, 4, 3), dims=("C", "T", None))
+    outs = [
+        b.permute(x, [2, 0, 1]),
+        b.reshape(x, [-1, 3]),
+        b.concat([x, y], axis=0),
+        b.slice(x, axes=[1], starts=[2**62], stops=[-2**62], steps=[-1]),
+        b.sum(b.unsqueeze(x, [1]), axes=[0]),
+    ]
+    compiled = compile_once(client, b.build(outs))
+    for bs, t, c in [(1, 1, 1), (0, 5, 2), (2, 7, 0), (13, 3, 17), (4, 31, 2)]:
+        xh = random_array(rng, "f32", (bs, t, 3))
+        yh = random_array(rng, "f32", (c, t, 3))
+        got = compiled(xh, yh)
+        wants = [xh.transpose(2, 0, 1), xh.reshape(-1, 3), np.concatenate([xh, yh]), xh[:, ::-1],
+                 xh[:, None].sum(0)]
+        for g, w in zip(got, wants):
+            check(g, w, "f32", f"layout at B={bs}, T={t}, C={c}")
+
+
+def test_composites_symbolic(client, rng) -> None:
+    """A transformer's pointwise and row parts on x[B, T, 64] and scores[B, T, T]."""
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (3, 5, 64), dims=("B", "T", None))
+    s = b.input("s", "f32", (3, 5, 5), dims=("B", "T", "T"))
+    outs = [b.gelu(b.layer_norm(x)), b.softmax(s, axis=-1), b.softmax(s, axis=1), b.mean(x, axes=[0, 1])]
+    compiled = compile_once(client, b.build(outs))
+    for bs, t in [(1, 1), (2, 3), (7, 13), (4, 129), (2, 1000)]:
+        xh = random_array(rng, "f32", (bs, t, 64), "small")
+        sh = random_array(rng, "f32", (bs, t, t), "small")
+        got = compiled(xh, sh)
+        x64 = xh.astype(np.float64)
+        ln = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+        gelu = 0.5 * ln * (1 + np_erf(ln / math.sqrt(2)))
+
+        def softmax(a, axis):
+            e = np.exp(a - a.max(axis, keepdims=True))
+            return e / e.sum(axis, keepdims=True)
+
+        wants = [gelu, softmax(sh.astype(np.float64), -1), softmax(sh.astype(np.float64), 1), x64.mean((0, 1))]
+        for g, w in zip(got, wants):
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5, err_msg=f"B={bs}, T={t}")
+
+
+def test_one_entry_for_every_example_size(client) -> None:
+    """The key holds the symbols, not the example sizes: two clients that traced at different
+    sizes share one cache entry."""
+    handles = set()
+    for example in (5, 9):
+        b = kiln.GraphBuilder()
+        x = b.input("x", "f32", (example, 4), dims=("N", None))
+        handles.add(client.compile(b.build([b.exp(x)])).handle)
+    assert len(handles) == 1
+
+
+def test_shape_mismatch_names_the_symbol(client, rng) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (5, 4), dims=("N", None))
+    y = b.input("y", "f32", (5, 4), dims=("N", None))
+    compiled = compile_once(client, b.build([x + y]))
+    with pytest.raises(ValueError, match="N=3"):
+        compiled(np.zeros((3, 4), np.float32), np.zeros((4, 4), np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        compiled(np.zeros((3, 4), np.float32), np.zeros((3, 5), np.float32))
+
+
+@pytest.mark.parametrize("case, rule", [
+    ("slice", "whole-axis slices"),
+    ("broadcast", "'N'"),
+    ("reshape", "'N'"),
+    ("cuda", "CUDA"),
+    ("four", "at most 3"),
+])
+def test_refusals_name_the_rule(client, case: str, rule: str) -> None:
+    b = kiln.GraphBuilder()
+    target = None
+    if case == "four":
+        xs = [b.input(f"x{i}", "f32", (5,), dims=(f"S{i}",)) for i in range(4)]
+        outs = [b.exp(v) for v in xs]
+    else:
+        x = b.input("x", "f32", (6, 4), dims=("N", None))
+        if case == "slice":
+            outs = [b.slice(x, axes=[0], starts=[1], stops=[2**62])]
+        elif case == "broadcast":
+            y = b.input("y", "f32", (6, 4))
+            outs = [x + y]
+        elif case == "reshape":
+            outs = [b.reshape(x, [-1, 8])]
+        else:
+            outs = [b.exp(x)]
+            target = "cuda:sm_90"
+    with pytest.raises(CompileError, match=rule):
+        client.compile(b.build(outs), target=target) if target else client.compile(b.build(outs))
+    # kilnd keeps serving
+    b2 = kiln.GraphBuilder()
+    z = b2.input("z", "f32", (3,))
+    np.testing.assert_allclose(client.compile(b2.build([b2.exp(z)]))(np.ones(3, np.float32)), np.exp(np.ones(3)), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------- kiln.jit
+
+def test_jit_kmeans_twenty_point_counts_two_compiles(client, rng) -> None:
+    """The seed's k-means as written (int64 means): automatic dynamic shapes compile the exact
+    shape first, then one kernel for every point count."""
+
+    @kiln.jit(client=client)
+    def kmeans(X, means):
+        return np.argmin(np.linalg.norm(X - means[:, None], axis=2), axis=0)
+
+    means = np.array([[5, 5], [10, 10]])
+    for n in [100, 257, 1, 2, 1000, 31, 0, 7, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14, 4099]:
+        X = rng.uniform(0, 15, (n, 2))
+        np.testing.assert_array_equal(kmeans(X, means), np.argmin(np.linalg.norm(X - means[:, None], axis=2), axis=0))
+    assert kmeans.compile_count == 2
+
+
+def test_jit_dynamic_true_and_false(client, rng) -> None:
+    def f(x, y):
+        return (x * y).sum(axis=1) + x.mean()
+
+    dyn = kiln.jit(f, client=client, dynamic=True)
+    static = kiln.jit(f, client=client, dynamic=False)
+    for n in [5, 9, 1, 33]:
+        x, y = rng.standard_normal((n, 4)), rng.standard_normal((n, 4))
+        np.testing.assert_allclose(dyn(x, y), f(x, y), rtol=1e-12)
+        np.testing.assert_allclose(static(x, y), f(x, y), rtol=1e-12)
+    assert dyn.compile_count == 1
+    assert static.compile_count == 4
+
+
+def test_jit_unsupported_symbolic_graph_compiles_per_shape(client, rng) -> None:
+    """A slice along a dimension that turns dynamic cannot be compiled for every size: one
+    warning, then exact shapes, with correct results."""
+
+    @kiln.jit(client=client)
+    def g(x):
+        return x[1:] * 2
+
+    for n in [4, 6]:
+        x = rng.standard_normal((n, 3))
+        if n == 6:
+            with pytest.warns(kiln.KilnFallbackWarning):
+                got = g(x)
+        else:
+            got = g(x)
+        np.testing.assert_allclose(got, x[1:] * 2)
+    x = rng.standard_normal((9, 3))
+    np.testing.assert_allclose(g(x), x[1:] * 2)
+    assert g.compile_count == 3
