@@ -330,8 +330,9 @@ class JitFunction:
 
     @property
     def signatures(self) -> int:
-        """How many input signatures have been compiled."""
-        return len(self._cache)
+        """How many input signatures have been compiled (a kernel with symbolic sizes counts
+        once, whatever sizes it served)."""
+        return len(self._cache) + sum(1 for d in self._dyn.values() if d.entry is not None)
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any], mode: str) -> tuple[Any, _Args]:
         found = _Args()
