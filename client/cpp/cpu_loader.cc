@@ -23,7 +23,9 @@ constexpr size_t kWorkspaceAlignment = 64;
 
 struct Library {
   uint32_t abi_version = 0;
-  CpuKernel::RunFn run = nullptr;
+  CpuKernel::RunFn run = nullptr;  // version 1
+  CpuKernel::RunSizedFn run_sized = nullptr;  // version 2
+  CpuKernel::WorkspaceFn workspace = nullptr;  // version 2
 };
 
 // Every kernel library this process has loaded, by path. Never shrinks: see the header on
@@ -46,12 +48,21 @@ class Registry {
     // From here on the library stays loaded even when it turns out unusable: closing it is
     // what is unsafe.
     auto abi = reinterpret_cast<AbiFn>(dlsym(handle, "kiln_abi_version"));
-    auto run = reinterpret_cast<CpuKernel::RunFn>(dlsym(handle, "kiln_run"));
+    void* run = dlsym(handle, "kiln_run");
     if (abi == nullptr || run == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           path, " is not a kiln kernel library: it lacks kiln_abi_version or kiln_run"));
     }
-    Library library{abi(), run};
+    Library library;
+    library.abi_version = abi();
+    if (library.abi_version == 2) {
+      library.run_sized = reinterpret_cast<CpuKernel::RunSizedFn>(run);
+      library.workspace = reinterpret_cast<CpuKernel::WorkspaceFn>(dlsym(handle, "kiln_workspace_bytes"));
+      if (library.workspace == nullptr)
+        return absl::FailedPreconditionError(absl::StrCat(path, ": ABI 2 library without kiln_workspace_bytes"));
+    } else {
+      library.run = reinterpret_cast<CpuKernel::RunFn>(run);
+    }
     libraries_.emplace(path, library);
     return library;
   }
@@ -70,12 +81,31 @@ struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
 
+int64_t Evaluate(const v1::SizeExpr& e, absl::Span<const int64_t> sizes) {
+  int64_t sum = 0;
+  for (const v1::SizeTerm& t : e.terms()) {
+    int64_t v = t.coeff();
+    for (int k = 0; k < t.exponents_size() && k < static_cast<int>(sizes.size()); ++k)
+      for (int j = 0; j < t.exponents(k); ++j) v *= sizes[k];
+    sum += v;
+  }
+  return sum;
+}
+
+const v1::PlanBuffer* FindBuffer(const v1::LaunchPlan& plan, v1::BufferRole role, int index) {
+  for (const v1::PlanBuffer& b : plan.buffers())
+    if (b.role() == role && b.index() == index) return &b;
+  return nullptr;
+}
+
 }  // namespace
 
-CpuKernel::CpuKernel(std::string path, RunFn run, v1::LaunchPlan plan,
+CpuKernel::CpuKernel(std::string path, RunFn run, RunSizedFn run_sized, WorkspaceFn workspace, v1::LaunchPlan plan,
                      std::vector<int64_t> input_bytes, std::vector<int64_t> output_bytes)
     : path_(std::move(path)),
       run_(run),
+      run_sized_(run_sized),
+      workspace_(workspace),
       plan_(std::move(plan)),
       input_bytes_(std::move(input_bytes)),
       output_bytes_(std::move(output_bytes)) {}
@@ -89,6 +119,7 @@ absl::StatusOr<CpuKernel> CpuKernel::Load(const std::string& path, const v1::Lau
   // Read the plan's inputs and outputs first: a plan that does not describe a 0..n-1
   // numbering of each cannot be run safely, whatever the library says.
   std::vector<int64_t> inputs, outputs;
+  constexpr int64_t kUnseen = -2;  // a symbolic buffer's plan bytes are -1
   for (const v1::PlanBuffer& buffer : plan.buffers()) {
     std::vector<int64_t>* list = buffer.role() == v1::INPUT    ? &inputs
                                  : buffer.role() == v1::OUTPUT ? &outputs
@@ -99,8 +130,8 @@ absl::StatusOr<CpuKernel> CpuKernel::Load(const std::string& path, const v1::Lau
                                                      " buffer index ", buffer.index(),
                                                      " out of range"));
     }
-    if (list->size() <= static_cast<size_t>(buffer.index())) list->resize(buffer.index() + 1, -1);
-    if ((*list)[buffer.index()] != -1) {
+    if (list->size() <= static_cast<size_t>(buffer.index())) list->resize(buffer.index() + 1, kUnseen);
+    if ((*list)[buffer.index()] != kUnseen) {
       return absl::InvalidArgumentError(absl::StrCat("launch plan: two ",
                                                      v1::BufferRole_Name(buffer.role()),
                                                      " buffers numbered ", buffer.index()));
@@ -109,7 +140,7 @@ absl::StatusOr<CpuKernel> CpuKernel::Load(const std::string& path, const v1::Lau
   }
   for (const std::vector<int64_t>* list : {&inputs, &outputs}) {
     for (size_t i = 0; i < list->size(); ++i) {
-      if ((*list)[i] == -1) {
+      if ((*list)[i] == kUnseen) {
         return absl::InvalidArgumentError(absl::StrCat(
             "launch plan: no ", list == &inputs ? "input" : "output", " buffer numbered ", i));
       }
@@ -125,11 +156,21 @@ absl::StatusOr<CpuKernel> CpuKernel::Load(const std::string& path, const v1::Lau
         absl::StrCat(path, " implements kernel ABI version ", library.abi_version,
                      " but its launch plan is for version ", plan.abi_version()));
   }
-  return CpuKernel(path, library.run, plan, std::move(inputs), std::move(outputs));
+  if ((plan.symbols_size() > 0) != (library.abi_version == 2)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": ABI version ", library.abi_version, " with a plan of ",
+                                                      plan.symbols_size(), " symbols"));
+  }
+  return CpuKernel(path, library.run, library.run_sized, library.workspace, plan, std::move(inputs),
+                   std::move(outputs));
 }
 
 absl::Status CpuKernel::Run(absl::Span<const ConstBuffer> inputs,
                             absl::Span<const MutableBuffer> outputs, int num_threads) const {
+  if (is_symbolic()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, " has symbolic sizes: run it with RunSized (the sizes of its ", plan_.symbols_size(),
+                     " symbols first)"));
+  }
   if (inputs.size() != input_bytes_.size() || outputs.size() != output_bytes_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the kernel takes ", input_bytes_.size(), " inputs and ", output_bytes_.size(),
@@ -164,8 +205,64 @@ absl::Status CpuKernel::RunUnchecked(absl::Span<void* const> args, int num_threa
         absl::StrCat("the kernel takes ", input_bytes_.size() + output_bytes_.size(),
                      " buffers; got ", args.size()));
   }
+  if (is_symbolic()) {
+    return absl::FailedPreconditionError(absl::StrCat(path_, " has symbolic sizes: run it with RunSized"));
+  }
+  return Launch(args.data(), nullptr, plan_.workspace_bytes(), num_threads);
+}
+
+absl::StatusOr<std::vector<int64_t>> CpuKernel::Shape(v1::BufferRole role, int index,
+                                                      absl::Span<const int64_t> sizes) const {
+  const v1::PlanBuffer* b = FindBuffer(plan_, role, index);
+  if (b == nullptr) return absl::InvalidArgumentError(absl::StrCat("no ", v1::BufferRole_Name(role), " ", index));
+  if (!is_symbolic()) return std::vector<int64_t>(b->shape().begin(), b->shape().end());
+  std::vector<int64_t> shape;
+  for (const v1::SizeExpr& e : b->shape_exprs()) shape.push_back(Evaluate(e, sizes));
+  return shape;
+}
+
+absl::Status CpuKernel::RunSized(absl::Span<const int64_t> sizes, absl::Span<const ConstBuffer> inputs,
+                                 absl::Span<const MutableBuffer> outputs, int num_threads) const {
+  if (!is_symbolic()) return absl::FailedPreconditionError(absl::StrCat(path_, " has static shapes: run it with Run"));
+  if (sizes.size() != static_cast<size_t>(plan_.symbols_size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the kernel has ", plan_.symbols_size(), " symbolic sizes; got ", sizes.size(), " values"));
+  }
+  for (size_t k = 0; k < sizes.size(); ++k)
+    if (sizes[k] < 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("symbol '", plan_.symbols(static_cast<int>(k)).name(), "' given a negative size ", sizes[k]));
+  if (inputs.size() != input_bytes_.size() || outputs.size() != output_bytes_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the kernel takes ", input_bytes_.size(), " inputs and ", output_bytes_.size(),
+        " outputs; got ", inputs.size(), " and ", outputs.size()));
+  }
+  std::vector<void*> args;
+  auto need = [&](v1::BufferRole role, size_t i) {
+    const v1::PlanBuffer* b = FindBuffer(plan_, role, static_cast<int>(i));
+    return b == nullptr ? int64_t{0} : Evaluate(b->bytes_expr(), sizes);
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const int64_t bytes = need(v1::INPUT, i);
+    if (inputs[i].bytes < static_cast<size_t>(bytes) || (bytes > 0 && inputs[i].data == nullptr))
+      return absl::InvalidArgumentError(
+          absl::StrCat("input ", i, " holds ", inputs[i].bytes, " bytes; the kernel reads ", bytes, " at these sizes"));
+    args.push_back(const_cast<void*>(inputs[i].data));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const int64_t bytes = need(v1::OUTPUT, i);
+    if (outputs[i].bytes < static_cast<size_t>(bytes) || (bytes > 0 && outputs[i].data == nullptr))
+      return absl::InvalidArgumentError(
+          absl::StrCat("output ", i, " holds ", outputs[i].bytes, " bytes; the kernel writes ", bytes, " at these sizes"));
+    args.push_back(outputs[i].data);
+  }
+  return Launch(args.data(), sizes.data(), workspace_(sizes.data()), num_threads);
+}
+
+absl::Status CpuKernel::Launch(void* const* args, const int64_t* sizes, int64_t workspace_bytes,
+                               int num_threads) const {
   std::unique_ptr<void, FreeDeleter> workspace;
-  if (const int64_t bytes = plan_.workspace_bytes(); bytes > 0) {
+  if (const int64_t bytes = workspace_bytes; bytes > 0) {
     // aligned_alloc wants a size that is a multiple of the alignment.
     const size_t rounded =
         (static_cast<size_t>(bytes) + kWorkspaceAlignment - 1) / kWorkspaceAlignment *
@@ -177,7 +274,9 @@ absl::Status CpuKernel::RunUnchecked(absl::Span<void* const> args, int num_threa
     }
   }
   if (num_threads <= 0) num_threads = runtime::DefaultNumThreads();
-  if (const int rc = run_(args.data(), workspace.get(), num_threads); rc != 0) {
+  const int rc = sizes != nullptr ? run_sized_(args, sizes, workspace.get(), num_threads)
+                                  : run_(args, workspace.get(), num_threads);
+  if (rc != 0) {
     return absl::InternalError(absl::StrCat("kiln_run in ", path_, " returned ", rc));
   }
   return absl::OkStatus();

@@ -35,6 +35,9 @@ struct MutableBuffer {
 class CpuKernel {
  public:
   using RunFn = int (*)(void* const* args, void* workspace, int num_threads);
+  // ABI version 2 (graphs with symbolic sizes, kernels/codegen/ABI.md).
+  using RunSizedFn = int (*)(void* const* args, const int64_t* sizes, void* workspace, int num_threads);
+  using WorkspaceFn = int64_t (*)(const int64_t* sizes);
 
   // Loads the library at `path` (or reuses it when this process loaded it before), and
   // checks that its kiln_abi_version() is `plan.abi_version()`: FailedPrecondition on a
@@ -60,19 +63,32 @@ class CpuKernel {
   // declared (possibly negative) strides, whose extent the plan does not give.
   absl::Status RunUnchecked(absl::Span<void* const> args, int num_threads = 0) const;
 
+  // Symbolic kernels (plan().symbols() not empty): one value per symbol, in the plan's order
+  // (`sizes`), then buffers as for Run, each checked against its size at these values.
+  // InvalidArgument for a wrong number of sizes or a negative one. Run and RunUnchecked refuse
+  // a symbolic kernel (FailedPrecondition), and RunSized a static one.
+  absl::Status RunSized(absl::Span<const int64_t> sizes, absl::Span<const ConstBuffer> inputs,
+                        absl::Span<const MutableBuffer> outputs, int num_threads = 0) const;
+  // The shape of input or output `index` at `sizes` (symbolic or not).
+  absl::StatusOr<std::vector<int64_t>> Shape(v1::BufferRole role, int index, absl::Span<const int64_t> sizes) const;
+  bool is_symbolic() const { return plan_.symbols_size() > 0; }
+
   int num_inputs() const { return static_cast<int>(input_bytes_.size()); }
   int num_outputs() const { return static_cast<int>(output_bytes_.size()); }
   const v1::LaunchPlan& plan() const { return plan_; }
   const std::string& path() const { return path_; }
 
  private:
-  CpuKernel(std::string path, RunFn run, v1::LaunchPlan plan, std::vector<int64_t> input_bytes,
-            std::vector<int64_t> output_bytes);
+  CpuKernel(std::string path, RunFn run, RunSizedFn run_sized, WorkspaceFn workspace, v1::LaunchPlan plan,
+            std::vector<int64_t> input_bytes, std::vector<int64_t> output_bytes);
+  absl::Status Launch(void* const* args, const int64_t* sizes, int64_t workspace_bytes, int num_threads) const;
 
   std::string path_;
   RunFn run_ = nullptr;
+  RunSizedFn run_sized_ = nullptr;
+  WorkspaceFn workspace_ = nullptr;
   v1::LaunchPlan plan_;
-  // Bytes of each input and output, by graph position, from the plan.
+  // Bytes of each input and output, by graph position, from the plan (static kernels).
   std::vector<int64_t> input_bytes_;
   std::vector<int64_t> output_bytes_;
 };

@@ -86,18 +86,21 @@ bool FitsInt64(const Poly& p) {
   return true;
 }
 
-// C text of `p` over the size variables: "(768LL*kiln_s0 + 4LL)".
+// C text of `p` over the size variables: "kiln_s0", "(768LL*kiln_s0 + 4LL)"; anything but a
+// lone variable or number is parenthesised, since it replaces one literal token (`i / 6144`).
 std::string PolyToC(const Poly& p) {
   if (p.empty()) return "0LL";
   std::vector<std::string> terms;
+  int factors_in_all = 0;
   for (auto it = p.rbegin(); it != p.rend(); ++it) {
     std::vector<std::string> factors;
     if (it->second != 1) factors.push_back(absl::StrCat(static_cast<int64_t>(it->second), "LL"));
     for (size_t k = 0; k < it->first.size(); ++k)
       for (int j = 0; j < it->first[k]; ++j) factors.push_back(absl::StrCat("kiln_s", k));
-    std::string t = factors.empty() ? "1LL" : absl::StrJoin(factors, "*");
-    terms.push_back(std::move(t));
+    factors_in_all += static_cast<int>(factors.size());
+    terms.push_back(factors.empty() ? "1LL" : absl::StrJoin(factors, "*"));
   }
+  if (terms.size() == 1 && factors_in_all <= 1) return terms[0];
   return absl::StrCat("(", absl::StrJoin(terms, " + "), ")");
 }
 

@@ -137,6 +137,10 @@ Affine FloorDiv(const Affine& a, int64_t d, const VarExtents& ext) {
   SplitBy(a, d, &q, &r);
   auto [lo, hi] = Range(r, ext);
   if (lo >= 0 && hi < d) return q;  // the remainder never carries into the quotient
+  // C's division truncates: the atom is a floor only for a non-negative argument. `a` is one
+  // (REQUIRES); the remainder part is not when a term left in it has a negative coefficient
+  // (a reversed view of a flattened tensor), so then `a` is divided whole.
+  if (lo < 0) return Atom(Term::Kind::kDiv, a, d);
   if (q.IsConst() && q.constant == 0) return Atom(Term::Kind::kDiv, r, d);
   return Add(q, Atom(Term::Kind::kDiv, r, d));
 }
@@ -149,6 +153,8 @@ Affine Mod(const Affine& a, int64_t d, const VarExtents& ext) {
   SplitBy(a, d, &q, &r);  // q*d vanishes modulo d
   auto [rlo, rhi] = Range(r, ext);
   if (rlo >= 0 && rhi < d) return r;
+  // As in FloorDiv: C's % of a negative argument is not the modulo; `a` is non-negative.
+  if (rlo < 0) return Atom(Term::Kind::kMod, a, d);
   return Atom(Term::Kind::kMod, r, d);
 }
 

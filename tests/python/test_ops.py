@@ -561,3 +561,16 @@ def test_jit_max_autotune_keeps_a_variant_and_matches_numpy(client, rng) -> None
     assert f.compile_count == 1
     with pytest.raises(ValueError):
         kiln.jit(col_stats, client=client, mode="fastest")
+
+
+@pytest.mark.parametrize("shape", [(2, 7, 3), (3, 5, 3), (4, 4, 2)])
+def test_reversed_flat_view_reads_in_floor_division(client, rng, shape) -> None:
+    """x.reshape(-1)[::-1].reshape(-1, c).T: the index of x is a floor division of an argument
+    whose split-off remainder goes negative (C's / and % truncate; a regression of the index
+    simplification)."""
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", shape)
+    flat = b.slice(b.reshape(x, [-1]), axes=[0], starts=[2**62], stops=[-2**62], steps=[-1])
+    out = b.permute(b.reshape(flat, [-1, shape[-1]]), [1, 0])
+    host = random_array(rng, "f32", shape)
+    check(client.compile(b.build([out]))(host), host.reshape(-1)[::-1].reshape(-1, shape[-1]).T, "f32", f"{shape}")

@@ -109,6 +109,9 @@ def test_layout_ops_symbolic(client, rng) -> None:
         b.concat([x, y], axis=0),
         b.slice(x, axes=[1], starts=[2**62], stops=[-2**62], steps=[-1]),
         b.sum(b.unsqueeze(x, [1]), axes=[0]),
+        # The flat reversal reads x at (j / (3*T), (j / 3) % T, j % 3): division by a product.
+        b.permute(b.reshape(b.slice(b.reshape(x, [-1]), axes=[0], starts=[2**62], stops=[-2**62], steps=[-1]),
+                            [-1, 3]), [1, 0]),
     ]
     compiled = compile_once(client, b.build(outs))
     for bs, t, c in [(1, 1, 1), (0, 5, 2), (2, 7, 0), (13, 3, 17), (4, 31, 2)]:
@@ -116,7 +119,7 @@ def test_layout_ops_symbolic(client, rng) -> None:
         yh = random_array(rng, "f32", (c, t, 3))
         got = compiled(xh, yh)
         wants = [xh.transpose(2, 0, 1), xh.reshape(-1, 3), np.concatenate([xh, yh]), xh[:, ::-1],
-                 xh[:, None].sum(0)]
+                 xh[:, None].sum(0), xh.reshape(-1)[::-1].reshape(-1, 3).T]
         for g, w in zip(got, wants):
             check(g, w, "f32", f"layout at B={bs}, T={t}, C={c}")
 

@@ -155,6 +155,44 @@ TEST_F(ClientDaemonTest, SoftmaxCompilesLoadsRunsAndIsCachedAtBothEnds) {
   EXPECT_EQ(fresh->client().stats().fetches, 1);
 }
 
+// A softmax over rows of symbolic length: one compile, one library, every size.
+TEST_F(ClientDaemonTest, SymbolicSoftmaxRunsAtEverySize) {
+  v1::Graph graph = SoftmaxGraph(5, 17);
+  graph.mutable_inputs(0)->mutable_type()->add_dim_symbols("R");
+  graph.mutable_inputs(0)->mutable_type()->add_dim_symbols("C");
+  std::unique_ptr<Session> session = NewSession("local-sym");
+  ASSERT_NE(session, nullptr);
+  absl::StatusOr<LoadedKernel> kernel = session->CompileAndLoad(graph);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_EQ(kernel->plan().abi_version(), 2u);
+  ASSERT_EQ(kernel->plan().symbols_size(), 2);
+  const CpuKernel& cpu = kernel->kernel();
+  ASSERT_TRUE(cpu.is_symbolic());
+
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 3}, {0, 7}, {37, 129}, {3, 1000}}) {
+    const std::vector<int64_t> sizes = {rows, cols};
+    absl::StatusOr<std::vector<int64_t>> shape = cpu.Shape(v1::OUTPUT, 0, sizes);
+    ASSERT_TRUE(shape.ok()) << shape.status();
+    EXPECT_EQ(*shape, sizes);
+    std::vector<float> x(rows * cols), y(rows * cols, -1.0f);
+    for (float& v : x) v = dist(rng);
+    absl::Status ran = cpu.RunSized(sizes, {{x.data(), x.size() * 4}}, {{y.data(), y.size() * 4}}, 2);
+    ASSERT_TRUE(ran.ok()) << ran;
+    const std::vector<float> want = Softmax(x, rows, cols);
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], want[i], 1e-6f) << rows << "x" << cols << " at " << i;
+  }
+  std::vector<float> small(4), out(8);
+  const std::vector<int64_t> two_by_four = {2, 4};
+  EXPECT_EQ(cpu.RunSized(two_by_four, {{small.data(), small.size() * 4}}, {{out.data(), out.size() * 4}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cpu.Run({{small.data(), 16}}, {{out.data(), 32}}).code(), absl::StatusCode::kFailedPrecondition);
+  const std::vector<int64_t> negative = {-1, 4};
+  EXPECT_EQ(cpu.RunSized(negative, {{small.data(), 16}}, {{out.data(), 32}}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ClientDaemonTest, LookupSourceStatsAndFetchThroughTheClient) {
   std::unique_ptr<Session> session = NewSession("local-c");
   ASSERT_NE(session, nullptr);
