@@ -423,3 +423,50 @@ def test_gpu_check_judges_each_element_on_its_own_scale() -> None:
     nan = eager.clone()
     nan[1] = float("nan")
     assert mod.elements_beyond_tolerance(nan, eager, exact, tol)[0] == 1
+
+
+# ---------------------------------------------------------------------- dynamic shapes
+
+def _ln_gelu_linear() -> Callable[..., Any]:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 64)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = F.layer_norm(x, (64,)) * w
+        return F.gelu(lin(y)).softmax(-1), y.view(-1, 64).sum(0)
+
+    return f
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_dynamic_shapes_compile_once_for_every_size(client, dynamic) -> None:
+    """torch's symbolic sizes become kiln symbols: forward and backward parts compiled once
+    serve every batch and sequence length, with no part falling back to torch."""
+    f = _ln_gelu_linear()
+    cf = compiled(f, client, dynamic=dynamic)
+    parts_after: list[int] = []
+    eager_after_first = 0
+    for bs, t in [(3, 5), (2, 7), (4, 9), (6, 11)]:
+        x = torch.randn(bs, t, 64, requires_grad=True)
+        w = torch.randn(64, requires_grad=True)
+        xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        got, want = cf(x, w), f(xr, wr)
+        gen = torch.Generator().manual_seed(bs * 100 + t)
+        weights = [torch.randn(o.shape, generator=gen) for o in want]
+        sum((g * k).sum() for g, k in zip(got, weights)).backward()
+        sum((o * k).sum() for o, k in zip(want, weights)).backward()
+        for g, o in zip(got, want):
+            torch.testing.assert_close(g, o, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(w.grad, wr.grad, rtol=1e-4, atol=1e-5)
+        parts_after.append(kt.stats()["compiled"])
+        if len(parts_after) == 1:
+            eager_after_first = kt.stats()["eager_calls"]
+    s = kt.stats()
+    # Every call of a symbolic part runs kiln's kernels (the first, static graph of automatic
+    # mode is the static path's business).
+    assert s["failed"] == 0 and s["eager_calls"] == (0 if dynamic else eager_after_first), kt.last_graphs()
+    # dynamic=True: symbolic from the first call; automatic: exact shapes, then symbolic.
+    settled = 0 if dynamic else 1
+    assert parts_after[settled:] == [parts_after[settled]] * (len(parts_after) - settled), parts_after
+    assert any(p["kiln"] for g in kt.last_graphs() for p in g["parts"])

@@ -125,6 +125,54 @@ def is_static_tensor(v: Any) -> bool:
         return False
 
 
+def size_hint(d: Any) -> int:
+    """A dimension's value: the number itself, or a symbolic size's example value (read
+    without installing a guard, so the graph stays dynamic)."""
+    if isinstance(d, torch.SymInt):
+        hint = d.node.hint
+        if hint is None:
+            raise Unsupported(f"symbolic size {d.node.expr} has no example value")
+        return int(hint)
+    return int(d)
+
+
+def example_shape(v: torch.Tensor) -> tuple[int, ...]:
+    """The shape of ``v`` with symbolic sizes at their example values."""
+    return tuple(size_hint(d) for d in v.shape)
+
+
+def is_symbolic_tensor(v: Any) -> bool:
+    """Whether ``v`` is a strided CPU tensor some of whose sizes are symbolic (torch's dynamic
+    shapes): kiln compiles those with symbolic dimensions (CPU targets only)."""
+    if not isinstance(v, torch.Tensor) or v.layout != torch.strided or v.device.type != "cpu":
+        return False
+    try:
+        return any(isinstance(d, torch.SymInt) for d in v.shape)
+    except Exception:
+        return False
+
+
+def size_expr(d: Any) -> Any:
+    """The sympy expression of a size (an Integer for a static one)."""
+    import sympy
+
+    return d.node.expr if isinstance(d, torch.SymInt) else sympy.Integer(int(d))
+
+
+def is_contiguous_symbolic(v: torch.Tensor) -> bool:
+    """Row-major contiguity of a tensor with symbolic sizes, decided on the expressions (no
+    guard): each stride equals the product of the sizes after it, size-1 dimensions aside."""
+    import sympy
+
+    expect = sympy.Integer(1)
+    for d, st in reversed(list(zip(v.shape, v.stride()))):
+        de = size_expr(d)
+        if de != 1 and sympy.expand(size_expr(st) - expect) != 0:
+            return False
+        expect = expect * de
+    return True
+
+
 class LoweringContext:
     """What a lowering sees besides its arguments: the builder and the node's torch types."""
 
@@ -230,7 +278,7 @@ def lower_node(b: GraphBuilder, node: torch.fx.Node, env: Callable[[torch.fx.Nod
     meta = node_meta(node)
     metas = meta if isinstance(meta, (tuple, list)) else [meta]
     for m in metas:
-        if not is_static_tensor(m):
+        if not (is_static_tensor(m) or is_symbolic_tensor(m)):
             raise Unsupported("an output is not a tensor of static shape")
         kiln_dtype(m.dtype)
     args = _map_args(node.args, env)
@@ -258,13 +306,19 @@ def lower_node(b: GraphBuilder, node: torch.fx.Node, env: Callable[[torch.fx.Nod
 
 def _conform(b: GraphBuilder, v: Value, m: torch.Tensor) -> Value:
     want_dtype = kiln_dtype(m.dtype)
-    want_shape = tuple(int(d) for d in m.shape)
+    want_shape = example_shape(m)
     if v.dtype != want_dtype:
         v = b.cast(v, want_dtype)
     if v.shape != want_shape:
         if math.prod(v.shape) != math.prod(want_shape):
             raise Unsupported(f"lowered shape {v.shape}, torch says {want_shape}")
-        v = b.reshape(v, want_shape)
+        target = list(want_shape)
+        symbolic = [i for i, d in enumerate(m.shape) if isinstance(d, torch.SymInt)]
+        if len(symbolic) > 1:
+            raise Unsupported(f"a reshape to {tuple(m.shape)}: more than one symbolic size")
+        if symbolic:  # the one size kiln infers, so that the reshape holds for every size
+            target[symbolic[0]] = -1
+        v = b.reshape(v, target)
     return v
 
 

@@ -57,8 +57,10 @@ class TensorSpec:
     """The dtype, shape and (when not contiguous) strides of a part's argument or result."""
 
     dtype: torch.dtype
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # symbolic sizes at their example values
     strides: Optional[tuple[int, ...]] = None
+    # Symbolic parts: each dimension's sympy expression (torch's dynamic shapes).
+    exprs: Optional[tuple[Any, ...]] = None
 
 
 @dataclass
@@ -79,6 +81,7 @@ class PartGraph:
     restride: list[Optional[tuple[int, ...]]]
     num_kiln_outputs: int
     num_nodes: int
+    symbolic: bool = False  # some argument has symbolic sizes (compiled with kiln symbols)
 
 
 # ---------------------------------------------------------------------------------- support
@@ -118,11 +121,11 @@ def node_color(node: torch.fx.Node) -> tuple[Color, str]:
         v = inputs.get(n)
         if v is None:
             m = L.node_meta(n)
-            if not L.is_static_tensor(m):
+            if not (L.is_static_tensor(m) or L.is_symbolic_tensor(m)):
                 raise L.Unsupported(f"argument {n.name} is not a tensor of static shape")
             if _device_color(m) != color:
                 raise L.Unsupported(f"argument {n.name} is on {m.device}")
-            v = b.input(n.name, L.kiln_dtype(m.dtype), tuple(m.shape))
+            v = b.input(n.name, L.kiln_dtype(m.dtype), L.example_shape(m))
             inputs[n] = v
         return v
 
@@ -275,8 +278,20 @@ def build_part(seg: Segment) -> PartGraph:
     b = GraphBuilder()
     env: dict[torch.fx.Node, Any] = {}
     in_specs: list[TensorSpec] = []
+    symbols: dict[Any, str] = {}  # a size's expression -> its kiln symbol, within this part
     for i, n in enumerate(seg.inputs):
         m = L.node_meta(n)
+        if L.is_symbolic_tensor(m):
+            # torch's dynamic shapes: each distinct size expression is one kiln symbol (an
+            # expression such as s0*s1 is a size like any other to the kernel). Symbolic
+            # arguments are taken contiguous: the runtime copies one that is not (a transposed
+            # view), since strides that are expressions of the sizes cannot be declared.
+            exprs = tuple(L.size_expr(d) for d in m.shape)
+            dims = tuple("" if e.is_number else symbols.setdefault(e, f"s{len(symbols)}") for e in exprs)
+            shape = L.example_shape(m)
+            in_specs.append(TensorSpec(m.dtype, shape, None, exprs))
+            env[n] = b.input(n.name, L.kiln_dtype(m.dtype), shape, dims=dims)
+            continue
         if not L.is_static_tensor(m):
             raise L.Unsupported(f"argument {n.name} is not a tensor of static shape")
         shape = tuple(int(d) for d in m.shape)
@@ -304,6 +319,23 @@ def build_part(seg: Segment) -> PartGraph:
         if not isinstance(v, Value):
             raise L.Unsupported(f"{n.name} is not a single tensor")
         m = L.node_meta(n)
+        if L.is_symbolic_tensor(m):
+            if not symbols:
+                raise L.Unsupported(f"{n.name} has symbolic sizes but no argument of the part has")
+            if _needs_layout(n) and not L.is_contiguous_symbolic(m):
+                raise L.Unsupported(f"{n.name} has symbolic sizes and torch relies on its strides")
+            out_specs.append(TensorSpec(m.dtype, L.example_shape(m), None, tuple(L.size_expr(d) for d in m.shape)))
+            v_is_input = id(v) in input_ids
+            if v_is_input:
+                sources.append(("input", input_ids[id(v)]))
+            else:
+                k = next((j for j, o in enumerate(kiln_outs) if o is v), None)
+                if k is None:
+                    kiln_outs.append(v)
+                    k = len(kiln_outs) - 1
+                sources.append(("kiln", k))
+            restride.append(None)
+            continue
         shape = tuple(int(d) for d in m.shape)
         out_specs.append(TensorSpec(m.dtype, shape))
         if id(v) in input_ids:
@@ -326,7 +358,8 @@ def build_part(seg: Segment) -> PartGraph:
     if not kiln_outs:
         raise L.Unsupported("the part computes nothing")
     graph = b.build(kiln_outs)
-    return PartGraph(graph, in_specs, out_specs, sources, restride, len(kiln_outs), len(graph.nodes))
+    return PartGraph(graph, in_specs, out_specs, sources, restride, len(kiln_outs), len(graph.nodes),
+                     symbolic=bool(symbols))
 
 
 def eager_module(seg: Segment) -> torch.fx.GraphModule:

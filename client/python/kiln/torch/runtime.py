@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .. import service_pb2
+from ..client import _eval_size
 from ..errors import KilnError, KilnFallbackWarning, RpcError
 from .partition import PartGraph, Segment, effective_strides, eager_module
 
@@ -219,6 +220,9 @@ class KilnPart(torch.nn.Module):
             raise KilnError(f"the plan has {len(ins)} inputs, the part {len(self.part.inputs)}")
         if len(outs) != len(self._kiln_specs):
             raise KilnError(f"the plan has {len(outs)} outputs, the part {len(self._kiln_specs)}")
+        if self.part.symbolic:
+            _check_symbolic_plan(compiled, self.part, outs, self._kiln_specs)
+            return
         for b, spec in zip(outs, self._kiln_specs):
             if tuple(b.shape) != spec.shape:
                 raise KilnError(f"plan output {b.index} has shape {tuple(b.shape)}, torch expects {spec.shape}")
@@ -286,8 +290,37 @@ class KilnPart(torch.nn.Module):
             self._stream = (lambda: raw(idx)) if raw is not None else (
                 lambda: torch.cuda.current_stream(dev).cuda_stream)
 
+    def _run_symbolic(self, args: Sequence[torch.Tensor]) -> Optional[tuple[torch.Tensor, ...]]:
+        """A part with symbolic sizes (CPU): the sizes are read from the arguments, every
+        argument is checked against its shape expressions, outputs are allocated from theirs;
+        None when the arguments do not fit (the caller runs torch)."""
+        compiled = self.compiled
+        sizes = [int(args[sym.input].shape[sym.axis]) for sym in compiled.plan.symbols]
+        keep: list[torch.Tensor] = []
+        ptrs: list[int] = []
+        for i, (t, spec) in enumerate(zip(args, self.part.inputs)):
+            want = tuple(_eval_size(e, sizes) for e in compiled._in_exprs[i])
+            if t.dtype != spec.dtype or tuple(t.shape) != want or t.device.type != "cpu":
+                return None
+            if not t.is_contiguous():
+                t = t.contiguous()
+                keep.append(t)
+            ptrs.append(t.data_ptr())
+        outs = [torch.empty(tuple(_eval_size(e, sizes) for e in exprs), dtype=spec.dtype)
+                for exprs, spec in zip(compiled._out_exprs, self._kiln_specs)]
+        ptrs.extend(o.data_ptr() for o in outs)
+        ws_bytes = self.kernel.workspace_bytes(sizes)
+        ws = torch.empty(ws_bytes, dtype=torch.uint8) if ws_bytes else None
+        rc = self.kernel.run(ptrs, ws.data_ptr() if ws is not None else None, torch.get_num_threads(), sizes)
+        if rc != 0:
+            raise KilnError(f"kiln_run returned {rc}")
+        del keep, ws
+        return tuple(outs[k] if kind == "kiln" else args[k].clone() for kind, k in self.part.sources)
+
     def _run(self, args: Sequence[torch.Tensor]) -> Optional[tuple[torch.Tensor, ...]]:
         """Runs the kernels; None when the arguments do not fit (the caller runs torch)."""
+        if self.part.symbolic:
+            return self._run_symbolic(args)
         if self._in_fast is None:
             self._prepare_run()
         dev, idx = self.device, self._dev_index
@@ -349,6 +382,30 @@ class KilnPart(torch.nn.Module):
                       self.part_name, i, stride, spec.strides)
             return None
         return torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _check_symbolic_plan(compiled: Any, part: PartGraph, outs: Sequence[Any], specs: Sequence[Any]) -> None:
+    """The plan's output shapes, as expressions of the part's symbols, must be torch's at every
+    size: both sides are evaluated at a few assignments of torch's size symbols (a lowering that
+    baked an example size into the graph shows up here, and the part runs in torch)."""
+    import random
+
+    import sympy
+
+    names = [sym.name for sym in compiled.plan.symbols]
+    exprs_of: dict[str, Any] = {}
+    for sym in compiled.plan.symbols:
+        exprs_of[sym.name] = part.inputs[sym.input].exprs[sym.axis]
+    free = sorted({f for e in exprs_of.values() for f in e.free_symbols}, key=str)
+    rng = random.Random(7)
+    for _ in range(3):
+        point = {f: rng.randint(2, 97) for f in free}
+        sizes = [int(exprs_of[n].subs(point)) for n in names]
+        for b, spec in zip(outs, specs):
+            want = [int(sympy.sympify(e).subs(point)) for e in (spec.exprs or spec.shape)]
+            got = [_eval_size(e, sizes) for e in b.shape_exprs]
+            if got != want:
+                raise KilnError(f"plan output {b.index} has shape {got} at {point}, torch expects {want}")
 
 
 def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
