@@ -3,7 +3,10 @@
 Side by side in one process, on the same inputs: the seed's k-means (float points, int64 means
 ``[[5, 5], [10, 10]]``) compiled for the exact point count and compiled with the point count
 symbolic; the median of several runs of each (1 and 2 threads) and their ratio, and NumPy's time.
-Then ``kiln.jit`` called with 20 different point counts: how many compiles it asked for.
+Then ``kiln.jit`` called with 20 different point counts: how many compiles it asked for. Then
+(with PyTorch) a transformer encoder block under ``torch.compile(backend="kiln")`` on CPU,
+static against ``dynamic=True``: time per inference call at one size, and parts compiled over
+several sequence lengths.
 
     python3 tests/bench/dynamic_bench.py [--n 10000000] [--runs 7]
 """
@@ -77,6 +80,35 @@ def main() -> None:
             x = rng.uniform(0, 15, (n, 2))
             np.testing.assert_array_equal(kmeans(x, means), numpy_kmeans(x, means))
         print(f"kiln.jit k-means at {len(counts)} point counts: {kmeans.compile_count} compiles, all equal to NumPy")
+        encoder(client, args.runs)
+
+
+def encoder(client, runs: int) -> None:
+    try:
+        import torch
+    except ImportError:
+        print("no PyTorch: encoder block skipped")
+        return
+    import kiln.torch as kt
+    from kiln.torch import examples as E
+
+    times = {}
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        kt.reset_stats()
+        kt.clear_memo()
+        fn = torch.compile(E.encoder_block, backend="kiln", options={"client": client}, dynamic=dynamic)
+        with torch.no_grad():
+            if dynamic:
+                for t in (64, 96, 200):  # other lengths first: the kernels must not depend on them
+                    fn(*E.make_encoder(8, t, 256, requires_grad=False))
+            args = E.make_encoder(8, 128, 256, requires_grad=False)
+            torch.testing.assert_close(fn(*args), E.encoder_block(*args), rtol=1e-4, atol=1e-4)
+            times[dynamic] = median_time(lambda: fn(*args), runs)
+        s = kt.stats()
+        print(f"encoder block B=8 C=256, dynamic={dynamic}: parts compiled {s['compiled']}, fell back {s['failed']}, "
+              f"eager part calls {s['eager_calls']}; T=128 {times[dynamic] * 1e3:.2f} ms per call")
+    print(f"encoder block dynamic/static at T=128: {times[True] / times[False]:.3f}")
 
 
 if __name__ == "__main__":
