@@ -415,6 +415,34 @@ grpc::ServerUnaryReactor* KilnService::Explain(grpc::CallbackServerContext* cont
   return reactor;
 }
 
+grpc::ServerUnaryReactor* KilnService::RecordTuning(grpc::CallbackServerContext* context,
+                                                    const v1::TuningRequest* request,
+                                                    v1::TuningResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kCompile, "RecordTuning");
+  if (!caller.ok()) return Refuse(reactor, "RecordTuning", caller.status());
+  absl::StatusOr<v1::TuningResponse> recorded = compile_->RecordTuning(*request);
+  if (recorded.ok()) {
+    *response = *std::move(recorded);
+    spdlog::info("RecordTuning {} {} on '{}': variant {}", caller->name, response->handle().substr(0, 12),
+                 request->device(), response->variant());
+  }
+  reactor->Finish(ToGrpcStatus(recorded.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KilnService::LookupTuning(grpc::CallbackServerContext* context,
+                                                    const v1::TuningRequest* request,
+                                                    v1::TuningResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kRead, "LookupTuning");
+  if (!caller.ok()) return Refuse(reactor, "LookupTuning", caller.status());
+  absl::StatusOr<v1::TuningResponse> found = compile_->LookupTuning(*request);
+  if (found.ok()) *response = *std::move(found);
+  reactor->Finish(ToGrpcStatus(found.status()));
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* KilnService::GetResult(grpc::CallbackServerContext* context,
                                                  const v1::GetResultRequest* request,
                                                  v1::CompileResponse* response) {

@@ -7,8 +7,9 @@
 // Each Compile logs one line: method, caller (token name), key prefix, outcome (hit / miss /
 // joined / error), ms.
 // Every call is authorized first (auth::Authorizer): Lookup, GetResult, FetchArtifact,
-// GetSource and GetStats need role read; Compile, Prewarm and the custom-kernel calls
-// (FindMissingBlobs, UploadBlobs, BuildExtension, CompileRawKernel) role compile. Compiles count
+// GetSource, GetStats and LookupTuning need role read; Compile, Prewarm, RecordTuning and the
+// custom-kernel calls (FindMissingBlobs, UploadBlobs, BuildExtension, CompileRawKernel) role
+// compile. Compiles count
 // against the caller's in-flight limit; a caller at its limit is still answered from the cache
 // and gets RESOURCE_EXHAUSTED for a miss. The health service is not this service: it stays
 // open to everyone.
@@ -77,6 +78,10 @@ class KilnService final : public v1::Kiln::CallbackService {
   grpc::ServerUnaryReactor* CompileRawKernel(grpc::CallbackServerContext* context,
                                              const v1::CompileRawKernelRequest* request,
                                              v1::CompileRawKernelResponse* response) override;
+  grpc::ServerUnaryReactor* RecordTuning(grpc::CallbackServerContext* context, const v1::TuningRequest* request,
+                                         v1::TuningResponse* response) override;
+  grpc::ServerUnaryReactor* LookupTuning(grpc::CallbackServerContext* context, const v1::TuningRequest* request,
+                                         v1::TuningResponse* response) override;
 
  private:
   // The caller of `context` when it holds `needed`; otherwise the status to finish with.

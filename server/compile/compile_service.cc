@@ -10,7 +10,12 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "kernels/codegen/variants.h"
 #include "kernels/ir/decode.h"
+#include "kernels/key/digest.h"
 #include "kernels/util/status_macros.h"
 #include "server/compile/result_convert.h"
 #include "spdlog/spdlog.h"
@@ -584,6 +589,92 @@ absl::StatusOr<v1::ExplainResponse> CompileService::Explain(const v1::ExplainReq
                      return a.differing() < b.differing();
                    });
   while (out.nearest_size() > limit) out.mutable_nearest()->RemoveLast();
+  return out;
+}
+
+// ---------------------------------------------------------------------- shared tuning
+
+namespace {
+constexpr size_t kMaxDeviceName = 256;
+constexpr int kMaxTimings = 64;
+}  // namespace
+
+absl::StatusOr<std::pair<std::string, std::string>> CompileService::TuningKey(const v1::TuningRequest& request) {
+  const std::string& device = request.device();
+  if (device.empty() || device.size() > kMaxDeviceName ||
+      !std::all_of(device.begin(), device.end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
+    return absl::InvalidArgumentError(
+        "tuning: bad device name (rule: 1 to 256 printable ASCII characters naming the device model)");
+  v1::CompileOptions options = request.options();
+  options.set_variant(0);  // a tuning is for the graph, whichever variant wins
+  KILN_ASSIGN_OR_RETURN(Prepared p, Prepare(request.graph(), request.target(), options));
+  std::string record = absl::StrCat("kiln.tuning.v1\n", p.key.digest, "\n", device);
+  return std::make_pair(key::Sha256Hex(record), p.key.digest);
+}
+
+absl::StatusOr<v1::TuningResponse> CompileService::RecordTuning(const v1::TuningRequest& request) {
+  KILN_ASSIGN_OR_RETURN(auto keys, TuningKey(request));
+  KILN_ASSIGN_OR_RETURN(Target target, ir::DecodeTarget(request.target()));
+  const int variants = target.is_cuda() ? codegen::kNumCudaVariants : codegen::kNumCpuVariants;
+  if (request.variant() < 0 || request.variant() >= variants)
+    return absl::InvalidArgumentError(absl::StrCat("tuning: variant ", request.variant(), " of ", target.ToString(),
+                                                   " (rule: 0 to ", variants - 1, ")"));
+  if (request.timings_size() > kMaxTimings)
+    return absl::InvalidArgumentError(absl::StrCat("tuning: ", request.timings_size(), " timings (rule: at most ",
+                                                   kMaxTimings, ")"));
+  std::vector<std::string> timings;
+  for (const v1::VariantTiming& t : request.timings())
+    timings.push_back(absl::StrCat(t.variant(), ":", t.median_ms()));
+  v1::ActionResult record;
+  record.set_key_debug(absl::StrCat("tuning record for ", keys.second, " on ", request.device()));
+  *record.mutable_target() = request.target();
+  for (const auto& [label, value] : std::vector<std::pair<std::string, std::string>>{
+           {"tuning_for", keys.second},
+           {"device", request.device()},
+           {"variant", absl::StrCat(request.variant())},
+           {"timings_ms", absl::StrJoin(timings, ";")}}) {
+    v1::KeyField* f = record.add_key_fields();
+    f->set_label(label);
+    f->set_value(value);
+  }
+  if (options_.sign) KILN_RETURN_IF_ERROR(options_.sign(keys.first, &record));
+  KILN_RETURN_IF_ERROR(store_->PutResult(keys.first, record, {}));
+  memory_.Put(keys.first, std::make_shared<const v1::ActionResult>(record), absl::Now());
+  v1::TuningResponse out;
+  out.set_found(true);
+  out.set_variant(request.variant());
+  *out.mutable_timings() = request.timings();
+  out.set_handle(keys.second);
+  return out;
+}
+
+absl::StatusOr<v1::TuningResponse> CompileService::LookupTuning(const v1::TuningRequest& request) {
+  KILN_ASSIGN_OR_RETURN(auto keys, TuningKey(request));
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const v1::ActionResult> record, LookupCached(keys.first, absl::Now()));
+  v1::TuningResponse out;
+  out.set_handle(keys.second);
+  if (record == nullptr) return out;
+  for (const v1::KeyField& f : record->key_fields()) {
+    if (f.label() == "tuning_for" && f.value() != keys.second) return out;  // not this graph's record
+    if (f.label() == "variant") {
+      int v = 0;
+      if (!absl::SimpleAtoi(f.value(), &v)) return out;
+      out.set_variant(v);
+      out.set_found(true);
+    }
+    if (f.label() == "timings_ms" && !f.value().empty()) {
+      for (absl::string_view item : absl::StrSplit(f.value(), ';')) {
+        std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits(':', 1));
+        v1::VariantTiming* t = out.add_timings();
+        int v = 0;
+        double ms = 0;
+        if (absl::SimpleAtoi(kv.first, &v) && absl::SimpleAtod(kv.second, &ms)) {
+          t->set_variant(v);
+          t->set_median_ms(ms);
+        }
+      }
+    }
+  }
   return out;
 }
 

@@ -121,6 +121,13 @@ class CompileService {
   // a bad graph or target, as Compile. Compiles nothing and counts no hit or miss.
   absl::StatusOr<v1::ExplainResponse> Explain(const v1::ExplainRequest& request);
 
+  // Shared tuning (kiln.v1.RecordTuning / LookupTuning): the fastest variant of a graph on a
+  // device model, stored in the artifact store (every tier: a cluster shares it) under a key
+  // derived from the action key of the graph's variant 0 and the device's name, signed like
+  // results. InvalidArgument for a bad graph, target, device name or variant number.
+  absl::StatusOr<v1::TuningResponse> RecordTuning(const v1::TuningRequest& request);
+  absl::StatusOr<v1::TuningResponse> LookupTuning(const v1::TuningRequest& request);
+
   // Counters for GetStats (store counters included).
   v1::GetStatsResponse Stats() const;
 
@@ -143,6 +150,8 @@ class CompileService {
 
   absl::StatusOr<Prepared> Prepare(const v1::Graph& graph, const v1::Target& target,
                                    const v1::CompileOptions& options);
+  // (store key of the tuning record, action key of variant 0) for a tuning request.
+  absl::StatusOr<std::pair<std::string, std::string>> TuningKey(const v1::TuningRequest& request);
   TargetInfo InfoFor(const Target& target);
   // Memory, then store. nullptr on a miss; an error only when the store fails.
   absl::StatusOr<std::shared_ptr<const v1::ActionResult>> LookupCached(const std::string& key,

@@ -5,6 +5,11 @@ others vary block sizes and threads per row on CUDA, tile widths, row unrolling 
 split on the CPU). :func:`autotune` compiles variants 0, 1, ... in turn, skips those whose
 generated source repeats an earlier one (a knob that does not touch this graph), checks each
 against variant 0 on the given inputs, and times them where they will run.
+
+Tunings are shared through the daemon: the winner is recorded under the graph and the device
+model (``RecordTuning``), and a later :func:`autotune` of the same graph on the same model, in
+any process on any machine served by that store, compiles the recorded variant at once without
+timing anything (``LookupTuning``). ``kiln prewarm --autotune`` tunes recorded graphs from CI.
 """
 
 from __future__ import annotations
@@ -24,6 +29,28 @@ class VariantTiming:
     variant: int
     handle: str
     median_ms: float
+
+
+def device_name(target: Any, inputs: Sequence[Any] = ()) -> str:
+    """The device model a tuning is for: the GPU's name and compute capability for a CUDA
+    target (of the inputs' device), the CPU's model name and the target's ISA level otherwise."""
+    t = str(target)
+    if t.startswith("cuda"):
+        import torch
+
+        dev = next((a.device for a in inputs if getattr(a, "is_cuda", False)), torch.device("cuda"))
+        major, minor = torch.cuda.get_device_capability(dev)
+        return f"{torch.cuda.get_device_name(dev)} sm_{major}{minor}"
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model} {t}"
 
 
 def _sync_for(inputs: Sequence[Any]) -> Callable[[], None]:
@@ -53,15 +80,41 @@ def _host(a: Any) -> np.ndarray:
 
 def autotune(client: Any, graph: Any, inputs: Sequence[Any], target: Any = "cpu", *, options: Any = None,
              max_variants: int = 8, iters: int = 10, num_threads: Optional[int] = None, rtol: float = 1e-4,
-             atol: float = 1e-6) -> tuple[Any, list[VariantTiming]]:
+             atol: float = 1e-6, share: bool = True, device: Optional[str] = None) -> tuple[Any, list[VariantTiming]]:
     """Returns the fastest :class:`kiln.Compiled` of ``graph``'s variants on ``inputs`` and every
     distinct variant's median time (ms, ``iters`` calls after one warm-up, the device waited
     for after each call). ``options``: the other compile options (a kiln.v1.CompileOptions or
     a dict for :func:`kiln.make_options`). Raises AssertionError when a variant's outputs
     differ from variant 0's by more than ``atol + rtol * max|variant 0|`` (summation orders
-    differ between variants; integers and bools: exactly)."""
-    sync = _sync_for(inputs)
+    differ between variants; integers and bools: exactly).
+
+    ``share`` (default on): first ask the daemon for a tuning recorded on this device model
+    (``device``, default :func:`device_name`); when there is one, compile that variant and
+    return it with the recorded timings, timing nothing; otherwise tune and record the winner."""
     base = _as_options(options)
+    if share:
+        device = device or device_name(target, inputs)
+        known = client.lookup_tuning(graph, target, device, base)
+        if known.found:
+            opts = type(base)()
+            opts.CopyFrom(base)
+            opts.variant = known.variant
+            compiled = client.compile(graph, target, opts)
+            return compiled, [VariantTiming(t.variant, "", t.median_ms) for t in known.timings]
+    best, timings = _tune(client, graph, inputs, target, base, max_variants, iters, num_threads, rtol, atol)
+    if share:
+        client.record_tuning(graph, target, device, _variant_of(best, timings),
+                             [(t.variant, t.median_ms) for t in timings], base)
+    return best, timings
+
+
+def _variant_of(best: Any, timings: list[VariantTiming]) -> int:
+    return next(t.variant for t in timings if t.handle == best.handle)
+
+
+def _tune(client: Any, graph: Any, inputs: Sequence[Any], target: Any, base: Any, max_variants: int, iters: int,
+          num_threads: Optional[int], rtol: float, atol: float) -> tuple[Any, list[VariantTiming]]:
+    sync = _sync_for(inputs)
     kw = {} if num_threads is None else {"num_threads": num_threads}
     seen: set[str] = set()
     best: Any = None
@@ -100,4 +153,4 @@ def autotune(client: Any, graph: Any, inputs: Sequence[Any], target: Any = "cpu"
     return best[0], timings
 
 
-__all__ = ["autotune", "VariantTiming"]
+__all__ = ["autotune", "device_name", "VariantTiming"]

@@ -368,6 +368,7 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
             built += not outcome.cache_hit
             if mode == "lines":
                 print(f"{'cache hit' if outcome.cache_hit else 'built':<10} {outcome.seconds * 1000:8.1f} ms  {f}", flush=True)
+        tuned = _prewarm_autotune(client, requests, labels, events, failures, mode) if args.autotune else []
     elapsed = time.monotonic() - t0
     compiled = sum(1 for e in events if e.code == 0 and not e.cache_hit)
     hits = sum(1 for e in events if e.code == 0 and e.cache_hit)
@@ -379,6 +380,7 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
             "graphs": len(files), "targets": [str(t) for t in targets], "requests": len(requests),
             "compiled": compiled, "cache_hits": hits, "failed": len(failures), "seconds": round(elapsed, 3),
             "builds": len(builds), "built": built, "build_cache_hits": build_hits,
+            "tuned": tuned,
             "failures": failures,
             "results": [{"graph": l, "handle": e.handle, "cache_hit": e.cache_hit, "code": _CODE_NAMES.get(e.code, e.code), "ms": round(e.ms, 3)} for l, e in zip(labels, events)],
         })
@@ -389,6 +391,77 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
               f"{len(builds)} custom builds: {built} built, {build_hits} cache hits; "
               f"{len(failures)} failed in {elapsed:.1f} s")
     return 1 if failures else 0
+
+
+def _random_inputs(graph: Any, device: Optional[str]) -> list[Any]:
+    """Random arrays of a graph's input types (symbolic dimensions at their example sizes): NumPy
+    for a CPU target, torch tensors on ``device`` for a CUDA one."""
+    import numpy as np
+
+    from . import dtypes as dt
+
+    rng = np.random.default_rng(0)
+    arrays = []
+    for inp in graph.inputs:
+        dtype = dt.from_wire(inp.type.dtype)
+        shape = tuple(inp.type.shape)
+        npt = dt.to_numpy(dtype)
+        if dtype == "bool":
+            a = rng.random(shape) < 0.5
+        elif np.issubdtype(npt, np.integer):
+            a = rng.integers(0, 8, size=shape).astype(npt)
+        else:
+            a = rng.standard_normal(shape).astype(npt)
+        if inp.type.strides:
+            raise ValueError("inputs with declared strides are not tuned")
+        arrays.append(a)
+    if device is None:
+        return arrays
+    import torch
+
+    return [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in arrays]
+
+
+def _prewarm_autotune(client: Any, requests: list[Any], labels: list[str], events: list[Any], failures: list[str],
+                      mode: str) -> list[dict[str, Any]]:
+    """``kiln prewarm --autotune``: each compiled graph whose target runs here (this CPU, or a
+    CUDA device of that compute capability) is tuned on random inputs, unless the daemon
+    already holds a tuning for this device model; the winners are recorded for every client."""
+    from .autotune import autotune, device_name
+    from .client import _host_runs
+    from .target import Target
+
+    out: list[dict[str, Any]] = []
+    for req, label, ev in zip(requests, labels, events):
+        if ev.code != 0:
+            continue
+        target = Target.from_proto(req.target)
+        device = None
+        if target.is_cuda:
+            try:
+                import torch
+
+                if not torch.cuda.is_available() or torch.cuda.get_device_capability(0) != divmod(target.sm, 10):
+                    continue
+                device = "cuda:0"
+            except ImportError:
+                continue
+        elif not _host_runs(target):
+            continue
+        try:
+            inputs = _random_inputs(req.graph, device)
+            name = device_name(target, inputs)
+            known = client.lookup_tuning(req.graph, target, name, req.options)
+            _, timings = autotune(client, req.graph, inputs, target, options=req.options, device=name)
+        except Exception as err:  # a graph that cannot be tuned here is reported, the rest go on
+            failures.append(f"{label}: autotune: {type(err).__name__}: {err}")
+            continue
+        chosen = client.lookup_tuning(req.graph, target, name, req.options).variant  # recorded before or just now
+        out.append({"graph": label, "device": name, "variant": chosen, "already_tuned": bool(known.found),
+                    "timings_ms": {str(t.variant): round(t.median_ms, 4) for t in timings}})
+        if mode == "lines":
+            print(f"{'tuned' if not known.found else 'known':<10} variant {chosen}  {label}  on {name}", flush=True)
+    return out
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -560,6 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="graph files or folders of them (.kreq recordings, .json, .txtpb, .pb); .kbuild recordings "
                         "of extension builds and raw kernels are built as recorded")
     s.add_argument("--target", "-t", action="append", default=[], help="a target for the graphs; repeat for several")
+    s.add_argument("--autotune", action="store_true",
+                   help="also tune each graph whose target runs here (this CPU, or a CUDA device of that sm) on random "
+                        "inputs and record the fastest variant for every client of the daemon (kiln.autotune)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_prewarm)

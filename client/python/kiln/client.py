@@ -251,6 +251,31 @@ class Client:
         req.options.CopyFrom(full.options)
         return self._call("Explain", req, timeout)
 
+    def _tuning_request(self, graph: Any, target: TargetLike, options: Any, device: str) -> Any:
+        full = self._request(graph, target, options)
+        req = service_pb2.TuningRequest(device=device)
+        req.graph.CopyFrom(full.graph)
+        req.target.CopyFrom(full.target)
+        req.options.CopyFrom(full.options)
+        return req
+
+    def lookup_tuning(self, graph: Any, target: TargetLike, device: str, options: Any = None, *,
+                      timeout: Optional[float] = None) -> Any:
+        """The shared tuning of ``graph`` on ``device`` (a kiln.v1.TuningResponse: ``found``,
+        ``variant``, ``timings``), as some client recorded it with :meth:`record_tuning`."""
+        return self._call("LookupTuning", self._tuning_request(graph, target, options, device), timeout)
+
+    def record_tuning(self, graph: Any, target: TargetLike, device: str, variant: int,
+                      timings: Sequence[tuple[int, float]] = (), options: Any = None, *,
+                      timeout: Optional[float] = None) -> Any:
+        """Stores ``variant`` as the fastest of ``graph`` on ``device`` for every client of
+        the daemon's store (``timings``: (variant, median ms) pairs, for reports)."""
+        req = self._tuning_request(graph, target, options, device)
+        req.variant = int(variant)
+        for v, ms in timings:
+            req.timings.add(variant=int(v), median_ms=float(ms))
+        return self._call("RecordTuning", req, timeout)
+
     def stats(self, *, timeout: Optional[float] = None) -> Any:
         """The daemon's counters: a kiln.v1.GetStatsResponse."""
         return self._call("GetStats", service_pb2.GetStatsRequest(), timeout)
