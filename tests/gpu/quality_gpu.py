@@ -32,14 +32,16 @@ Exit status: 0 when every check passed, 1 when one failed, 2 when the setup is m
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -133,6 +135,43 @@ def event_ms(call: Callable[[], Any], iters: int, warmup: int = 5) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+SECOND_PROCESS = """
+import json, sys
+import numpy as np, torch, kiln
+sys.path.insert(0, {here!r})
+import quality_gpu as q
+client = kiln.Client({address!r}, cache_dir={cache!r})
+compiles = []
+real = client.compile
+client.compile = lambda *a, **k: compiles.append(1) or real(*a, **k)
+host = [np.load(p) for p in {inputs!r}]
+dev = [torch.from_numpy(h).cuda() for h in host]
+fn = kiln.jit(getattr(q, {fn!r}), target="cuda", client=client, mode="max-autotune")
+out = fn(*dev)
+torch.cuda.synchronize()
+print(json.dumps({{"handle": fn.compiled_for(*dev).handle, "compiles": len(compiles)}}))
+"""
+
+
+def second_process_tuning(address: str, fn_name: str, host: Sequence[np.ndarray], handle: str) -> str:
+    """A fresh process (empty local cache) asks for the same tuned function: kilnd's shared
+    tuning record gives it the winning variant, which it compiles once, timing nothing."""
+    with tempfile.TemporaryDirectory(prefix="kiln-tuned-") as tmp:
+        paths = []
+        for i, h in enumerate(host):
+            paths.append(str(Path(tmp) / f"in{i}.npy"))
+            np.save(paths[-1], np.ascontiguousarray(h))
+        script = SECOND_PROCESS.format(here=str(Path(__file__).resolve().parent), address=address,
+                                       cache=str(Path(tmp) / "cache"), inputs=paths, fn=fn_name)
+        p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            raise AssertionError(p.stderr[-2000:])
+        got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["handle"] == handle, f"second process got {got['handle'][:12]}, the tuner {handle[:12]}"
+    assert got["compiles"] == 1, f"{got['compiles']} compiles: the second process tuned again"
+    return f"same variant ({handle[:12]}), 1 compile"
+
+
 def run(client: kiln.Client, report: Report, iters: int) -> None:
     import torch
 
@@ -184,6 +223,8 @@ def run(client: kiln.Client, report: Report, iters: int) -> None:
         # Tuned: the first call times the kernel variants on these tensors and keeps the fastest.
         tuned = kiln.jit(np_fn, target=target, client=client, mode="max-autotune")
         checked("kiln, tuned", lambda: tuned(*dev))
+        report.check(f"{name}: tuning served to a second process without timing",
+                     lambda: second_process_tuning(client.address, np_fn.__name__, host, tuned.compiled_for(*dev).handle))
         rows.append((name, times))
 
     print("\n| workload | eager ms | Inductor ms | kiln ms | kiln, no rewrite ms | kiln, tuned ms | kiln / Inductor | "

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln.autotune import MIN_GAIN
 
 NP = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i8": np.int8, "i16": np.int16,
       "i32": np.int32, "i64": np.int64, "u8": np.uint8, "bool": np.bool_}
@@ -535,15 +536,19 @@ def test_autotune_times_distinct_variants_that_agree(client, rng) -> None:
     x = b.input("x", "f32", shape)
     g = b.build([b.var(x, axes=[0]), b.sum(x, axes=[0])])
     xh = random_array(rng, "f32", shape)
-    best, timings = kiln.autotune(client, g, [xh], iters=3, rtol=1e-4, atol=1e-3)
+    best, timings = kiln.autotune(client, g, [xh], iters=3, rtol=1e-4, atol=1e-3, share=False)
     handles = [t.handle for t in timings]
     assert len(timings) == 4 and len(set(handles)) == len(handles)  # the CPU table's 4 entries
     assert best.handle in handles
-    assert min(t.median_ms for t in timings) == next(t.median_ms for t in timings if t.handle == best.handle)
+    # The fastest, unless it beats the default by less than the noise margin.
+    fastest = min(timings, key=lambda t: t.median_ms)
+    default = next(t for t in timings if t.variant == 0)
+    want = fastest if fastest.median_ms <= default.median_ms * (1 - MIN_GAIN) else default
+    assert best.handle == want.handle
     # A graph the knobs do not touch (pointwise) has one distinct variant.
     b = kiln.GraphBuilder()
     y = b.input("y", "f32", (64,))
-    _, only = kiln.autotune(client, b.build([b.exp(y)]), [random_array(rng, "f32", (64,))], iters=1)
+    _, only = kiln.autotune(client, b.build([b.exp(y)]), [random_array(rng, "f32", (64,))], iters=1, share=False)
     assert len(only) == 1
     np.testing.assert_allclose(best(xh)[0], xh.astype(np.float64).var(0), rtol=1e-4, atol=1e-3)
 

@@ -14,7 +14,7 @@ import pytest
 
 import kiln
 from helpers import kiln_cli
-from kiln.autotune import device_name
+from kiln.autotune import MIN_GAIN, device_name
 from kiln.errors import RpcError
 
 
@@ -55,7 +55,10 @@ def test_tuned_variant_is_served_to_a_second_process_without_timing(client, subp
     assert not client.lookup_tuning(graph, "cpu", device).found
     best, timings = kiln.autotune(client, graph, [X])
     assert len(timings) >= 2, "the graph has several distinct variants to time"
-    winner = min(timings, key=lambda t: t.median_ms)
+    fastest = min(timings, key=lambda t: t.median_ms)
+    default = next(t for t in timings if t.variant == 0)
+    # The fastest wins unless it beats the default by less than the noise margin.
+    winner = fastest if fastest.median_ms <= default.median_ms * (1 - MIN_GAIN) else default
     assert best.handle == winner.handle
     known = client.lookup_tuning(graph, "cpu", device)
     assert known.found and known.variant == winner.variant
