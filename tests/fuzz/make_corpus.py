@@ -31,7 +31,18 @@ def main() -> int:
         text_format.Parse(txt.read_text(), g)
         blobs.append(g.SerializeToString())
     blobs += [p.read_bytes() for p in sorted((REPO / "tests/fuzz/regressions").iterdir())]
-    blobs += [make_graph(seed).graph.SerializeToString() for seed in range(count)]
+    graphs = [make_graph(seed).graph for seed in range(count)]
+    blobs += [g.SerializeToString() for g in graphs]
+    # Symbolic variants (TensorType.dim_symbols): the leading dimension of every input named,
+    # one symbol for all or one per input, so the fuzzer starts from graphs that take the
+    # sample-and-generalise path as well.
+    for k, g in enumerate(graphs[: count // 3]):
+        sym = graph_pb2.Graph()
+        sym.CopyFrom(g)
+        for i, inp in enumerate(sym.inputs):
+            if len(inp.type.shape) and not len(inp.type.strides):
+                inp.type.dim_symbols.extend(["N" if k % 2 else f"S{i % 3}"] + [""] * (len(inp.type.shape) - 1))
+        blobs.append(sym.SerializeToString())
     for b in blobs:
         (out / hashlib.sha1(b).hexdigest()).write_bytes(b)
     print(f"corpus: {len(blobs)} seeds in {out}")
