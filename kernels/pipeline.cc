@@ -128,7 +128,8 @@ absl::StatusOr<ir::Graph> RunPasses(const ir::Graph& graph, const CompileOptions
 // Rules a symbolic graph must follow beyond what verification at one sample checks: a choice
 // that the verifier makes from a size and that would come out differently for a small size.
 // A slice clamps its bounds to the axis, so along a symbolic axis only whole-axis slices
-// (and reversals) have the same meaning for every size.
+// (and reversals) have the same meaning for every size; a squeeze without axes removes the
+// dimensions that are 1, which a symbolic one may be at run time, so it must name its axes.
 absl::Status CheckSymbolicRules(const ir::Graph& graph) {
   ir::Graph a = graph, b = graph;
   const std::vector<std::vector<int64_t>> points = codegen::SymbolicSamplePoints(static_cast<int>(graph.symbols.size()));
@@ -138,8 +139,12 @@ absl::Status CheckSymbolicRules(const ir::Graph& graph) {
   KILN_RETURN_IF_ERROR(ir::VerifyAndInfer(b, ir::SymbolicLimits({})));
   for (size_t k = 0; k < a.nodes.size(); ++k) {
     const ir::Node& n = a.nodes[k];
-    if (n.op != "slice") continue;
     const ir::ValueId v = a.num_inputs() + static_cast<ir::ValueId>(k);
+    if (n.op == "squeeze" && !n.Has("axes") && a.TypeOf(n.inputs[0]).shape != b.TypeOf(n.inputs[0]).shape)
+      return absl::InvalidArgumentError(absl::StrCat(
+          graph.Describe(v), ": squeeze without axes of a tensor with symbolic sizes (rule: name the axes, since ",
+          "a symbolic size may be 1 at run time and the kernel's rank cannot follow it)"));
+    if (n.op != "slice") continue;
     const ir::Shape& in_a = a.TypeOf(n.inputs[0]).shape;
     const ir::Shape& in_b = b.TypeOf(n.inputs[0]).shape;
     const ir::IntList axes = n.Ints("axes"), steps = n.Ints("steps");

@@ -44,13 +44,6 @@ std::string StoreConvert(DType t, const std::string& x) {
   }
 }
 
-namespace {
-thread_local bool symbolic_sample = false;
-}  // namespace
-
-ScopedSymbolicSample::ScopedSymbolicSample() : previous_(symbolic_sample) { symbolic_sample = true; }
-ScopedSymbolicSample::~ScopedSymbolicSample() { symbolic_sample = previous_; }
-bool InSymbolicSample() { return symbolic_sample; }
 
 std::string Literal(DType t, double f, int64_t i) {
   if (ir::IsFloat(t)) {
@@ -64,7 +57,7 @@ std::string Literal(DType t, double f, int64_t i) {
       return f < 0 ? "(-" + s + ")" : s;
     }
     char buf[64];
-    std::snprintf(buf, sizeof buf, single && !symbolic_sample ? "%.9g" : "%.17g", f);
+    std::snprintf(buf, sizeof buf, single && !InSymbolicSample() ? "%.9g" : "%.17g", f);
     std::string s = buf;
     if (s.find_first_of(".en") == std::string::npos) s += ".0";
     return single ? "(" + s + "f)" : "(" + s + ")";

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/ir/dtype.h"
+#include "kernels/ir/symbols.h"
 #include "kernels/lower/expr.h"
 
 namespace kiln::codegen {
@@ -24,22 +25,11 @@ std::string StoreConvert(ir::DType t, const std::string& x);
 
 // A literal of dtype t's compute type.
 std::string Literal(ir::DType t, double f, int64_t i);
-// While one lives on this thread, code is generated at a sample of a symbolic graph
-// (kernels/codegen/symbolic.h): single-precision literals print all 17 digits of the double
-// they came from (as f64 literals do), so exact values (a 1/N of a mean) can be read back out
-// of the text, and no choice rests on an extent's divisibility (an unrolled loop without a
-// remainder), since an extent may be a size that divides at every sample and not at run time.
-class ScopedSymbolicSample {
- public:
-  ScopedSymbolicSample();
-  ~ScopedSymbolicSample();
-  ScopedSymbolicSample(const ScopedSymbolicSample&) = delete;
-  ScopedSymbolicSample& operator=(const ScopedSymbolicSample&) = delete;
-
- private:
-  bool previous_;
-};
-bool InSymbolicSample();
+// The symbolic-sample flag (kernels/ir/symbols.h, ScopedSymbolicSample): while it is set,
+// single-precision literals print all 17 digits of the double they came from, so exact values
+// (a 1/N of a mean) can be read back out of the text.
+using ir::InSymbolicSample;
+using ir::ScopedSymbolicSample;
 
 // Text of a pointwise node (kUnary, kBinary, kWhere, kCast, kClamp, kIndexLess, kIndex,
 // kConst) given its operands' texts. `index_text` is the printed index[0] where used.

@@ -20,6 +20,14 @@ constexpr int64_t kSamples[kMaxSymbols][kSamplePoints] = {
 
 }  // namespace
 
+namespace {
+thread_local bool symbolic_sample = false;
+}  // namespace
+
+ScopedSymbolicSample::ScopedSymbolicSample() : previous_(symbolic_sample) { symbolic_sample = true; }
+ScopedSymbolicSample::~ScopedSymbolicSample() { symbolic_sample = previous_; }
+bool InSymbolicSample() { return symbolic_sample; }
+
 int64_t SampleValue(int symbol, int point) { return kSamples[symbol][point]; }
 
 void SetSymbolSizes(Graph& graph, const std::vector<int64_t>& values) {

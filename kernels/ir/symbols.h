@@ -41,6 +41,25 @@ std::vector<int64_t> FirstSample(const Graph& graph);
 // symbol's name in quotes: what a rule failing at a sample says about the graph.
 std::string NameSymbols(absl::string_view message, const Graph& graph);
 
+// While one lives on this thread, the pipeline is generating code at a sample of a symbolic
+// graph (kernels/codegen/symbolic.h). Stages then avoid choices that hold at the sample but
+// not at every size, and keep the numbers the generaliser reads back exact: no choice rests on
+// an extent's divisibility (an unrolled loop without a remainder), single-precision literals
+// print all 17 digits of their double, and f16/bf16 constants are not rounded to their type
+// (a 1/N rounded to f16 is no longer one over a count; computing in f32 with the exact value
+// is as accurate).
+class ScopedSymbolicSample {
+ public:
+  ScopedSymbolicSample();
+  ~ScopedSymbolicSample();
+  ScopedSymbolicSample(const ScopedSymbolicSample&) = delete;
+  ScopedSymbolicSample& operator=(const ScopedSymbolicSample&) = delete;
+
+ private:
+  bool previous_;
+};
+bool InSymbolicSample();
+
 // Limits for verifying a symbolic graph at its samples: element counts are the client's
 // business at run time, and a product of samples may exceed a static graph's limit.
 Limits SymbolicLimits(const Limits& limits);

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "kernels/ir/op_registry.h"
+#include "kernels/ir/symbols.h"
 
 namespace kiln::lower {
 namespace {
@@ -35,8 +36,9 @@ ExprPtr MakeConst(DType t, double v) {
   if (ir::IsFloat(t)) {
     // f32 literals are rounded by the compiler alike; f16/bf16 compute in float, so their
     // constants are rounded to the dtype here (NumPy's cast: inf beyond the range).
-    e.fvalue = t == DType::kF32 && std::fabs(v) <= std::numeric_limits<float>::max() ? v
-                                                                                     : ir::RoundToFloatDType(v, t);
+    // While sampling a symbolic graph (ir/symbols.h) f16/bf16 constants stay exact.
+    const bool exact = t == DType::kF32 || ir::InSymbolicSample();
+    e.fvalue = exact && std::fabs(v) <= std::numeric_limits<float>::max() ? v : ir::RoundToFloatDType(v, t);
   } else if (ir::IsBool(t)) {
     e.ivalue = v != 0;
   } else {

@@ -6,6 +6,7 @@ width), every result compared with NumPy as in test_ops.py. One compile serves e
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -253,3 +254,80 @@ def test_jit_unsupported_symbolic_graph_compiles_per_shape(client, rng) -> None:
     x = rng.standard_normal((9, 3))
     np.testing.assert_allclose(g(x), x[1:] * 2)
     assert g.compile_count == 3
+
+
+# ---------------------------------------------------------------------- random graphs
+
+def _symbolize(graph):
+    """A copy of ``graph`` whose input dimensions of size 2 or more are symbolic, one symbol per
+    distinct size (duck sizing, as torch does), at most 3; None when nothing is left symbolic."""
+    sym = type(graph)()
+    sym.CopyFrom(graph)
+    names: dict[int, str] = {}
+    for inp in sym.inputs:
+        if len(inp.type.strides):
+            continue
+        dims = []
+        for d in inp.type.shape:
+            if d >= 2 and (d in names or len(names) < 3):
+                dims.append(names.setdefault(int(d), f"S{d}"))
+            else:
+                dims.append("")
+        if any(dims):
+            inp.type.dim_symbols.extend(dims)
+    return (sym, names) if names else (None, names)
+
+
+_SYM_SEEDS = os.environ.get("KILN_SYMBOLIC_SEEDS", "0:60")
+_SYM_FIRST, _SYM_COUNT = (int(x) for x in _SYM_SEEDS.split(":"))
+
+
+@pytest.mark.parametrize("seed", range(_SYM_FIRST, _SYM_FIRST + _SYM_COUNT))
+def test_random_graphs_at_symbolic_sizes(client, seed) -> None:
+    """Random valid graphs (test_property's generator) with their input sizes made symbolic:
+    either kilnd refuses the graph with INVALID_ARGUMENT naming a rule, or the one kernel it
+    compiles matches the NumPy evaluation of the graph at other sizes, 1 among them."""
+    from graph_eval import evaluate
+    from random_graphs import _random_array, make_graph
+
+    rg = make_graph(seed)
+    if rg.uses_bf16:
+        return
+    sym, names = _symbolize(rg.graph)
+    if sym is None:
+        return
+    try:
+        compiled = client.compile(sym)
+    except CompileError as e:
+        assert e.code == "INVALID_ARGUMENT" and "node " in str(e), e  # names the node and what it breaks
+        return
+    r = np.random.default_rng(seed)
+    for trial in range(3):
+        new = {size: (1 if trial == 0 else int(r.integers(2, 12))) for size in names}
+        static = type(rg.graph)()
+        static.CopyFrom(rg.graph)
+        inputs = []
+        for inp, host in zip(static.inputs, rg.inputs):
+            shape = [new.get(int(d), int(d)) if s else int(d) for d, s in
+                     zip(inp.type.shape, list(sym.inputs[len(inputs)].type.dim_symbols) or [""] * len(inp.type.shape))]
+            del inp.type.shape[:]
+            inp.type.shape.extend(shape)
+            inputs.append(_random_array(r, kiln.dtypes.from_wire(inp.type.dtype), tuple(shape)))
+        try:
+            want = evaluate(static, inputs)
+        except Exception:  # the graph means nothing at these sizes (NumPy refuses it too)
+            continue
+        got = compiled(*inputs)
+        got = got if isinstance(got, tuple) else (got,)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape, (seed, new, g.shape, w.shape)
+            if w.dtype.kind == "f":
+                # The narrowest float the graph computes in sets the tolerance (an f64 output
+                # of f32 math carries f32's few-ulp differences in transcendentals).
+                sizes = [w.dtype.itemsize] + [np.dtype(kiln.dtypes.to_numpy(kiln.dtypes.from_wire(i.type.dtype))).itemsize
+                                              for i in static.inputs
+                                              if kiln.dtypes.from_wire(i.type.dtype) in ("f16", "f32", "f64")]
+                tol = {2: 3e-2, 4: 2e-4}.get(min(sizes), 1e-9)
+                np.testing.assert_allclose(g, w, rtol=tol, atol=tol, equal_nan=True, err_msg=f"seed {seed} sizes {new}")
+            else:
+                np.testing.assert_array_equal(g, w, err_msg=f"seed {seed} sizes {new}")
