@@ -331,3 +331,25 @@ def test_random_graphs_at_symbolic_sizes(client, seed) -> None:
                 np.testing.assert_allclose(g, w, rtol=tol, atol=tol, equal_nan=True, err_msg=f"seed {seed} sizes {new}")
             else:
                 np.testing.assert_array_equal(g, w, err_msg=f"seed {seed} sizes {new}")
+
+
+def test_jit_static_and_dynamic_dims(client, rng) -> None:
+    """dynamic_dims makes an axis symbolic from the first call; static_dims keeps one
+    specialised whatever its sizes (torch's mark_dynamic / mark_static)."""
+
+    def f(x):
+        return x.sum(axis=1) * 2.0
+
+    marked = kiln.jit(f, client=client, dynamic_dims={"x": 0})
+    for n in (5, 7, 11):
+        x = rng.standard_normal((n, 3))
+        np.testing.assert_allclose(marked(x), f(x), rtol=1e-12)
+    assert marked.compile_count == 1
+
+    pinned = kiln.jit(f, client=client, static_dims={"x": 1})
+    for shape in ((5, 3), (7, 3), (9, 3), (9, 4), (6, 4)):
+        x = rng.standard_normal(shape)
+        np.testing.assert_allclose(pinned(x), f(x), rtol=1e-12)
+    # (5, 3) exact, then axis 0 symbolic for (7, 3) and (9, 3); axis 1 never: (9, 4) and (6, 4)
+    # are exact shapes of their own.
+    assert pinned.compile_count == 4

@@ -258,6 +258,10 @@ class _Entry:
         return _rebuild_result(self.traced.result_desc, outs, arrays)
 
 
+def _axes_set(v: Any) -> frozenset[int]:
+    return frozenset([int(v)] if isinstance(v, int) else (int(a) for a in v))
+
+
 class _Dynamic:
     """Automatic dynamic shapes for one argument structure (see JitFunction._dynamic_entry)."""
 
@@ -292,11 +296,17 @@ class JitFunction:
 
     def __init__(self, fn: Callable[..., Any], target: Union[str, Target], client: Any = None, options: Any = None,
                  num_threads: Optional[int] = None, fallback: bool = False, mode: Optional[str] = None,
-                 dynamic: Optional[bool] = None) -> None:
+                 dynamic: Optional[bool] = None, static_dims: Optional[dict[str, Any]] = None,
+                 dynamic_dims: Optional[dict[str, Any]] = None) -> None:
         if mode not in (None, "default", "max-autotune"):
             raise ValueError(f"kiln.jit: unknown mode {mode!r} (None, 'default' or 'max-autotune')")
         self.fn = fn
         self.dynamic = dynamic
+        # Per argument path ("X", "pair[1]"): axes never made symbolic, and axes symbolic from
+        # the first call (torch's mark_static / mark_dynamic, for NumPy arrays that cannot
+        # carry a mark themselves).
+        self.static_dims = {k: _axes_set(v) for k, v in (static_dims or {}).items()}
+        self.dynamic_dims = {k: _axes_set(v) for k, v in (dynamic_dims or {}).items()}
         # Symbolic sizes (CPU targets): per argument structure (shapes reduced to ranks), the
         # shapes first seen, the (input, axis) pairs made symbolic so far and their entry.
         self._dyn: dict[Any, _Dynamic] = {}
@@ -451,13 +461,19 @@ class JitFunction:
             if state is None:
                 state = _Dynamic(shapes)
                 self._dyn[skeleton] = state
-                if self.dynamic is None:
+                state.dims = {(i, a % len(shapes[i])) for i, name in enumerate(found.names)
+                              for a in self.dynamic_dims.get(name, ()) if shapes[i] and -len(shapes[i]) <= a < len(shapes[i])}
+                if self.dynamic:
+                    state.dims |= {(i, a) for i, shape in enumerate(shapes) for a, d in enumerate(shape) if d not in (0, 1)}
+                if not state.dims:
                     return None
-                state.dims = {(i, a) for i, shape in enumerate(shapes) for a, d in enumerate(shape) if d not in (0, 1)}
             if state.refused:
                 return None
             grown = state.dims | {(i, a) for i, (s0, s1) in enumerate(zip(state.first, shapes))
                                   for a, (d0, d1) in enumerate(zip(s0, s1)) if d0 != d1}
+            pinned = {(i, a % len(shapes[i])) for i, name in enumerate(found.names)
+                      for a in self.static_dims.get(name, ()) if shapes[i] and -len(shapes[i]) <= a < len(shapes[i])}
+            grown -= pinned
             if not grown:
                 return None
             if grown == state.dims and state.entry is not None:
@@ -560,7 +576,8 @@ _FALLBACK_RETRY_S = 30.0
 
 def jit(fn: Optional[Callable[..., Any]] = None, *, target: Union[str, Target] = "cpu", client: Any = None,
         options: Any = None, num_threads: Optional[int] = None, fallback: bool = False,
-        mode: Optional[str] = None, dynamic: Optional[bool] = None) -> Any:
+        mode: Optional[str] = None, dynamic: Optional[bool] = None, static_dims: Optional[dict[str, Any]] = None,
+        dynamic_dims: Optional[dict[str, Any]] = None) -> Any:
     """Compiles a NumPy function with kiln; use as ``@kiln.jit`` or ``@kiln.jit(target=...)``.
 
     ``target``: a CPU target (``"cpu"``, the default, is this machine's best ISA level) or a
@@ -580,6 +597,9 @@ def jit(fn: Optional[Callable[..., Any]] = None, *, target: Union[str, Target] =
     later call's shapes differ, one kernel in which the differing dimensions are symbolic and
     that serves every size of them (torch's "automatic dynamic"); True makes every dimension
     but those of size 0 and 1 symbolic from the first call; False compiles each shape.
+    ``static_dims`` / ``dynamic_dims`` (``{"X": 0, "means": (0, 1)}``, by argument path): axes
+    that stay specialised whatever the sizes (a dimension of 1, a small inner reduction), and
+    axes symbolic from the first call (torch's ``mark_static`` / ``mark_dynamic``).
 
     Raises ValueError at once for a bad target, and :class:`kiln.UnsupportedError` at the first
     call if the function does something kiln cannot express, naming the NumPy function.
@@ -588,6 +608,6 @@ def jit(fn: Optional[Callable[..., Any]] = None, *, target: Union[str, Target] =
 
     def wrap(f: Callable[..., Any]) -> JitFunction:
         return JitFunction(f, t, client=client, options=options, num_threads=num_threads, fallback=fallback, mode=mode,
-                           dynamic=dynamic)
+                           dynamic=dynamic, static_dims=static_dims, dynamic_dims=dynamic_dims)
 
     return wrap(fn) if fn is not None else wrap
