@@ -184,10 +184,6 @@ absl::StatusOr<Pipeline::Generated> Pipeline::GenerateSymbolic(const ir::Graph& 
                                                                const CompileOptions& options,
                                                                const FrontendBudget& budget) const {
   std::vector<std::string> names = graph.symbols;
-  if (target.is_cuda())
-    return absl::InvalidArgumentError(absl::StrCat("symbolic sizes (", absl::StrJoin(names, ", "),
-                                                   ") on target ", target.ToString(),
-                                                   " (rule: CUDA kernels are compiled per shape; send static shapes)"));
   const int r = static_cast<int>(names.size());
   KILN_RETURN_IF_ERROR(CheckSymbolicRules(graph));
   codegen::ScopedSymbolicSample sampling;
@@ -196,12 +192,13 @@ absl::StatusOr<Pipeline::Generated> Pipeline::GenerateSymbolic(const ir::Graph& 
   for (const std::vector<int64_t>& point : codegen::SymbolicSamplePoints(r)) {
     ir::Graph g = graph;
     ir::SetSymbolSizes(g, point);
+    ir::SetCurrentSample(point);
     KILN_RETURN_IF_ERROR(ir::VerifyAndInfer(g, ir::SymbolicLimits({})));
     KILN_ASSIGN_OR_RETURN(Generated gen, GenerateAt(g, target, options, budget, r));
     if (samples.empty()) first = gen;
     samples.push_back({std::move(gen.source), std::move(gen.plan)});
   }
-  KILN_ASSIGN_OR_RETURN(codegen::SymbolicUnit unit, codegen::Generalise(samples, names));
+  KILN_ASSIGN_OR_RETURN(codegen::SymbolicUnit unit, codegen::Generalise(samples, names, target.is_cuda()));
   Generated out = std::move(first);
   out.source = std::move(unit.source);
   out.plan = std::move(unit.plan);
@@ -235,7 +232,7 @@ absl::StatusOr<Pipeline::Generated> Pipeline::GenerateAt(const ir::Graph& graph,
   out.num_kernels = static_cast<int>(program.kernels.size());
   out.num_nodes = static_cast<int>(g.nodes.size());
   if (target.is_cuda()) {
-    KILN_ASSIGN_OR_RETURN(codegen::CudaUnit unit, codegen::GenerateCuda(program, target, options));
+    KILN_ASSIGN_OR_RETURN(codegen::CudaUnit unit, codegen::GenerateCuda(program, target, options, num_symbols));
     out.source = std::move(unit.source);
     out.plan = std::move(unit.plan);
     out.fusion_report += unit.report;

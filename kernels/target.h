@@ -76,6 +76,12 @@ struct PlanStep {
   uint32_t block[3] = {1, 1, 1};
   uint32_t shared_bytes = 0;
   std::vector<int32_t> args;  // indices into buffers
+  // Symbolic CUDA plans: grid[0] is ceil(grid_work / grid_per_block) at the run's sizes
+  // (grid_per_block > 0; 0 in every other plan, whose grid is as given). While a sample is
+  // generated, grid_work holds its value there; the generalised plan has grid_work_expr.
+  int64_t grid_work = 0;
+  int64_t grid_per_block = 0;
+  SizeExpr grid_work_expr;
 };
 struct LaunchPlan {
   std::vector<PlanBuffer> buffers;
@@ -83,6 +89,11 @@ struct LaunchPlan {
   int64_t workspace_bytes = 0;
   uint32_t abi_version = 1;
   std::vector<PlanSymbol> symbols;  // non-empty: a symbolic plan (ABI.md, version 2)
+  // Symbolic CUDA plans: the kernels index with 32-bit integers, which holds while this
+  // polynomial of the sizes (a bound on every index) stays below 2^30; launchers refuse
+  // larger sizes. `index_bound` is its value at a sample while one is generated.
+  int64_t index_bound = 0;
+  SizeExpr index_bound_expr;
 };
 
 struct CompileStats {

@@ -88,17 +88,19 @@ bool FitsInt64(const Poly& p) {
 
 // C text of `p` over the size variables: "kiln_s0", "(768LL*kiln_s0 + 4LL)"; anything but a
 // lone variable or number is parenthesised, since it replaces one literal token (`i / 6144`).
-std::string PolyToC(const Poly& p) {
-  if (p.empty()) return "0LL";
+// `suffix` types the numbers: "LL" where sizes are 64-bit (CPU), "" where they are `int`
+// (CUDA, whose indices are 32-bit: LaunchPlan.index_bound).
+std::string PolyToC(const Poly& p, const char* suffix) {
+  if (p.empty()) return absl::StrCat("0", suffix);
   std::vector<std::string> terms;
   int factors_in_all = 0;
   for (auto it = p.rbegin(); it != p.rend(); ++it) {
     std::vector<std::string> factors;
-    if (it->second != 1) factors.push_back(absl::StrCat(static_cast<int64_t>(it->second), "LL"));
+    if (it->second != 1) factors.push_back(absl::StrCat(static_cast<int64_t>(it->second), suffix));
     for (size_t k = 0; k < it->first.size(); ++k)
       for (int j = 0; j < it->first[k]; ++j) factors.push_back(absl::StrCat("kiln_s", k));
     factors_in_all += static_cast<int>(factors.size());
-    terms.push_back(factors.empty() ? "1LL" : absl::StrJoin(factors, "*"));
+    terms.push_back(factors.empty() ? absl::StrCat("1", suffix) : absl::StrJoin(factors, "*"));
   }
   if (terms.size() == 1 && factors_in_all <= 1) return terms[0];
   return absl::StrCat("(", absl::StrJoin(terms, " + "), ")");
@@ -169,7 +171,8 @@ bool IsFloatLiteral(const std::string& t) {
 
 // The C text replacing literal position `pos`, whose texts differ between samples.
 absl::StatusOr<std::string> GeneraliseLiteral(const std::vector<std::string>& texts,
-                                              const std::vector<std::vector<int64_t>>& points, int r) {
+                                              const std::vector<std::vector<int64_t>>& points, int r,
+                                              const char* suffix) {
   const bool is_float = IsFloatLiteral(texts[0]);
   std::vector<i128> ints;
   Poly p;
@@ -181,7 +184,7 @@ absl::StatusOr<std::string> GeneraliseLiteral(const std::vector<std::string>& te
       ints.push_back(v);
     }
     if (!Fit(r, ints, points, &p)) return absl::InvalidArgumentError("an integer that is no polynomial of the sizes");
-    return PolyToC(p);
+    return PolyToC(p, suffix);
   }
   const bool single = texts[0].find_first_of("fF") != std::string::npos;
   const char* cast = single ? "(float)" : "(double)";
@@ -192,7 +195,7 @@ absl::StatusOr<std::string> GeneraliseLiteral(const std::vector<std::string>& te
   for (double v : vals) integral &= std::isfinite(v) && std::fabs(v) < 0x1p53 && v == std::floor(v);
   if (integral) {
     for (double v : vals) ints.push_back(static_cast<int64_t>(v));
-    if (Fit(r, ints, points, &p)) return absl::StrCat("(", cast, PolyToC(p), ")");
+    if (Fit(r, ints, points, &p)) return absl::StrCat("(", cast, PolyToC(p, suffix), ")");
   }
   // The reciprocal of a count (a mean's 1/N).
   ints.clear();
@@ -209,7 +212,7 @@ absl::StatusOr<std::string> GeneraliseLiteral(const std::vector<std::string>& te
     }
     ints.push_back(n);
   }
-  if (reciprocal && Fit(r, ints, points, &p)) return absl::StrCat("(", cast, "(1.0 / (double)", PolyToC(p), "))");
+  if (reciprocal && Fit(r, ints, points, &p)) return absl::StrCat("(", cast, "(1.0 / (double)", PolyToC(p, suffix), "))");
   return absl::InvalidArgumentError("a floating-point constant that is neither a count nor one over a count");
 }
 
@@ -255,7 +258,8 @@ std::vector<std::vector<int64_t>> SymbolicSamplePoints(int num_symbols) {
 }
 
 absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& samples,
-                                        const std::vector<std::string>& symbol_names) {
+                                        const std::vector<std::string>& symbol_names, bool cuda) {
+  const char* suffix = cuda ? "" : "LL";
   const int r = static_cast<int>(symbol_names.size());
   const std::vector<std::vector<int64_t>> points = SymbolicSamplePoints(r);
   if (samples.size() != points.size()) return absl::InternalError("symbolic generation: wrong number of samples");
@@ -288,7 +292,7 @@ absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& sampl
       continue;
     }
     if (IsArrayLength(skeletons[0], literals[0][pos].hole)) return refuse("a stack array's length depends on them");
-    auto g = GeneraliseLiteral(texts, points, r);
+    auto g = GeneraliseLiteral(texts, points, r, suffix);
     if (!g.ok())
       return refuse(absl::StrCat(g.status().message(), " (", texts[0], ", ", texts[1], ", ... at the samples) in `",
                                  Near(skeletons[0], literals[0][pos].hole), "`"));
@@ -320,8 +324,29 @@ absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& sampl
     if (!e.ok()) return refuse(std::string(e.status().message()));
     pb.bytes_expr = *std::move(e);
     if (std::any_of(bytes.begin(), bytes.end(), [&](int64_t v) { return v != bytes[0]; })) pb.bytes = -1;
-    pb.offset = pb.role == BufferRole::kTemp ? -1 : 0;  // the artifact lays temps out
+    pb.offset = pb.role == BufferRole::kTemp ? -1 : 0;  // the artifact (CPU) or launcher (CUDA) lays temps out
   }
+  if (!cuda) return unit;
+  // CUDA: each launch's grid as ceil(work / per_block), and the bound on indices.
+  for (size_t k = 0; k < unit.plan.steps.size(); ++k) {
+    PlanStep& st = unit.plan.steps[k];
+    std::vector<int64_t> works;
+    for (const SymbolicSample& s : samples) {
+      if (s.plan.steps[k].grid_per_block != st.grid_per_block || s.plan.steps[k].kernel != st.kernel)
+        return refuse(absl::StrCat("launch ", st.kernel, " changes its blocks with the sizes"));
+      works.push_back(s.plan.steps[k].grid_work);
+    }
+    auto e = GeneraliseNumber(works, points, r);
+    if (!e.ok()) return refuse(absl::StrCat("launch ", st.kernel, ": ", e.status().message()));
+    st.grid_work_expr = *std::move(e);
+    st.grid[0] = 0;  // evaluated at launch
+  }
+  std::vector<int64_t> bounds;
+  for (const SymbolicSample& s : samples) bounds.push_back(s.plan.index_bound);
+  auto e = GeneraliseNumber(bounds, points, r);
+  if (!e.ok()) return refuse(std::string(e.status().message()));
+  unit.plan.index_bound_expr = *std::move(e);
+  unit.plan.index_bound = 0;
   return unit;
 }
 

@@ -58,9 +58,10 @@ struct SymbolicUnit {
 };
 
 // `samples[i]` was generated at SymbolicSamplePoints(num_symbols)[i]. `symbol_names` name
-// the symbols in messages.
+// the symbols in messages. `cuda`: a CUDA unit, whose sizes are `int` parameters and whose
+// plan also carries each launch's grid (PlanStep.grid_work_expr) and the index bound.
 absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& samples,
-                                        const std::vector<std::string>& symbol_names);
+                                        const std::vector<std::string>& symbol_names, bool cuda = false);
 
 // The value of `e` at `sizes`.
 int64_t EvaluateSizeExpr(const SizeExpr& e, const std::vector<int64_t>& sizes);

@@ -22,11 +22,26 @@ constexpr int64_t kSamples[kMaxSymbols][kSamplePoints] = {
 
 namespace {
 thread_local bool symbolic_sample = false;
+thread_local std::vector<int64_t> current_sample;
 }  // namespace
 
 ScopedSymbolicSample::ScopedSymbolicSample() : previous_(symbolic_sample) { symbolic_sample = true; }
-ScopedSymbolicSample::~ScopedSymbolicSample() { symbolic_sample = previous_; }
+ScopedSymbolicSample::~ScopedSymbolicSample() {
+  symbolic_sample = previous_;
+  if (!previous_) current_sample.clear();
+}
 bool InSymbolicSample() { return symbolic_sample; }
+
+void SetCurrentSample(const std::vector<int64_t>& values) { current_sample = values; }
+
+int64_t StaticFactor(int64_t extent) {
+  if (!symbolic_sample || extent == 0) return extent;
+  for (int64_t v : current_sample)
+    while (v > 1 && extent % v == 0) extent /= v;
+  return extent;
+}
+
+bool VariesWithSizes(int64_t extent) { return StaticFactor(extent) != extent; }
 
 int64_t SampleValue(int symbol, int point) { return kSamples[symbol][point]; }
 

@@ -60,6 +60,17 @@ class ScopedSymbolicSample {
 };
 bool InSymbolicSample();
 
+// The sample point being generated (one value per symbol), set by the pipeline for the
+// thread while a ScopedSymbolicSample lives; empty otherwise.
+void SetCurrentSample(const std::vector<int64_t>& values);
+// `extent` with every factor equal to a value of the current sample divided out: the part of
+// an extent (a product of static dimensions and symbols) that is the same at every size.
+// A choice resting on divisibility (a vector width, rows per block dividing the rows) that is
+// made on this part holds for every size. `extent` itself outside a sample.
+int64_t StaticFactor(int64_t extent);
+// Whether `extent` varies with the sizes (the current sample divides it); false outside one.
+bool VariesWithSizes(int64_t extent);
+
 // Limits for verifying a symbolic graph at its samples: element counts are the client's
 // business at run time, and a product of samples may exceed a static graph's limit.
 Limits SymbolicLimits(const Limits& limits);

@@ -37,6 +37,12 @@ const char* RoleName(kiln::BufferRole r) {
   return "?";
 }
 
+std::vector<std::string> SymbolNames(const kiln::LaunchPlan& plan) {
+  std::vector<std::string> names;
+  for (const kiln::PlanSymbol& s : plan.symbols) names.push_back(s.name);
+  return names;
+}
+
 // The launch plan as JSON (kernels/codegen/PLAN.md), one buffer or step per line.
 std::string PlanJson(const kiln::LaunchPlan& plan, const std::string& target) {
   auto ints = [](const auto& v) {
@@ -52,8 +58,8 @@ std::string PlanJson(const kiln::LaunchPlan& plan, const std::string& target) {
          std::to_string(b.index) + ", \"dtype\": \"" + kiln::ir::DTypeName(b.dtype) + "\", \"shape\": " +
          ints(b.shape) + ", \"bytes\": " + std::to_string(b.bytes) + ", \"offset\": " + std::to_string(b.offset);
     if (!plan.symbols.empty()) {  // symbolic plans: shape and size as expressions of the symbols
-      std::vector<std::string> names, dims;
-      for (const kiln::PlanSymbol& s : plan.symbols) names.push_back(s.name);
+      const std::vector<std::string> names = SymbolNames(plan);
+      std::vector<std::string> dims;
       for (const kiln::SizeExpr& e : b.shape_exprs) dims.push_back("\"" + kiln::codegen::SizeExprToString(e, names) + "\"");
       j += ", \"shape_exprs\": [" + absl::StrJoin(dims, ", ") + "], \"bytes_expr\": \"" +
            kiln::codegen::SizeExprToString(b.bytes_expr, names) + "\"";
@@ -71,9 +77,16 @@ std::string PlanJson(const kiln::LaunchPlan& plan, const std::string& target) {
     const kiln::PlanStep& s = plan.steps[i];
     j += std::string(i ? "," : "") + "\n    {\"kernel\": \"" + s.kernel + "\", \"grid\": " + ints(s.grid) +
          ", \"block\": " + ints(s.block) + ", \"shared_bytes\": " + std::to_string(s.shared_bytes) +
-         ", \"args\": " + ints(s.args) + "}";
+         ", \"args\": " + ints(s.args);
+    if (s.grid_per_block > 0)  // symbolic CUDA plans: grid x = ceil(grid_work / grid_per_block)
+      j += ", \"grid_work\": \"" + kiln::codegen::SizeExprToString(s.grid_work_expr, SymbolNames(plan)) +
+           "\", \"grid_per_block\": " + std::to_string(s.grid_per_block);
+    j += "}";
   }
-  return j + "\n  ]\n}\n";
+  j += "\n  ]";
+  if (!plan.index_bound_expr.terms.empty())
+    j += ",\n  \"index_bound\": \"" + kiln::codegen::SizeExprToString(plan.index_bound_expr, SymbolNames(plan)) + "\"";
+  return j + "\n}\n";
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {

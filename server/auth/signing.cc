@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -162,6 +163,16 @@ std::string CanonicalResultBytes(absl::string_view handle, const v1::ActionResul
       e.Int(b.shape_exprs_size());
       for (const v1::SizeExpr& x : b.shape_exprs()) expr(x);
       expr(b.bytes_expr());
+    }
+    // Symbolic CUDA plans (launches sized at run time) only: CPU ones sign as before.
+    const bool sized_launches = std::any_of(plan.steps().begin(), plan.steps().end(),
+                                            [](const v1::PlanStep& s) { return s.grid_per_block() > 0; });
+    if (sized_launches) {
+      for (const v1::PlanStep& s : plan.steps()) {
+        expr(s.grid_work());
+        e.Int(s.grid_per_block());
+      }
+      expr(plan.index_bound());
     }
   }
   e.Str(result.key_debug());

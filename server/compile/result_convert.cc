@@ -45,6 +45,10 @@ void ToWirePlan(const LaunchPlan& plan, bool has_geometry, v1::LaunchPlan* wire)
     }
     out->set_shared_bytes(s.shared_bytes);
     for (int32_t a : s.args) out->add_args(a);
+    if (s.grid_per_block > 0) {
+      ToWireSizeExpr(s.grid_work_expr, out->mutable_grid_work());
+      out->set_grid_per_block(s.grid_per_block);
+    }
   }
   wire->set_workspace_bytes(plan.workspace_bytes);
   wire->set_abi_version(plan.abi_version);
@@ -54,6 +58,7 @@ void ToWirePlan(const LaunchPlan& plan, bool has_geometry, v1::LaunchPlan* wire)
     out->set_input(sym.input);
     out->set_axis(sym.axis);
   }
+  if (!plan.index_bound_expr.terms.empty()) ToWireSizeExpr(plan.index_bound_expr, wire->mutable_index_bound());
 }
 
 void ToWireStats(const CompileStats& stats, v1::CompileStats* wire) {
@@ -96,7 +101,10 @@ LaunchPlan FromWirePlan(const v1::LaunchPlan& wire) {
     for (int i = 0; i < 3 && i < s.block_size(); ++i) out.block[i] = s.block(i);
     out.shared_bytes = s.shared_bytes();
     out.args.assign(s.args().begin(), s.args().end());
+    out.grid_per_block = s.grid_per_block();
+    out.grid_work_expr = FromWireSizeExpr(s.grid_work());
   }
+  plan.index_bound_expr = FromWireSizeExpr(wire.index_bound());
   plan.workspace_bytes = wire.workspace_bytes();
   plan.abi_version = wire.abi_version();
   for (const v1::PlanSymbol& s : wire.symbols()) plan.symbols.push_back({s.name(), s.input(), s.axis()});

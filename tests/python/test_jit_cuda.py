@@ -247,8 +247,10 @@ class FakeDriver:
                        stream: Any, params: Any, extra: Any) -> int:
         n = len(params)
         ptrs = [ctypes.c_void_p.from_address(params[i]).value or 0 for i in range(n)]
+        # The same parameters read as ints (symbolic plans pass their sizes after the pointers).
+        ints = [ctypes.c_int.from_address(params[i]).value for i in range(n)]
         self.launches.append(dict(kernel=self._names[fn.value], grid=(gx, gy, gz), block=(bx, by, bz),
-                                  shared=shared, stream=stream.value or 0, ptrs=ptrs))
+                                  shared=shared, stream=stream.value or 0, ptrs=ptrs, ints=ints))
         return 0
 
 
@@ -401,6 +403,56 @@ def test_run_compiled_prepares_arguments(client, rng, fake_driver, monkeypatch):
         compiled(Xa.astype(np.float64), ma)
     with pytest.raises(ValueError, match="shape"):
         compiled(Xa[:10], ma)
+
+
+def test_symbolic_plan_launches_at_the_call_sizes(client, rng, fake_driver, monkeypatch):
+    """A symbolic CUDA plan (ABI 2): grids evaluated at the sizes, sizes passed after the
+    pointers, temps laid out by the launcher, outputs allocated from the shape expressions."""
+    fw = HostFramework()
+    monkeypatch.setitem(kcuda._frameworks, "host", fw)
+    monkeypatch.setattr(kcuda, "as_cuda_array", lambda obj, what: (obj, "host"))
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (5, 7), dims=("B", "T"))
+    sm = b.softmax(x, axis=-1)
+    total = b.sum(x)  # a whole-tensor sum: partials in the workspace
+    compiled = client.compile(b.build([sm, total]), TARGET)
+    plan = compiled.plan
+    assert plan.abi_version == 2 and [s.name for s in plan.symbols] == ["B", "T"]
+    assert all(s.grid_per_block > 0 for s in plan.steps)
+    kernel = compiled.load_cuda(0)
+    assert kernel.symbolic and kernel.num_symbols == 2
+    for B, T in ((3, 5), (17, 300), (1, 1)):
+        fake_driver.launches.clear()
+        a = _aligned_copy(rng.standard_normal((B, T)).astype(np.float32))
+        y, t = compiled(a)
+        assert y.shape == (B, T) and t.shape == ()
+        launches = fake_driver.launches
+        assert [l["kernel"] for l in launches] == [s.kernel for s in plan.steps]
+        for l, s in zip(launches, plan.steps):
+            work = sum(int(term.coeff) * B ** int((list(term.exponents) + [0, 0])[0]) *
+                       T ** int((list(term.exponents) + [0, 0])[1]) for term in s.grid_work.terms)
+            assert l["grid"] == ((work + s.grid_per_block - 1) // s.grid_per_block, 1, 1)
+            assert l["ints"][len(s.args):] == [B, T]
+        # Temps at multiples of 256 bytes, in plan order, inside the workspace allocated.
+        ws_array = fw.allocated[-1]
+        offsets, end = {}, 0
+        for i, buf in enumerate(plan.buffers):
+            if buf.role == service_pb2.TEMP:
+                end = (end + 255) // 256 * 256
+                offsets[i] = end
+                end += sum(int(term.coeff) * B ** int((list(term.exponents) + [0, 0])[0]) *
+                           T ** int((list(term.exponents) + [0, 0])[1]) for term in buf.bytes_expr.terms)
+        assert offsets and kernel.workspace_bytes([B, T]) == end == ws_array.nbytes
+        for l, s in zip(launches, plan.steps):
+            for k, arg in enumerate(s.args):
+                if arg in offsets:
+                    assert l["ptrs"][k] == ws_array.ctypes.data + offsets[arg]
+    # No launch at all for an empty tensor; a size past the 32-bit index range is refused.
+    fake_driver.launches.clear()
+    compiled(_aligned_copy(np.zeros((0, 4), np.float32)))
+    assert all(l["grid"][0] > 0 for l in fake_driver.launches)
+    with pytest.raises(kiln.KilnError, match="32-bit indices"):
+        kernel.workspace_bytes([1 << 20, 1 << 20])
 
 
 # ---------------------------------------------------------------------------------- on a GPU

@@ -48,6 +48,8 @@ _CC_MAJOR = 75
 _CC_MINOR = 76
 #: Every buffer pointer a kiln kernel receives must be a multiple of this.
 ALIGNMENT = 16
+# Symbolic CUDA kernels index with 32-bit integers: their plan's index bound must stay below this.
+_INDEX_LIMIT = 1 << 30
 # DLPack device types that CUDA kernels can read: kDLCUDA and kDLCUDAManaged.
 _DLPACK_CUDA = (2, 13)
 
@@ -279,6 +281,16 @@ class CudaKernel:
         if target is not None and target.is_cuda and target.sm > dev_sm_n:
             raise KilnError(f"{self.handle[:12]} was compiled for {target}, but device {self.device_index} is "
                             f"sm_{dev_sm_n}: compile for cuda:sm_{dev_sm_n}")
+        abi = int(plan.abi_version or 1)
+        if abi not in (1, 2):
+            raise KilnError(f"{self.handle[:12]}: CUDA plan ABI version {abi}; this client runs versions 1 and 2 "
+                            "(upgrade the kiln package)")
+        # ABI 2 (symbolic sizes): every kernel takes the sizes as trailing int parameters, grids
+        # are ceil(grid_work / grid_per_block) at the sizes, and temps are laid out here.
+        self.symbolic = abi == 2
+        self.num_symbols = len(plan.symbols)
+        self._plan = plan
+        self._layouts: dict[tuple[int, ...], tuple[list[int], int, list[tuple[int, int, int]]]] = {}
         self.ctx = drv.primary_context(self.device_index)
         with drv.context(self.ctx):
             self._module = self._load_module(compiled, dev_sm_n)
@@ -286,13 +298,18 @@ class CudaKernel:
             n_out = sum(1 for b in plan.buffers if b.role == service_pb2.OUTPUT)
             self.num_pointers = n_in + n_out
             # Each plan buffer as (slot in the pointer list, byte offset): inputs first, then
-            # outputs, then the workspace at slot -1.
+            # outputs, then the workspace at slot -1 (symbolic plans: slot -2 - k for the k-th
+            # temp, whose offset depends on the sizes).
             where: list[tuple[int, int]] = []
+            temps = 0
             for b in plan.buffers:
                 if b.role == service_pb2.INPUT:
                     where.append((b.index, 0))
                 elif b.role == service_pb2.OUTPUT:
                     where.append((n_in + b.index, 0))
+                elif b.role == service_pb2.TEMP and self.symbolic:
+                    where.append((-2 - temps, 0))
+                    temps += 1
                 elif b.role == service_pb2.TEMP:
                     if b.offset % ALIGNMENT:
                         raise KilnError(f"{self.handle[:12]}: temp {b.index} at workspace offset {b.offset} is not aligned")
@@ -305,7 +322,7 @@ class CudaKernel:
                 if not s.grid or not s.block:
                     raise KilnError(f"{self.handle[:12]}: step {s.kernel} has no grid or block")
                 grid, block = _dims(s.grid), _dims(s.block)
-                if 0 in grid:
+                if 0 in grid and not (self.symbolic and s.grid_per_block > 0):
                     continue  # an empty iteration space (a zero-size tensor): nothing to run
                 fn = functions.get(s.kernel)
                 if fn is None:
@@ -322,10 +339,14 @@ class CudaKernel:
                 refs = [where[a] for a in s.args]
                 # The argument block is built once: each launch only rewrites the pointer
                 # values (the driver copies them at launch, so the block can be reused).
+                # Symbolic plans append the sizes as ints.
+                nsz = self.num_symbols if self.symbolic else 0
                 vals = (ctypes.c_void_p * max(len(refs), 1))()
-                params = (ctypes.c_void_p * max(len(refs), 1))(
-                    *[ctypes.addressof(vals) + i * ctypes.sizeof(ctypes.c_void_p) for i in range(len(refs))])
-                self._steps.append((fn, grid, block, int(s.shared_bytes), refs, vals, params))
+                sizes = (ctypes.c_int * max(nsz, 1))()
+                addrs = [ctypes.addressof(vals) + i * ctypes.sizeof(ctypes.c_void_p) for i in range(len(refs))]
+                addrs += [ctypes.addressof(sizes) + k * ctypes.sizeof(ctypes.c_int) for k in range(nsz)]
+                params = (ctypes.c_void_p * max(len(addrs), 1))(*addrs)
+                self._steps.append((fn, grid, block, int(s.shared_bytes), refs, vals, params, sizes))
         self._launch_lock = threading.Lock()
         # Reused by launch() under the lock: the calling thread's current context.
         self._cur_ctx = ctypes.c_void_p()
@@ -354,18 +375,73 @@ class CudaKernel:
             raise KilnError(f"{self.handle[:12]} has neither a cubin nor PTX")
         raise KilnError(f"cannot load {self.handle[:12]} on device {self.device_index} (sm_{dev_sm}): " + "; ".join(errors))
 
-    def launch(self, ptrs: Sequence[int], workspace: Optional[int], stream: int) -> None:
+    def _layout(self, sizes: Sequence[int]) -> tuple[list[int], int, list[tuple[int, int, int]]]:
+        """A symbolic plan at ``sizes``: each temp's workspace offset (in plan order, each at
+        the next multiple of 256 bytes), the workspace size, and each step's grid; cached per
+        sizes. KilnError when the sizes are out of the kernels' range."""
+        key = tuple(int(v) for v in sizes)
+        got = self._layouts.get(key)
+        if got is not None:
+            return got
+        if len(key) != self.num_symbols or any(v < 0 for v in key):
+            raise KilnError(f"{self.handle[:12]} takes {self.num_symbols} non-negative sizes, got {list(key)}")
+        from .client import _eval_size
+
+        bound = _eval_size(self._plan.index_bound, key)
+        if bound >= _INDEX_LIMIT:
+            names = ", ".join(f"{s.name}={v}" for s, v in zip(self._plan.symbols, key))
+            raise KilnError(f"{self.handle[:12]}: sizes {names} are too large for its kernels' 32-bit indices "
+                            f"(bound {bound} >= 2^30); compile this shape statically")
+        offsets: list[int] = []
+        end = 0
+        for b in self._plan.buffers:
+            if b.role == service_pb2.TEMP:
+                end = (end + 255) // 256 * 256
+                offsets.append(end)
+                end += _eval_size(b.bytes_expr, key)
+        grids = []
+        for s in self._plan.steps:
+            if s.grid_per_block > 0:
+                work = _eval_size(s.grid_work, key)
+                gx = (work + s.grid_per_block - 1) // s.grid_per_block
+                if gx > 0x7FFFFFFF:
+                    raise KilnError(f"{self.handle[:12]}: launch {s.kernel} needs {gx} blocks at sizes {list(key)}")
+                grids.append((gx, 1, 1))
+            else:
+                grids.append(_dims(s.grid))
+        got = (offsets, end, grids)
+        if len(self._layouts) < 4096:
+            self._layouts[key] = got
+        return got
+
+    def workspace_bytes(self, sizes: Optional[Sequence[int]] = None) -> int:
+        """Workspace bytes a launch needs (at ``sizes`` for a symbolic plan)."""
+        if not self.symbolic:
+            return int(self._plan.workspace_bytes)
+        return self._layout(sizes or ())[1]
+
+    def launch(self, ptrs: Sequence[int], workspace: Optional[int], stream: int,
+               sizes: Optional[Sequence[int]] = None) -> None:
         """Launches every step, in order, on ``stream`` (a ``CUstream`` handle as an int; 0 is
         the legacy default stream).
 
         ``ptrs``: device pointers of the inputs in graph order, then the outputs.
-        ``workspace``: ``plan.workspace_bytes`` bytes of device memory (None when 0).
+        ``workspace``: :meth:`workspace_bytes` bytes of device memory (None when 0).
+        ``sizes``: a symbolic plan's sizes, one per ``plan.symbols``.
         Launches are asynchronous; the caller keeps the buffers alive (and, with a
         stream-ordered allocator such as PyTorch's or CuPy's, allocated on ``stream``) until
         the kernels are done.
         """
         if len(ptrs) < self.num_pointers:
             raise KilnError(f"{self.handle[:12]} takes {self.num_pointers} buffer pointers, got {len(ptrs)}")
+        grids: Optional[list[tuple[int, int, int]]] = None
+        offsets: list[int] = []
+        if self.symbolic:
+            if sizes is None:
+                raise KilnError(f"{self.handle[:12]} has symbolic sizes: launch it with sizes=")
+            offsets, ws_bytes, grids = self._layout(sizes)
+            if ws_bytes > 0 and not workspace:
+                raise KilnError(f"{self.handle[:12]} needs a workspace of {ws_bytes} bytes at sizes {list(sizes)}")
         drv = self._drv
         ws = workspace or 0
         s = ctypes.c_void_p(stream)
@@ -379,9 +455,16 @@ class CudaKernel:
             if prev != self.ctx:
                 drv.check(drv.cuCtxSetCurrent(ctypes.c_void_p(self.ctx)), "cuCtxSetCurrent")
             try:
-                for fn, grid, block, shared, refs, vals, params in self._steps:
+                for k, (fn, grid, block, shared, refs, vals, params, size_vals) in enumerate(self._steps):
+                    if grids is not None:
+                        grid = grids[k]
+                        if grid[0] == 0:
+                            continue  # nothing to compute at these sizes
+                        for j, v in enumerate(sizes):
+                            size_vals[j] = int(v)
                     for i, (slot, off) in enumerate(refs):
-                        vals[i] = (ws if slot < 0 else ptrs[slot]) + off
+                        # slot -1: the workspace at a fixed offset; -2 - t: temp t of a symbolic plan.
+                        vals[i] = ptrs[slot] + off if slot >= 0 else ws + (off if slot == -1 else offsets[-2 - slot])
                     rc = launch(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, s, params, None)
                     if rc != 0:
                         drv.check(rc, "cuLaunchKernel")
@@ -645,15 +728,33 @@ def run_compiled(compiled: Any, arrays: Sequence[Any], out: Optional[Sequence[An
         raise ValueError(f"{handle}: inputs on several devices {sorted(devices)}; kiln runs a graph on one")
     device = devices.pop() if devices else current_device()
 
+    sizes: Optional[list[int]] = None
+    in_shapes = [tuple(spec.shape) for spec in specs]
+    out_shapes = [tuple(spec.shape) for spec in compiled.outputs]
+    if compiled.symbols:
+        # Symbolic sizes: read from the input dimensions the plan names; every input is then
+        # checked against, and every output allocated from, its shape expressions.
+        from .client import _eval_size
+
+        sizes = []
+        for sym in compiled.plan.symbols:
+            shape = fw.shape(adapted[sym.input])
+            if sym.axis >= len(shape):
+                raise ValueError(f"input {specs[sym.input].name!r}: rank {len(shape)}, expected {len(specs[sym.input].shape)}")
+            sizes.append(int(shape[sym.axis]))
+        in_shapes = [tuple(_eval_size(e, sizes) for e in exprs) for exprs in compiled._in_exprs]
+        out_shapes = [tuple(_eval_size(e, sizes) for e in exprs) for exprs in compiled._out_exprs]
+
     with fw.on_device(device):
         keep: list[Any] = []
         ptrs: list[int] = []
-        for spec, a in zip(specs, adapted):
+        for spec, a, want in zip(specs, adapted, in_shapes):
             dtype = fw.dtype(a)
             if dtype != spec.dtype:
                 raise TypeError(f"input {spec.name!r}: dtype {dtype}, expected {spec.dtype}")
-            if fw.shape(a) != tuple(spec.shape):
-                raise ValueError(f"input {spec.name!r}: shape {fw.shape(a)}, expected {tuple(spec.shape)}")
+            if fw.shape(a) != want:
+                shown = compiled._shape_text(spec, want) if sizes is not None else str(want)
+                raise ValueError(f"input {spec.name!r}: shape {fw.shape(a)}, expected {shown}")
             if spec.strides:
                 if fw.strides(a) != tuple(spec.strides):
                     raise ValueError(f"input {spec.name!r}: strides {fw.strides(a)} (elements), the graph declared {tuple(spec.strides)}")
@@ -668,21 +769,21 @@ def run_compiled(compiled: Any, arrays: Sequence[Any], out: Optional[Sequence[An
             keep.append(a)
             ptrs.append(fw.ptr(a))
         results: list[Any] = []
-        for i, spec in enumerate(compiled.outputs):
+        for i, (spec, shape) in enumerate(zip(compiled.outputs, out_shapes)):
             if out is not None:
                 o = out[i]
-                if (not fw.owns(o) or fw.dtype(o) != spec.dtype or fw.shape(o) != tuple(spec.shape)
+                if (not fw.owns(o) or fw.dtype(o) != spec.dtype or fw.shape(o) != shape
                         or not fw.is_contiguous(o) or fw.device(o) != device or fw.ptr(o) % ALIGNMENT):
                     raise ValueError(f"out[{i}] must be a contiguous, {ALIGNMENT}-byte aligned {name} array of "
-                                     f"{spec.dtype} {tuple(spec.shape)} on device {device}")
+                                     f"{spec.dtype} {shape} on device {device}")
             else:
-                o = fw.empty(spec.shape, spec.dtype, device)
+                o = fw.empty(shape, spec.dtype, device)
             results.append(o)
             ptrs.append(fw.ptr(o))
-        ws_bytes = int(compiled.plan.workspace_bytes)
-        ws = fw.empty_bytes(ws_bytes, device) if ws_bytes > 0 else None
         kernel = load_kernel(compiled, device)
-        kernel.launch(ptrs, fw.ptr(ws) if ws is not None else None, fw.stream(device))
+        ws_bytes = kernel.workspace_bytes(sizes)
+        ws = fw.empty_bytes(ws_bytes, device) if ws_bytes > 0 else None
+        kernel.launch(ptrs, fw.ptr(ws) if ws is not None else None, fw.stream(device), sizes)
         # The input copies and the workspace go back to the allocator here. Both PyTorch's
         # and CuPy's are stream-ordered: the memory is reused only by work queued after these
         # kernels on this stream.

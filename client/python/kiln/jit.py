@@ -421,7 +421,7 @@ class JitFunction:
         target = self._target_for(found)
         key = (desc, target) if self._per_device else desc
         entry = self._cache.get(key)
-        if entry is None and self.dynamic is not False and not self.is_cuda and not self.autotune:
+        if entry is None and self.dynamic is not False and not self.autotune:
             entry = self._dynamic_entry(desc, found, target)
         if entry is None:
             with self._lock:
@@ -455,7 +455,8 @@ class JitFunction:
         sizes break such an equality, or a graph kilnd cannot compile for every size, gets its
         exact signature compiled (with one KilnFallbackWarning for the latter)."""
         shapes = [shape for _, shape in found.types]
-        skeleton = _strip_shapes(desc)
+        # Per target: a plain "cuda" target compiles for the sm of each call's device.
+        skeleton = (_strip_shapes(desc), target) if self._per_device else _strip_shapes(desc)
         with self._lock:
             state = self._dyn.get(skeleton)
             if state is None:

@@ -104,6 +104,11 @@ def canonical_result_bytes(handle: str, result: Any) -> bytes:
             for e in b.shape_exprs:
                 expr(e)
             expr(b.bytes_expr)
+        if any(s.grid_per_block > 0 for s in plan.steps):  # symbolic CUDA plans only
+            for s in plan.steps:
+                expr(s.grid_work)
+                _int(out, s.grid_per_block)
+            expr(plan.index_bound)
     _str(out, result.key_debug)
     _int(out, len(result.key_fields))
     for f in result.key_fields:

@@ -65,7 +65,7 @@ int SmCount(int sm) {
 }
 
 absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Target& target,
-                                      const CompileOptions& options) {
+                                      const CompileOptions& options, int num_symbols) {
   schedule::Program unit = program;
   cuda::KernelConfig cfg;
   cfg.sm_count = SmCount(target.sm);
@@ -77,7 +77,24 @@ absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Ta
   for (const Buffer& b : unit.buffers) largest = std::max(largest, b.bytes);
   for (const schedule::Kernel& k : unit.kernels)
     for (int64_t e : k.extents) largest = std::max(largest, e);
-  cfg.index_type = largest < (int64_t{1} << 30) ? "int" : "int64_t";
+  cfg.index_type = largest < kCudaIndexLimit ? "int" : "int64_t";
+  // A symbolic graph's kernels use 32-bit indices at every size; the plan carries a bound on
+  // every index (a sum, so that it stays a polynomial where a maximum would not) for the
+  // launcher to check.
+  int64_t index_bound = 0;
+  if (num_symbols > 0) {
+    cfg.index_type = "int";
+    cfg.num_symbols = num_symbols;
+    // Indices count elements (pointers are typed), so element counts bound them.
+    for (const Buffer& b : unit.buffers) index_bound += b.bytes / std::max<int64_t>(ir::DTypeSize(b.dtype), 1);
+    for (const schedule::Kernel& k : unit.kernels) {
+      // Flat indices run over the output loops, or over the variables of reductions.
+      int64_t loops = 1, reduced = 1;
+      for (size_t v = 0; v < k.extents.size(); ++v)
+        (static_cast<int>(v) < k.num_loops ? loops : reduced) *= std::max<int64_t>(k.extents[v], 1);
+      index_bound += loops + reduced;
+    }
+  }
 
   std::vector<cuda::KernelFunction> fns;
   for (size_t k = 0; k < unit.kernels.size(); ++k) {
@@ -87,7 +104,8 @@ absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Ta
   }
 
   CudaUnit out;
-  out.plan.abi_version = kCudaAbiVersion;
+  out.plan.abi_version = num_symbols > 0 ? kCudaSymbolicAbiVersion : kCudaAbiVersion;
+  out.plan.index_bound = index_bound;
   out.plan.workspace_bytes = unit.workspace_bytes;
   std::vector<int> plan_index(unit.buffers.size(), -1);
   out.plan.buffers = MakePlanBuffers(unit.buffers, &plan_index);
@@ -99,6 +117,10 @@ absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Ta
     step.kernel = f.name;
     step.grid[0] = f.grid;
     step.block[0] = f.block;
+    if (num_symbols > 0) {
+      step.grid_work = f.grid_work;
+      step.grid_per_block = f.grid_per_block;
+    }
     for (int b : f.buffers) step.args.push_back(plan_index[b]);
     out.plan.steps.push_back(std::move(step));
     absl::StrAppend(&kernels, "\n", f.text);

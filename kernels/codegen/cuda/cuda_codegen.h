@@ -19,6 +19,11 @@ namespace kiln::codegen {
 
 inline constexpr int kCudaCodegenVersion = 2;
 inline constexpr uint32_t kCudaAbiVersion = 1;
+// Symbolic plans: every kernel takes the sizes as trailing `int` parameters, grids are
+// ceil-divisions of size polynomials, temps are laid out by the launcher (PLAN.md).
+inline constexpr uint32_t kCudaSymbolicAbiVersion = 2;
+// The bound a symbolic plan's index_bound_expr must stay below (32-bit indices with room).
+inline constexpr int64_t kCudaIndexLimit = int64_t{1} << 30;
 
 struct CudaUnit {
   std::string source;
@@ -28,8 +33,9 @@ struct CudaUnit {
 
 // REQUIRES: target.is_cuda(). InvalidArgument when a tensor is too large for the launch
 // shapes used (more than 2^31 - 1 blocks).
+// `num_symbols` > 0: the program is a sample of a symbolic graph (codegen/symbolic.h).
 absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Target& target,
-                                      const CompileOptions& options);
+                                      const CompileOptions& options, int num_symbols = 0);
 
 
 // Streaming multiprocessors of the reference part of an architecture (e.g. sm_90: H100 SXM,

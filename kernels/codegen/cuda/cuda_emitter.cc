@@ -142,7 +142,8 @@ void CudaEmitter::EmitRowLoop(const RowSplit& s, int var, bool use_cache, const 
   after(g, e0);
   std::vector<std::string> stmts = PopScope();
   std::vector<std::string> out;
-  out.push_back(absl::StrCat("for (", index_type_, " ", var_names_[kq], " = 0; ", var_names_[kq], " < ", s.Q, "; ++",
+  const std::string trips = s.q_text.empty() ? absl::StrCat(s.Q) : s.q_text;
+  out.push_back(absl::StrCat("for (", index_type_, " ", var_names_[kq], " = 0; ", var_names_[kq], " < ", trips, "; ++",
                              var_names_[kq], ") {"));
   std::vector<std::string> inner;
   block(join(absl::StrCat(e0, " < ", end), extra_guard), g.fills(), stmts, &inner);

@@ -38,6 +38,7 @@ struct RowSplit {
   bool unrolled = true;   // q is a literal (Q small) or a loop variable
   lower::Affine base;     // first index (a multiple of V): 0, or a slice start
   std::string end;        // C text of the end bound; empty: `extent`
+  std::string q_text;     // looped: C text of the trip count when not the literal Q
 };
 
 // Loads of a row held in registers for the whole kernel.

@@ -61,7 +61,8 @@ absl::StatusOr<std::vector<KernelFunction>> KernelGen::Run() {
     Pointwise();
   } else if (r_inner >= 64 && contiguous) {
     Row(rank - 1);
-  } else if (r_inner < 64 || n_out >= int64_t{8} * cfg_.sm_count * kPointwiseBlock) {
+  } else if (r_inner < 64 || n_out >= int64_t{8} * cfg_.sm_count * kPointwiseBlock || Varies(n_out)) {
+    // A number of outputs that varies with the sizes is taken to be large (one thread each).
     Pointwise();
   } else {
     int64_t y = Pow2Floor(std::max<int64_t>(1, int64_t{8} * cfg_.sm_count * kPointwiseBlock / n_out));
@@ -116,14 +117,17 @@ void KernelGen::RegisterPartialReductions(Fn& fn, const std::vector<ExprPtr>& tr
     }
 }
 
-KernelFunction KernelGen::Finish(Fn& fn, const std::string& name, const std::vector<std::string>& body, int64_t grid,
-                      int block, std::string strategy) {
+KernelFunction KernelGen::Finish(Fn& fn, const std::string& name, const std::vector<std::string>& body, int64_t work,
+                                 int64_t per_block, int block, std::string strategy) {
   std::string lines;
   for (const std::string& l : fn.head) absl::StrAppend(&lines, "  ", l, "\n");
   for (const std::string& l : body) absl::StrAppend(&lines, "  ", l, "\n");
   KernelFunction f;
   f.name = name;
-  f.grid = static_cast<uint32_t>(grid);
+  const int64_t grid = CeilDiv(work, per_block);
+  f.grid = grid > 0xffffffffLL ? 0xffffffffu : static_cast<uint32_t>(grid);  // GenerateCuda refuses it
+  f.grid_work = work;
+  f.grid_per_block = per_block;
   f.block = static_cast<uint32_t>(block);
   f.strategy = std::move(strategy);
   std::vector<std::string> params;
@@ -135,6 +139,7 @@ KernelFunction KernelGen::Finish(Fn& fn, const std::string& name, const std::vec
     params.push_back(absl::StrCat(w ? "" : "const ", StorageType(buf.dtype, true), "* __restrict__ ", BufferName(buf)));
     f.buffers.push_back(static_cast<int>(b));
   }
+  for (int k = 0; k < cfg_.num_symbols; ++k) params.push_back(absl::StrCat("const int kiln_s", k));
   f.text = absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", block, ") ", name, "(",
                         absl::StrJoin(params, ", "), ") {\n");
   if (fn.em->smem_bytes > 0)
@@ -163,7 +168,10 @@ void KernelGen::SplitGlobals(bool* direct) {
   if (globals.empty()) return;
   int64_t rmax = 0;
   for (const Expr* g : globals) rmax = std::max(rmax, ReduceExtent(*g, kern_.extents));
-  if (Product(loops_, 0, loops_.size()) <= kDirectLimit && rmax <= kDirectLimit) {
+  // Extents that vary with the sizes are taken to be large: one block would serve a small
+  // size well but a large one badly, and partials serve both.
+  const int64_t n_out = Product(loops_, 0, loops_.size());
+  if (n_out <= kDirectLimit && rmax <= kDirectLimit && !Varies(n_out) && !Varies(rmax)) {
     *direct = true;
     return;
   }
@@ -177,7 +185,8 @@ void KernelGen::SplitGlobals(bool* direct) {
     level[g] = l;
     max_level = std::max(max_level, l);
   }
-  int64_t G = std::clamp<int64_t>(CeilDiv(rmax, int64_t{kPartialBlock} * 4), 1, int64_t{4} * cfg_.sm_count);
+  int64_t G = Varies(rmax) ? int64_t{4} * cfg_.sm_count
+                           : std::clamp<int64_t>(CeilDiv(rmax, int64_t{kPartialBlock} * 4), 1, int64_t{4} * cfg_.sm_count);
   if (G > 4) G = CeilDiv(G, 4) * 4;
   std::unordered_map<const Expr*, ExprPtr> replaced;
   RewriteRules swap;
@@ -260,17 +269,30 @@ void KernelGen::Partials(const std::vector<ExprPtr>& items, const std::vector<in
     r.body = Rewrite(g.args[0], flat, &pool_);
     r.var = var;
     int V = PickV({r.body}, var, R, 0, fn->prog);
-    int64_t S = CeilDiv(CeilDiv(R, G), V) * V;
+    int64_t S = CeilDiv(CeilDiv(R, G), V) * V;  // elements per block, a multiple of V
     std::string end = absl::StrCat("kend", j);
-    fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " ", end, " = ", S, " * kb + ", S, " < ", R, " ? ", S,
-                                    " * kb + ", S, " : ", R, ";"));
     r.split.extent = R;
     r.split.V = V;
     r.split.TR = B;
     r.split.Q = CeilDiv(S, int64_t{V} * B);
     r.split.unrolled = false;
-    r.split.base = lower::Scale(Affine::Var(kb), S);
     r.split.end = end;
+    if (Varies(R)) {
+      // S depends on R: block kb starts at V * kbq<j>, kbq<j> = ceil(R / (G V)) * kb, a
+      // variable of its own so that the start stays a multiple of V in the affine algebra.
+      const std::string sq = CeilDivText(R, G * V);
+      const std::string kbq = absl::StrCat("kbq", j);
+      int bq = em.NewVar(R, kbq);
+      fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " ", kbq, " = ", sq, " * kb;"));
+      fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " ", end, " = ", V, " * (", kbq, " + ", sq, ") < ", R,
+                                      " ? ", V, " * (", kbq, " + ", sq, ") : ", R, ";"));
+      r.split.base = lower::Scale(Affine::Var(bq), V);
+      r.split.q_text = absl::StrCat("((", sq, " + ", B - 1, ") / ", B, ")");
+    } else {
+      fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " ", end, " = ", S, " * kb + ", S, " < ", R, " ? ", S,
+                                      " * kb + ", S, " : ", R, ";"));
+      r.split.base = lower::Scale(Affine::Var(kb), S);
+    }
     em.coop[items[j].get()] = r;
     absl::StrAppend(&strategy, j ? "," : "", " ", g.op, " of ", R, " (V=", V, ")");
   }
@@ -292,7 +314,7 @@ void KernelGen::Partials(const std::vector<ExprPtr>& items, const std::vector<in
   body.push_back("if (kt == 0) {");
   body.insert(body.end(), stores.begin(), stores.end());
   body.push_back("}");
-  fns_.push_back(Finish(*fn, absl::StrCat(kern_.name, "_p", level), body, G, B, strategy));
+  fns_.push_back(Finish(*fn, absl::StrCat(kern_.name, "_p", level), body, G, 1, B, strategy));
 }
 
 }  // namespace internal

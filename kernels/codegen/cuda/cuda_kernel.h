@@ -38,6 +38,9 @@ struct KernelConfig {
   // Tuning knobs (CompileOptions.variant, kernels/codegen/variants.h).
   int pointwise_block = 256;
   int row_threads_shift = 0;
+  // A symbolic graph's sample (codegen/symbolic.h): every function takes the sizes as
+  // trailing `const int kiln_s<k>` parameters, and grids are ceil-divisions of extents.
+  int num_symbols = 0;
 };
 
 struct KernelFunction {
@@ -45,6 +48,9 @@ struct KernelFunction {
   std::string text;          // the function definition
   uint32_t grid = 1;
   uint32_t block = 1;
+  // grid == ceil(grid_work / grid_per_block): what a symbolic plan's launcher evaluates.
+  int64_t grid_work = 1;
+  int64_t grid_per_block = 1;
   std::vector<int> buffers;  // program buffers it takes, in parameter order
   std::string strategy;      // one line for the fusion report
 };

@@ -108,7 +108,7 @@ void KernelGen::Pointwise() {
   const int V = PickV(trees, x, C, WidestOutput(fn->prog, kern_), fn->prog);
   const int64_t NV = N / V;
   int B = cfg_.pointwise_block;
-  if (NV < B) B = static_cast<int>(std::max<int64_t>(32, Pow2Ceil(NV)));
+  if (NV < B && !Varies(NV)) B = static_cast<int>(std::max<int64_t>(32, Pow2Ceil(NV)));
   em.kt_var = em.NewVar(B, "kt");
   em.threads_per_row = B;
   int xq = em.NewVar(C / V, "ixq");
@@ -145,7 +145,7 @@ void KernelGen::Pointwise() {
   for (size_t i = 1; i < parts.size(); ++i) Append(&body, parts[i], "  ");
   body.push_back("}");
   std::string strategy = absl::StrCat("pointwise: ", NV, " threads x ", V, " element(s), block ", B);
-  fns_.push_back(Finish(*fn, kern_.name, body, CeilDiv(NV, B), B, strategy));
+  fns_.push_back(Finish(*fn, kern_.name, body, NV, B, B, strategy));
 }
 
 // TR threads per outer index (a row of L elements, flattened); reductions over the row are
@@ -196,13 +196,17 @@ void KernelGen::Row(int p) {
       for (const Expr* n : Nodes(t))
         if (partial_index_.count(n)) work = std::max(work, em.extents()[n->rvars[0]]);
   int64_t TR = std::clamp<int64_t>(Pow2Ceil(CeilDiv(work, kRowElementsPerThread)), rows == 1 ? 32 : 1, 1024);
+  // A row whose length varies with the sizes: four warps walk it in a loop when the rows vary
+  // too (many rows: each block short), a whole block when they are few and fixed.
+  const bool varying_row = Varies(work);
+  if (varying_row) TR = Varies(rows) || rows >= int64_t{4} * cfg_.sm_count ? kVaryingRowThreads : 1024;
   // Rows that stream no memory of their own along the row (an outer product reduced, every
   // element a product of re-read operands) are bound by arithmetic and by the combine, not by
   // loads in flight: when the rows alone fill the GPU, a few warps per row with more elements
   // each finish sooner than a block-wide tree.
   std::vector<ExprPtr> row_bodies = trees;
   for (const Expr* n : coops) row_bodies.push_back(found[n].body);
-  if (rows >= int64_t{4} * cfg_.sm_count && !StreamsAlong(row_bodies, E, fn->prog) &&
+  if (!varying_row && rows >= int64_t{4} * cfg_.sm_count && !StreamsAlong(row_bodies, E, fn->prog) &&
       std::none_of(coops.begin(), coops.end(), [&](const Expr* n) { return StreamsAlong({found[n].body}, found[n].var, fn->prog); }))
     TR = std::min(TR, std::max<int64_t>(32, Pow2Ceil(CeilDiv(work, kComputeRowElementsPerThread))));
   if (cfg_.row_threads_shift > 0) TR = std::min<int64_t>(TR << cfg_.row_threads_shift, 1024);
@@ -222,7 +226,8 @@ void KernelGen::Row(int p) {
   }
   row.TR = static_cast<int>(TR);
   row.Q = CeilDiv(L, row.V * TR);
-  row.unrolled = row.Q <= kMaxUnrolledVectors && row.Q * row.V <= kMaxUnrolledElements;
+  row.unrolled = row.Q <= kMaxUnrolledVectors && row.Q * row.V <= kMaxUnrolledElements && !Varies(L);
+  if (Varies(L)) row.q_text = CeilDivText(L, row.V * TR);
 
   // The row cache: loads of the row that two or more users (the outputs, each reduction over
   // the row) read, while the registers last.
@@ -277,7 +282,9 @@ void KernelGen::Row(int p) {
       r.split.V = PickV({r.body}, r.var, r.split.extent, 0, fn->prog);
       r.split.TR = static_cast<int>(TR);
       r.split.Q = CeilDiv(r.split.extent, r.split.V * TR);
-      r.split.unrolled = r.split.Q <= kMaxUnrolledVectors && r.split.Q * r.split.V <= kMaxUnrolledElements;
+      r.split.unrolled = r.split.Q <= kMaxUnrolledVectors && r.split.Q * r.split.V <= kMaxUnrolledElements &&
+                         !Varies(r.split.extent);
+      if (Varies(r.split.extent)) r.split.q_text = CeilDivText(r.split.extent, r.split.V * TR);
     }
     em.coop[n] = r;
   }
@@ -292,7 +299,7 @@ void KernelGen::Row(int p) {
                               : absl::StrCat("const ", it, " kt = threadIdx.x % ", TR, ";"));
   std::string kr_raw = RPB == 1 ? "blockIdx.x" : absl::StrCat("blockIdx.x * ", RPB, " + threadIdx.x / ", TR);
   std::string row_ok;
-  if (rows % RPB == 0) {
+  if (ir::StaticFactor(rows) % RPB == 0) {
     fn->head.push_back(absl::StrCat("const ", it, " kr = ", kr_raw, ";"));
   } else {
     fn->head.push_back(absl::StrCat("const ", it, " kr_raw = ", kr_raw, ";"));
@@ -365,7 +372,7 @@ void KernelGen::Row(int p) {
                                       " row(s) per block, ", row.Q, " x ", row.V, " element(s) per thread",
                                       row.unrolled ? "" : " (looped)", ", ", coops.size(), " cooperative reduction(s)");
   if (!cached_names.empty()) absl::StrAppend(&strategy, ", registers hold ", absl::StrJoin(cached_names, " "));
-  fns_.push_back(Finish(*fn, kern_.name, body, CeilDiv(rows, RPB), static_cast<int>(block), strategy));
+  fns_.push_back(Finish(*fn, kern_.name, body, rows, RPB, static_cast<int>(block), strategy));
 }
 
 // 32 outputs per block; the y-groups of the block split each reduction's range and combine
@@ -423,7 +430,7 @@ void KernelGen::ColumnTile(int y) {
   for (auto& part : PopScopes(em, vars.size() + 1)) Append(&body, part);
   std::string strategy = absl::StrCat("column tile: ", N, " output(s), 32 per block, ", y, " y-group(s), ",
                                       coops.size(), " split reduction(s)");
-  fns_.push_back(Finish(*fn, kern_.name, body, CeilDiv(N, 32), block, strategy));
+  fns_.push_back(Finish(*fn, kern_.name, body, N, 32, block, strategy));
 }
 
 }  // namespace kiln::codegen::cuda::internal

@@ -12,6 +12,7 @@
 #include "kernels/codegen/cuda/cuda_emitter.h"
 #include "kernels/codegen/cuda/cuda_kernel.h"
 #include "kernels/codegen/cuda/expr_rewrite.h"
+#include "kernels/ir/symbols.h"
 
 namespace kiln::codegen::cuda::internal {
 
@@ -28,6 +29,10 @@ inline constexpr int kPointwiseBlock = 256;
 // Rows of up to this many vectors per thread are unrolled (and may be cached in registers).
 inline constexpr int64_t kMaxUnrolledVectors = 8;
 inline constexpr int64_t kMaxUnrolledElements = 32;
+// Threads per row for rows whose length varies with the sizes (and whose count does too): a
+// warp, so four rows share a block and combine through shuffles alone. Short rows (attention
+// scores over a sequence) then cost what they do when static; long ones loop.
+inline constexpr int64_t kVaryingRowThreads = 32;
 // Registers (32-bit words) per thread a row cache may take.
 inline constexpr int64_t kCacheBudgetWords = 48;
 // Elements per thread a row aims for: enough loads in flight, few enough registers.
@@ -36,6 +41,18 @@ inline constexpr int64_t kRowElementsPerThread = 8;
 inline constexpr int64_t kComputeRowElementsPerThread = 32;
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Symbolic graphs (kernels/codegen/symbolic.h): while a sample is generated, an extent that
+// varies with the sizes gets code that holds for every value, with the numbers derived from
+// it printed as C expressions of it (which the generaliser turns into expressions of the
+// sizes) rather than computed here: loops bounded by `(L + step - 1) / step` instead of
+// unrolled, divisibility judged on its static factor, grids as ceil-divisions the launcher
+// evaluates. Outside a sample both are false and nothing changes.
+inline bool Varies(int64_t extent) { return ir::VariesWithSizes(extent); }
+// "((L + d - 1) / d)": the ceil-division as C text (`L` stays a literal the generaliser reads).
+inline std::string CeilDivText(int64_t a, int64_t d) {
+  return d == 1 ? absl::StrCat(a) : absl::StrCat("((", a, " + ", d - 1, ") / ", d, ")");
+}
 inline int64_t Pow2Ceil(int64_t x) {
   int64_t p = 1;
   while (p < x) p <<= 1;
@@ -104,7 +121,7 @@ inline int PickV(const std::vector<ExprPtr>& trees, int var, int64_t extent, int
     }
   if (widest == 0) return 1;
   int V = static_cast<int>(std::min<int64_t>(8, std::max<int64_t>(1, 16 / widest)));
-  while (V > 1 && extent % V != 0) V /= 2;
+  while (V > 1 && ir::StaticFactor(extent) % V != 0) V /= 2;
   return V;
 }
 
@@ -133,8 +150,9 @@ class KernelGen {
   std::vector<std::string> DefineVars(Fn& fn, const std::vector<int>& vars, const std::string& flat);
   // Reductions over partial results (left by SplitGlobals) are cooperative over `tr` threads.
   void RegisterPartialReductions(Fn& fn, const std::vector<ExprPtr>& trees, int tr);
-  KernelFunction Finish(Fn& fn, const std::string& name, const std::vector<std::string>& body, int64_t grid,
-                        int block, std::string strategy);
+  // The function, launched on ceil(work / per_block) blocks of `block` threads.
+  KernelFunction Finish(Fn& fn, const std::string& name, const std::vector<std::string>& body, int64_t work,
+                        int64_t per_block, int block, std::string strategy);
   std::string StoreText(const Buffer& b, const std::string& v);
 
   // Whole-tensor reductions -> partial launches; `direct` when they are small enough for one

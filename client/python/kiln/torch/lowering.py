@@ -115,12 +115,25 @@ def node_meta(node: Any) -> Any:
     return meta.get("val", meta.get("example_value"))
 
 
+def _is_static_size(d: Any) -> bool:
+    """An int, or a SymInt that torch has specialised to a number (a guard fixed it: its
+    expression is a constant)."""
+    if isinstance(d, int):
+        return True
+    if isinstance(d, torch.SymInt):
+        try:
+            return bool(d.node.expr.is_number)
+        except Exception:
+            return False
+    return False
+
+
 def is_static_tensor(v: Any) -> bool:
     """Whether ``v`` is a strided tensor with concrete sizes and strides."""
     if not isinstance(v, torch.Tensor) or v.layout != torch.strided:
         return False
     try:
-        return all(isinstance(d, int) for d in v.shape) and all(isinstance(s, int) for s in v.stride())
+        return all(_is_static_size(d) for d in v.shape) and all(_is_static_size(s) for s in v.stride())
     except Exception:  # sparse or otherwise unusual tensors
         return False
 
@@ -142,12 +155,12 @@ def example_shape(v: torch.Tensor) -> tuple[int, ...]:
 
 
 def is_symbolic_tensor(v: Any) -> bool:
-    """Whether ``v`` is a strided CPU tensor some of whose sizes are symbolic (torch's dynamic
-    shapes): kiln compiles those with symbolic dimensions (CPU targets only)."""
-    if not isinstance(v, torch.Tensor) or v.layout != torch.strided or v.device.type != "cpu":
+    """Whether ``v`` is a strided CPU or CUDA tensor some of whose sizes are symbolic (torch's
+    dynamic shapes): kiln compiles those with symbolic dimensions."""
+    if not isinstance(v, torch.Tensor) or v.layout != torch.strided or v.device.type not in ("cpu", "cuda"):
         return False
     try:
-        return any(isinstance(d, torch.SymInt) for d in v.shape)
+        return any(not _is_static_size(d) for d in v.shape)
     except Exception:
         return False
 

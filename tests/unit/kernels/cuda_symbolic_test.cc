@@ -1,0 +1,219 @@
+// CUDA kernels for symbolic sizes (kernels/codegen/symbolic.h, PLAN.md ABI 2): each graph is
+// generated once with symbols, then run in emulation (cuda_emulation.h) at several sizes,
+// 0, 1, primes and sizes that no vector width divides among them, against the CPU backend
+// compiled for the same graph at each static size. The shapes cover every strategy whose
+// choices change with a size: pointwise, rows whose length varies (looped, fixed threads),
+// rows whose count varies (packed rows), column tiles, per-output loops and whole-tensor
+// partials.
+#include "absl/strings/str_join.h"
+#include "kernels/codegen/cuda/cuda_codegen.h"
+#include "kernels/codegen/symbolic.h"
+#include "kernels/ir/symbols.h"
+#include "tests/unit/kernels/cuda_test_util.h"
+
+namespace kiln {
+namespace {
+
+using namespace kiln::testing;  // NOLINT: test helpers
+
+// A dimension: a size, or kSym - k for symbol k.
+constexpr int64_t kSym = -1;
+
+struct Input {
+  DType dtype;
+  std::vector<int64_t> dims;
+};
+using Body = std::function<std::vector<ValueId>(ir::Builder&)>;
+
+// The graph with `values` in its symbolic dimensions; with `symbolic`, the dimensions are
+// marked as the symbols `names` (values then being the first sample).
+ir::Graph Build(const std::vector<Input>& inputs, const Body& body, const std::vector<std::string>& names,
+                const std::vector<int64_t>& values, bool symbolic) {
+  ir::Graph in;
+  for (const Input& i : inputs) {
+    ir::TensorType t;
+    t.dtype = i.dtype;
+    for (int64_t d : i.dims) {
+      const bool sym = d < 0;
+      t.shape.push_back(sym ? values[kSym - d] : d);
+      t.dim_symbols.push_back(sym && symbolic ? static_cast<int32_t>(kSym - d) : -1);
+    }
+    if (!symbolic) t.dim_symbols.clear();
+    in.inputs.push_back(std::move(t));
+  }
+  if (symbolic) in.symbols = names;
+  ir::Builder b(in);
+  std::vector<ValueId> outs = body(b);
+  ir::Graph g = b.Finish(outs);
+  if (symbolic) g.symbols = names;
+  auto st = ir::VerifyAndInfer(g, symbolic ? ir::SymbolicLimits({}) : ir::Limits{});
+  EXPECT_TRUE(st.ok()) << st;
+  return g;
+}
+
+// Runs a symbolic plan in emulation at `sizes` as a launcher does (PLAN.md): temps laid out in
+// plan order at multiples of 256 bytes, grids evaluated, sizes appended to every launch.
+absl::Status RunSized(EmulatedUnit& emu, const LaunchPlan& plan, const std::vector<HostTensor>& tensors,
+                      int num_inputs, const std::vector<int64_t>& sizes, unsigned char poison) {
+  int64_t end = 0;
+  std::vector<int64_t> offsets;
+  for (const PlanBuffer& b : plan.buffers) {
+    if (b.role != BufferRole::kTemp) continue;
+    end = (end + 255) / 256 * 256;
+    offsets.push_back(end);
+    end += codegen::EvaluateSizeExpr(b.bytes_expr, sizes);
+  }
+  HostTensor ws = HostTensor::Make(DType::kU8, std::max<int64_t>(end, 1), poison);
+  std::vector<void*> ptrs;
+  size_t temp = 0;
+  for (const PlanBuffer& b : plan.buffers) {
+    switch (b.role) {
+      case BufferRole::kInput: ptrs.push_back(tensors[b.index].data.get()); break;
+      case BufferRole::kOutput: ptrs.push_back(tensors[num_inputs + b.index].data.get()); break;
+      case BufferRole::kTemp: ptrs.push_back(ws.data.get() + offsets[temp++]); break;
+    }
+  }
+  auto* launch = reinterpret_cast<int (*)(void*, unsigned, unsigned, void**, int)>(dlsym(emu.handle(), "kiln_emu_launch"));
+  for (const PlanStep& s : plan.steps) {
+    if (s.grid_per_block <= 0) return absl::InternalError("a symbolic step without grid_per_block");
+    const int64_t work = codegen::EvaluateSizeExpr(s.grid_work_expr, sizes);
+    const int64_t grid = (work + s.grid_per_block - 1) / s.grid_per_block;
+    if (grid == 0) continue;
+    void* fn = dlsym(emu.handle(), s.kernel.c_str());
+    if (!fn) return absl::InternalError("no kernel " + s.kernel);
+    std::vector<void*> args;
+    for (int a : s.args) args.push_back(ptrs[a]);
+    // The emulator calls with pointer-sized arguments; an int parameter reads the low half.
+    for (int64_t v : sizes) args.push_back(reinterpret_cast<void*>(static_cast<intptr_t>(v)));
+    launch(fn, static_cast<unsigned>(grid), s.block[0], args.data(), static_cast<int>(args.size()));
+  }
+  return absl::OkStatus();
+}
+
+// Generates `body` once for the symbols `names` and checks it at every size set in `runs`.
+void ExpectSymbolicMatchesCpu(const std::vector<Input>& inputs, const Body& body, const std::vector<std::string>& names,
+                              const std::vector<std::vector<int64_t>>& runs) {
+  std::vector<int64_t> first;
+  for (size_t k = 0; k < names.size(); ++k) first.push_back(ir::SampleValue(static_cast<int>(k), 0));
+  ir::Graph sym = Build(inputs, body, names, first, true);
+  auto gen = SharedPipeline().Generate(sym, CudaTarget(90), CompileOptions{});
+  ASSERT_TRUE(gen.ok()) << gen.status();
+  ASSERT_EQ(gen->plan.abi_version, codegen::kCudaSymbolicAbiVersion);
+  ASSERT_EQ(gen->plan.symbols.size(), names.size());
+  if (std::getenv("KILN_TEST_DUMP") != nullptr) std::fprintf(stderr, "%s\n%s", gen->fusion_report.c_str(), gen->source.c_str());
+  auto emu = EmulatedUnit::Build(gen->source);
+  ASSERT_TRUE(emu.ok()) << emu.status() << "\n" << gen->source;
+  for (const std::vector<int64_t>& sizes : runs) {
+    SCOPED_TRACE(::testing::Message() << "sizes " << absl::StrJoin(sizes, ", "));
+    ir::Graph g = Build(inputs, body, names, sizes, false);
+    std::mt19937 rng(static_cast<unsigned>(sizes[0] + 7));
+    std::vector<HostTensor> ins, want, got, again;
+    for (const ir::TensorType& t : g.inputs) ins.push_back(RandomTensor(t.dtype, Elements(t.shape), &rng));
+    for (size_t o = 0; o < g.outputs.size(); ++o) {
+      const ir::TensorType& t = g.TypeOf(g.outputs[o]);
+      // The plan's output shapes at these sizes are the static graph's.
+      std::vector<int64_t> shape;
+      for (const SizeExpr& e : gen->plan.buffers[g.num_inputs() + o].shape_exprs)
+        shape.push_back(codegen::EvaluateSizeExpr(e, sizes));
+      EXPECT_EQ(shape, t.shape) << "output " << o;
+      want.push_back(HostTensor::Make(t.dtype, Elements(t.shape)));
+      got.push_back(HostTensor::Make(t.dtype, Elements(t.shape), kPoisonA));
+      again.push_back(HostTensor::Make(t.dtype, Elements(t.shape), kPoisonB));
+    }
+    auto cpu = SharedPipeline().Compile(g, CpuTarget(), CompileOptions{});
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    Loaded lib(*cpu);
+    std::vector<void*> args;
+    for (const HostTensor& t : ins) args.push_back(t.data.get());
+    for (const HostTensor& t : want) args.push_back(t.data.get());
+    ASSERT_EQ(lib.Run(args, 1), 0);
+    for (auto [outs, poison] : {std::pair{&got, kPoisonA}, std::pair{&again, kPoisonB}}) {
+      std::vector<HostTensor> all = ins;
+      all.insert(all.end(), outs->begin(), outs->end());
+      ASSERT_TRUE(RunSized(**emu, gen->plan, all, g.num_inputs(), sizes, poison).ok());
+    }
+    int failures = 0;
+    for (size_t o = 0; o < want.size(); ++o)
+      for (int64_t i = 0; i < want[o].elements && failures < 8; ++i) {
+        const double w = want[o].At(i), c = got[o].At(i);
+        if (!Close(want[o].dtype, c, w) || !got[o].SameBits(again[o], i)) {
+          ++failures;
+          ADD_FAILURE() << "output " << o << " element " << i << ": cuda " << c << " (" << again[o].At(i)
+                        << " with the other poison), expected " << w;
+        }
+      }
+    if (failures) {
+      ADD_FAILURE() << gen->fusion_report << gen->source;
+      return;
+    }
+  }
+}
+
+const std::vector<std::vector<int64_t>> kOneSymbol = {{1}, {2}, {7}, {37}, {130}, {0}};
+
+TEST(CudaSymbolic, Pointwise) {
+  REQUIRE_NVRTC();
+  // Vectors of 4 along a static row of 48, rows counted by N; a broadcast row.
+  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym, 48}}, {DType::kF32, {48}}},
+                           [](ir::Builder& b) {
+                             auto s = *b.Add("mul", {0, 1});
+                             return std::vector<ValueId>{*b.Add("tanh", {s})};
+                           },
+                           {"N"}, kOneSymbol);
+  // The innermost dimension itself symbolic: scalar lanes.
+  ExpectSymbolicMatchesCpu({{DType::kF16, {3, kSym}}, {DType::kF16, {3, 1}}},
+                           [](ir::Builder& b) { return std::vector<ValueId>{*b.Add("add", {0, 1})}; }, {"T"},
+                           kOneSymbol);
+}
+
+TEST(CudaSymbolic, RowsOfVaryingLengthAndCount) {
+  REQUIRE_NVRTC();
+  // softmax over T of [B, T]: rows vary in length and count.
+  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym - 1, kSym}}},
+                           [](ir::Builder& b) { return std::vector<ValueId>{*b.Add("softmax", {0}, {{"axis", int64_t{-1}}})}; },
+                           {"T", "B"}, {{1, 1}, {5, 3}, {129, 2}, {300, 1}, {0, 2}, {3, 0}});
+  // layer_norm over a static 64: a varying number of rows, several per block.
+  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym, 64}}},
+                           [](ir::Builder& b) {
+                             return std::vector<ValueId>{*b.Add("layer_norm", {0}, {{"axes", ir::IntList{-1}}})};
+                           },
+                           {"N"}, kOneSymbol);
+}
+
+TEST(CudaSymbolic, ColumnsAndWholeTensorReductions) {
+  REQUIRE_NVRTC();
+  // A sum down a symbolic axis 0 (a few outputs, long strided reductions).
+  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym, 40}}},
+                           [](ir::Builder& b) {
+                             return std::vector<ValueId>{*b.Add("sum", {0}, {{"axes", ir::IntList{0}}})};
+                           },
+                           {"N"}, {{1}, {3}, {100}, {0}});
+  // Whole-tensor reductions feeding pointwise work: x - mean(x), and an argmax.
+  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym}}},
+                           [](ir::Builder& b) {
+                             auto m = *b.Add("mean", {0}, {{"axes", ir::IntList{0}}, {"keepdim", true}});
+                             auto d = *b.Add("sub", {0, m});
+                             return std::vector<ValueId>{d, *b.Add("argmax", {0}, {{"axis", int64_t{0}}})};
+                           },
+                           {"N"}, {{7}, {300}});
+}
+
+TEST(CudaSymbolic, RefusalsNameTheRule) {
+  REQUIRE_NVRTC();
+  // A slice inside a symbolic axis means different elements at different sizes: refused with
+  // INVALID_ARGUMENT naming the node and the rule, as on the CPU.
+  ir::Graph g = Build({{DType::kF32, {kSym, 4}}},
+                      [](ir::Builder& b) {
+                        return std::vector<ValueId>{*b.Add("slice", {0}, {{"axes", ir::IntList{0}}, {"starts", ir::IntList{1}},
+                                                                          {"stops", ir::IntList{3}}})};
+                      },
+                      {"N"}, {ir::SampleValue(0, 0)}, true);
+  auto gen = SharedPipeline().Generate(g, CudaTarget(90), CompileOptions{});
+  ASSERT_FALSE(gen.ok());
+  EXPECT_EQ(gen.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(gen.status().message().find("slice"), std::string::npos) << gen.status();
+  EXPECT_NE(gen.status().message().find("rule:"), std::string::npos) << gen.status();
+}
+
+}  // namespace
+}  // namespace kiln
