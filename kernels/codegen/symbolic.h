@@ -31,6 +31,11 @@
 // the sampled sizes; the ones that matter (a reshape folding back to affine indexing) compare
 // a static extent with a static divisor. The refusals are InvalidArgument: the graph is then
 // compiled per shape by its client.
+//
+// CUDA units work the same way; their launch shapes are numbers too, so the CUDA generator,
+// while sampling, keeps every size-dependent number it would compute in the text or the plan
+// in a form the generaliser recovers (kernel_gen.h, `Varies`): trip counts as ceil-divisions
+// printed in C, grids as ceil(work / per_block) with `work` fitted here like a buffer size.
 // Thread-safety: pure functions.
 #pragma once
 
