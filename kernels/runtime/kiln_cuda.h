@@ -125,6 +125,22 @@ template <int N, typename T> KILN_D void kiln_vstore(T* p, const T* r) {
   typedef typename kiln_vec_bytes<N * sizeof(T)>::type V;
   *reinterpret_cast<V*>(p) = *reinterpret_cast<const V*>(r);
 }
+// The same for the last vector of a range whose length no vector width divides: `n` elements
+// are left (n >= N: a whole vector); the lanes past them read as zero and are not written.
+template <int N, typename T> KILN_D void kiln_vload_n(T* r, const T* p, int n) {
+  if (n >= N) {
+    kiln_vload<N>(r, p);
+    return;
+  }
+  for (int i = 0; i < N; ++i) r[i] = i < n ? p[i] : T();
+}
+template <int N, typename T> KILN_D void kiln_vstore_n(T* p, const T* r, int n) {
+  if (n >= N) {
+    kiln_vstore<N>(p, r);
+    return;
+  }
+  for (int i = 0; i < n; ++i) p[i] = r[i];
+}
 
 // ---- Reductions across the threads that share a row. A row is TR consecutive threads of
 // the block (TR a power of two): TR <= 32 stays inside a warp; TR > 32 is the whole block and

@@ -48,20 +48,41 @@ failures: list[str] = []
 
 # ---------------------------------------------------------------------------------- kernels
 
+def sin2cos2(x):
+    return np.sin(x) ** 2 + np.cos(x) ** 2
+
+
+def add(x, y):
+    return x + y
+
+
+def kmeans(X, means):
+    return np.argmin(np.linalg.norm(X - means[:, None], axis=2), axis=0)
+
+
 def softmax(x):
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def layer_norm(x):
+def _gelu(x):
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
+
+
+def ln_gelu(x):
     m = x.mean(axis=-1, keepdims=True)
     d = x - m
     v = (d * d).mean(axis=-1, keepdims=True)
-    return d / np.sqrt(v + 1e-5)
+    return _gelu(d / np.sqrt(v + 1e-5))
 
 
-def gelu(x):
-    return 0.5 * x * (1.0 + np.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
+def lltm_tail(gates, c):
+    S = c.shape[1]
+    ig = 1.0 / (1.0 + np.exp(-gates[:, :S]))
+    og = 1.0 / (1.0 + np.exp(-gates[:, S:2 * S]))
+    z = gates[:, 2 * S:]
+    c_new = c + np.where(z > 0, z, np.exp(z) - 1.0) * ig
+    return np.tanh(c_new) * og, c_new
 
 
 def column_sum(x):
@@ -72,42 +93,59 @@ def total(x):
     return x.sum()
 
 
-def torch_ref(name: str, x: torch.Tensor) -> torch.Tensor:
-    if name == "softmax":
-        return torch.softmax(x, -1)
-    if name == "layer_norm":
-        return torch.nn.functional.layer_norm(x, x.shape[-1:], eps=1e-5)
-    if name == "gelu":
-        return torch.nn.functional.gelu(x, approximate="tanh")
-    if name == "column_sum":
-        return x.sum(0)
-    return x.sum()
+def t_lltm(gates: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    S = c.shape[1]
+    c_new = c + torch.nn.functional.elu(gates[:, 2 * S:]) * torch.sigmoid(gates[:, :S])
+    return torch.tanh(c_new) * torch.sigmoid(gates[:, S:2 * S]), c_new
 
 
-# name: (function, symbolic axes, sizes checked, benchmark size)
-KERNELS: dict[str, tuple[Callable[..., Any], tuple[int, ...], list[tuple[int, int]], tuple[int, int]]] = {
-    "softmax": (softmax, (0, 1), [(1, 1), (7, 13), (2048, 97), (16 * 12 * 128, 128), (16 * 12 * 200, 200)], (16 * 12 * 128, 128)),
-    "layer_norm": (layer_norm, (0,), [(1, 4096), (13, 4096), (1031, 4096)], (32768, 4096)),
-    "gelu": (gelu, (0,), [(1, 4096), (13, 4096), (1031, 4096)], (32768, 4096)),
-    "column_sum": (column_sum, (0,), [(1, 1024), (13, 1024), (1031, 1024)], (32768, 1024)),
-    "total": (total, (0, 1), [(1, 1), (13, 7), (1031, 999)], (32768, 4096)),
+def t_kmeans(X: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
+    return torch.argmin(torch.linalg.norm(X - means[:, None], dim=2), dim=0)
+
+
+F = torch.nn.functional
+# name: (function, torch reference, inputs for a size n (and m), symbolic axes per argument,
+#        sizes checked, the benchmark size). The benchmark sizes are the memory-bound workloads
+#        of BENCHMARKS.md's CUDA table, plus short rows (attention scores) and two reductions.
+KERNELS: dict[str, tuple[Any, ...]] = {
+    "sin2+cos2": (sin2cos2, lambda x: torch.sin(x) ** 2 + torch.cos(x) ** 2, lambda n, m: [(n,)], {"x": (0,)},
+                  [(1, 0), (7, 0), (1031, 0)], (64 << 20, 0)),
+    "x+y": (add, lambda x, y: x + y, lambda n, m: [(n,), (n,)], {"x": (0,), "y": (0,)},
+            [(1, 0), (7, 0), (1031, 0)], (64 << 20, 0)),
+    "k-means K=8": (kmeans, t_kmeans, lambda n, m: [(n, 2), (8, 2)], {"X": (0,)}, [(1, 0), (7, 0), (1031, 0)],
+                    (20 << 20, 0)),
+    "row softmax (rows)": (softmax, lambda x: torch.softmax(x, -1), lambda n, m: [(n, 4096)], {"x": (0,)},
+                           [(1, 0), (13, 0)], (32768, 0)),
+    "row softmax (rows, length)": (softmax, lambda x: torch.softmax(x, -1), lambda n, m: [(n, m)], {"x": (0, 1)},
+                                   [(1, 1), (7, 13), (300, 97), (5, 1031)], (32768, 4096)),
+    "short rows softmax (rows, length)": (softmax, lambda x: torch.softmax(x, -1), lambda n, m: [(n, m)],
+                                          {"x": (0, 1)}, [(1, 1), (7, 13), (2048, 97), (16 * 12 * 200, 200)],
+                                          (16 * 12 * 128, 128)),
+    "layer_norm->gelu (rows)": (ln_gelu, lambda x: F.gelu(F.layer_norm(x, x.shape[-1:], eps=1e-5), approximate="tanh"),
+                                lambda n, m: [(n, 4096)], {"x": (0,)}, [(1, 0), (13, 0)], (32768, 0)),
+    "LLTM tail (batch)": (lltm_tail, t_lltm, lambda n, m: [(n, 3072), (n, 1024)], {"gates": (0,), "c": (0,)},
+                          [(1, 0), (13, 0)], (4096, 0)),
+    "column sums (rows)": (column_sum, lambda x: x.sum(0), lambda n, m: [(n, 1024)], {"x": (0,)},
+                           [(1, 0), (13, 0), (1031, 0)], (32768, 0)),
+    "whole sum (both)": (total, lambda x: x.sum(), lambda n, m: [(n, m)], {"x": (0, 1)}, [(1, 1), (13, 7), (1031, 999)],
+                         (32768, 4096)),
 }
 
 
-def graph_ms(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, calls: int = 20, replays: int = 7) -> float:
+def graph_ms(fn: Callable[..., Any], args: list[torch.Tensor], calls: int = 20, replays: int = 7) -> float:
     """Kernel time per call: `calls` calls captured in one CUDA graph, replayed."""
     for _ in range(2):
-        fn(x)
+        fn(*args)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fn(x)
+        fn(*args)
     torch.cuda.current_stream().wait_stream(side)
     with torch.cuda.graph(g):
         for _ in range(calls):
-            fn(x)
+            fn(*args)
     times = []
     for _ in range(replays + 1):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -119,32 +157,42 @@ def graph_ms(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, calls: int = 20
     return statistics.median(times[1:])
 
 
-def run_kernels(client: Any, quick: bool) -> list[list[Any]]:
+def _tuple(v: Any) -> tuple[Any, ...]:
+    return v if isinstance(v, tuple) else (v,)
+
+
+def run_kernels(client: Any) -> list[list[Any]]:
     rows = []
-    for name, (fn, axes, sizes, bench) in KERNELS.items():
+    for name, (fn, ref_fn, shapes, axes, sizes, bench) in KERNELS.items():
         try:
-            dyn = kiln.jit(fn, target="cuda", client=client, dynamic_dims={"x": axes})
+            dyn = kiln.jit(fn, target="cuda", client=client, dynamic_dims=axes)
             static = kiln.jit(fn, target="cuda", client=client, dynamic=False)
             worst = 0.0
-            for shape in [bench] + sizes:  # the first call's sizes are the symbols' examples: not 1
-                x = torch.randn(shape, device="cuda")
-                got = dyn(x)
-                ref = torch_ref(name, x.double())
-                err = float((got.double() - ref).abs().max()) if ref.numel() else 0.0
-                scale = float(ref.abs().max()) if ref.numel() else 1.0
-                rel = err / max(scale, 1.0)
-                worst = max(worst, rel)
-                if rel > 1e-4:
-                    failures.append(f"{name} at {shape}: relative error {rel:.2e}")
-            compiles = dyn.compile_count
-            x = torch.randn(bench, device="cuda")
-            plan = dyn.compiled_for(x).plan
-            symbolic = [s.name for s in plan.symbols]
-            t_dyn = graph_ms(dyn, x)
-            t_static = graph_ms(static, x)
-            t_torch = graph_ms(lambda a: torch_ref(name, a), x)
-            rows.append([name, f"{bench[0]}x{bench[1]}", ",".join(symbolic) or "-", compiles, len(sizes) + 1,
-                         f"{worst:.1e}", f"{t_static * 1000:.1f}", f"{t_dyn * 1000:.1f}", f"{t_dyn / t_static:.3f}",
+            for n, m in [bench] + sizes:  # the first call's sizes are the symbols' examples: not 1
+                args = [torch.randn(shp, device="cuda") for shp in shapes(n, m)]
+                got = _tuple(dyn(*args))
+                want = _tuple(ref_fn(*[a.double() for a in args]))
+                for g_, w_ in zip(got, want):
+                    if not w_.is_floating_point():
+                        bad = int((g_ != w_).sum())
+                        # argmin of distances: a tie within rounding may pick the other centre
+                        rel = bad / max(w_.numel(), 1)
+                        if rel > 1e-4:
+                            failures.append(f"{name} at {(n, m)}: {bad} indices differ")
+                        continue
+                    err = float((g_.double() - w_).abs().max()) if w_.numel() else 0.0
+                    rel = err / max(float(w_.abs().max()) if w_.numel() else 1.0, 1.0)
+                    worst = max(worst, rel)
+                    if rel > 1e-4:
+                        failures.append(f"{name} at {(n, m)}: relative error {rel:.2e}")
+            args = [torch.randn(shp, device="cuda") for shp in shapes(*bench)]
+            symbols = [s.name for s in dyn.compiled_for(*args).plan.symbols]
+            t_dyn = graph_ms(dyn, args)
+            t_static = graph_ms(static, args)
+            t_torch = graph_ms(ref_fn, args)
+            size = "x".join(str(d) for d in shapes(*bench)[0])
+            rows.append([name, size, ",".join(symbols) or "-", dyn.compile_count, len(sizes) + 1, f"{worst:.1e}",
+                         f"{t_static * 1000:.1f}", f"{t_dyn * 1000:.1f}", f"{t_dyn / t_static:.3f}",
                          f"{t_torch * 1000:.1f}"])
             print(rows[-1], flush=True)
         except Exception as e:
@@ -222,7 +270,7 @@ def main() -> int:
         try:
             os.environ["KILN_SERVER"] = daemon.address
             with kiln.Client(daemon.address, cache_dir=Path(tmp) / "client-cache") as client:
-                rows = run_kernels(client, opts.quick)
+                rows = run_kernels(client)
             md.append("## Symbolic vs static CUDA kernels (kernel time per call, CUDA graph of 20 calls)\n")
             md.append(table(["kernel", "bench size", "symbols", "compiles", "sizes checked", "max rel err",
                              "static us", "dynamic us", "dyn/static", "torch us"], rows))

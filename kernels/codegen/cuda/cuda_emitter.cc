@@ -92,8 +92,12 @@ ExprPtr CudaEmitter::LaneGroup::VectorRead(const Expr& load, const Affine& addr,
     int reg = em_->AddRegisterArray(dtype, V_, name);
     Affine start = lower::Substitute(addr, var_, first_, em_->extents());
     fills_.push_back(absl::StrCat("__align__(16) ", StorageType(dtype, true), " ", name, "[", V_, "];"));
-    fills_.push_back(absl::StrCat("kiln_vload<", V_, ">(", name, ", ", em_->buffer_names_[load.buffer], " + (",
-                                  em_->Text(start), "));"));
+    if (em_->vector_count.empty())
+      fills_.push_back(absl::StrCat("kiln_vload<", V_, ">(", name, ", ", em_->buffer_names_[load.buffer], " + (",
+                                    em_->Text(start), "));"));
+    else
+      fills_.push_back(absl::StrCat("kiln_vload_n<", V_, ">(", name, ", ", em_->buffer_names_[load.buffer], " + (",
+                                    em_->Text(start), "), ", em_->vector_count, ");"));
     it = vectors_.emplace(key, reg).first;
   }
   return em_->RegisterRead(it->second, load.dtype, u, dep_var_);
@@ -121,7 +125,7 @@ void CudaEmitter::EmitRowLoop(const RowSplit& s, int var, bool use_cache, const 
     for (int64_t q = 0; q < s.Q; ++q) {
       Affine first = lower::Add(s.base, lower::AddConst(lower::Scale(Affine::Var(kt_var), s.V), step * q));
       std::string e0 = Text(first);
-      bool guard = !(whole && step * (q + 1) <= s.extent);
+      bool guard = s.tail || !(whole && step * (q + 1) <= s.extent);
       PushScope(kt_var);
       LaneGroup g(this, var, first, s.V, kt_var, use_cache ? q * s.V : -1);
       for (int u = 0; u < s.V; ++u) lane(g, u);
@@ -131,8 +135,10 @@ void CudaEmitter::EmitRowLoop(const RowSplit& s, int var, bool use_cache, const 
       block(join(guard ? absl::StrCat(e0, " < ", end) : "", extra_guard), g.fills(), stmts, &out);
       for (std::string& l : out) AddStatement(std::move(l));
     }
-    return;
+    if (!s.tail) return;
   }
+  // The loop: every q (looped), or the q past the unrolled ones (a tail).
+  const std::string from = s.tail ? absl::StrCat(s.Q) : "0";
   int kq = NewVar(s.Q, absl::StrCat("kq", next_temp_++));
   Affine first = lower::Add(s.base, lower::Add(lower::Scale(Affine::Var(kt_var), s.V), lower::Scale(Affine::Var(kq), step)));
   std::string e0 = Text(first);
@@ -143,8 +149,8 @@ void CudaEmitter::EmitRowLoop(const RowSplit& s, int var, bool use_cache, const 
   std::vector<std::string> stmts = PopScope();
   std::vector<std::string> out;
   const std::string trips = s.q_text.empty() ? absl::StrCat(s.Q) : s.q_text;
-  out.push_back(absl::StrCat("for (", index_type_, " ", var_names_[kq], " = 0; ", var_names_[kq], " < ", trips, "; ++",
-                             var_names_[kq], ") {"));
+  out.push_back(absl::StrCat("for (", index_type_, " ", var_names_[kq], " = ", from, "; ", var_names_[kq], " < ", trips,
+                             "; ++", var_names_[kq], ") {"));
   std::vector<std::string> inner;
   block(join(absl::StrCat(e0, " < ", end), extra_guard), g.fills(), stmts, &inner);
   for (std::string& l : inner) out.push_back("  " + l);

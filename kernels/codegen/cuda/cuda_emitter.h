@@ -39,6 +39,10 @@ struct RowSplit {
   lower::Affine base;     // first index (a multiple of V): 0, or a slice start
   std::string end;        // C text of the end bound; empty: `extent`
   std::string q_text;     // looped: C text of the trip count when not the literal Q
+  // Unrolled with a tail: q < Q are unrolled (guarded, and read from the row cache when there
+  // is one), then a loop takes q from Q to q_text. For rows whose length varies with the sizes:
+  // a row that fits in Q vectors per thread is read once, a longer one loops over the rest.
+  bool tail = false;
 };
 
 // Loads of a row held in registers for the whole kernel.
@@ -89,6 +93,9 @@ class CudaEmitter : public ScopedEmitter {
   const RowCache* cache = nullptr;
   std::map<const lower::Expr*, CoopReduce> coop;  // reductions not run sequentially
   int smem_bytes = 0;          // shared scratch the cooperative reductions need
+  // Non-empty: C text of how many elements are left from a lane group's first (a ragged
+  // range); vector loads then read at most that many (kiln_vload_n).
+  std::string vector_count;
 
   // One C block of lanes: rebuilds trees per lane and collects the vector loads they share.
   class LaneGroup {

@@ -28,7 +28,7 @@ int64_t WidestOutput(const schedule::Program& p, const schedule::Kernel& k) {
 // when there are several.
 void StoreLanes(CudaEmitter& em, const std::string& bname, const Buffer& b, const std::vector<std::string>& vals,
                 const std::string& at, const std::string& guard, int* counter,
-                const std::function<std::string(const std::string&)>& conv) {
+                const std::function<std::string(const std::string&)>& conv, const std::string& count = "") {
   std::string pre = guard.empty() ? "" : absl::StrCat("if (", guard, ") ");
   if (vals.size() == 1) {
     em.AddStatement(absl::StrCat(pre, bname, "[", at, "] = ", conv(vals[0]), ";"));
@@ -39,6 +39,10 @@ void StoreLanes(CudaEmitter& em, const std::string& bname, const Buffer& b, cons
   std::string arr = absl::StrCat("ko", (*counter)++);
   em.AddStatement(absl::StrCat("__align__(16) ", StorageType(b.dtype, true), " ", arr, "[", vals.size(), "] = {",
                                absl::StrJoin(conv_vals, ", "), "};"));
+  if (!count.empty()) {  // the last vector of a ragged range: only `count` elements are left
+    em.AddStatement(absl::StrCat(pre, "kiln_vstore_n<", vals.size(), ">(", bname, " + (", at, "), ", arr, ", ", count, ");"));
+    return;
+  }
   em.AddStatement(absl::StrCat(pre, "kiln_vstore<", vals.size(), ">(", bname, " + (", at, "), ", arr, ");"));
 }
 
@@ -105,13 +109,36 @@ void KernelGen::Pointwise() {
   const int64_t N = Product(loops_, 0, rank);
   std::vector<ExprPtr> trees;
   for (const auto& o : kern_.outputs) trees.push_back(o.value);
-  const int V = PickV(trees, x, C, WidestOutput(fn->prog, kern_), fn->prog);
-  const int64_t NV = N / V;
+  int V = PickV(trees, x, C, WidestOutput(fn->prog, kern_), fn->prog);
+  // A flat range whose length varies with the sizes: vectors whatever the length, the last
+  // one partial (kiln_vload_n / kiln_vstore_n take the elements left), when every access
+  // along it is a vector access (a scalar one past the end would read out of bounds).
+  std::string ragged;
+  if (rank == 1 && Varies(C) && V == 1) {
+    const int W = PickV(trees, x, int64_t{1} << 30, WidestOutput(fn->prog, kern_), fn->prog);
+    bool all_vector = W > 1;
+    for (const ExprPtr& t : trees)
+      for (const Expr* n : Nodes(t)) {
+        if (n->kind == Expr::Kind::kReduce) all_vector = false;
+        if (n->kind != Expr::Kind::kLoad) continue;
+        const Buffer& b = fn->prog.buffers[n->buffer];
+        if (b.role == Buffer::Role::kConst || b.index < 0) continue;
+        const Affine addr = FlatAddress(b, n->index);
+        if (addr.Uses(x) && !VectorContiguous(addr, x, W)) all_vector = false;
+      }
+    if (all_vector) {
+      V = W;
+      ragged = absl::StrCat(C, " - ", V, " * kv");
+      em.vector_count = ragged;
+    }
+  }
+  const int64_t NV = ragged.empty() ? N / V : CeilDiv(N, V);
+  const std::string nv_text = ragged.empty() ? absl::StrCat(NV) : CeilDivText(N, V);
   int B = cfg_.pointwise_block;
   if (NV < B && !Varies(NV)) B = static_cast<int>(std::max<int64_t>(32, Pow2Ceil(NV)));
   em.kt_var = em.NewVar(B, "kt");
   em.threads_per_row = B;
-  int xq = em.NewVar(C / V, "ixq");
+  int xq = em.NewVar(NV / Product(loops_, 0, rank - 1), "ixq");
   RegisterPartialReductions(*fn, trees, B);
   AddReductionVars(trees, &em);
 
@@ -132,20 +159,24 @@ void KernelGen::Pointwise() {
     const Buffer& b = fn->prog.buffers[kern_.outputs[j].buffer];
     fn->written.push_back(kern_.outputs[j].buffer);
     StoreLanes(em, BufferName(b), b, vals[j], V == 1 ? "kv" : absl::StrCat(V, " * kv"), "", &counter,
-               [&](const std::string& v) { return StoreText(b, v); });
+               [&](const std::string& v) { return StoreText(b, v); }, ragged);
   }
   auto parts = PopScopes(em, vars.size() + 1);
   if (!em.coop.empty()) fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " kt = threadIdx.x;"));
   // The prologue runs in every thread of the block: it may hold block-wide reductions.
   std::vector<std::string> body = parts[0];
   body.push_back(absl::StrCat("const ", cfg_.index_type, " kv = blockIdx.x * ", B, " + threadIdx.x;"));
-  body.push_back(absl::StrCat("if (kv < ", NV, ") {"));
+  body.push_back(absl::StrCat("if (kv < ", nv_text, ") {"));
   Append(&body, DefineVars(*fn, vars, "kv"), "  ");
   Append(&body, g.fills(), "  ");
   for (size_t i = 1; i < parts.size(); ++i) Append(&body, parts[i], "  ");
   body.push_back("}");
-  std::string strategy = absl::StrCat("pointwise: ", NV, " threads x ", V, " element(s), block ", B);
-  fns_.push_back(Finish(*fn, kern_.name, body, NV, B, B, strategy));
+  std::string strategy = absl::StrCat("pointwise: ", NV, " threads x ", V, " element(s)",
+                                      ragged.empty() ? "" : " (the last partial)", ", block ", B);
+  if (ragged.empty())
+    fns_.push_back(Finish(*fn, kern_.name, body, NV, B, B, strategy));
+  else  // ceil(N / (V B)) blocks, which is ceil(ceil(N / V) / B), with N the generalised number
+    fns_.push_back(Finish(*fn, kern_.name, body, N, int64_t{V} * B, B, strategy));
 }
 
 // TR threads per outer index (a row of L elements, flattened); reductions over the row are
@@ -226,8 +257,15 @@ void KernelGen::Row(int p) {
   }
   row.TR = static_cast<int>(TR);
   row.Q = CeilDiv(L, row.V * TR);
-  row.unrolled = row.Q <= kMaxUnrolledVectors && row.Q * row.V <= kMaxUnrolledElements && !Varies(L);
-  if (Varies(L)) row.q_text = CeilDivText(L, row.V * TR);
+  row.unrolled = row.Q <= kMaxUnrolledVectors && row.Q * row.V <= kMaxUnrolledElements;
+  if (Varies(L)) {
+    // A row of varying length: the first kVaryingRowVectors vectors of each thread are
+    // unrolled (and cached in registers when reused), the rest of a longer row loops.
+    row.Q = kVaryingRowVectors;
+    row.unrolled = true;
+    row.tail = true;
+    row.q_text = CeilDivText(L, row.V * TR);
+  }
 
   // The row cache: loads of the row that two or more users (the outputs, each reduction over
   // the row) read, while the registers last.
@@ -326,7 +364,7 @@ void KernelGen::Row(int p) {
         if (!vec) load.push_back(absl::StrCat(e.name, "[", q * row.V + u, "] = ", bname, "[", at, "];"));
         zero.push_back(absl::StrCat(e.name, "[", q * row.V + u, "] = ", t, "();"));
       }
-      if (row.V * TR * (q + 1) <= L) {
+      if (row.V * TR * (q + 1) <= L && !row.tail) {
         Append(&fn->head, load);
       } else {
         fn->head.push_back(absl::StrCat("if (", e0, " < ", L, ") {"));

@@ -33,6 +33,9 @@ inline constexpr int64_t kMaxUnrolledElements = 32;
 // warp, so four rows share a block and combine through shuffles alone. Short rows (attention
 // scores over a sequence) then cost what they do when static; long ones loop.
 inline constexpr int64_t kVaryingRowThreads = 32;
+// Vectors per thread of such a row that are unrolled (and may be kept in registers): rows of up
+// to 32 * 8 elements are read from memory once.
+inline constexpr int64_t kVaryingRowVectors = 8;
 // Registers (32-bit words) per thread a row cache may take.
 inline constexpr int64_t kCacheBudgetWords = 48;
 // Elements per thread a row aims for: enough loads in flight, few enough registers.

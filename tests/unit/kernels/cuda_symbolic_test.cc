@@ -160,6 +160,14 @@ TEST(CudaSymbolic, Pointwise) {
                              return std::vector<ValueId>{*b.Add("tanh", {s})};
                            },
                            {"N"}, kOneSymbol);
+  // A flat range of varying length: vectors of 4, the last one partial at sizes no vector
+  // width divides (1, 2, 7, 37, 130).
+  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym}}, {DType::kF32, {kSym}}},
+                           [](ir::Builder& b) {
+                             auto s = *b.Add("sin", {0});
+                             return std::vector<ValueId>{*b.Add("add", {*b.Add("mul", {s, s}), 1})};
+                           },
+                           {"N"}, kOneSymbol);
   // The innermost dimension itself symbolic: scalar lanes.
   ExpectSymbolicMatchesCpu({{DType::kF16, {3, kSym}}, {DType::kF16, {3, 1}}},
                            [](ir::Builder& b) { return std::vector<ValueId>{*b.Add("add", {0, 1})}; }, {"T"},
