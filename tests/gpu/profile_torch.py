@@ -15,7 +15,8 @@ kiln steps and a few Inductor steps with ``torch.profiler`` and reports, per ste
 
 Workloads: Hugging Face ``BertModel(BertConfig())`` (BERT-base, random weights, nothing
 downloaded) at batch 16, sequence 128, inference under ``no_grad`` and a training step with
-AdamW; layer_norm -> gelu forward+backward on f32[32768, 4096].
+AdamW, and inference at sequence length 64, compiled for it (``bert_infer64``) or after
+lengths 128 and 96 made the length symbolic (``bert_infer_dyn64``); layer_norm -> gelu forward+backward on f32[32768, 4096].
 
     KILND=path/to/kilnd PYTHONPATH=client/python python3 tests/gpu/profile_torch.py [--workloads ...]
 
@@ -41,18 +42,25 @@ import torch
 from torch_backend_gpu import median_ms  # the same CUDA-event timing as the backend checks
 
 
-def bert_workload(train: bool) -> tuple[Callable[[int], Any], list[torch.nn.Module]]:
+def bert_workload(train: bool, seq: int = 128, warm: tuple[int, ...] = ()) -> tuple[Callable[[int], Any], list[torch.nn.Module]]:
+    """Steps at sequence length ``seq``; the compiled model first sees the lengths ``warm``
+    (128 then 96: torch's automatic dynamic shapes make the length symbolic)."""
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
     model = BertModel(BertConfig()).cuda()
     model.train(train)
-    ids = [torch.randint(0, 30522, (16, 128), device="cuda") for _ in range(3)]
-    mask = torch.ones(16, 128, dtype=torch.long, device="cuda")
-    weight = torch.randn(16, 128, 768, device="cuda")
+    ids = [torch.randint(0, 30522, (16, seq), device="cuda") for _ in range(3)]
+    mask = torch.ones(16, seq, dtype=torch.long, device="cuda")
+    weight = torch.randn(16, seq, 768, device="cuda")
 
     def make(backend: str | None) -> Callable[[int], Any]:
         fn = model if backend is None else torch.compile(model, backend=backend)
+        if backend is not None:
+            with torch.no_grad():
+                for t in warm:
+                    fn(input_ids=torch.randint(0, 30522, (16, t), device="cuda"),
+                       attention_mask=torch.ones(16, t, dtype=torch.long, device="cuda"))
         if not train:
             def step(i: int) -> Any:
                 with torch.no_grad():
@@ -94,6 +102,8 @@ def ln_gelu_workload() -> tuple[Callable[[str | None], Callable[[int], Any]], li
 WORKLOADS = {
     "bert_infer": lambda: bert_workload(train=False),
     "bert_train": lambda: bert_workload(train=True),
+    "bert_infer64": lambda: bert_workload(train=False, seq=64),
+    "bert_infer_dyn64": lambda: bert_workload(train=False, seq=64, warm=(128, 96)),
     "ln_gelu_train": ln_gelu_workload,
 }
 

@@ -470,3 +470,103 @@ def test_dynamic_shapes_compile_once_for_every_size(client, dynamic) -> None:
     settled = 0 if dynamic else 1
     assert parts_after[settled:] == [parts_after[settled]] * (len(parts_after) - settled), parts_after
     assert any(p["kiln"] for g in kt.last_graphs() for p in g["parts"])
+
+
+def test_dynamic_fill_ops_keep_the_graph_symbolic(client) -> None:
+    """ones_like / zeros_like / full_like / fill of a tensor with symbolic sizes (an attention
+    mask built from the input, say) lower without reading the sizes: reading one would make
+    torch guard on its value, and every new length would recompile the whole graph."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones_like(x[..., 0])
+        bias = torch.full_like(x, 0.5) + torch.zeros_like(x)
+        y = x.clone().fill_(2.0)
+        return (x * mask[..., None] + bias).softmax(-1) * y
+
+    cf = compiled(f, client)
+    graphs0 = kt.stats()["graphs"]
+    for bs, t in [(3, 5), (2, 7), (4, 9), (6, 11), (5, 13)]:  # no 1: torch specialises it
+        x = torch.randn(bs, t, 16)
+        torch.testing.assert_close(cf(x), f(x), rtol=1e-5, atol=1e-6)
+    s = kt.stats()
+    # Automatic dynamic: a static graph, then one symbolic graph for every later size.
+    assert s["graphs"] - graphs0 == 2, kt.last_graphs()
+    assert s["failed"] == 0
+    assert any(p["kiln"] for g in kt.last_graphs() for p in g["parts"])
+
+
+def test_linear_bias_joins_the_kiln_part_that_reads_it(client) -> None:
+    """addmm's bias epilogue moves into the kiln part after it (gelu; residual + layer_norm):
+    torch runs a plain mm, kiln adds the bias inside its fused kernel; forward and gradients
+    match eager. A linear layer whose result only torch reads keeps its addmm."""
+    torch.manual_seed(3)
+    lin1, lin2, lin3 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32), torch.nn.Linear(32, 8)
+    ln = torch.nn.LayerNorm(32)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(lin1(x))
+        y = ln(lin2(h) + x)
+        return lin3(lin3(y).tanh() @ lin3.weight)  # the last addmm feeds only the graph output
+
+    gm_seen: list[torch.fx.GraphModule] = []
+    from kiln.torch import partition as P
+
+    orig = P.partition
+
+    def spy(gm: torch.fx.GraphModule) -> Any:
+        out = orig(gm)
+        gm_seen.append(gm)
+        return out
+
+    P.partition = spy
+    try:
+        import kiln.torch.dynamo_backend as DB
+
+        DB.partition = spy
+        cf = compiled(f, client)
+        x = torch.randn(4, 10, 32, requires_grad=True)
+        xr = x.detach().clone().requires_grad_()
+        got, want = cf(x), f(xr)
+    finally:
+        P.partition = orig
+        DB.partition = orig
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    w = torch.randn(want.shape, generator=torch.Generator().manual_seed(1))
+    (got * w).sum().backward()
+    (want * w).sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-5)
+    fwd = gm_seen[0].graph
+    targets = [n.target for n in fwd.nodes if n.op == "call_function"]
+    aten = torch.ops.aten
+    # lin1, lin2 and the inner lin3 lose their bias to kiln; the matmul is an mm anyway
+    assert targets.count(aten.mm.default) == 4 and targets.count(aten.addmm.default) == 1, targets
+    forward_parts = [p for p in kt.last_graphs()[0]["parts"]]
+    assert all(p["kiln"] for p in forward_parts)
+    assert any("gelu.default" in p["ops"] and "add.Tensor" in p["ops"] for p in forward_parts), forward_parts
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_attention_gradients_match_eager(client, masked) -> None:
+    """scaled_dot_product_attention between kiln parts (projections' bias adds, the residual and
+    layer_norm after it): outputs and the gradients of q, k, v and the weights match eager.
+    (torch's CPU flash-attention decomposition gives wrong gradients: it stays one torch op.)"""
+    torch.manual_seed(5)
+    proj, out_proj = torch.nn.Linear(64, 3 * 64), torch.nn.Linear(64, 64)
+
+    def f(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        q, k, v = proj(x).view(2, 16, 3, 2, 32).permute(2, 0, 3, 1, 4).unbind(0)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if masked else None)
+        return F.layer_norm(out_proj(a.transpose(1, 2).reshape(2, 16, 64)) + x, (64,))
+
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    mask = torch.randn(2, 1, 16, 16)
+    params = [x, *proj.parameters(), *out_proj.parameters()]
+    want = f(x, mask)
+    w = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
+    g_want = torch.autograd.grad((want * w).sum(), params)
+    got = compiled(f, client)(x, mask)
+    g_got = torch.autograd.grad((got * w).sum(), params)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_got, g_want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert kt.stats()["failed"] == 0

@@ -205,9 +205,19 @@ class LoweringContext:
 
     @property
     def out_shape(self) -> tuple[int, ...]:
+        """The output's sizes as numbers. A symbolic size is refused rather than read: reading
+        it (``int()``) would make torch install a guard on its value and specialise the whole
+        graph to this size (a recompile for every new one)."""
         if not isinstance(self.meta, torch.Tensor):
             raise Unsupported("the node has no single tensor output")
+        if not all(_is_static_size(d) for d in self.meta.shape):
+            raise Unsupported(f"the output has symbolic sizes {tuple(self.meta.shape)}")
         return tuple(int(d) for d in self.meta.shape)
+
+    @property
+    def out_symbolic(self) -> bool:
+        """Whether the (single) output has a symbolic size."""
+        return isinstance(self.meta, torch.Tensor) and not all(_is_static_size(d) for d in self.meta.shape)
 
     def out_meta(self, i: int) -> torch.Tensor:
         """The FakeTensor of output ``i`` of a multi-output node."""
@@ -648,9 +658,17 @@ def _copy(ctx: LoweringContext, x: Value, src: Value, non_blocking: bool = False
 
 # ---------------------------------------------------------------------------------- sources
 
-def _full(ctx: LoweringContext, value: Any) -> Value:
+def _full(ctx: LoweringContext, value: Any, like: Any = None) -> Value:
+    """``value`` in the output's shape. A symbolic output shape cannot be written as a ``full``
+    node's attribute; when the op copies the shape of a tensor (``ones_like``, ``fill``...),
+    the constant is spread over that tensor's shape by an elementwise select whose branches
+    are equal, which follows the tensor's symbols (its condition is folded into the fused
+    kernel's loop; NaNs select the same constant)."""
     if not isinstance(value, (bool, int, float)):
         raise Unsupported("fill value is not a number")
+    if ctx.out_symbolic and isinstance(like, Value) and like.shape == example_shape(ctx.meta):
+        c = ctx.value(value, ctx.out_dtype)
+        return ctx.b.where(ctx.b.eq(like, like), c, c)
     return ctx.b.full(ctx.out_shape, float(value), ctx.out_dtype)
 
 
@@ -663,19 +681,19 @@ def _full_op(ctx: LoweringContext, size: Sequence[int], fill_value: Any, **kw: A
 @register_lowering(aten.full_like.default)
 def _full_like(ctx: LoweringContext, x: Value, fill_value: Any, **kw: Any) -> Value:
     _check_plain_alloc(**kw)
-    return _full(ctx, fill_value)
+    return _full(ctx, fill_value, x)
 
 
 @register_lowering(aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default)
 def _zeros(ctx: LoweringContext, *args: Any, **kw: Any) -> Value:
     _check_plain_alloc(**kw)
-    return _full(ctx, 0)
+    return _full(ctx, 0, args[0] if ctx.node.target is aten.zeros_like.default and args else None)
 
 
 @register_lowering(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
 def _ones(ctx: LoweringContext, *args: Any, **kw: Any) -> Value:
     _check_plain_alloc(**kw)
-    return _full(ctx, 1)
+    return _full(ctx, 1, args[0] if ctx.node.target is aten.ones_like.default and args else None)
 
 
 @register_lowering(aten.scalar_tensor.default)
@@ -686,7 +704,7 @@ def _scalar_tensor(ctx: LoweringContext, s: Any, **kw: Any) -> Value:
 
 @register_lowering(aten.fill.Scalar)
 def _fill(ctx: LoweringContext, x: Value, value: Any) -> Value:
-    return _full(ctx, value)
+    return _full(ctx, value, x)
 
 
 @register_lowering(aten.arange.start_step, aten.arange.start, aten.arange.default)

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Host time of one kiln part call on an NVIDIA GPU, and what it is made of.
+
+A ``torch.compile(backend="kiln")`` graph runs each kiln part as a Python call
+(``KilnPart.forward``): argument checks, output allocation, then the plan's launches through
+the driver API (ctypes). On small tensors the GPU work is a few microseconds, so the host path
+is the whole cost; this script times it per call (median of batches of calls, host clock, the
+GPU synchronised only between batches), for a static part and for a part compiled with
+symbolic sizes, beside the same function in eager torch and the pieces of the path alone:
+``CudaKernel.launch``, one ``cuLaunchKernel`` through ctypes, ``torch.empty``.
+
+    KILND=build/server/kilnd PYTHONPATH=client/python python3 tests/gpu/part_overhead.py
+
+Writes ``$OUT/part_overhead.md`` when ``$OUT`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+
+def per_call_us(fn: Callable[[], Any], calls: int = 2000, batches: int = 7) -> float:
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA device")
+        return 2
+    import kiln.local
+    import kiln.torch  # noqa: F401  (registers the backend)
+    from kiln.torch import runtime as R
+
+    parts: list[Any] = []
+    init = R.KilnPart.__init__
+
+    def tracked(self: Any, *a: Any, **k: Any) -> None:
+        init(self, *a, **k)
+        parts.append(self)
+
+    R.KilnPart.__init__ = tracked  # type: ignore[method-assign]
+    work = Path(tempfile.mkdtemp(prefix="kiln-overhead-"))
+    daemon = kiln.local.LocalDaemon(kiln.local.find_kilnd(), work)
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * 2 + y).sum(-1)
+
+    x = torch.randn(64, 256, device="cuda")
+    y = torch.randn(64, 256, device="cuda")
+    rows: list[tuple[str, float]] = [("eager f (3 ATen ops)", per_call_us(lambda: f(x, y)))]
+    rows.append(("torch.empty((64,), cuda)", per_call_us(lambda: torch.empty((64,), device="cuda"))))
+    try:
+        for dyn in (False, True):
+            parts.clear()
+            torch._dynamo.reset()
+            cf = torch.compile(f, backend="kiln", options={"server": daemon.address}, dynamic=dyn)
+            torch.testing.assert_close(cf(x, y), f(x, y), rtol=1e-5, atol=1e-5)
+            p = parts[0]
+            assert p.kernel is not None, p.error
+            kind = "symbolic" if p.part.symbolic else "static"
+            rows.append((f"compiled f ({kind})", per_call_us(lambda: cf(x, y))))
+            rows.append((f"KilnPart call ({kind})", per_call_us(lambda: p(x, y))))
+            out = torch.empty(64, device="cuda")
+            ptrs = [x.data_ptr(), y.data_ptr(), out.data_ptr()]
+            stream = torch.cuda.current_stream().cuda_stream
+            k = p.kernel
+            if p.part.symbolic:
+                sizes = tuple(int((x, y)[i].shape[a]) for i, a in p._sym_where)
+                ws = torch.empty(max(k.workspace_bytes(sizes), 1), dtype=torch.uint8, device="cuda")
+                rows.append((f"CudaKernel.launch ({kind}, {len(k._steps)} kernels)",
+                             per_call_us(lambda: k.launch(ptrs, ws.data_ptr(), stream, sizes))))
+            else:
+                ws = torch.empty(max(k.workspace_bytes(), 1), dtype=torch.uint8, device="cuda")
+                rows.append((f"CudaKernel.launch ({kind}, {len(k._steps)} kernels)",
+                             per_call_us(lambda: k.launch(ptrs, ws.data_ptr(), stream))))
+            fn, grid, block, shared, _refs, _vals, params, _sz = k._steps[0]
+            launch = k._drv.cuLaunchKernel
+            import ctypes
+
+            s = ctypes.c_void_p(stream)
+            g = grid if not p.part.symbolic else k._layout(sizes)[2][0]
+            rows.append((f"one cuLaunchKernel via ctypes ({kind})",
+                         per_call_us(lambda: launch(fn, g[0], g[1], g[2], block[0], block[1], block[2],
+                                                    shared, s, params, None))))
+    finally:
+        daemon.stop()
+    lines = [f"# Host time per call on {torch.cuda.get_device_name()} (torch {torch.__version__})", "",
+             "| what | µs per call |", "| --- | ---: |"]
+    lines += [f"| {name} | {us:.1f} |" for name, us in rows]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "part_overhead.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
