@@ -268,13 +268,45 @@ class LoweringContext:
 
 # ---------------------------------------------------------------------------------- lowering
 
-def _map_args(a: Any, env: Callable[[torch.fx.Node], Any]) -> Any:
+class SymArg:
+    """A size argument computed by torch at run time (a SymInt node of a dynamic-shape graph,
+    such as a view's target size): only shape lowerings accept it, as "the size that this
+    dimension has" (see :func:`_view`, :func:`_expand`); every other lowering refuses it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: torch.SymInt) -> None:
+        self.value = value
+
+    @property
+    def expr(self) -> Any:
+        return self.value.node.expr
+
+    def __repr__(self) -> str:
+        return f"SymArg({self.expr})"
+
+
+#: Ops whose size arguments may be SymArgs.
+_SYM_SIZE_OPS: frozenset[Any] = frozenset({
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default,
+    aten.expand.default, aten.expand_copy.default,
+})
+
+
+def is_size_node(n: Any) -> bool:
+    """Whether ``n`` is an FX node producing a symbolic integer (a size), not a tensor."""
+    return isinstance(n, torch.fx.Node) and isinstance(node_meta(n), torch.SymInt)
+
+
+def _map_args(a: Any, env: Callable[[torch.fx.Node], Any], sizes_ok: bool = False) -> Any:
     if isinstance(a, torch.fx.Node):
+        if sizes_ok and is_size_node(a):
+            return SymArg(node_meta(a))
         return env(a)
     if isinstance(a, (list, tuple)):
-        return type(a)(_map_args(x, env) for x in a)
+        return type(a)(_map_args(x, env, sizes_ok) for x in a)
     if isinstance(a, dict):
-        return {k: _map_args(v, env) for k, v in a.items()}
+        return {k: _map_args(v, env, sizes_ok) for k, v in a.items()}
     if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise Unsupported("symbolic scalar argument")
     return a
@@ -304,8 +336,9 @@ def lower_node(b: GraphBuilder, node: torch.fx.Node, env: Callable[[torch.fx.Nod
         if not (is_static_tensor(m) or is_symbolic_tensor(m)):
             raise Unsupported("an output is not a tensor of static shape")
         kiln_dtype(m.dtype)
-    args = _map_args(node.args, env)
-    kwargs = _map_args(dict(node.kwargs), env)
+    sizes_ok = node.target in _SYM_SIZE_OPS
+    args = _map_args(node.args, env, sizes_ok)
+    kwargs = _map_args(dict(node.kwargs), env, sizes_ok)
     # Schemas name the first operand "self" or "input"; lowerings take it positionally.
     for first in ("self", "input"):
         if first in kwargs:
@@ -733,19 +766,64 @@ def _arange(ctx: LoweringContext, *args: Any, **kw: Any) -> Value:
 
 # ---------------------------------------------------------------------------------- layout
 
+def _static_or_sym(d: Any) -> Any:
+    """A size argument as an int when it is one (or a SymArg torch fixed to a number), else
+    the SymArg itself."""
+    if isinstance(d, SymArg):
+        return int(d.expr) if d.expr.is_number else d
+    if isinstance(d, bool) or not isinstance(d, int):
+        raise Unsupported(f"size argument {d!r}")
+    return d
+
+
 @register_lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default)
-def _view(ctx: LoweringContext, x: Value, size: Sequence[int]) -> Value:
-    shape = tuple(int(d) for d in size)
+def _view(ctx: LoweringContext, x: Value, size: Sequence[Any]) -> Value:
+    """A reshape. In a dynamic-shape graph one target size may be symbolic (computed by torch
+    at run time): kiln infers it, as -1, from the element count, which holds at every size."""
+    dims = [_static_or_sym(d) for d in size]
+    sym = [i for i, d in enumerate(dims) if isinstance(d, SymArg)]
+    if len(sym) > 1 or (sym and -1 in dims):
+        raise Unsupported(f"a reshape to {list(size)}: more than one size known only at run time")
+    if sym:
+        # kiln's shape inference treats each symbolic size of the argument as an opaque
+        # symbol: -1 is inferable when the argument's static sizes are a multiple of the
+        # target's ([2*s, 64] -> [2, s, 64] is not: kiln sees s0 / 2).
+        arg = ctx.node.args[0] if ctx.node.args else None
+        x_meta = node_meta(arg) if isinstance(arg, torch.fx.Node) else None
+        if not isinstance(x_meta, torch.Tensor):
+            raise Unsupported("a reshape to a run-time size of an argument without a FakeTensor")
+        static_in = math.prod(int(d) for d in x_meta.shape if _is_static_size(d))
+        static_out = math.prod(d for d in dims if isinstance(d, int) and d != -1)
+        if static_out == 0 or static_in % static_out:
+            raise Unsupported(f"a reshape of {tuple(x_meta.shape)} to {list(size)}: kiln cannot infer the run-time size")
+        dims[sym[0]] = -1
+        return ctx.b.reshape(x, dims)
+    shape = tuple(dims)
     return x if shape == x.shape else ctx.b.reshape(x, shape)
 
 
 @register_lowering(aten.expand.default, aten.expand_copy.default)
-def _expand(ctx: LoweringContext, x: Value, size: Sequence[int], implicit: bool = False) -> Value:
+def _expand(ctx: LoweringContext, x: Value, size: Sequence[Any], implicit: bool = False) -> Value:
+    """A broadcast. A symbolic target size is accepted where it keeps a dimension of ``x``
+    that has that same symbolic size (torch's FakeTensor of the argument says so); growing a
+    size-1 dimension to a run-time size has no static spelling and stays in torch."""
     lead = len(size) - x.ndim
     if lead < 0:
         raise Unsupported("expand to a lower rank")
-    shape = tuple(x.shape[i - lead] if int(d) == -1 else int(d) for i, d in enumerate(size))
-    return x if shape == x.shape else ctx.b.broadcast_to(x, shape)
+    arg = ctx.node.args[0] if ctx.node.args else None
+    x_meta = node_meta(arg) if isinstance(arg, torch.fx.Node) else None
+    shape = []
+    for i, d in enumerate(size):
+        d = _static_or_sym(d)
+        if isinstance(d, SymArg):
+            src = x_meta.shape[i - lead] if isinstance(x_meta, torch.Tensor) and i >= lead else None
+            if not isinstance(src, torch.SymInt) or src.node.expr != d.expr:
+                raise Unsupported(f"expand to the run-time size {d.expr}")
+            shape.append(x.shape[i - lead])
+        else:
+            shape.append(x.shape[i - lead] if d == -1 else d)
+    shape_t = tuple(shape)
+    return x if shape_t == x.shape else ctx.b.broadcast_to(x, shape_t)
 
 
 @register_lowering(aten.permute.default, aten.permute_copy.default)

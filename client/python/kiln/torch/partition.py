@@ -48,6 +48,10 @@ class Segment:
     nodes: list[torch.fx.Node]
     inputs: list[torch.fx.Node] = field(default_factory=list)
     outputs: list[torch.fx.Node] = field(default_factory=list)
+    # ``inputs`` holds the tensors first, then the run-time sizes (SymInt nodes) that views in
+    # the segment take as arguments: the kiln graph reads the tensors only (kiln infers those
+    # sizes), the torch fallback of the part all of them.
+    num_tensor_inputs: int = 0
 
     @property
     def is_kiln(self) -> bool:
@@ -213,10 +217,11 @@ def _finish(segments: list[Segment]) -> list[Segment]:
         if not s.is_kiln:
             continue
         members = set(s.nodes)
+        sizes: list[torch.fx.Node] = []  # run-time sizes (SymInts) its views read: after the tensors
         for n in s.nodes:
             for a in n.all_input_nodes:
-                if a not in members and a not in s.inputs:
-                    s.inputs.append(a)
+                if a not in members and a not in s.inputs and a not in sizes:
+                    (sizes if L.is_size_node(a) else s.inputs).append(a)
             if isinstance(L.node_meta(n), (tuple, list)):
                 if any(u not in members for u in n.users):
                     s.color = None  # a tuple leaving kiln: keep the whole run in torch
@@ -224,6 +229,8 @@ def _finish(segments: list[Segment]) -> list[Segment]:
                 continue
             if any(u not in members for u in n.users):
                 s.outputs.append(n)
+        s.num_tensor_inputs = len(s.inputs)
+        s.inputs.extend(sizes)
         if s.is_kiln and (not s.outputs or any(_empty(n) for n in s.inputs + s.outputs)):
             # Nothing to return, or zero-size tensors (nothing to compute, maybe no address).
             s.color = None
@@ -274,9 +281,29 @@ def unfuse_addmm_epilogues(graph: torch.fx.Graph) -> int:
         meta = L.node_meta(n)
         if not isinstance(meta, torch.Tensor) or not all(isinstance(x, torch.fx.Node) for x in n.args):
             continue
+        bias, a, b = n.args
+        users = list(n.users)
+        view = users[0] if len(users) == 1 and _keeps_last_dim(users[0], meta) else None
+        if view is not None and node_color(view)[0] is None:
+            # A view kiln cannot take (a reshape to a run-time size, in a dynamic-shape graph)
+            # between the product and its reader: the add moves below it, where it still
+            # broadcasts the same way (the view keeps the last dimension).
+            if not _read_by_kiln(view):
+                continue
+            with graph.inserting_before(view):
+                mm = graph.call_function(aten.mm.default, (a, b))
+                mm.meta.update(n.meta)
+                viewed = graph.call_function(view.target, (mm, *view.args[1:]), dict(view.kwargs))
+                viewed.meta.update(view.meta)
+                add = graph.call_function(aten.add.Tensor, (viewed, bias))
+                add.meta.update(view.meta)
+            view.replace_all_uses_with(add)
+            graph.erase_node(view)
+            graph.erase_node(n)
+            done += 1
+            continue
         if not _read_by_kiln(n):
             continue
-        bias, a, b = n.args
         with graph.inserting_before(n):
             mm = graph.call_function(aten.mm.default, (a, b))
             mm.meta.update(n.meta)  # same shape, dtype, device and (contiguous) layout
@@ -286,6 +313,19 @@ def unfuse_addmm_epilogues(graph: torch.fx.Graph) -> int:
         graph.erase_node(n)
         done += 1
     return done
+
+
+def _keeps_last_dim(v: torch.fx.Node, src: torch.Tensor) -> bool:
+    """Whether ``v`` is a reshape of ``src`` whose last dimension is ``src``'s (a bias along
+    that dimension broadcasts the same before and after it)."""
+    aten = torch.ops.aten
+    if v.op != "call_function" or v.target not in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
+        return False
+    m = L.node_meta(v)
+    if not isinstance(m, torch.Tensor) or m.ndim < 1 or src.ndim < 1:
+        return False
+    last, want = m.shape[-1], src.shape[-1]
+    return L._is_static_size(last) and L._is_static_size(want) and int(last) == int(want)
 
 
 def _read_by_kiln(n: torch.fx.Node) -> bool:
@@ -342,7 +382,7 @@ def build_part(seg: Segment) -> PartGraph:
     env: dict[torch.fx.Node, Any] = {}
     in_specs: list[TensorSpec] = []
     symbols: dict[Any, str] = {}  # a size's expression -> its kiln symbol, within this part
-    for i, n in enumerate(seg.inputs):
+    for i, n in enumerate(seg.inputs[:seg.num_tensor_inputs]):
         m = L.node_meta(n)
         if L.is_symbolic_tensor(m):
             # torch's dynamic shapes: each distinct size expression is one kiln symbol (an
@@ -372,7 +412,7 @@ def build_part(seg: Segment) -> PartGraph:
     for n in seg.nodes:
         env[n] = L.lower_node(b, n, lookup)
 
-    input_ids = {id(v): i for i, v in enumerate(env[n] for n in seg.inputs)}
+    input_ids = {id(v): i for i, v in enumerate(env[n] for n in seg.inputs[:seg.num_tensor_inputs])}
     kiln_outs: list[Value] = []
     sources: list[tuple[str, int]] = []
     out_specs: list[TensorSpec] = []
