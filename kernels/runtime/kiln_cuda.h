@@ -132,6 +132,7 @@ template <int N, typename T> KILN_D void kiln_vload_n(T* r, const T* p, int n) {
     kiln_vload<N>(r, p);
     return;
   }
+#pragma unroll
   for (int i = 0; i < N; ++i) r[i] = i < n ? p[i] : T();
 }
 template <int N, typename T> KILN_D void kiln_vstore_n(T* p, const T* r, int n) {
@@ -139,7 +140,11 @@ template <int N, typename T> KILN_D void kiln_vstore_n(T* p, const T* r, int n) 
     kiln_vstore<N>(p, r);
     return;
   }
-  for (int i = 0; i < n; ++i) p[i] = r[i];
+  // A loop bounded by N, not n: fully unrolled, so `r` stays in registers (indexing it with a
+  // run-time bound would put the array in local memory, for every thread).
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    if (i < n) p[i] = r[i];
 }
 
 // ---- Reductions across the threads that share a row. A row is TR consecutive threads of

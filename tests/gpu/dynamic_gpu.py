@@ -3,10 +3,13 @@
 graphs compiled per shape and against PyTorch; then BERT-base under ``torch.compile`` at several
 sequence lengths.
 
-Part 1, kernels (``kiln.jit`` on torch CUDA tensors, f32): row softmax (rows and row length
-symbolic), layer_norm over 4096 (rows symbolic), a tanh-GELU (rows symbolic), column sums (rows
-symbolic) and a whole-tensor sum. Each is compiled once with symbolic sizes and checked against
-torch at several sizes (1, primes, sizes no vector width divides, the benchmark size); then the
+Part 1, kernels (``kiln.jit`` on torch CUDA tensors, f32): the memory-bound workloads of
+BENCHMARKS.md's CUDA table (sin²+cos² and x+y over a symbolic length, the k-means assignment
+over a symbolic point count, row softmax and layer_norm→gelu over symbolic rows, the LLTM cell
+tail over a symbolic batch), then row softmax with the row length symbolic too (long and short
+rows), column sums (rows symbolic) and a whole-tensor sum (both symbolic). Each is compiled
+once with symbolic sizes and checked against torch at several sizes (1, primes, sizes no
+vector width divides, the benchmark size); then the
 dynamic and the static kernel are timed at the benchmark size, side by side: 20 calls captured
 in a CUDA graph, replayed, CUDA events, median of the replays (kernel time, no host overhead).
 
