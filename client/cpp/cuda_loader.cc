@@ -19,7 +19,11 @@ typedef void* CUfunction;
 typedef void* CUstream;
 typedef unsigned long long CUdeviceptr;
 constexpr CUresult kSuccess = 0;
-constexpr uint32_t kSupportedAbi = 1;
+constexpr uint32_t kStaticAbi = 1;    // plans with every size fixed
+constexpr uint32_t kSymbolicAbi = 2;  // plans with symbolic sizes (kernels take them as ints)
+// The kernels of a symbolic plan index with 32-bit ints: sizes whose index bound reaches this
+// are refused (the same limit as the Python loader's).
+constexpr int64_t kIndexLimit = int64_t{1} << 30;
 
 struct Driver {
   CUresult (*cuInit)(unsigned) = nullptr;
@@ -121,10 +125,29 @@ std::unique_ptr<CudaModule> CudaModule::Load(std::string_view cubin, std::string
     *error = d.error;
     return nullptr;
   }
-  if (plan.abi_version != kSupportedAbi) {
+  const uint32_t want_abi = plan.symbolic() ? kSymbolicAbi : kStaticAbi;
+  if (plan.abi_version != want_abi) {
     *error = "launch plan ABI version " + std::to_string(plan.abi_version) + " (this loader runs version " +
-             std::to_string(kSupportedAbi) + ")";
+             std::to_string(kStaticAbi) + ", and version " + std::to_string(kSymbolicAbi) +
+             " for plans with symbols)";
     return nullptr;
+  }
+  if (plan.symbolic()) {
+    for (const CudaPlan::Symbol& sym : plan.symbols) {
+      bool found = false;
+      for (const CudaPlan::Buffer& b : plan.buffers)
+        found |= b.role == CudaPlan::Role::kInput && b.index == sym.input && sym.axis >= 0 &&
+                 static_cast<size_t>(sym.axis) < b.shape_exprs.size();
+      if (!found) {
+        *error = "symbol " + sym.name + " names no input dimension";
+        return nullptr;
+      }
+    }
+    for (const CudaPlan::Step& s : plan.steps)
+      if (s.grid_per_block <= 0) {
+        *error = "step " + s.kernel + " of a symbolic plan has no grid_per_block";
+        return nullptr;
+      }
   }
   if (!EnsureContext(d, error)) return nullptr;
   std::unique_ptr<CudaModule> m(new CudaModule);
@@ -179,7 +202,122 @@ CudaModule::~CudaModule() {
   if (module_) d.cuModuleUnload(module_);
 }
 
+bool CudaModule::Layout(const int64_t* sizes, size_t num_sizes, std::vector<int64_t>* temp_offsets,
+                        int64_t* workspace_bytes, std::vector<unsigned>* grids, std::string* error) const {
+  if (num_sizes != plan_.symbols.size()) {
+    *error = "the plan has " + std::to_string(plan_.symbols.size()) + " symbols; got " + std::to_string(num_sizes) +
+             " sizes";
+    return false;
+  }
+  for (size_t k = 0; k < num_sizes; ++k)
+    if (sizes[k] < 0) {
+      *error = "size " + plan_.symbols[k].name + " = " + std::to_string(sizes[k]) + " is negative";
+      return false;
+    }
+  const int64_t bound = plan_.index_bound.Eval(sizes);
+  if (bound >= kIndexLimit) {
+    std::string at;
+    for (size_t k = 0; k < num_sizes; ++k) at += (k ? ", " : "") + plan_.symbols[k].name + "=" + std::to_string(sizes[k]);
+    *error = "sizes " + at + " are too large for the kernels' 32-bit indices (bound " + std::to_string(bound) +
+             " >= 2^30); compile this shape statically";
+    return false;
+  }
+  // Temps in plan order, each at the next multiple of 256 bytes (as every kiln loader does).
+  int64_t end = 0;
+  temp_offsets->clear();
+  for (const CudaPlan::Buffer& b : plan_.buffers) {
+    if (b.role != CudaPlan::Role::kTemp) continue;
+    end = (end + 255) / 256 * 256;
+    temp_offsets->push_back(end);
+    end += b.bytes_expr.Eval(sizes);
+  }
+  *workspace_bytes = end;
+  grids->clear();
+  for (const CudaPlan::Step& s : plan_.steps) {
+    const int64_t work = s.grid_work.Eval(sizes);
+    const int64_t blocks = (work + s.grid_per_block - 1) / s.grid_per_block;
+    if (blocks > 0x7FFFFFFF) {
+      *error = "launch " + s.kernel + " needs " + std::to_string(blocks) + " blocks";
+      return false;
+    }
+    grids->push_back(static_cast<unsigned>(blocks));
+  }
+  return true;
+}
+
+int64_t CudaModule::WorkspaceBytes(const int64_t* sizes, size_t num_sizes, std::string* error) const {
+  if (!plan_.symbolic()) return plan_.workspace_bytes;
+  std::vector<int64_t> offsets;
+  std::vector<unsigned> grids;
+  int64_t bytes = 0;
+  if (!Layout(sizes, num_sizes, &offsets, &bytes, &grids, error)) return -1;
+  return bytes;
+}
+
+bool CudaModule::RunSized(void* const* buffers, void* workspace, void* stream, const int64_t* sizes,
+                          size_t num_sizes, std::string* error) {
+  if (!plan_.symbolic()) {
+    if (num_sizes != 0) {
+      *error = "the plan has no symbols; got " + std::to_string(num_sizes) + " sizes";
+      return false;
+    }
+    return Run(buffers, workspace, stream, error);
+  }
+  const Driver& d = GetDriver();
+  std::vector<int64_t> offsets;
+  std::vector<unsigned> grids;
+  int64_t ws_bytes = 0;
+  if (!Layout(sizes, num_sizes, &offsets, &ws_bytes, &grids, error)) return false;
+  CUdeviceptr ws = reinterpret_cast<CUdeviceptr>(workspace);
+  if (!ws && ws_bytes > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (workspace_bytes_ < ws_bytes) {  // grows to the largest sizes seen
+      if (workspace_) d.cuMemFree(workspace_);
+      workspace_ = 0;
+      workspace_bytes_ = 0;
+      if (CUresult r = d.cuMemAlloc(&workspace_, static_cast<size_t>(ws_bytes)); r != kSuccess) {
+        *error = d.Describe(r, "allocating the workspace");
+        return false;
+      }
+      workspace_bytes_ = ws_bytes;
+    }
+    ws = workspace_;
+  }
+  const int num_inputs = plan_.num_inputs();
+  std::vector<CUdeviceptr> ptrs;
+  size_t temp = 0;
+  for (const CudaPlan::Buffer& b : plan_.buffers) {
+    switch (b.role) {
+      case CudaPlan::Role::kInput: ptrs.push_back(reinterpret_cast<CUdeviceptr>(buffers[b.index])); break;
+      case CudaPlan::Role::kOutput: ptrs.push_back(reinterpret_cast<CUdeviceptr>(buffers[num_inputs + b.index])); break;
+      case CudaPlan::Role::kTemp: ptrs.push_back(ws + static_cast<CUdeviceptr>(offsets[temp++])); break;
+    }
+  }
+  // The kernels take the sizes as `const int` after the buffers. Each lives in an 8-byte slot
+  // whose low half is the int (little-endian), so a reader of either width sees the value.
+  std::vector<int64_t> slots(sizes, sizes + num_sizes);
+  for (size_t i = 0; i < plan_.steps.size(); ++i) {
+    const CudaPlan::Step& s = plan_.steps[i];
+    if (grids[i] == 0) continue;  // nothing to compute at these sizes
+    std::vector<void*> params;
+    for (int a : s.args) params.push_back(&ptrs[a]);
+    for (int64_t& v : slots) params.push_back(&v);
+    params.push_back(nullptr);
+    CUresult r = d.cuLaunchKernel(functions_[i], grids[i], 1, 1, s.block[0], s.block[1], s.block[2], s.shared_bytes,
+                                  static_cast<CUstream>(stream), params.data(), nullptr);
+    if (r != kSuccess) {
+      *error = d.Describe(r, ("launching " + s.kernel).c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
 bool CudaModule::Run(void* const* buffers, void* workspace, void* stream, std::string* error) {
+  if (plan_.symbolic()) {
+    *error = "the plan has symbolic sizes: run it with RunSized";
+    return false;
+  }
   const Driver& d = GetDriver();
   CUdeviceptr ws = reinterpret_cast<CUdeviceptr>(workspace);
   if (!ws && plan_.workspace_bytes > 0) {
@@ -219,6 +357,10 @@ bool CudaModule::Run(void* const* buffers, void* workspace, void* stream, std::s
 }
 
 bool CudaModule::RunHost(const void* const* inputs, void* const* outputs, std::string* error) {
+  if (plan_.symbolic()) {
+    *error = "the plan has symbolic sizes: run it on device buffers with RunSized";
+    return false;
+  }
   const Driver& d = GetDriver();
   if (!EnsureContext(d, error)) return false;
   const int num_inputs = plan_.num_inputs();
@@ -311,6 +453,27 @@ int kiln_cuda_run(kiln_cuda_module* m, void* const* buffers, void* workspace, vo
     return -1;
   }
   return m->module->Run(buffers, workspace, stream, &last_error) ? 0 : -1;
+}
+
+int kiln_cuda_run_sized(kiln_cuda_module* m, void* const* buffers, void* workspace, void* stream, const int64_t* sizes,
+                        int num_sizes) {
+  if (!m || num_sizes < 0 || (num_sizes > 0 && !sizes)) {
+    last_error = !m ? "null module" : "bad sizes";
+    return -1;
+  }
+  return m->module->RunSized(buffers, workspace, stream, sizes, static_cast<size_t>(num_sizes), &last_error) ? 0 : -1;
+}
+
+int64_t kiln_cuda_workspace_bytes_sized(const kiln_cuda_module* m, const int64_t* sizes, int num_sizes) {
+  if (!m || num_sizes < 0 || (num_sizes > 0 && !sizes)) {
+    last_error = !m ? "null module" : "bad sizes";
+    return -1;
+  }
+  return m->module->WorkspaceBytes(sizes, static_cast<size_t>(num_sizes), &last_error);
+}
+
+int kiln_cuda_num_symbols(const kiln_cuda_module* m) {
+  return m ? static_cast<int>(m->module->plan().symbols.size()) : 0;
 }
 
 int64_t kiln_cuda_workspace_bytes(const kiln_cuda_module* m) { return m ? m->module->plan().workspace_bytes : 0; }

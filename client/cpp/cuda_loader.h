@@ -52,11 +52,27 @@ class CudaModule {
   // Session's host path); device-resident callers use Run.
   bool RunHost(const void* const* inputs, void* const* outputs, std::string* error);
 
+  // Plans with symbolic sizes (plan().symbolic(), ABI version 2): `sizes` holds one value per
+  // plan().symbols, in order (each is dimension `axis` of input `input`; the caller passes
+  // buffers of the shapes these sizes give). Grids and temp offsets are computed from them;
+  // sizes whose index bound reaches 2^30 are refused (the kernels use 32-bit indices).
+  // `workspace`: WorkspaceBytes(sizes) bytes, or null for a module-owned one (grown to the
+  // largest sizes seen; runs must then not overlap). A static plan takes no sizes (then this
+  // is Run). Run and RunHost refuse a symbolic plan.
+  bool RunSized(void* const* buffers, void* workspace, void* stream, const int64_t* sizes, size_t num_sizes,
+                std::string* error);
+  // The workspace a run at `sizes` needs (a static plan: plan().workspace_bytes); -1 and
+  // `*error` for sizes the plan cannot run at.
+  int64_t WorkspaceBytes(const int64_t* sizes, size_t num_sizes, std::string* error) const;
+
   const CudaPlan& plan() const { return plan_; }
   bool loaded_from_ptx() const { return from_ptx_; }
 
  private:
   CudaModule() = default;
+  // A symbolic plan at `sizes`: temp offsets, workspace bytes, grid x of every step.
+  bool Layout(const int64_t* sizes, size_t num_sizes, std::vector<int64_t>* temp_offsets, int64_t* workspace_bytes,
+              std::vector<unsigned>* grids, std::string* error) const;
 
   CudaPlan plan_;
   void* module_ = nullptr;               // CUmodule
@@ -64,6 +80,7 @@ class CudaModule {
   bool from_ptx_ = false;
   std::mutex mu_;                        // guards workspace_
   unsigned long long workspace_ = 0;     // CUdeviceptr owned by the module, or 0
+  int64_t workspace_bytes_ = 0;          // its size (symbolic plans grow it)
 };
 
 }  // namespace kiln::client
@@ -79,6 +96,13 @@ kiln_cuda_module* kiln_cuda_load(const void* cubin, size_t cubin_bytes, const ch
 kiln_cuda_module* kiln_cuda_load_dir(const char* dir);
 // Runs the steps (see CudaModule::Run); returns 0 on success, -1 on failure.
 int kiln_cuda_run(kiln_cuda_module* m, void* const* buffers, void* workspace, void* stream);
+// Symbolic plans: runs at `sizes` (see CudaModule::RunSized); 0 on success, -1 on failure.
+int kiln_cuda_run_sized(kiln_cuda_module* m, void* const* buffers, void* workspace, void* stream, const int64_t* sizes,
+                        int num_sizes);
+// The workspace a run at `sizes` needs; -1 on failure.
+int64_t kiln_cuda_workspace_bytes_sized(const kiln_cuda_module* m, const int64_t* sizes, int num_sizes);
+// How many sizes a run takes (0 for a static plan).
+int kiln_cuda_num_symbols(const kiln_cuda_module* m);
 int64_t kiln_cuda_workspace_bytes(const kiln_cuda_module* m);
 int kiln_cuda_num_inputs(const kiln_cuda_module* m);
 int kiln_cuda_num_outputs(const kiln_cuda_module* m);

@@ -1,5 +1,8 @@
 #include "client/cpp/cuda_plan.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -138,6 +141,14 @@ class Reader {
       }
     return out;
   }
+  // The expression in string field `name` (required).
+  CudaSizeExpr Expr(const Json& o, const char* name, const std::vector<std::string>& symbols) {
+    CudaSizeExpr e;
+    std::string why;
+    if (const Json* f = Field(o, name, Json::Kind::kString); f && !ParseCudaSizeExpr(f->text, symbols, &e, &why))
+      Fail(why);
+    return e;
+  }
   void Fail(const std::string& why) {
     if (error_->empty()) *error_ = why;
   }
@@ -147,7 +158,65 @@ class Reader {
   std::string* error_;
 };
 
+std::string_view Trim(std::string_view t) {
+  while (!t.empty() && t.front() == ' ') t.remove_prefix(1);
+  while (!t.empty() && t.back() == ' ') t.remove_suffix(1);
+  return t;
+}
+
 }  // namespace
+
+int64_t CudaSizeExpr::Eval(const int64_t* sizes) const {
+  constexpr int64_t kMax = INT64_MAX;
+  int64_t total = 0;
+  for (const Term& t : terms) {
+    int64_t v = t.coeff;
+    for (int s : t.symbols)
+      if (__builtin_mul_overflow(v, sizes[s], &v)) return kMax;
+    if (__builtin_add_overflow(total, v, &total)) return kMax;
+  }
+  return total;
+}
+
+bool ParseCudaSizeExpr(std::string_view text, const std::vector<std::string>& symbols, CudaSizeExpr* out,
+                       std::string* error) {
+  CudaSizeExpr e;
+  const std::string whole(text);
+  auto fail = [&](const std::string& why) {
+    *error = "plan.json: size expression '" + whole + "': " + why;
+    return false;
+  };
+  while (!text.empty()) {
+    size_t plus = text.find(" + ");
+    std::string_view term = Trim(text.substr(0, plus));
+    text = plus == std::string_view::npos ? std::string_view() : text.substr(plus + 3);
+    if (term.empty()) return fail("an empty term");
+    CudaSizeExpr::Term t;
+    t.coeff = 1;
+    while (!term.empty()) {
+      size_t star = term.find('*');
+      std::string_view f = Trim(term.substr(0, star));
+      term = star == std::string_view::npos ? std::string_view() : term.substr(star + 1);
+      if (f.empty()) return fail("an empty factor");
+      if (f[0] == '-' || (f[0] >= '0' && f[0] <= '9')) {
+        const std::string num(f);
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(num.c_str(), &end, 10);
+        if (errno != 0 || end != num.c_str() + num.size()) return fail("'" + num + "' is not an integer");
+        if (__builtin_mul_overflow(t.coeff, static_cast<int64_t>(v), &t.coeff)) return fail("overflow");
+        continue;
+      }
+      auto it = std::find(symbols.begin(), symbols.end(), f);
+      if (it == symbols.end()) return fail("unknown symbol '" + std::string(f) + "'");
+      t.symbols.push_back(static_cast<int>(it - symbols.begin()));
+    }
+    e.terms.push_back(std::move(t));
+  }
+  if (whole == "0") e.terms.clear();
+  *out = std::move(e);
+  return true;
+}
 
 int CudaPlan::num_inputs() const {
   int n = 0;
@@ -173,6 +242,19 @@ bool ParseCudaPlan(std::string_view json, CudaPlan* plan, std::string* error) {
   CudaPlan p;
   p.abi_version = static_cast<uint32_t>(r.Int(root, "abi_version"));
   p.workspace_bytes = r.Int(root, "workspace_bytes");
+  std::vector<std::string> names;
+  if (root.fields.count("symbols")) {  // a symbolic plan: its sizes are expressions of these
+    if (const Json* syms = r.Field(root, "symbols", Json::Kind::kArray))
+      for (const Json& s : syms->items) {
+        CudaPlan::Symbol out;
+        out.name = r.Str(s, "name");
+        out.input = static_cast<int>(r.Int(s, "input"));
+        out.axis = static_cast<int>(r.Int(s, "axis"));
+        names.push_back(out.name);
+        p.symbols.push_back(std::move(out));
+      }
+  }
+  const bool symbolic = !p.symbols.empty();
   if (const Json* bufs = r.Field(root, "buffers", Json::Kind::kArray)) {
     for (const Json& b : bufs->items) {
       CudaPlan::Buffer out;
@@ -186,6 +268,17 @@ bool ParseCudaPlan(std::string_view json, CudaPlan* plan, std::string* error) {
       out.shape = r.Ints(b, "shape");
       out.bytes = r.Int(b, "bytes");
       out.offset = r.Int(b, "offset");
+      if (symbolic) {
+        if (const Json* dims = r.Field(b, "shape_exprs", Json::Kind::kArray))
+          for (const Json& d : dims->items) {
+            std::string why;
+            CudaSizeExpr e;
+            if (d.kind != Json::Kind::kString || !ParseCudaSizeExpr(d.text, names, &e, &why))
+              r.Fail(why.empty() ? "plan.json: 'shape_exprs' holds a non-string" : why);
+            out.shape_exprs.push_back(std::move(e));
+          }
+        out.bytes_expr = r.Expr(b, "bytes_expr", names);
+      }
       p.buffers.push_back(std::move(out));
     }
   }
@@ -201,8 +294,17 @@ bool ParseCudaPlan(std::string_view json, CudaPlan* plan, std::string* error) {
         if (a < 0 || a >= static_cast<int64_t>(p.buffers.size())) r.Fail("plan.json: step argument out of range");
         out.args.push_back(static_cast<int>(a));
       }
+      if (s.fields.count("grid_per_block")) {
+        out.grid_per_block = r.Int(s, "grid_per_block");
+        out.grid_work = r.Expr(s, "grid_work", names);
+        if (out.grid_per_block <= 0) r.Fail("plan.json: 'grid_per_block' must be positive");
+      }
       p.steps.push_back(std::move(out));
     }
+  }
+  if (root.fields.count("index_bound")) p.index_bound = r.Expr(root, "index_bound", names);
+  for (const CudaPlan::Symbol& s : p.symbols) {
+    if (s.input < 0 || s.input >= p.num_inputs() || s.axis < 0) r.Fail("plan.json: symbol '" + s.name + "' names no input axis");
   }
   if (!r.ok()) return false;
   *plan = std::move(p);

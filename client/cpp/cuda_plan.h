@@ -1,5 +1,6 @@
 // CudaPlan: a CUDA launch plan (kernels/codegen/PLAN.md) as the CUDA loader uses it, and a
-// reader for its JSON form (plan.json, as kilnc writes it).
+// reader for its JSON form (plan.json, as kilnc writes it), static plans (ABI version 1) and
+// plans with symbolic sizes (version 2: "Symbolic CUDA plans").
 //
 // Plain C++ with no dependency beyond the standard library, so the loader's shared build
 // (for ctypes) needs nothing but libc. Callers holding a kiln.v1.LaunchPlan fill the struct
@@ -14,6 +15,24 @@
 
 namespace kiln::client {
 
+// A size of a symbolic plan (kiln.v1.SizeExpr): a sum of terms, each an integer coefficient
+// times a product of the plan's symbols (a symbol listed twice is squared).
+struct CudaSizeExpr {
+  struct Term {
+    int64_t coeff = 0;
+    std::vector<int> symbols;  // positions in CudaPlan::symbols
+  };
+  std::vector<Term> terms;
+
+  // The value at `sizes` (one per symbol). INT64_MAX when it overflows.
+  int64_t Eval(const int64_t* sizes) const;
+};
+
+// Parses an expression as plan.json writes it ("3*N*T + -2*N + 1": terms joined by " + ",
+// factors by '*', each an integer or one of `symbols`). False, and why in `*error`, otherwise.
+bool ParseCudaSizeExpr(std::string_view text, const std::vector<std::string>& symbols, CudaSizeExpr* out,
+                       std::string* error);
+
 struct CudaPlan {
   enum class Role { kInput, kOutput, kTemp };
   struct Buffer {
@@ -23,6 +42,10 @@ struct CudaPlan {
     std::vector<int64_t> shape;
     int64_t bytes = 0;
     int64_t offset = 0;
+    // Symbolic plans: the shape and byte size at run time (shape and bytes hold -1 there,
+    // and a temp's offset is laid out at launch).
+    std::vector<CudaSizeExpr> shape_exprs;
+    CudaSizeExpr bytes_expr;
   };
   struct Step {
     std::string kernel;
@@ -30,14 +53,27 @@ struct CudaPlan {
     unsigned block[3] = {1, 1, 1};
     unsigned shared_bytes = 0;
     std::vector<int> args;  // positions in `buffers`
+    // Symbolic plans: grid x is ceil(grid_work / grid_per_block) at the run's sizes.
+    CudaSizeExpr grid_work;
+    int64_t grid_per_block = 0;
+  };
+  // A symbol of a symbolic plan (ABI version 2): its value is dimension `axis` of input `input`.
+  struct Symbol {
+    std::string name;
+    int input = 0;
+    int axis = 0;
   };
   uint32_t abi_version = 0;
   int64_t workspace_bytes = 0;
   std::vector<Buffer> buffers;
   std::vector<Step> steps;
+  std::vector<Symbol> symbols;
+  // Symbolic plans: every index the kernels compute is below this (they use 32-bit ints).
+  CudaSizeExpr index_bound;
 
   int num_inputs() const;
   int num_outputs() const;
+  bool symbolic() const { return !symbols.empty(); }
 };
 
 // Parses plan.json. Returns false and says why in `*error` when the text is not JSON, a

@@ -75,11 +75,25 @@ absl::StatusOr<std::string> ReadVerified(const std::string& digest, const std::s
   return data;
 }
 
-// The CUDA loader's form of a launch plan (it has no protobuf dependency).
-CudaPlan ToCudaPlan(const v1::LaunchPlan& wire) {
+CudaSizeExpr ToCudaSizeExpr(const v1::SizeExpr& wire) {
+  CudaSizeExpr e;
+  for (const v1::SizeTerm& t : wire.terms()) {
+    CudaSizeExpr::Term& out = e.terms.emplace_back();
+    out.coeff = t.coeff();
+    for (int k = 0; k < t.exponents_size(); ++k)
+      for (int j = 0; j < t.exponents(k); ++j) out.symbols.push_back(k);
+  }
+  return e;
+}
+
+}  // namespace
+
+CudaPlan CudaPlanFromWire(const v1::LaunchPlan& wire) {
   CudaPlan plan;
   plan.abi_version = wire.abi_version();
   plan.workspace_bytes = wire.workspace_bytes();
+  for (const v1::PlanSymbol& s : wire.symbols()) plan.symbols.push_back({s.name(), s.input(), s.axis()});
+  plan.index_bound = ToCudaSizeExpr(wire.index_bound());
   for (const v1::PlanBuffer& b : wire.buffers()) {
     CudaPlan::Buffer& out = plan.buffers.emplace_back();
     out.role = b.role() == v1::INPUT    ? CudaPlan::Role::kInput
@@ -90,6 +104,8 @@ CudaPlan ToCudaPlan(const v1::LaunchPlan& wire) {
     out.shape.assign(b.shape().begin(), b.shape().end());
     out.bytes = b.bytes();
     out.offset = b.offset();
+    for (const v1::SizeExpr& d : b.shape_exprs()) out.shape_exprs.push_back(ToCudaSizeExpr(d));
+    out.bytes_expr = ToCudaSizeExpr(b.bytes_expr());
   }
   for (const v1::PlanStep& s : wire.steps()) {
     CudaPlan::Step& out = plan.steps.emplace_back();
@@ -100,9 +116,13 @@ CudaPlan ToCudaPlan(const v1::LaunchPlan& wire) {
     }
     out.shared_bytes = s.shared_bytes();
     out.args.assign(s.args().begin(), s.args().end());
+    out.grid_work = ToCudaSizeExpr(s.grid_work());
+    out.grid_per_block = s.grid_per_block();
   }
   return plan;
 }
+
+namespace {
 
 // Digest -> the in-memory file its verified bytes were loaded from, process-wide.
 struct Images {
@@ -252,7 +272,7 @@ absl::StatusOr<LoadedKernel> Session::LoadCuda(v1::CompileResponse response, abs
   }
   std::string error;
   std::unique_ptr<CudaModule> module =
-      CudaModule::Load(cubin, ptx, ToCudaPlan(response.result().plan()), &error);
+      CudaModule::Load(cubin, ptx, CudaPlanFromWire(response.result().plan()), &error);
   if (module == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("loading the CUDA result ", response.handle(), ": ", error));
@@ -292,13 +312,14 @@ absl::Status LoadedKernel::Run(absl::Span<const ConstBuffer> inputs,
   return absl::OkStatus();
 }
 
-absl::Status LoadedKernel::RunOnDevice(void* const* buffers, void* stream, void* workspace) const {
+absl::Status LoadedKernel::RunOnDevice(void* const* buffers, void* stream, void* workspace,
+                                       absl::Span<const int64_t> sizes) const {
   if (!is_cuda()) {
     return absl::FailedPreconditionError(
         absl::StrCat(handle(), " is a CPU kernel: run it on host buffers with Run"));
   }
   std::string error;
-  if (!cuda_->Run(buffers, workspace, stream, &error)) {
+  if (!cuda_->RunSized(buffers, workspace, stream, sizes.data(), sizes.size(), &error)) {
     return absl::InternalError(absl::StrCat("launching ", handle(), ": ", error));
   }
   return absl::OkStatus();

@@ -54,6 +54,10 @@ v1::Target HostCpuTarget();
 // A CUDA target for compute capability `sm` (e.g. 90 for sm_90).
 v1::Target CudaTarget(int sm);
 
+// The CUDA loader's form of a launch plan (the loader has no protobuf dependency), symbolic
+// sizes and all.
+CudaPlan CudaPlanFromWire(const v1::LaunchPlan& wire);
+
 // The artifact of `kind` in a compile result, or null.
 const v1::Artifact* FindArtifact(const v1::CompileResponse& response, v1::ArtifactKind kind);
 
@@ -88,9 +92,11 @@ class LoadedKernel {
   // CUDA only: launches on device pointers (inputs then outputs) on `stream` (a CUstream;
   // null: the legacy default stream) and returns without waiting. `workspace`: a device
   // buffer of plan().workspace_bytes(), or null for one the module owns (then runs must not
-  // overlap in time). FailedPrecondition for a CPU kernel.
-  absl::Status RunOnDevice(void* const* buffers, void* stream = nullptr,
-                           void* workspace = nullptr) const;
+  // overlap in time). FailedPrecondition for a CPU kernel. A plan with symbolic sizes takes
+  // `sizes` (one per plan().symbols(), the buffers' shapes at those sizes; `workspace` then
+  // holds CudaModule::WorkspaceBytes(sizes) bytes); a static one none.
+  absl::Status RunOnDevice(void* const* buffers, void* stream = nullptr, void* workspace = nullptr,
+                           absl::Span<const int64_t> sizes = {}) const;
 
  private:
   v1::CompileResponse response_;

@@ -220,6 +220,52 @@ TEST_F(SessionTest, CudaResultIsFetchedAndLoadedThroughTheSamePath) {
   EXPECT_GE((*session)->client().stats().fetches, 1);
 }
 
+// A CUDA result with symbolic sizes reaches the CUDA loader with every expression: the
+// plan the C++ client hands the loader evaluates to the sizes the graph implies.
+TEST_F(SessionTest, SymbolicCudaPlanReachesTheLoaderWhole) {
+  auto client = Client::Create(kilnd_->address());
+  ASSERT_TRUE(client.ok());
+  v1::Graph g;
+  v1::Input* x = g.add_inputs();
+  x->set_name("x");
+  x->mutable_type()->set_dtype(v1::F32);
+  x->mutable_type()->add_shape(300);
+  x->mutable_type()->add_shape(1000);
+  x->mutable_type()->add_dim_symbols("R");
+  x->mutable_type()->add_dim_symbols("C");
+  g.add_nodes()->set_op("softmax");
+  g.mutable_nodes(0)->add_inputs(0);
+  g.add_nodes()->set_op("sum");
+  g.mutable_nodes(1)->add_inputs(0);
+  g.add_outputs(1);
+  g.add_outputs(2);
+  absl::StatusOr<v1::CompileResponse> r = (*client)->Compile(g, CudaTarget(90), {}, absl::Now() + absl::Seconds(120));
+  ASSERT_TRUE(r.ok()) << r.status();
+  CudaPlan plan = CudaPlanFromWire(r->result().plan());
+  ASSERT_TRUE(plan.symbolic());
+  EXPECT_EQ(plan.abi_version, 2u);
+  ASSERT_EQ(plan.symbols.size(), 2u);
+  EXPECT_EQ(plan.symbols[0].name, "R");
+  EXPECT_EQ(plan.symbols[1].axis, 1);
+  const int64_t sizes[] = {7, 130};
+  int temps = 0;
+  for (const CudaPlan::Buffer& b : plan.buffers) {
+    if (b.role == CudaPlan::Role::kInput) EXPECT_EQ(b.bytes_expr.Eval(sizes), 7 * 130 * 4);
+    if (b.role == CudaPlan::Role::kOutput && b.index == 0) {
+      ASSERT_EQ(b.shape_exprs.size(), 2u);
+      EXPECT_EQ(b.shape_exprs[0].Eval(sizes), 7);
+      EXPECT_EQ(b.shape_exprs[1].Eval(sizes), 130);
+    }
+    temps += b.role == CudaPlan::Role::kTemp;
+  }
+  EXPECT_GT(temps, 0);  // the sum's partials
+  for (const CudaPlan::Step& s : plan.steps) {
+    EXPECT_GT(s.grid_per_block, 0) << s.kernel;
+    EXPECT_GT(s.grid_work.Eval(sizes), 0) << s.kernel;
+  }
+  EXPECT_GE(plan.index_bound.Eval(sizes), 7 * 130);
+}
+
 TEST_F(SessionTest, ExampleProgramRunsOnTheCpu) {
   const std::string command = std::string(KILN_EXAMPLE_PATH) + " --server " +
                               kilnd_->address() + " --target cpu --rows 33 --cols 70 2>&1";

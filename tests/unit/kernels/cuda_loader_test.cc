@@ -39,6 +39,21 @@ class FakeDriver : public ::testing::Test {
     launched_ = reinterpret_cast<const char* (*)(int)>(dlsym(driver_, "fake_cuda_launched"));
   }
 
+  // Compiles `graph` (text format) with kilnc into `dir`/out and makes the fake driver run
+  // its kernels in emulation; `emu` keeps the emulated unit loaded.
+  void KilncFolder(const std::string& dir, const std::string& graph, std::unique_ptr<EmulatedUnit>* emu) {
+    const char* bin = std::getenv("KILN_BINARY_DIR");
+    ASSERT_TRUE(toolchain::WriteFile(dir + "/g.txtpb", graph).ok());
+    auto r = toolchain::RunSandboxed(
+        {std::string(bin) + "/kernels/kilnc", "g.txtpb", "--target", "cuda:sm_90", "--out", "out"}, dir,
+        toolchain::SandboxLimits{});
+    ASSERT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? r->output : r.status().ToString());
+    auto unit = EmulatedUnit::Build(SlurpFile(dir + "/out/kernel.cu"));
+    ASSERT_TRUE(unit.ok()) << unit.status();
+    *emu = std::move(*unit);
+    use_library_((*emu)->handle());
+  }
+
   static inline CompileResult* compiled_ = nullptr;
   void* driver_ = nullptr;
   void (*use_library_)(void*) = nullptr;
@@ -133,20 +148,14 @@ TEST_F(FakeDriver, RunsEveryStepWithThePlansBuffers) {
 }
 
 TEST_F(FakeDriver, CApiLoadsAKilncFolder) {
-  const char* bin = std::getenv("KILN_BINARY_DIR");
   auto dir = toolchain::TempDir::Create("kiln-loader-");
   ASSERT_TRUE(dir.ok());
-  std::string graph =
-      "inputs { name: \"x\" type { dtype: F32 shape: 300 shape: 1000 } }\n"
-      "nodes { op: \"softmax\" inputs: 0 }\nnodes { op: \"sum\" inputs: 0 }\noutputs: 1 outputs: 2\n";
-  ASSERT_TRUE(toolchain::WriteFile(dir->path() + "/g.txtpb", graph).ok());
-  auto r = toolchain::RunSandboxed({std::string(bin) + "/kernels/kilnc", "g.txtpb", "--target", "cuda:sm_90", "--out",
-                                    "out"},
-                                   dir->path(), toolchain::SandboxLimits{});
-  ASSERT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? r->output : r.status().ToString());
-  auto emu = EmulatedUnit::Build(SlurpFile(dir->path() + "/out/kernel.cu"));
-  ASSERT_TRUE(emu.ok()) << emu.status();
-  use_library_((*emu)->handle());
+  std::unique_ptr<EmulatedUnit> emu;
+  ASSERT_NO_FATAL_FAILURE(KilncFolder(dir->path(),
+                                      "inputs { name: \"x\" type { dtype: F32 shape: 300 shape: 1000 } }\n"
+                                      "nodes { op: \"softmax\" inputs: 0 }\nnodes { op: \"sum\" inputs: 0 }\n"
+                                      "outputs: 1 outputs: 2\n",
+                                      &emu));
 
   kiln_cuda_module* m = kiln_cuda_load_dir((dir->path() + "/out").c_str());
   ASSERT_NE(m, nullptr) << kiln_cuda_last_error();
@@ -168,6 +177,74 @@ TEST_F(FakeDriver, CApiLoadsAKilncFolder) {
   std::string cubin = SlurpFile(dir->path() + "/out/kernel.cubin");
   EXPECT_EQ(kiln_cuda_load(cubin.data(), cubin.size(), nullptr, json.c_str()), nullptr);
   EXPECT_NE(std::string(kiln_cuda_last_error()).find("ABI version 9"), std::string::npos) << kiln_cuda_last_error();
+}
+
+// A plan with symbolic sizes (ABI version 2) through the C API: softmax over rows of symbolic
+// length and a whole-tensor sum (partial launches and a temp), run at several sizes from one
+// load; grids and temps follow the sizes; wrong size counts, negative sizes and sizes past
+// the 32-bit index bound are refused.
+TEST_F(FakeDriver, CApiRunsASymbolicPlanAtEverySize) {
+  auto dir = toolchain::TempDir::Create("kiln-loader-sym-");
+  ASSERT_TRUE(dir.ok());
+  std::unique_ptr<EmulatedUnit> emu;
+  ASSERT_NO_FATAL_FAILURE(KilncFolder(
+      dir->path(),
+      "inputs { name: \"x\" type { dtype: F32 shape: 300 shape: 1000 dim_symbols: \"R\" dim_symbols: \"C\" } }\n"
+      "nodes { op: \"softmax\" inputs: 0 }\nnodes { op: \"sum\" inputs: 0 }\noutputs: 1 outputs: 2\n",
+      &emu));
+
+  kiln_cuda_module* m = kiln_cuda_load_dir((dir->path() + "/out").c_str());
+  ASSERT_NE(m, nullptr) << kiln_cuda_last_error();
+  ASSERT_EQ(kiln_cuda_num_symbols(m), 2);
+  void* none[] = {nullptr, nullptr, nullptr};
+  EXPECT_EQ(kiln_cuda_run(m, none, nullptr, nullptr), -1);  // a symbolic plan needs sizes
+  EXPECT_NE(std::string(kiln_cuda_last_error()).find("RunSized"), std::string::npos) << kiln_cuda_last_error();
+
+  std::mt19937 rng(9);
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{300, 1000}, {7, 130}, {1, 1}, {33, 4097}, {0, 5}}) {
+    SCOPED_TRACE(::testing::Message() << rows << " x " << cols);
+    const int64_t sizes[] = {rows, cols};
+    const int64_t ws_bytes = kiln_cuda_workspace_bytes_sized(m, sizes, 2);
+    ASSERT_GE(ws_bytes, 0) << kiln_cuda_last_error();
+    HostTensor x = RandomTensor(DType::kF32, rows * cols, &rng);
+    HostTensor soft = HostTensor::Make(DType::kF32, rows * cols), total = HostTensor::Make(DType::kF32, 1);
+    HostTensor ws = HostTensor::Make(DType::kU8, std::max<int64_t>(ws_bytes, 1));
+    void* buffers[] = {x.data.get(), soft.data.get(), total.data.get()};
+    const int before = launch_count_();
+    ASSERT_EQ(kiln_cuda_run_sized(m, buffers, ws.data.get(), nullptr, sizes, 2), 0) << kiln_cuda_last_error();
+    if (rows * cols > 0) EXPECT_GT(launch_count_(), before);
+    const std::vector<double> want = HostSoftmaxRows(x, rows, cols);
+    int bad = 0;
+    for (int64_t i = 0; i < rows * cols && bad < 8; ++i)
+      if (!Close(DType::kF32, soft.At(i), want[i])) {
+        ++bad;
+        ADD_FAILURE() << "softmax element " << i << ": " << soft.At(i) << ", expected " << want[i];
+      }
+    double sum = 0;
+    for (int64_t i = 0; i < rows * cols; ++i) sum += x.At(i);
+    EXPECT_NEAR(total.At(0), sum, 1e-3 * (1 + std::fabs(sum)));
+  }
+  // A module-owned workspace (null) works too, and grows with the sizes.
+  {
+    const int64_t sizes[] = {64, 3000};
+    HostTensor x = RandomTensor(DType::kF32, 64 * 3000, &rng);
+    HostTensor soft = HostTensor::Make(DType::kF32, 64 * 3000), total = HostTensor::Make(DType::kF32, 1);
+    void* buffers[] = {x.data.get(), soft.data.get(), total.data.get()};
+    ASSERT_EQ(kiln_cuda_run_sized(m, buffers, nullptr, nullptr, sizes, 2), 0) << kiln_cuda_last_error();
+    double sum = 0;
+    for (int64_t i = 0; i < 64 * 3000; ++i) sum += x.At(i);
+    EXPECT_NEAR(total.At(0), sum, 1e-3 * (1 + std::fabs(sum)));
+  }
+  const int64_t one[] = {4};
+  EXPECT_EQ(kiln_cuda_run_sized(m, none, nullptr, nullptr, one, 1), -1);
+  EXPECT_NE(std::string(kiln_cuda_last_error()).find("2 symbols"), std::string::npos) << kiln_cuda_last_error();
+  const int64_t negative[] = {4, -1};
+  EXPECT_EQ(kiln_cuda_run_sized(m, none, nullptr, nullptr, negative, 2), -1);
+  EXPECT_NE(std::string(kiln_cuda_last_error()).find("negative"), std::string::npos) << kiln_cuda_last_error();
+  const int64_t huge[] = {int64_t{1} << 20, int64_t{1} << 12};
+  EXPECT_EQ(kiln_cuda_workspace_bytes_sized(m, huge, 2), -1);
+  EXPECT_NE(std::string(kiln_cuda_last_error()).find("32-bit"), std::string::npos) << kiln_cuda_last_error();
+  kiln_cuda_free(m);
 }
 
 }  // namespace
