@@ -19,6 +19,7 @@ AdamW, and inference at sequence length 64, compiled for it (``bert_infer64``) o
 lengths 128 and 96 made the length symbolic (``bert_infer_dyn64``); layer_norm -> gelu forward+backward on f32[32768, 4096].
 
     KILND=path/to/kilnd PYTHONPATH=client/python python3 tests/gpu/profile_torch.py [--workloads ...]
+        [--mode reduce-overhead]   # both backends in that torch.compile mode (CUDA graphs)
 
 Writes ``$OUT/profile_torch.md`` and ``$OUT/profile_torch.json`` when ``OUT`` is set.
 """
@@ -55,7 +56,7 @@ def bert_workload(train: bool, seq: int = 128, warm: tuple[int, ...] = ()) -> tu
     weight = torch.randn(16, seq, 768, device="cuda")
 
     def make(backend: str | None) -> Callable[[int], Any]:
-        fn = model if backend is None else torch.compile(model, backend=backend)
+        fn = model if backend is None else torch.compile(model, backend=backend, mode=MODE)
         if backend is not None:
             with torch.no_grad():
                 for t in warm:
@@ -89,7 +90,7 @@ def ln_gelu_workload() -> tuple[Callable[[str | None], Callable[[int], Any]], li
         return torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (4096,), w, b))
 
     def make(backend: str | None) -> Callable[[int], Any]:
-        fn = f if backend is None else torch.compile(f, backend=backend)
+        fn = f if backend is None else torch.compile(f, backend=backend, mode=MODE)
 
         def step(i: int) -> Any:
             out = fn(xs[i % 2], w, b)
@@ -98,6 +99,9 @@ def ln_gelu_workload() -> tuple[Callable[[str | None], Callable[[int], Any]], li
         return step
     return make, []
 
+
+# torch.compile's mode for both backends (``--mode``; None: the default mode).
+MODE: str | None = None
 
 WORKLOADS = {
     "bert_infer": lambda: bert_workload(train=False),
@@ -218,9 +222,12 @@ def main() -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--mode", default=None, help='torch.compile mode for kiln and Inductor, e.g. "reduce-overhead"')
     ap.add_argument("--cprofile", action="store_true",
                     help="also run cProfile over kiln steps and print the top Python functions")
     opts = ap.parse_args()
+    global MODE
+    MODE = opts.mode
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 1
@@ -240,7 +247,7 @@ def main() -> int:
     track_parts()
 
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": {}}
-    lines = [f"# kiln.torch profile on {results['device']}, torch {torch.__version__}", ""]
+    lines = [f"# kiln.torch profile on {results['device']}, torch {torch.__version__}, mode {MODE or 'default'}", ""]
     try:
         for name in opts.workloads.split(","):
             make, _ = WORKLOADS[name]()

@@ -596,3 +596,26 @@ def test_dynamic_linear_bias_and_views_stay_in_kiln(client) -> None:
     parts = [p for g in kt.last_graphs() for p in g["parts"]]
     assert any("gelu.default" in p["ops"] and "add.Tensor" in p["ops"] for p in parts), parts
     assert any("view.default" in p["ops"] for p in parts), parts
+
+
+def test_graphs_that_draw_random_numbers_are_not_captured() -> None:
+    """reduce-overhead leaves graphs with dropout (or attention with a dropout probability) out
+    of CUDA graphs: a replay would repeat the captured random numbers, and attention's seed
+    would come out as device memory that its backward reads on the host. Attention without
+    dropout (inference) is captured as before."""
+    from kiln.torch.cuda import draws_random_numbers
+
+    aten = torch.ops.aten
+
+    def graph(target: Any, *args: Any) -> torch.fx.Graph:
+        g = torch.fx.Graph()
+        xs = [g.placeholder(f"x{i}") for i in range(3)]
+        out = g.call_function(target, tuple(xs[: 3 if "attention" in str(target) else 1]) + args)
+        g.output(out)
+        return g
+
+    assert draws_random_numbers(graph(aten.native_dropout.default, 0.1, True))
+    assert draws_random_numbers(graph(aten._scaled_dot_product_efficient_attention.default, None, True, 0.1))
+    assert not draws_random_numbers(graph(aten._scaled_dot_product_efficient_attention.default, None, True, 0.0))
+    assert not draws_random_numbers(graph(aten._scaled_dot_product_efficient_attention.default, None, True))
+    assert not draws_random_numbers(graph(aten.exp.default))

@@ -153,7 +153,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         if config.cudagraphs:
             from . import cuda
 
-            wrap_cuda_graphs = cuda.wants_cuda_graphs(example_inputs)
+            wrap_cuda_graphs = cuda.wants_cuda_graphs(example_inputs) and not cuda.draws_random_numbers(gm.graph)
 
         def finish() -> Callable[[list[Any]], Any]:
             if wrap_cuda_graphs:
