@@ -250,7 +250,9 @@ TEST_F(SessionTest, SymbolicCudaPlanReachesTheLoaderWhole) {
   const int64_t sizes[] = {7, 130};
   int temps = 0;
   for (const CudaPlan::Buffer& b : plan.buffers) {
-    if (b.role == CudaPlan::Role::kInput) EXPECT_EQ(b.bytes_expr.Eval(sizes), 7 * 130 * 4);
+    if (b.role == CudaPlan::Role::kInput) {
+      EXPECT_EQ(b.bytes_expr.Eval(sizes), 7 * 130 * 4);
+    }
     if (b.role == CudaPlan::Role::kOutput && b.index == 0) {
       ASSERT_EQ(b.shape_exprs.size(), 2u);
       EXPECT_EQ(b.shape_exprs[0].Eval(sizes), 7);

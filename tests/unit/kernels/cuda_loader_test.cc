@@ -212,7 +212,9 @@ TEST_F(FakeDriver, CApiRunsASymbolicPlanAtEverySize) {
     void* buffers[] = {x.data.get(), soft.data.get(), total.data.get()};
     const int before = launch_count_();
     ASSERT_EQ(kiln_cuda_run_sized(m, buffers, ws.data.get(), nullptr, sizes, 2), 0) << kiln_cuda_last_error();
-    if (rows * cols > 0) EXPECT_GT(launch_count_(), before);
+    if (rows * cols > 0) {
+      EXPECT_GT(launch_count_(), before);
+    }
     const std::vector<double> want = HostSoftmaxRows(x, rows, cols);
     int bad = 0;
     for (int64_t i = 0; i < rows * cols && bad < 8; ++i)
