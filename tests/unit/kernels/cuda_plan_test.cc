@@ -83,6 +83,52 @@ TEST(CudaPlanJson, RejectsBadPlans) {
   EXPECT_NE(error.find("out of range"), std::string::npos) << error;
 }
 
+// Size expressions as plan.json writes them (kernels/codegen/symbolic.cc, SizeExprToString):
+// terms joined by " + ", factors by '*', coefficients possibly negative, a symbol repeated for
+// a power; anything else is refused with the expression in the message.
+TEST(CudaPlanJson, SizeExpressions) {
+  const std::vector<std::string> names = {"R", "C"};
+  const int64_t at[] = {7, 130};
+  auto eval = [&](const std::string& text) {
+    client::CudaSizeExpr e;
+    std::string error;
+    EXPECT_TRUE(client::ParseCudaSizeExpr(text, names, &e, &error)) << text << ": " << error;
+    return e.Eval(at);
+  };
+  EXPECT_EQ(eval("0"), 0);
+  EXPECT_EQ(eval("5"), 5);
+  EXPECT_EQ(eval("R"), 7);
+  EXPECT_EQ(eval("4*R*C + 1"), 4 * 7 * 130 + 1);
+  EXPECT_EQ(eval("R*R + -3*C"), 49 - 390);
+  EXPECT_EQ(eval("C + R + 256"), 393);
+  client::CudaSizeExpr e;
+  std::string error;
+  EXPECT_FALSE(client::ParseCudaSizeExpr("4*T", names, &e, &error));
+  EXPECT_NE(error.find("unknown symbol 'T'"), std::string::npos) << error;
+  EXPECT_FALSE(client::ParseCudaSizeExpr("R +  + C", names, &e, &error));
+  EXPECT_FALSE(client::ParseCudaSizeExpr("2x*R", names, &e, &error));
+  EXPECT_NE(error.find("2x*R"), std::string::npos) << error;
+  const int64_t huge[] = {int64_t{1} << 40, int64_t{1} << 40};
+  ASSERT_TRUE(client::ParseCudaSizeExpr("R*C", names, &e, &error));
+  EXPECT_EQ(e.Eval(huge), INT64_MAX);  // overflow saturates, so bound checks refuse it
+  // A symbolic plan needs every symbol to name an input axis, and positive grid_per_block.
+  CudaPlan plan;
+  EXPECT_FALSE(client::ParseCudaPlan(
+      "{\"abi_version\": 2, \"workspace_bytes\": 0, \"buffers\": [{\"role\": \"input\", \"index\": 0, "
+      "\"dtype\": \"f32\", \"shape\": [-1], \"bytes\": -1, \"offset\": 0, \"shape_exprs\": [\"N\"], "
+      "\"bytes_expr\": \"4*N\"}], \"symbols\": [{\"name\": \"N\", \"input\": 3, \"axis\": 0}], \"steps\": []}",
+      &plan, &error));
+  EXPECT_NE(error.find("names no input"), std::string::npos) << error;
+  EXPECT_FALSE(client::ParseCudaPlan(
+      "{\"abi_version\": 2, \"workspace_bytes\": 0, \"buffers\": [{\"role\": \"input\", \"index\": 0, "
+      "\"dtype\": \"f32\", \"shape\": [-1], \"bytes\": -1, \"offset\": 0, \"shape_exprs\": [\"N\"], "
+      "\"bytes_expr\": \"4*N\"}], \"symbols\": [{\"name\": \"N\", \"input\": 0, \"axis\": 0}], "
+      "\"steps\": [{\"kernel\": \"k0\", \"grid\": [0,1,1], \"block\": [256,1,1], \"shared_bytes\": 0, "
+      "\"args\": [0], \"grid_work\": \"N\", \"grid_per_block\": 0}]}",
+      &plan, &error));
+  EXPECT_NE(error.find("grid_per_block"), std::string::npos) << error;
+}
+
 TEST(CudaLoader, WithoutADriverLoadFailsCleanly) {
   if (void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) {
     dlclose(lib);
