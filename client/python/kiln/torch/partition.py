@@ -284,33 +284,26 @@ def unfuse_addmm_epilogues(graph: torch.fx.Graph) -> int:
         bias, a, b = n.args
         users = list(n.users)
         view = users[0] if len(users) == 1 and _keeps_last_dim(users[0], meta) else None
-        if view is not None and node_color(view)[0] is None:
-            # A view kiln cannot take (a reshape to a run-time size, in a dynamic-shape graph)
-            # between the product and its reader: the add moves below it, where it still
-            # broadcasts the same way (the view keeps the last dimension).
-            if not _read_by_kiln(view):
-                continue
-            with graph.inserting_before(view):
-                mm = graph.call_function(aten.mm.default, (a, b))
-                mm.meta.update(n.meta)
-                viewed = graph.call_function(view.target, (mm, *view.args[1:]), dict(view.kwargs))
-                viewed.meta.update(view.meta)
-                add = graph.call_function(aten.add.Tensor, (viewed, bias))
-                add.meta.update(view.meta)
-            view.replace_all_uses_with(add)
-            graph.erase_node(view)
-            graph.erase_node(n)
-            done += 1
+        # A view kiln cannot take (a reshape to a run-time size, in a dynamic-shape graph)
+        # between the product and its reader: the add moves below it, where it still
+        # broadcasts the same way (the view keeps the last dimension).
+        sink = view is not None and node_color(view)[0] is None
+        anchor = view if sink else n  # the node whose value the add replaces
+        if not _read_by_kiln(anchor):
             continue
-        if not _read_by_kiln(n):
-            continue
-        with graph.inserting_before(n):
+        with graph.inserting_before(anchor):
             mm = graph.call_function(aten.mm.default, (a, b))
             mm.meta.update(n.meta)  # same shape, dtype, device and (contiguous) layout
-            add = graph.call_function(aten.add.Tensor, (mm, bias))
-            add.meta.update(n.meta)
-        n.replace_all_uses_with(add)
-        graph.erase_node(n)
+            base = mm
+            if sink:
+                base = graph.call_function(view.target, (mm, *view.args[1:]), dict(view.kwargs))
+                base.meta.update(view.meta)
+            add = graph.call_function(aten.add.Tensor, (base, bias))
+            add.meta.update(anchor.meta)
+        anchor.replace_all_uses_with(add)
+        graph.erase_node(anchor)
+        if sink:
+            graph.erase_node(n)
         done += 1
     return done
 
