@@ -151,6 +151,10 @@ std::unique_ptr<CudaModule> CudaModule::Load(std::string_view cubin, std::string
   }
   if (!EnsureContext(d, error)) return nullptr;
   std::unique_ptr<CudaModule> m(new CudaModule);
+  if (CUresult r = d.cuCtxGetCurrent(&m->context_); r != kSuccess) {
+    *error = d.Describe(r, "cuCtxGetCurrent");
+    return nullptr;
+  }
   CUresult r = cubin.empty() ? 1 : d.cuModuleLoadData(&m->module_, cubin.data());
   if (r != kSuccess) {
     std::string cubin_error = cubin.empty() ? "no cubin" : d.Describe(r, "loading the cubin");
@@ -256,22 +260,37 @@ int64_t CudaModule::WorkspaceBytes(const int64_t* sizes, size_t num_sizes, std::
 
 bool CudaModule::RunSized(void* const* buffers, void* workspace, void* stream, const int64_t* sizes,
                           size_t num_sizes, std::string* error) {
-  if (!plan_.symbolic()) {
-    if (num_sizes != 0) {
-      *error = "the plan has no symbols; got " + std::to_string(num_sizes) + " sizes";
-      return false;
-    }
-    return Run(buffers, workspace, stream, error);
+  if (!plan_.symbolic() && num_sizes != 0) {
+    *error = "the plan has no symbols; got " + std::to_string(num_sizes) + " sizes";
+    return false;
   }
+  return Launch(buffers, workspace, stream, sizes, num_sizes, error);
+}
+
+bool CudaModule::Run(void* const* buffers, void* workspace, void* stream, std::string* error) {
+  if (plan_.symbolic()) {
+    *error = "the plan has symbolic sizes: run it with RunSized";
+    return false;
+  }
+  return Launch(buffers, workspace, stream, nullptr, 0, error);
+}
+
+// The one launcher behind Run and RunSized. A static plan takes its grids and temp offsets
+// from the plan; a symbolic one from Layout at `sizes`, and its kernels get the sizes after
+// the buffers. Launches run in the context the module was loaded in (a module is valid in
+// that context only), made current for the duration when the caller's thread has another.
+bool CudaModule::Launch(void* const* buffers, void* workspace, void* stream, const int64_t* sizes, size_t num_sizes,
+                        std::string* error) {
   const Driver& d = GetDriver();
+  const bool symbolic = plan_.symbolic();
   std::vector<int64_t> offsets;
   std::vector<unsigned> grids;
-  int64_t ws_bytes = 0;
-  if (!Layout(sizes, num_sizes, &offsets, &ws_bytes, &grids, error)) return false;
+  int64_t ws_bytes = plan_.workspace_bytes;
+  if (symbolic && !Layout(sizes, num_sizes, &offsets, &ws_bytes, &grids, error)) return false;
   CUdeviceptr ws = reinterpret_cast<CUdeviceptr>(workspace);
   if (!ws && ws_bytes > 0) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (workspace_bytes_ < ws_bytes) {  // grows to the largest sizes seen
+    if (workspace_bytes_ < ws_bytes) {  // symbolic plans: grows to the largest sizes seen
       if (workspace_) d.cuMemFree(workspace_);
       workspace_ = 0;
       workspace_bytes_ = 0;
@@ -285,75 +304,52 @@ bool CudaModule::RunSized(void* const* buffers, void* workspace, void* stream, c
   }
   const int num_inputs = plan_.num_inputs();
   std::vector<CUdeviceptr> ptrs;
+  ptrs.reserve(plan_.buffers.size());
   size_t temp = 0;
   for (const CudaPlan::Buffer& b : plan_.buffers) {
     switch (b.role) {
       case CudaPlan::Role::kInput: ptrs.push_back(reinterpret_cast<CUdeviceptr>(buffers[b.index])); break;
       case CudaPlan::Role::kOutput: ptrs.push_back(reinterpret_cast<CUdeviceptr>(buffers[num_inputs + b.index])); break;
-      case CudaPlan::Role::kTemp: ptrs.push_back(ws + static_cast<CUdeviceptr>(offsets[temp++])); break;
+      case CudaPlan::Role::kTemp:
+        ptrs.push_back(ws + static_cast<CUdeviceptr>(symbolic ? offsets[temp++] : b.offset));
+        break;
     }
   }
-  // The kernels take the sizes as `const int` after the buffers. Each lives in an 8-byte slot
-  // whose low half is the int (little-endian), so a reader of either width sees the value.
+  CUcontext prev = nullptr;
+  if (CUresult r = d.cuCtxGetCurrent(&prev); r != kSuccess) {
+    *error = d.Describe(r, "cuCtxGetCurrent");
+    return false;
+  }
+  const bool switched = context_ && prev != context_;
+  if (switched) {
+    if (CUresult r = d.cuCtxSetCurrent(context_); r != kSuccess) {
+      *error = d.Describe(r, "making the module's context current");
+      return false;
+    }
+  }
+  // Symbolic kernels take the sizes as `const int` after the buffers. Each lives in an 8-byte
+  // slot whose low half is the int (little-endian), so a reader of either width sees the value.
   std::vector<int64_t> slots(sizes, sizes + num_sizes);
-  for (size_t i = 0; i < plan_.steps.size(); ++i) {
+  std::vector<void*> params;
+  bool ok = true;
+  for (size_t i = 0; i < plan_.steps.size() && ok; ++i) {
     const CudaPlan::Step& s = plan_.steps[i];
-    if (grids[i] == 0) continue;  // nothing to compute at these sizes
-    std::vector<void*> params;
+    const unsigned gx = symbolic ? grids[i] : s.grid[0];
+    if (gx == 0 || s.grid[1] == 0 || s.grid[2] == 0) continue;  // an empty iteration space
+    params.clear();
     for (int a : s.args) params.push_back(&ptrs[a]);
     for (int64_t& v : slots) params.push_back(&v);
-    params.push_back(nullptr);
-    CUresult r = d.cuLaunchKernel(functions_[i], grids[i], 1, 1, s.block[0], s.block[1], s.block[2], s.shared_bytes,
+    params.push_back(nullptr);  // the driver reads as many as the kernel takes; tools may count
+    const unsigned gy = symbolic ? 1 : s.grid[1], gz = symbolic ? 1 : s.grid[2];
+    CUresult r = d.cuLaunchKernel(functions_[i], gx, gy, gz, s.block[0], s.block[1], s.block[2], s.shared_bytes,
                                   static_cast<CUstream>(stream), params.data(), nullptr);
     if (r != kSuccess) {
       *error = d.Describe(r, ("launching " + s.kernel).c_str());
-      return false;
+      ok = false;
     }
   }
-  return true;
-}
-
-bool CudaModule::Run(void* const* buffers, void* workspace, void* stream, std::string* error) {
-  if (plan_.symbolic()) {
-    *error = "the plan has symbolic sizes: run it with RunSized";
-    return false;
-  }
-  const Driver& d = GetDriver();
-  CUdeviceptr ws = reinterpret_cast<CUdeviceptr>(workspace);
-  if (!ws && plan_.workspace_bytes > 0) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!workspace_) {
-      if (CUresult r = d.cuMemAlloc(&workspace_, static_cast<size_t>(plan_.workspace_bytes)); r != kSuccess) {
-        *error = d.Describe(r, "allocating the workspace");
-        return false;
-      }
-    }
-    ws = workspace_;
-  }
-  const int num_inputs = plan_.num_inputs();
-  std::vector<CUdeviceptr> ptrs;
-  for (const CudaPlan::Buffer& b : plan_.buffers) {
-    switch (b.role) {
-      case CudaPlan::Role::kInput: ptrs.push_back(reinterpret_cast<CUdeviceptr>(buffers[b.index])); break;
-      case CudaPlan::Role::kOutput:
-        ptrs.push_back(reinterpret_cast<CUdeviceptr>(buffers[num_inputs + b.index]));
-        break;
-      case CudaPlan::Role::kTemp: ptrs.push_back(ws + static_cast<CUdeviceptr>(b.offset)); break;
-    }
-  }
-  for (size_t i = 0; i < plan_.steps.size(); ++i) {
-    const CudaPlan::Step& s = plan_.steps[i];
-    std::vector<void*> params;
-    for (int a : s.args) params.push_back(&ptrs[a]);
-    params.push_back(nullptr);  // the driver reads as many as the kernel takes; tools may count
-    CUresult r = d.cuLaunchKernel(functions_[i], s.grid[0], s.grid[1], s.grid[2], s.block[0], s.block[1], s.block[2],
-                                  s.shared_bytes, static_cast<CUstream>(stream), params.data(), nullptr);
-    if (r != kSuccess) {
-      *error = d.Describe(r, ("launching " + s.kernel).c_str());
-      return false;
-    }
-  }
-  return true;
+  if (switched) d.cuCtxSetCurrent(prev);
+  return ok;
 }
 
 bool CudaModule::RunHost(const void* const* inputs, void* const* outputs, std::string* error) {

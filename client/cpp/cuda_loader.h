@@ -9,7 +9,8 @@
 //
 // The loader uses the calling thread's current CUDA context (PyTorch, for one, makes its
 // device's primary context current); when there is none, it makes device 0's primary context
-// current.
+// current. A module belongs to the context it was loaded in: runs make that context current
+// for their launches when the calling thread has another (a process driving several GPUs).
 //
 // Thread-safety: Load may be called from many threads. Run may too, on any streams, when each
 // call passes its own workspace (or the plan needs none); runs that let the module provide
@@ -71,10 +72,14 @@ class CudaModule {
  private:
   CudaModule() = default;
   // A symbolic plan at `sizes`: temp offsets, workspace bytes, grid x of every step.
+  // Run and RunSized: launches every step (`sizes` null for a static plan).
+  bool Launch(void* const* buffers, void* workspace, void* stream, const int64_t* sizes, size_t num_sizes,
+              std::string* error);
   bool Layout(const int64_t* sizes, size_t num_sizes, std::vector<int64_t>* temp_offsets, int64_t* workspace_bytes,
               std::vector<unsigned>* grids, std::string* error) const;
 
   CudaPlan plan_;
+  void* context_ = nullptr;              // CUcontext the module was loaded in
   void* module_ = nullptr;               // CUmodule
   std::vector<void*> functions_;         // CUfunction per step
   bool from_ptx_ = false;

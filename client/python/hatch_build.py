@@ -5,6 +5,11 @@ grpcio-tools pinned in pyproject.toml's build requirements, so an installed kiln
 generator. A regular wheel gets them from a scratch folder, leaving the source tree alone; an
 editable install runs the package from the source tree, so they are written into kiln/_proto
 there (ignored by git).
+
+The wheel also carries the C++ client's CUDA loader sources (client/cpp/cuda_plan.* and
+cuda_loader.*) beside kiln.torch's native part runner (kiln/torch/native/client/cpp), which
+kilnd compiles into it: one loader for the C++ client and kiln.torch. An sdist carries them at
+that place already.
 """
 
 from __future__ import annotations
@@ -35,6 +40,15 @@ class ProtocolModulesHook(BuildHookInterface):
         proto_root = gen.find_proto_root(root, bundled=False)
         if proto_root is None:
             raise RuntimeError(f"kiln: no kiln/v1/*.proto under {root} or its parents (set KILN_PROTO_DIR)")
+        _LOADER_FILES = ("cuda_plan.h", "cuda_plan.cc", "cuda_loader.h", "cuda_loader.cc")
+        bundled = root / "kiln" / "torch" / "native" / "client" / "cpp"
+        if version != "editable" and not all((bundled / f).is_file() for f in _LOADER_FILES):
+            loader = root.parent / "cpp"
+            missing = [f for f in _LOADER_FILES if not (loader / f).is_file()]
+            if missing:
+                raise RuntimeError(f"kiln: the C++ loader sources {missing} are not under {loader}")
+            for f in _LOADER_FILES:
+                build_data["force_include"][str(loader / f)] = f"kiln/torch/native/client/cpp/{f}"
         if version == "editable":
             gen.generate(proto_root, root / "kiln" / "_proto")
             return

@@ -14,9 +14,15 @@ mkdir -p "$out/bin" "$out/lib"
 strip -o "$out/bin/kilnd" "$build/server/kilnd"
 [ -x "$build/kernels/kilnc" ] && strip -o "$out/bin/kilnc" "$build/kernels/kilnc"
 [ -x "$build/client/cpp/kiln_example" ] && strip -o "$out/bin/kiln_example" "$build/client/cpp/kiln_example"
+# bubblewrap: kilnd's sandbox for custom builds (kiln.torch's native part runner is one).
+if command -v bwrap >/dev/null; then cp -L "$(command -v bwrap)" "$out/bin/bwrap"; fi
 for bin in "$out"/bin/*; do ldd "$bin"; done | awk '$3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libmvec.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libnvrtc*|libcuda.so*) ;;
+    # The C++ runtime is the GPU machine's own (newer, and backward compatible): a packed older
+    # one on LD_LIBRARY_PATH would shadow it for the Python process too, and extensions kilnd
+    # builds there with the machine's g++ would not import.
+    libstdc++.so*|libgcc_s.so*) ;;
     *) cp -L "$lib" "$out/lib/" ;;
   esac
 done

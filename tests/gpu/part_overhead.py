@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Host time of one kiln part call on an NVIDIA GPU, and what it is made of.
 
-A ``torch.compile(backend="kiln")`` graph runs each kiln part as a Python call
-(``KilnPart.forward``): argument checks, output allocation, then the plan's launches through
-the driver API (ctypes). On small tensors the GPU work is a few microseconds, so the host path
+A ``torch.compile(backend="kiln")`` graph runs each kiln part through the native part runner
+(kiln/torch/native: checks, allocation and launches in one C++ call) once it is loaded, else as
+a Python call (``KilnPart.forward``: argument checks, output allocation, then the plan's
+launches through the driver API with ctypes); both are timed. On small tensors the GPU work is a few microseconds, so the host path
 is the whole cost; this script times it per call (median of batches of calls, host clock, the
 GPU synchronised only between batches), for a static part and for a part compiled with
 symbolic sizes, beside the same function in eager torch and the pieces of the path alone:
@@ -59,6 +60,13 @@ def main() -> int:
     R.KilnPart.__init__ = tracked  # type: ignore[method-assign]
     work = Path(tempfile.mkdtemp(prefix="kiln-overhead-"))
     daemon = kiln.local.LocalDaemon(kiln.local.find_kilnd(), work)
+    from kiln.torch import native
+
+    native.start(kiln.Client(daemon.address))
+    if not native.wait():  # a kilnd without a working sandbox here: build it on this machine
+        print(f"native part runner not built by kilnd ({native.ERROR}); building it here", flush=True)
+        os.environ["KILN_TORCH_NATIVE"] = "local"
+        native.RUNNER = native.build(None)
 
     def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x * 2 + y).sum(-1)
@@ -76,8 +84,16 @@ def main() -> int:
             p = parts[0]
             assert p.kernel is not None, p.error
             kind = "symbolic" if p.part.symbolic else "static"
-            rows.append((f"compiled f ({kind})", per_call_us(lambda: cf(x, y))))
-            rows.append((f"KilnPart call ({kind})", per_call_us(lambda: p(x, y))))
+            kiln.torch.wait()  # the native part runner
+            torch.testing.assert_close(cf(x, y), f(x, y), rtol=1e-5, atol=1e-5)  # hands the part over
+            assert p._native is not None, "the native part runner did not take the part"
+            torch.testing.assert_close(cf(x, y), f(x, y), rtol=1e-5, atol=1e-5)
+            rows.append((f"compiled f ({kind}, native part runner)", per_call_us(lambda: cf(x, y))))
+            rows.append((f"KilnPart call ({kind}, native part runner)", per_call_us(lambda: p(x, y))))
+            fast, p._native = p._native, None
+            rows.append((f"compiled f ({kind}, Python part call)", per_call_us(lambda: cf(x, y))))
+            rows.append((f"KilnPart call ({kind}, Python part call)", per_call_us(lambda: p(x, y))))
+            p._native = fast
             out = torch.empty(64, device="cuda")
             ptrs = [x.data_ptr(), y.data_ptr(), out.data_ptr()]
             stream = torch.cuda.current_stream().cuda_stream

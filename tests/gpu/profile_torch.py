@@ -242,9 +242,19 @@ def main() -> int:
     daemon = kiln.local.LocalDaemon(binary, work)
     os.environ["KILN_SERVER"] = daemon.address
     import kiln.torch
+    from kiln.torch import native
     from kiln.torch import runtime as R
 
     track_parts()
+    # The native part runner, built by this kilnd before any timing (kiln's first-call times
+    # below then include loading it from the local cache, not building it).
+    t0 = time.perf_counter()
+    native.start(kiln.Client(daemon.address))
+    if not native.wait():  # a kilnd without a working sandbox here: build it on this machine
+        print(f"native part runner not built by kilnd ({native.ERROR}); building it here", flush=True)
+        os.environ["KILN_TORCH_NATIVE"] = "local"
+        native.RUNNER = native.build(None)
+    print(f"native part runner loaded ({time.perf_counter() - t0:.1f} s)", flush=True)
 
     results: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": {}}
     lines = [f"# kiln.torch profile on {results['device']}, torch {torch.__version__}, mode {MODE or 'default'}", ""]
@@ -252,8 +262,10 @@ def main() -> int:
         for name in opts.workloads.split(","):
             make, _ = WORKLOADS[name]()
             row: dict[str, Any] = {}
-            for backend in (None, "inductor", "kiln"):
-                label = backend or "eager"
+            for label in ("eager", "inductor", "kiln", "kiln-py"):
+                backend = {"eager": None, "kiln-py": "kiln"}.get(label, label)
+                # kiln-py: kiln with its parts called through Python (no native part runner).
+                os.environ["KILN_TORCH_NATIVE"] = "0" if label == "kiln-py" else "1"
                 torch._dynamo.reset()
                 R.reset_stats()
                 _PARTS.clear()
@@ -262,13 +274,19 @@ def main() -> int:
                 step(0)
                 torch.cuda.synchronize()
                 first = time.perf_counter() - t0
+                if backend == "kiln":
+                    kiln.torch.wait()
                 ms = median_ms(step, opts.iters, warmup=3)
                 row[label] = {"median_ms": ms, "first_s": first}
+                if label == "kiln-py":
+                    row["kiln-py"]["profile"] = profile_steps(step, opts.profile_steps, kiln_kernel_names())
+                    print(f"{name} {label}: {ms:.3f} ms", flush=True)
+                    continue
                 if backend == "kiln":
                     row["kiln_stats"] = R.STATS.as_dict()
                     parts = kiln_parts()
                     row["kiln_parts"] = [{"name": p.part_name, "ops": p.ops, "kiln": p.kernel is not None,
-                                          "error": p.error} for p in parts]
+                                          "native": p._native is not None, "error": p.error} for p in parts]
                 if backend == "kiln" and opts.cprofile:
                     row["cprofile"] = python_profile(step, opts.profile_steps)
                     print(row["cprofile"], flush=True)
@@ -278,15 +296,19 @@ def main() -> int:
                 print(f"{name} {label}: {ms:.3f} ms (first call {first:.1f} s)", flush=True)
             results["rows"][name] = row
             e, i, k = row["eager"]["median_ms"], row["inductor"]["median_ms"], row["kiln"]["median_ms"]
+            kp = row["kiln-py"]["median_ms"]
             st = row["kiln_stats"]
-            pk, pi = row["kiln"]["profile"], row["inductor"]["profile"]
+            pk, pi, pp = row["kiln"]["profile"], row["inductor"]["profile"], row["kiln-py"]["profile"]
+            n_native = sum(1 for p in row["kiln_parts"] if p["native"])
             lines += [f"## {name}", "",
                       f"steady state: eager {e:.3f} ms, Inductor {i:.3f} ms, kiln {k:.3f} ms "
-                      f"(kiln/Inductor {k / i:.2f}, kiln/eager {k / e:.2f})", "",
-                      f"kiln parts: {st['parts']} ({st['compiled']} compiled, {st['failed']} fell back); "
-                      f"ATen nodes in kiln {st['kiln_nodes']}, in torch {st['torch_nodes']}", "",
-                      "| per step | Inductor | kiln |", "| --- | ---: | ---: |",
-                      f"| wall ms (profiled) | {pi['wall_ms']:.3f} | {pk['wall_ms']:.3f} |"]
+                      f"(kiln/Inductor {k / i:.2f}, kiln/eager {k / e:.2f}); kiln through Python part calls "
+                      f"{kp:.3f} ms ({kp / i:.2f})", "",
+                      f"kiln parts: {st['parts']} ({st['compiled']} compiled, {st['failed']} fell back, "
+                      f"{n_native} native); ATen nodes in kiln {st['kiln_nodes']}, in torch {st['torch_nodes']}; "
+                      f"native runner: {'loaded' if native.RUNNER is not None else native.ERROR}", "",
+                      "| per step | Inductor | kiln | kiln, Python part calls |", "| --- | ---: | ---: | ---: |",
+                      f"| wall ms (profiled) | {pi['wall_ms']:.3f} | {pk['wall_ms']:.3f} | {pp['wall_ms']:.3f} |"]
             kinds = sorted(set(pi["gpu_ms"]) | set(pk["gpu_ms"]))
             for kd in kinds:
                 lines.append(f"| GPU ms, {kd} kernels | {pi['gpu_ms'].get(kd, 0):.3f} | {pk['gpu_ms'].get(kd, 0):.3f} |")
@@ -294,9 +316,10 @@ def main() -> int:
             ops = sorted(set(pi["cpu_ops"]) | set(pk["cpu_ops"]))
             for op in ops:
                 lines.append(f"| {op} calls | {pi['cpu_ops'].get(op, 0):.1f} | {pk['cpu_ops'].get(op, 0):.1f} |")
-            lines.append(f"| kiln part calls | | {pk['part_calls']:.1f} |")
-            lines.append(f"| host ms inside kiln parts | | {pk['part_host_ms']:.3f} |")
-            lines.append(f"| host us per part call (median) | | {pk['part_call_us_median']:.1f} |")
+            lines.append(f"| kiln part calls | | {pk['part_calls']:.1f} | {pp['part_calls']:.1f} |")
+            lines.append(f"| host ms inside kiln parts | | {pk['part_host_ms']:.3f} | {pp['part_host_ms']:.3f} |")
+            lines.append(f"| host us per part call (median) | | {pk['part_call_us_median']:.1f} | "
+                         f"{pp['part_call_us_median']:.1f} |")
             lines.append("")
             for label, prof in (("Inductor", pi), ("kiln", pk)):
                 lines += [f"Top kernels per step, {label} (GPU ms):", ""]

@@ -23,6 +23,15 @@ import torch.nn.functional as F  # noqa: E402
 import kiln  # noqa: E402
 import kiln.torch as kt  # noqa: E402
 from kiln.torch import examples as E  # noqa: E402
+from kiln.torch import native  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _native_runner(client: Any) -> None:
+    """The native part runner, built (or found) once: the module's tests then run their parts
+    through it after each part's first call, as users see them after a warm-up."""
+    native.start(client)
+    native.wait(900)
 
 
 @pytest.fixture(autouse=True)
@@ -438,6 +447,23 @@ def _ln_gelu_linear() -> Callable[..., Any]:
     return f
 
 
+def check_ln_gelu_linear_step(f: Callable[..., Any], cf: Callable[..., Any], bs: int, t: int) -> None:
+    """One forward and backward of ``_ln_gelu_linear`` at [bs, t, 64], compiled against eager:
+    outputs, and the gradients of a randomly weighted loss."""
+    x = torch.randn(bs, t, 64, requires_grad=True)
+    w = torch.randn(64, requires_grad=True)
+    xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    got, want = cf(x, w), f(xr, wr)
+    gen = torch.Generator().manual_seed(bs * 100 + t)
+    weights = [torch.randn(o.shape, generator=gen) for o in want]
+    sum((g * k).sum() for g, k in zip(got, weights)).backward()
+    sum((o * k).sum() for o, k in zip(want, weights)).backward()
+    for g, o in zip(got, want):
+        torch.testing.assert_close(g, o, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(w.grad, wr.grad, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("dynamic", [True, None])
 def test_dynamic_shapes_compile_once_for_every_size(client, dynamic) -> None:
     """torch's symbolic sizes become kiln symbols: forward and backward parts compiled once
@@ -447,18 +473,7 @@ def test_dynamic_shapes_compile_once_for_every_size(client, dynamic) -> None:
     parts_after: list[int] = []
     eager_after_first = 0
     for bs, t in [(3, 5), (2, 7), (4, 9), (6, 11)]:
-        x = torch.randn(bs, t, 64, requires_grad=True)
-        w = torch.randn(64, requires_grad=True)
-        xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-        got, want = cf(x, w), f(xr, wr)
-        gen = torch.Generator().manual_seed(bs * 100 + t)
-        weights = [torch.randn(o.shape, generator=gen) for o in want]
-        sum((g * k).sum() for g, k in zip(got, weights)).backward()
-        sum((o * k).sum() for o, k in zip(want, weights)).backward()
-        for g, o in zip(got, want):
-            torch.testing.assert_close(g, o, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(w.grad, wr.grad, rtol=1e-4, atol=1e-5)
+        check_ln_gelu_linear_step(f, cf, bs, t)
         parts_after.append(kt.stats()["compiled"])
         if len(parts_after) == 1:
             eager_after_first = kt.stats()["eager_calls"]
@@ -619,3 +634,137 @@ def test_graphs_that_draw_random_numbers_are_not_captured() -> None:
     assert not draws_random_numbers(graph(aten._scaled_dot_product_efficient_attention.default, None, True, 0.0))
     assert not draws_random_numbers(graph(aten._scaled_dot_product_efficient_attention.default, None, True))
     assert not draws_random_numbers(graph(aten.exp.default))
+
+
+# ---------------------------------------------------------------------------------- native runner
+
+def test_native_runner_serves_parts_after_their_first_call(client: Any) -> None:
+    """Parts of forward, backward and symbolic graphs switch to the native runner (kilnd built
+    it from runner.cc and the C++ loader) and still match eager."""
+    assert native.RUNNER is not None, native.ERROR
+    f = _ln_gelu_linear()
+    cf = compiled(f, client, dynamic=True)
+    for bs, t in [(3, 5), (3, 5), (2, 7), (4, 9)]:
+        check_ln_gelu_linear_step(f, cf, bs, t)
+    s = kt.stats()
+    parts = [p for g in kt.last_graphs() for p in g["parts"] if p["kiln"]]
+    assert parts and all(p["native"] for p in parts), parts
+    # The first call of each part goes through Python (and hands the part over), then native.
+    assert s["native_calls"] >= s["kernel_calls"] - len(parts) > 0, s
+    assert s["failed"] == 0 and s["eager_calls"] == 0, s
+
+
+def test_native_runner_is_off_when_asked(client: Any) -> None:
+    cf = torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="kiln", options={"client": client, "native": False})
+    x = torch.randn(8, 16)
+    for _ in range(3):
+        torch.testing.assert_close(cf(x), torch.sin(x) * 2 + 1)
+    s = kt.stats()
+    assert s["kernel_calls"] == 3 and s["native_calls"] == 0, s
+    assert not any(p["native"] for g in kt.last_graphs() for p in g["parts"])
+
+
+def _cpu_part(client: Any, symbolic: bool) -> tuple[Any, Any]:
+    """A two-output graph compiled for the CPU (x * w + 1 and its row sums over [N, 8] with w
+    [8]), and a native Part made for it the way kiln.torch makes one."""
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (6, 8), dims=("N", None) if symbolic else None)
+    w = b.input("w", "f32", (8,))
+    y = x * w + 1.0
+    c = client.compile(b.build([y, b.sum(y, axes=[1])]), "cpu")
+    k = c.load()
+    names = [s.name for s in c.plan.symbols]
+    if symbolic:
+        ins = [[native.expr_text(e, names) for e in exprs] for exprs in c._in_exprs]
+        outs = [[native.expr_text(e, names) for e in exprs] for exprs in c._out_exprs]
+        syms = [v for s in c.plan.symbols for v in (s.input, s.axis)]
+    else:
+        ins, outs, syms = [["6", "8"], ["8"]], [["6", "8"], ["6"]], []
+    part = native.RUNNER.make_part(-1, (k.run_address, k.workspace_address), None, syms, names,
+                                   [(torch.float32, d, None) for d in ins], [(torch.float32, d) for d in outs],
+                                   [1, 0, 1], int(c.plan.workspace_bytes))
+    return c, part
+
+
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
+def test_native_part_contract(client: Any, symbolic: bool) -> None:
+    """What runtime.py relies on: results in the configured order (a repeated output is the
+    same tensor), computed right, for inputs in any layout (a transposed view, a broadcast) and
+    with trailing size arguments; None, with nothing run, for arguments of another dtype or
+    shape, too few of them, or strides other than a declared layout; an error for a
+    configuration that names no input or output."""
+    assert native.RUNNER is not None, native.ERROR
+    c, part = _cpu_part(client, symbolic)
+    for n in ([6] if not symbolic else [6, 1, 0, 13]):
+        x, w = torch.randn(n, 8), torch.randn(8)
+        got = part(x, w)
+        assert isinstance(got, tuple) and len(got) == 3 and got[0] is got[2]
+        torch.testing.assert_close(got[1], x * w + 1)
+        torch.testing.assert_close(got[0], (x * w + 1).sum(1))
+    x, w = torch.randn(6, 8), torch.randn(8)
+    for xv, wv in [(torch.randn(8, 6).t(), w), (x, torch.randn(1).expand(8)), (x[:, None, :].expand(6, 2, 8)[:, 1], w)]:
+        got = part(xv, wv, 6)
+        torch.testing.assert_close(got[1], xv * wv + 1)
+    assert part(x.double(), w) is None
+    assert part(x, torch.randn(9)) is None
+    assert part(x) is None and part(x, "w") is None
+    if not symbolic:
+        assert part(torch.randn(7, 8), w) is None
+        # A declared layout: other strides go back to the caller, until it accepts them.
+        k = c.load()
+        strided = native.RUNNER.make_part(-1, (k.run_address, 0), None, [], [],
+                                          [(torch.float32, ["6", "8"], (8, 1)), (torch.float32, ["8"], None)],
+                                          [(torch.float32, ["6", "8"]), (torch.float32, ["6"])], [0], 0)
+        torch.testing.assert_close(strided(x, w)[0], x * w + 1)
+        xt = torch.randn(8, 6).t()
+        assert strided(xt, w) is None
+        strided.accept_strides(0, xt.stride())
+        assert strided(xt, w) is not None
+    with pytest.raises(ValueError, match="symbol"):
+        native.RUNNER.make_part(-1, (1, 1), None, [5, 0], ["N"], [(torch.float32, ["N"], None)],
+                                [(torch.float32, ["N"])], [0], 0)
+    with pytest.raises(ValueError, match="result"):
+        native.RUNNER.make_part(-1, (1, 0), None, [], [], [(torch.float32, ["4"], None)],
+                                [(torch.float32, ["4"])], [3], 0)
+
+
+def test_native_cuda_plan_json_reads_back_in_the_cpp_loader() -> None:
+    """plan_json writes what the C++ loader's parser reads (checked without a GPU: loading
+    fails at the driver, after the plan was parsed)."""
+    from kiln.v1 import service_pb2
+
+    assert native.RUNNER is not None, native.ERROR
+    plan = service_pb2.LaunchPlan(abi_version=2, workspace_bytes=0)
+    plan.symbols.add(name="N", input=0, axis=0)
+    b = plan.buffers.add(role=service_pb2.INPUT, index=0, dtype=3)
+    b.shape_exprs.add().terms.add(coeff=1, exponents=[1])
+    b.shape_exprs.add().terms.add(coeff=8)
+    plan.buffers.add(role=service_pb2.OUTPUT, index=0, dtype=3).shape_exprs.add().terms.add(coeff=3, exponents=[1])
+    s = plan.steps.add(kernel="k0", grid=[1, 1, 1], block=[256, 1, 1], args=[0, 1], grid_per_block=256)
+    s.grid_work.terms.add(coeff=8, exponents=[1])
+    plan.index_bound.terms.add(coeff=8, exponents=[1])
+    text = native.plan_json(plan)
+    assert '"grid_work": "8*N"' in text and '"index_bound": "8*N"' in text
+    with pytest.raises(RuntimeError) as e:  # parsed; then the driver (or the image) refuses
+        native.RUNNER.cuda_load(b"", b"", text)
+    assert "plan" not in str(e.value).split(":")[0]
+    with pytest.raises(ValueError, match="plan"):
+        native.RUNNER.cuda_load(b"", b"", text.replace('"steps"', '"stepz"'))
+
+
+def test_native_graph_replay_helpers() -> None:
+    """The C++ helpers of reduce-overhead replays (kiln/torch/cuda.py), on what a CPU can
+    show: storage use counts follow views; detach_all hands out new tensors over the same
+    memory without history; graph_key takes CUDA tensors only."""
+    assert native.RUNNER is not None, native.ERROR
+    rt = native.RUNNER
+    a, b = torch.randn(4, 4, requires_grad=True), torch.randn(3)
+    base = rt.storage_uses([a, b])
+    view = a[1:]
+    assert rt.storage_uses([a, b]) == (base[0] + 1, base[1])
+    del view
+    assert rt.storage_uses([a, b]) == base
+    out = rt.detach_all([a, 5, b])
+    assert out[1] == 5 and out[0] is not a and not out[0].requires_grad
+    assert out[0].data_ptr() == a.data_ptr() and out[2].data_ptr() == b.data_ptr()
+    assert rt.graph_key([b]) is None and rt.graph_key([1]) is None

@@ -102,6 +102,18 @@ class CpuKernel:
             return int(self._run(args, _sizes(sizes), workspace, int(num_threads)))
         return int(self._run(args, workspace, int(num_threads)))
 
+    @property
+    def run_address(self) -> int:
+        """The address of ``kiln_run``, for native callers (kiln.torch's part runner)."""
+        return int(ctypes.cast(self._run, ctypes.c_void_p).value or 0)
+
+    @property
+    def workspace_address(self) -> int:
+        """The address of ``kiln_workspace_bytes`` (ABI 2), else 0."""
+        if self._workspace_fn is None:
+            return 0
+        return int(ctypes.cast(self._workspace_fn, ctypes.c_void_p).value or 0)
+
     def workspace_bytes(self, sizes: Sequence[int]) -> int:
         """ABI 2: the workspace this artifact needs for ``sizes`` (0 for ABI 1: see the plan)."""
         return int(self._workspace_fn(_sizes(sizes))) if self._workspace_fn is not None else 0

@@ -147,6 +147,29 @@ TEST_F(FakeDriver, RunsEveryStepWithThePlansBuffers) {
   ExpectSoftmaxAndSum(x, soft_host, total_host);
 }
 
+// A step with an empty grid (a zero-size tensor's kernel) is not launched: the driver refuses
+// a grid of 0 blocks. The other steps still run.
+TEST_F(FakeDriver, SkipsStepsWithAnEmptyGrid) {
+  const CompileResult* compiled = compiled_;
+  auto emu = EmulatedUnit::Build(compiled->artifacts[2].bytes);
+  ASSERT_TRUE(emu.ok()) << emu.status();
+  use_library_((*emu)->handle());
+  client::CudaPlan plan = ToLoaderPlan(compiled->plan);
+  ASSERT_GE(plan.steps.size(), 2u);
+  plan.steps[0].grid[0] = 0;
+  std::string error;
+  auto module = client::CudaModule::Load(compiled->artifacts[0].bytes, compiled->artifacts[1].bytes, plan, &error);
+  ASSERT_NE(module, nullptr) << error;
+  std::mt19937 rng(3);
+  HostTensor x = RandomTensor(DType::kF32, 300 * 1000, &rng);
+  HostTensor soft = HostTensor::Make(DType::kF32, 300 * 1000), total = HostTensor::Make(DType::kF32, 1);
+  void* buffers[] = {x.data.get(), soft.data.get(), total.data.get()};
+  const int before = launch_count_();
+  ASSERT_TRUE(module->Run(buffers, nullptr, nullptr, &error)) << error;
+  ASSERT_EQ(launch_count_() - before, static_cast<int>(plan.steps.size()) - 1);
+  EXPECT_EQ(launched_(before), plan.steps[1].kernel);
+}
+
 TEST_F(FakeDriver, CApiLoadsAKilncFolder) {
   auto dir = toolchain::TempDir::Create("kiln-loader-");
   ASSERT_TRUE(dir.ok());

@@ -58,10 +58,20 @@ def reset_stats() -> None:
 
 def last_graphs() -> list[dict[str, Any]]:
     """The most recently compiled ATen graphs (up to 32): for each, its kind (forward, backward,
-    inference), its number of segments, and per kiln part the ops, the handle or the error."""
+    inference), its number of segments, and per kiln part the ops, the handle or the error, as
+    the part is now (a part that has been freed: as it was compiled)."""
     from .dynamo_backend import RECENT
+    from .runtime import describe
 
-    return list(RECENT)
+    out = []
+    for g in list(RECENT):
+        parts = list(g["parts"])
+        for i, ref in enumerate(g.get("_refs", ())):
+            part = ref()
+            if part is not None:
+                parts[i] = describe([part])[0]
+        out.append({k: v for k, v in g.items() if k != "_refs"} | {"parts": parts})
+    return out
 
 
 def _entry_point_installed() -> bool:

@@ -15,6 +15,7 @@ memory reuse rules hold for them.
 
 from __future__ import annotations
 
+import operator
 import warnings
 from typing import Any, Callable, Optional, Sequence
 
@@ -22,6 +23,7 @@ import torch
 
 from .. import cuda as _kcuda
 from ..cuda import CudaKernel
+from . import native
 from .runtime import STATS
 
 
@@ -49,25 +51,42 @@ _graph_outputs: set[int] = set()
 class _Instance:
     """One capture of a graph: the CUDA graph, the copies it reads the moving arguments from,
     the addresses of the arguments it reads in place, and its outputs (with the use count of
-    each output's storage while only this instance holds it)."""
+    each output's storage while only this instance holds it).
+
+    ``rt``: the native part runner when it was loaded at capture time; its C++ helpers then
+    count the storage uses and hand out the outputs (one call each, not one per tensor)."""
 
     def __init__(self, graph: Any, static_in: list[Optional[torch.Tensor]], in_place: dict[int, int],
-                 outputs: list[Any]) -> None:
+                 outputs: list[Any], rt: Any = None) -> None:
         self.graph = graph
         self.static_in = static_in  # None where the argument is read in place
+        self.copies = [(i, t) for i, t in enumerate(static_in) if t is not None]
         self.in_place = in_place  # argument index -> the address captured
+        idx = sorted(in_place)
+        # fits() compares the in-place arguments' addresses in one C-level tuple comparison.
+        self._pick = operator.itemgetter(*idx) if len(idx) >= 2 else (lambda ptrs: tuple(ptrs[i] for i in idx))
+        self._want = tuple(in_place[i] for i in idx)
         self.outputs = outputs
         self.tensors = [o for o in outputs if isinstance(o, torch.Tensor)]
-        self.baseline = [_storage_uses(o) for o in self.tensors]
+        self.rt = rt
+        self.baseline = rt.storage_uses(self.tensors) if rt is not None else [_storage_uses(o) for o in self.tensors]
         for o in self.tensors:
             _graph_outputs.add(o.data_ptr())
 
     def fits(self, ptrs: Sequence[int]) -> bool:
-        return all(ptrs[i] == p for i, p in self.in_place.items())
+        return self._pick(ptrs) == self._want
 
     def free(self) -> bool:
         """No result of an earlier replay is still in use (a replay would overwrite it)."""
+        if self.rt is not None:
+            return all(map(operator.le, self.rt.storage_uses(self.tensors), self.baseline))
         return all(_storage_uses(o) <= b for o, b in zip(self.tensors, self.baseline))
+
+    def results(self) -> list[Any]:
+        """The outputs as new tensor objects over the graph's memory."""
+        if self.rt is not None:
+            return self.rt.detach_all(self.outputs)
+        return [o.detach() if isinstance(o, torch.Tensor) else o for o in self.outputs]
 
 
 class CudaGraphRunner:
@@ -112,17 +131,25 @@ class CudaGraphRunner:
     def __call__(self, args: list[Any]) -> Any:
         if self._disabled:
             return self.fn(args)
-        sig = self._signature(args)
-        if sig is None:
-            return self.fn(args)
-        ptrs = [a.data_ptr() for a in args]
+        rt = native.RUNNER
+        if rt is not None:
+            got = rt.graph_key(args)  # one C++ pass over every argument
+            if got is None:
+                return self.fn(args)
+            sig, ptrs = got
+        else:
+            sig = self._signature(args)
+            if sig is None:
+                return self.fn(args)
+            ptrs = tuple(a.data_ptr() for a in args)
         last = self._last_ptrs.get(sig)
         self._last_ptrs[sig] = ptrs
         if last is None:
             self.direct_calls += 1
             return self.fn(args)
         moving = self._moving.setdefault(sig, set())
-        moving.update(i for i, (p, q) in enumerate(zip(ptrs, last)) if p != q and p not in _graph_outputs)
+        if ptrs != last:
+            moving.update(i for i, (p, q) in enumerate(zip(ptrs, last)) if p != q and p not in _graph_outputs)
         instances = self._instances.setdefault(sig, [])
         inst = next((i for i in instances if i.fits(ptrs) and i.free()), None)
         if inst is None:
@@ -137,20 +164,19 @@ class CudaGraphRunner:
             in_place = {i: p for i, p in enumerate(ptrs)
                         if p in _graph_outputs or (i not in moving and p == last[i])}
             try:
-                inst = self._capture(args, in_place)
+                inst = self._capture(args, in_place, rt)
             except Exception as e:
                 self._disabled = True
                 warnings.warn(f"kiln: CUDA graph capture of {self.name} failed; running without CUDA graphs: "
                               f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
                 return self.fn(args)
             instances.append(inst)
-        for dst, src in zip(inst.static_in, args):
-            if dst is not None:
-                dst.copy_(src)
+        for i, dst in inst.copies:
+            dst.copy_(args[i])
         inst.graph.replay()
         self.replays += 1
         STATS.graph_replays += 1
-        return [o.detach() if isinstance(o, torch.Tensor) else o for o in inst.outputs]
+        return inst.results()
 
     @staticmethod
     def _signature(args: Sequence[Any]) -> Any:
@@ -161,7 +187,7 @@ class CudaGraphRunner:
             sig.append((tuple(a.shape), a.stride(), a.dtype, a.device))
         return tuple(sig)
 
-    def _capture(self, args: list[Any], in_place: dict[int, int]) -> _Instance:
+    def _capture(self, args: list[Any], in_place: dict[int, int], rt: Any = None) -> _Instance:
         static_in: list[Optional[torch.Tensor]] = [
             None if i in in_place else
             torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
@@ -177,7 +203,7 @@ class CudaGraphRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             outputs = self.fn(list(feed))
-        return _Instance(graph, static_in, in_place, list(outputs))
+        return _Instance(graph, static_in, in_place, list(outputs), rt)
 
 
 def draws_random_numbers(graph: Any) -> bool:

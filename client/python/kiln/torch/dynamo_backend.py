@@ -18,7 +18,9 @@ Options: ``client`` (a :class:`kiln.Client`), ``server`` (an address; default
 ``$KILN_SERVER``, then localhost:50051), ``cpu_target`` (default ``"cpu"``: this machine's ISA
 level), ``opt_level`` (0-3) or ``compile_options`` (a kiln.v1.CompileOptions), ``cudagraphs``
 (bool; default on for ``mode="reduce-overhead"`` and ``"max-autotune"``), ``timeout`` (seconds
-a compile may take), ``async`` (bool, default off: compile without waiting, below).
+a compile may take), ``async`` (bool, default off: compile without waiting, below),
+``native`` (bool, default on: parts run through the native part runner once it is loaded,
+:mod:`.native`; ``$KILN_TORCH_NATIVE=0`` turns it off process-wide).
 
 With ``options={"async": True}`` a new graph does not wait for kilnd: its parts compile in the
 background while the graph runs in torch, and the first call after they are loaded switches
@@ -41,7 +43,9 @@ import functools
 import operator
 import os
 import threading
+import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -49,12 +53,13 @@ import torch
 import torch.fx
 
 from . import lowering as L
+from . import native
 from .partition import Segment, build_part, partition
 from .runtime import CompileSettings, KilnFallbackWarning, KilnPart, bump, compile_parts, describe
 
 _CUDAGRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 _KNOWN_OPTIONS = frozenset({"client", "server", "cpu_target", "opt_level", "compile_options", "cudagraphs",
-                            "triton.cudagraphs", "timeout", "async"})
+                            "triton.cudagraphs", "timeout", "async", "native"})
 
 
 @dataclass
@@ -68,6 +73,7 @@ class BackendConfig:
     cudagraphs: bool = False
     timeout: Optional[float] = None
     async_compile: bool = False
+    native: bool = True
 
     @staticmethod
     def from_args(mode: Optional[str] = None, options: Optional[dict[str, Any]] = None) -> "BackendConfig":
@@ -82,6 +88,7 @@ class BackendConfig:
             cudagraphs=bool(opts.get("cudagraphs", opts.get("triton.cudagraphs", mode in _CUDAGRAPH_MODES))),
             timeout=opts.get("timeout"),
             async_compile=bool(opts.get("async", False)),
+            native=bool(opts.get("native", True)),
         )
         if opts.get("compile_options") is not None:
             cfg.compile_options = opts["compile_options"]
@@ -162,10 +169,17 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
                 return cuda.CudaGraphRunner(fn, name=f"{kind} graph")
             return fn
 
+        use_native = config.native and native.enabled()
+        for p in parts:
+            p._native_pending = use_native
+
         def compile_all(settings: Any) -> None:
             if parts:
+                if use_native:
+                    native.start(settings.client)  # in the background; parts switch once it is loaded
                 compile_parts(parts, settings)
-            RECENT.append({"kind": kind, "parts": describe(parts), "segments": len(segments)})
+            RECENT.append({"kind": kind, "parts": describe(parts), "segments": len(segments),
+                           "_refs": [weakref.ref(p) for p in parts]})
 
         if parts and config.async_compile:
             settings = config.settings()
@@ -210,7 +224,10 @@ def wait(timeout: Optional[float] = None) -> bool:
     fallen back); returns False if ``timeout`` seconds passed first."""
     with _pending_lock:
         pending = list(_pending)
+    t0 = time.monotonic()
     done, not_done = concurrent.futures.wait(pending, timeout=timeout)
+    # The native part runner too (its first build on a cluster takes a few seconds).
+    native.wait(None if timeout is None else max(0.0, timeout - (time.monotonic() - t0)))
     return not not_done
 
 

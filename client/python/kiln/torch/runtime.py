@@ -31,6 +31,7 @@ import torch
 from .. import service_pb2
 from ..client import _eval_size
 from ..errors import KilnError, KilnFallbackWarning, RpcError
+from . import native
 from .partition import PartGraph, Segment, effective_strides, eager_module
 
 log = logging.getLogger("kiln.torch")
@@ -47,7 +48,8 @@ class Stats:
     back to torch. ``kiln_nodes``/``torch_nodes``: ATen nodes placed in kiln parts or left to
     torch. ``kernel_calls``/``eager_calls``: part calls that ran the kernels or torch.
     ``compile_s``: wall time spent compiling and loading parts. ``graph_replays``: calls
-    served by replaying a CUDA graph (reduce-overhead mode).
+    served by replaying a CUDA graph (reduce-overhead mode). ``native_calls``: of the kernel
+    calls, those the native part runner served.
     """
 
     graphs: int = 0
@@ -62,6 +64,7 @@ class Stats:
     eager_calls: int = 0
     compile_s: float = 0.0
     graph_replays: int = 0
+    native_calls: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -160,6 +163,8 @@ class KilnPart(torch.nn.Module):
         self._warned = False
         self._is_cuda = device.type == "cuda"
         self._in_fast: Optional[list[list[Any]]] = None  # built on the first call (_prepare_run)
+        self._native: Any = None  # the native runner's Part, once attached (_attach_native)
+        self._native_pending = True
         if part is not None:
             self._kiln_specs = [None] * part.num_kiln_outputs
             for spec, (kind, k) in zip(part.outputs, part.sources):
@@ -243,21 +248,38 @@ class KilnPart(torch.nn.Module):
     # ------------------------------------------------------------------ run
 
     def forward(self, *args: torch.Tensor) -> tuple[Any, ...]:
+        fast = self._native
+        if fast is not None:
+            # The native runner (kiln/torch/native): the whole call in C++; None when these
+            # arguments need the Python path below.
+            try:
+                out = fast(*args)
+            except Exception as e:
+                out = self._kernels_failed(e)
+            if out is not None:
+                STATS.kernel_calls += 1
+                STATS.native_calls += 1
+                return out
         if self.kernel is not None:
             try:
                 out = self._run(args)
             except Exception as e:
-                self.kernel = None
-                self.error = f"{type(e).__name__}: {e}"
-                bump(failed=1)
-                self.warn_fallback(self.error, when="run")
-                out = None
+                out = self._kernels_failed(e)
             if out is not None:
                 # A plain increment: this is the hot path, and the counter is for diagnostics.
                 STATS.kernel_calls += 1
                 return out
         bump(eager_calls=1)
         return self.eager(*args)
+
+    def _kernels_failed(self, e: Exception) -> None:
+        """A kernel call raised: the part runs in torch from now on (one warning)."""
+        self.kernel = None
+        self._native = None
+        self.error = f"{type(e).__name__}: {e}"
+        bump(failed=1)
+        self.warn_fallback(self.error, when="run")
+        return None
 
     # The rewritten graph calls parts as modules (``self.kiln_part_0(...)``): calling forward
     # directly skips nn.Module's hook dispatch, a few microseconds per call on the hot path
@@ -293,12 +315,57 @@ class KilnPart(torch.nn.Module):
             self._stream = (lambda: raw(idx)) if raw is not None else (
                 lambda: torch.cuda.current_stream(dev).cuda_stream)
 
+    def _attach_native(self) -> None:
+        """Hands the part to the native runner (once; the runner is loaded). Parts whose
+        results are not all plain kernel outputs (a returned input, a result torch wants in
+        another layout) stay on the Python path."""
+        self._native_pending = False
+        part, compiled = self.part, self.compiled
+        assert part is not None and compiled is not None
+        if any(kind != "kiln" for kind, _ in part.sources) or any(rs is not None for rs in part.restride):
+            return
+        try:
+            runner = native.RUNNER
+            names = [s.name for s in compiled.plan.symbols] if part.symbolic else []
+            if part.symbolic:
+                in_dims = [[native.expr_text(e, names) for e in exprs] for exprs in compiled._in_exprs]
+                out_dims = [[native.expr_text(e, names) for e in exprs] for exprs in compiled._out_exprs]
+            else:
+                in_dims = [[str(d) for d in spec.shape] for spec in part.inputs]
+                out_dims = [[str(d) for d in shape] for shape, _ in self._out_alloc]
+            # Static parts: the strides last accepted (a declared layout), or any contiguous tensor.
+            inputs = [(spec.dtype, dims, fast[2] if spec.strides is not None and not part.symbolic else None)
+                      for spec, dims, fast in zip(part.inputs, in_dims, self._in_fast)]
+            outputs = [(spec.dtype, dims) for spec, dims in zip(self._kiln_specs, out_dims)]
+            symbols = [v for sym in compiled.plan.symbols for v in (int(sym.input), int(sym.axis))] if names else []
+            results = [k for _, k in part.sources]
+            if self._is_cuda:
+                stream_fn = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+                if stream_fn is None:
+                    return
+                target: Any = native.cuda_module(runner, compiled, self._dev_index)
+                device_index = self._dev_index
+            else:
+                kernel = self.kernel
+                if int(kernel.abi_version) != (2 if names else 1):
+                    return
+                stream_fn = None
+                target = (kernel.run_address, kernel.workspace_address)
+                device_index = -1
+            self._native = runner.make_part(device_index, target, stream_fn, symbols, names, inputs, outputs,
+                                            results, int(self.workspace_bytes))
+        except Exception as e:  # the Python path stays; nothing is lost
+            log.warning("kiln.torch: %s: the native runner cannot take this part: %s: %s", self.part_name,
+                        type(e).__name__, e)
+
     def _run_symbolic(self, args: Sequence[torch.Tensor]) -> Optional[tuple[torch.Tensor, ...]]:
         """A part with symbolic sizes: the sizes are read from the arguments, every argument is
         checked against its shape expressions, outputs are allocated from theirs; None when
         the arguments do not fit (the caller runs torch)."""
         if self._in_fast is None:
             self._prepare_run()
+        if self._native_pending and native.RUNNER is not None:
+            self._attach_native()
         compiled = self.compiled
         dev, idx = self.device, self._dev_index
         sizes = tuple([int(args[i].shape[a]) for i, a in self._sym_where])
@@ -341,6 +408,8 @@ class KilnPart(torch.nn.Module):
             return self._run_symbolic(args)
         if self._in_fast is None:
             self._prepare_run()
+        if self._native_pending and native.RUNNER is not None:
+            self._attach_native()
         dev, idx = self.device, self._dev_index
         ptrs: list[int] = []
         keep: list[torch.Tensor] = []
@@ -391,6 +460,8 @@ class KilnPart(torch.nn.Module):
             return t.contiguous()
         if effective_strides(spec.shape, stride) == spec.strides:
             self._in_fast[i][2] = stride
+            if self._native is not None:
+                self._native.accept_strides(i, stride)
             return t
         # The graph declared the layout torch traced (a slice of a wider tensor, say) but this
         # tensor has another: copy it into the declared layout. Broadcast layouts (stride 0)
@@ -457,7 +528,8 @@ def compile_parts(parts: Sequence[KilnPart], settings: CompileSettings) -> None:
 
 
 def describe(parts: Sequence[KilnPart]) -> list[dict[str, Any]]:
-    """One dict per part: name, device, ops, whether kiln runs it, the handle or the error."""
+    """One dict per part: name, device, ops, whether kiln runs it (and through the native
+    runner), the handle or the error."""
     out = []
     for p in parts:
         out.append({
@@ -465,6 +537,7 @@ def describe(parts: Sequence[KilnPart]) -> list[dict[str, Any]]:
             "device": str(p.device),
             "ops": list(p.ops),
             "kiln": p.kernel is not None,
+            "native": p._native is not None,
             "handle": p.compiled.handle if p.compiled is not None else None,
             "cache_hit": bool(p.compiled.cache_hit) if p.compiled is not None else None,
             "nodes": p.part.num_nodes if p.part is not None else 0,

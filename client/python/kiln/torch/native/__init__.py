@@ -1,0 +1,195 @@
+"""kiln.torch's native part runner: the call path of a kiln part in C++ (``runner.cc``).
+
+A kiln part called from Python pays for argument checks, one ``torch.empty`` per output and
+ctypes launches: 26-30 µs of host time per call on an H100 host, most of a BERT step's
+overhead. ``runner.cc`` does the same work in one C++ call (checks against what the part was
+compiled for, outputs from torch's allocator, the CPU artifact's ``kiln_run`` or the C++
+client's CUDA loader and launcher) and returns the results, or None when the arguments need the
+general path (:class:`~kiln.torch.runtime.KilnPart` then runs its Python path).
+
+How it is built: as a PyTorch extension, by kilnd (:mod:`kiln.torch.extension`), from
+``runner.cc`` and the C++ client's loader sources (``client/cpp/cuda_plan.*`` and
+``cuda_loader.*``: one loader and launcher for the C++ client, ``kiln.jit`` on CUDA through
+``libkiln_cuda.so``, and kiln.torch). The build is keyed by the sources, PyTorch's headers and
+ABI and the Python version, so a cluster builds it once per PyTorch version and every other
+process gets it from kilnd's cache. It starts in the background with the first compiled
+graph (:func:`start`); parts use the Python path until it is loaded, then switch.
+:func:`wait` blocks until it is loaded or has failed. A failure is logged once and leaves the
+Python path in place: nothing the runner does can make a program fail.
+
+``KILN_TORCH_NATIVE=0`` (or the backend option ``native=False``) turns it off;
+``KILN_TORCH_NATIVE=local`` builds it on this machine with ``torch.utils.cpp_extension``
+instead (g++ and ninja needed here), for a kilnd that serves no custom builds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+log = logging.getLogger("kiln.torch")
+
+#: The module's name; a change to runner.cc's interface changes it.
+NAME = "kiln_torch_runner_v1"
+_LOADER_FILES = ("cuda_plan.h", "cuda_plan.cc", "cuda_loader.h", "cuda_loader.cc")
+
+_lock = threading.Lock()
+_thread: Optional[threading.Thread] = None
+_done = threading.Event()
+_failed_at = 0.0
+#: After a failed build, another is tried no sooner than this (a daemon that was down, say).
+RETRY_AFTER_S = 60.0
+#: The loaded module, once :func:`start`'s build has finished (None before, and on failure).
+RUNNER: Any = None
+#: Why the runner is not available, when its build failed.
+ERROR: Optional[str] = None
+
+
+def enabled() -> bool:
+    """False when ``$KILN_TORCH_NATIVE`` turns the runner off."""
+    return os.environ.get("KILN_TORCH_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def loader_sources() -> Path:
+    """The folder holding the C++ client's loader sources: a wheel carries a copy beside this
+    file (``client/cpp``); a source tree has them at the repository's ``client/cpp``."""
+    here = Path(__file__).resolve().parent
+    for folder in (here / "client" / "cpp", here.parents[3] / "cpp"):
+        if all((folder / f).is_file() for f in _LOADER_FILES):
+            return folder
+    raise FileNotFoundError("the C++ client's CUDA loader sources (cuda_plan.cc, cuda_loader.cc) are missing")
+
+
+def _stage(into: Path) -> list[Path]:
+    """Copies the runner's sources into ``into`` with the layout its includes expect
+    (``runner.cc``, ``client/cpp/...``); returns the files to compile."""
+    cpp = into / "client" / "cpp"
+    cpp.mkdir(parents=True)
+    shutil.copyfile(Path(__file__).resolve().parent / "runner.cc", into / "runner.cc")
+    src = loader_sources()
+    for f in _LOADER_FILES:
+        shutil.copyfile(src / f, cpp / f)
+    return [into / "runner.cc", cpp / "cuda_plan.cc", cpp / "cuda_loader.cc"]
+
+
+def build(client: Any) -> Any:
+    """Builds (or gets from kilnd's cache) and imports the runner; raises on failure."""
+    from .. import extension
+
+    with tempfile.TemporaryDirectory(prefix="kiln-runner-") as tmp:
+        sources = _stage(Path(tmp))
+        if os.environ.get("KILN_TORCH_NATIVE", "").strip().lower() == "local":
+            import torch.utils.cpp_extension as cpp
+
+            return cpp.load(NAME, [str(s) for s in sources], extra_cflags=["-O2"], extra_include_paths=[tmp])
+        return extension.load(NAME, sources, extra_cflags=["-O2"], extra_include_paths=[tmp], client=client)
+
+
+def _build_in_background(client: Any, done: threading.Event) -> None:
+    global RUNNER, ERROR, _failed_at
+    try:
+        RUNNER = build(client)
+        ERROR = None
+    except Exception as e:  # a daemon that is down, without a compiler, ...
+        ERROR = f"{type(e).__name__}: {e}"
+        _failed_at = time.monotonic()
+        log.warning("kiln.torch: the native part runner is unavailable, parts run through Python: %s", ERROR)
+    finally:
+        done.set()
+
+
+def start(client: Any) -> None:
+    """Starts building the runner in the background, once per process (no-op when disabled
+    or already started)."""
+    global _thread, _done
+    if not enabled() or RUNNER is not None:
+        return
+    with _lock:
+        if _thread is not None and (not _done.is_set() or time.monotonic() - _failed_at < RETRY_AFTER_S):
+            return  # running, or failed moments ago
+        _done = threading.Event()
+        _thread = threading.Thread(target=_build_in_background, args=(client, _done), name="kiln-runner", daemon=True)
+        _thread.start()
+
+
+def wait(timeout: Optional[float] = None) -> bool:
+    """Blocks until a started build has finished; True when the runner is loaded."""
+    if _thread is not None:
+        _done.wait(timeout)
+    return RUNNER is not None
+
+
+# ------------------------------------------------------------------ parts
+
+def expr_text(expr: Any, names: list[str]) -> str:
+    """A kiln.v1.SizeExpr as plan.json writes it: "3*N*T + -2*N + 1"."""
+    terms = []
+    for t in expr.terms:
+        factors = [str(int(t.coeff))] + [names[k] for k, e in enumerate(t.exponents) for _ in range(int(e))]
+        terms.append("*".join(factors))
+    return " + ".join(terms) if terms else "0"
+
+
+def plan_json(plan: Any) -> str:
+    """A kiln.v1.LaunchPlan of a CUDA target in plan.json's form (kernels/codegen/PLAN.md), as
+    the C++ loader reads it."""
+    from ... import dtypes as dt
+    from ...v1 import service_pb2
+
+    names = [s.name for s in plan.symbols]
+    roles = {service_pb2.INPUT: "input", service_pb2.OUTPUT: "output", service_pb2.TEMP: "temp"}
+    buffers = []
+    for b in plan.buffers:
+        entry: dict[str, Any] = {"role": roles[b.role], "index": int(b.index), "dtype": dt.from_wire(b.dtype),
+                                 "shape": [int(d) for d in b.shape], "bytes": int(b.bytes), "offset": int(b.offset)}
+        if names:
+            entry["shape_exprs"] = [expr_text(e, names) for e in b.shape_exprs]
+            entry["bytes_expr"] = expr_text(b.bytes_expr, names)
+        buffers.append(entry)
+    steps = []
+    for s in plan.steps:
+        entry = {"kernel": s.kernel, "grid": [int(v) for v in s.grid], "block": [int(v) for v in s.block],
+                 "shared_bytes": int(s.shared_bytes), "args": [int(a) for a in s.args]}
+        if s.grid_per_block > 0:
+            entry["grid_work"] = expr_text(s.grid_work, names)
+            entry["grid_per_block"] = int(s.grid_per_block)
+        steps.append(entry)
+    out: dict[str, Any] = {"abi_version": int(plan.abi_version or 1), "workspace_bytes": int(plan.workspace_bytes),
+                           "buffers": buffers, "steps": steps}
+    if names:
+        out["symbols"] = [{"name": s.name, "input": int(s.input), "axis": int(s.axis)} for s in plan.symbols]
+        out["index_bound"] = expr_text(plan.index_bound, names)
+    return json.dumps(out)
+
+
+_modules: dict[tuple[str, int], Any] = {}
+_modules_lock = threading.Lock()
+
+
+def cuda_module(runner: Any, compiled: Any, device_index: int) -> Any:
+    """The compiled result's kernels loaded by the C++ loader on ``device_index``, once per
+    process (the images are the verified bytes the Python loader reads)."""
+    import torch
+
+    from ...v1 import service_pb2
+
+    key = (compiled.handle, device_index)
+    with _modules_lock:
+        m = _modules.get(key)
+        if m is not None:
+            return m
+        images = []
+        for kind in (service_pb2.CUBIN, service_pb2.PTX):
+            art = compiled.artifact(kind)
+            images.append(compiled.client.read_verified(art.digest, size=art.size or None) if art is not None else b"")
+        with torch.cuda.device(device_index):  # the module belongs to this device's context
+            m = runner.cuda_load(images[0], images[1], plan_json(compiled.plan))
+        _modules[key] = m
+        return m
