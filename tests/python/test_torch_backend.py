@@ -761,7 +761,7 @@ def test_native_graph_replay_helpers() -> None:
     a, b = torch.randn(4, 4, requires_grad=True), torch.randn(3)
     base = rt.storage_uses([a, b])
     view = a[1:]
-    assert rt.storage_uses([a, b]) == (base[0] + 1, base[1])
+    assert rt.storage_uses([a, b]) == [base[0] + 1, base[1]]
     del view
     assert rt.storage_uses([a, b]) == base
     out = rt.detach_all([a, 5, b])

@@ -517,65 +517,59 @@ PyObject* GraphKey(PyObject*, PyObject* seq) {
   return out;
 }
 
-// storage_uses(tensors) -> tuple of ints: how many references each tensor's storage has (the
-// tensors themselves and every view of them).
-PyObject* StorageUses(PyObject*, PyObject* seq) {
-  PyObject* fast = PySequence_Fast(seq, "storage_uses: expected a sequence of tensors");
-  if (!fast) return nullptr;
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-  PyObject* out = PyTuple_New(n);
-  for (Py_ssize_t i = 0; out && i < n; ++i) {
-    PyObject* obj = PySequence_Fast_GET_ITEM(fast, i);
-    if (!THPVariable_Check(obj)) {
-      Py_DECREF(out);
-      out = nullptr;
-      PyErr_SetString(PyExc_TypeError, "storage_uses: expected tensors");
-      break;
-    }
-    const at::Tensor& t = THPVariable_Unpack(obj);
-    PyTuple_SET_ITEM(out, i, PyLong_FromSize_t(t.has_storage() ? t.storage().use_count() : 0));
-  }
-  Py_DECREF(fast);
-  return out;
-}
-
-// detach_all(values) -> list: each tensor as a new tensor object over the same memory, without
-// autograd history; other values as they are.
-PyObject* DetachAll(PyObject*, PyObject* seq) {
-  PyObject* fast = PySequence_Fast(seq, "detach_all: expected a sequence");
+// A new list with item(x) for each x of `seq` (item returns a new reference, or null with a
+// Python error set); null and an error when any item fails.
+template <typename Item>
+PyObject* MapToList(PyObject* seq, const char* what, Item item) {
+  PyObject* fast = PySequence_Fast(seq, what);
   if (!fast) return nullptr;
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
   PyObject* out = PyList_New(n);
   try {
     for (Py_ssize_t i = 0; out && i < n; ++i) {
-      PyObject* obj = PySequence_Fast_GET_ITEM(fast, i);
-      PyObject* item = obj;
-      if (THPVariable_Check(obj)) {
-        item = THPVariable_Wrap(THPVariable_Unpack(obj).detach());
-      } else {
-        Py_INCREF(obj);
-      }
-      if (!item) {
-        Py_DECREF(out);
-        out = nullptr;
+      PyObject* v = item(PySequence_Fast_GET_ITEM(fast, i));
+      if (!v) {
+        Py_CLEAR(out);
         break;
       }
-      PyList_SET_ITEM(out, i, item);
+      PyList_SET_ITEM(out, i, v);
     }
-  } catch (const std::exception& e) {
-    Py_XDECREF(out);
-    out = nullptr;
+  } catch (const std::exception& e) {  // c10::Error and the like
+    Py_CLEAR(out);
     PyErr_SetString(PyExc_RuntimeError, e.what());
   }
   Py_DECREF(fast);
   return out;
 }
 
+// storage_uses(tensors) -> list of ints: how many references each tensor's storage has (the
+// tensors themselves and every view of them).
+PyObject* StorageUses(PyObject*, PyObject* seq) {
+  return MapToList(seq, "storage_uses: expected a sequence of tensors", [](PyObject* obj) -> PyObject* {
+    if (!THPVariable_Check(obj)) {
+      PyErr_SetString(PyExc_TypeError, "storage_uses: expected tensors");
+      return nullptr;
+    }
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    return PyLong_FromSize_t(t.has_storage() ? t.storage().use_count() : 0);
+  });
+}
+
+// detach_all(values) -> list: each tensor as a new tensor object over the same memory, without
+// autograd history; other values as they are.
+PyObject* DetachAll(PyObject*, PyObject* seq) {
+  return MapToList(seq, "detach_all: expected a sequence", [](PyObject* obj) -> PyObject* {
+    if (THPVariable_Check(obj)) return THPVariable_Wrap(THPVariable_Unpack(obj).detach());
+    Py_INCREF(obj);
+    return obj;
+  });
+}
+
 PyMethodDef ModuleMethods[] = {
     {"cuda_load", CudaLoad, METH_VARARGS, "cuda_load(cubin, ptx, plan_json) -> CudaModule"},
     {"make_part", MakePart, METH_VARARGS, "make_part(...) -> Part (see runner.cc)"},
     {"graph_key", GraphKey, METH_O, "graph_key(args) -> (bytes, pointers) or None"},
-    {"storage_uses", StorageUses, METH_O, "storage_uses(tensors) -> tuple of use counts"},
+    {"storage_uses", StorageUses, METH_O, "storage_uses(tensors) -> list of use counts"},
     {"detach_all", DetachAll, METH_O, "detach_all(values) -> list"},
     {nullptr, nullptr, 0, nullptr},
 };
