@@ -166,6 +166,12 @@ def run(client: kiln.Client, report: Report, iters: int) -> None:
     if not torch.cuda.is_available():
         report.line("FAIL", "setup", "PyTorch sees no CUDA device")
         return
+    # Calls on PyTorch tensors launch through kiln.torch's native part runner once it is
+    # loaded: load it first, so that every check below runs that path.
+    from kiln.torch import native
+
+    native.start(client)
+    report.line("PASS" if native.wait() else "FAIL", "native part runner loaded", native.ERROR or "")
     fws = [Framework("torch", torch)]
     try:
         import cupy

@@ -63,6 +63,25 @@ def test_compiled_once_per_signature(client, rng):
     np.testing.assert_allclose(jf(np.asfortranarray(x), 2.0), np.tanh(x) * 2.0, rtol=1e-9)
 
 
+def test_positional_calls_bind_like_the_signature(client, rng):
+    """Positional calls take a binding shortcut: the same signatures as keyword calls, defaults
+    filled in, and the same errors for too few or too many arguments."""
+
+    def f(x, y, scale=2.0):
+        return (x + y) * scale
+
+    jf = kiln.jit(f, client=client)
+    x, y = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    np.testing.assert_allclose(jf(x, y), (x + y) * 2.0, rtol=1e-12)
+    np.testing.assert_allclose(jf(x, y=y), (x + y) * 2.0, rtol=1e-12)
+    assert jf.compile_count == 1  # positional and keyword calls share the signature
+    np.testing.assert_allclose(jf(x, y, 3.0), (x + y) * 3.0, rtol=1e-12)
+    with pytest.raises(TypeError):
+        jf(x)
+    with pytest.raises(TypeError):
+        jf(x, y, 1.0, 2.0)
+
+
 def test_unsupported_call_raises_before_compiling(client):
     jf = kiln.jit(lambda x: np.cumsum(x) + 1, client=client)
     with pytest.raises(kiln.UnsupportedError, match="numpy.cumsum"):

@@ -332,6 +332,15 @@ class JitFunction:
             self._signature = inspect.signature(fn)
         except (TypeError, ValueError):
             self._signature = None
+        # A function of plain positional parameters (no *args, **kwargs, keyword-only): calls
+        # with positional arguments alone bind by position, without Signature.bind (a third
+        # of a small call's host time).
+        self._positional: Optional[tuple[tuple[str, ...], int]] = None
+        if self._signature is not None:
+            ps = list(self._signature.parameters.values())
+            P = inspect.Parameter
+            if all(p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD) for p in ps):
+                self._positional = (tuple(p.name for p in ps), sum(1 for p in ps if p.default is P.empty))
         functools.update_wrapper(self, fn)
 
     @property
@@ -347,7 +356,11 @@ class JitFunction:
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any], mode: str) -> tuple[Any, _Args]:
         found = _Args()
         descs: list[Any] = []
-        if self._signature is not None:
+        positional = self._positional
+        if positional is not None and not kwargs and positional[1] <= len(args) <= len(positional[0]):
+            for name, value in zip(positional[0], args):  # what Signature.bind would give
+                descs.append((name, "", _flatten_args(value, name, found, mode)))
+        elif self._signature is not None:
             bound = self._signature.bind(*args, **kwargs)
             items = list(bound.arguments.items())
             params = self._signature.parameters

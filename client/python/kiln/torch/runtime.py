@@ -325,35 +325,16 @@ class KilnPart(torch.nn.Module):
         if any(kind != "kiln" for kind, _ in part.sources) or any(rs is not None for rs in part.restride):
             return
         try:
-            runner = native.RUNNER
-            names = [s.name for s in compiled.plan.symbols] if part.symbolic else []
-            if part.symbolic:
-                in_dims = [[native.expr_text(e, names) for e in exprs] for exprs in compiled._in_exprs]
-                out_dims = [[native.expr_text(e, names) for e in exprs] for exprs in compiled._out_exprs]
-            else:
-                in_dims = [[str(d) for d in spec.shape] for spec in part.inputs]
-                out_dims = [[str(d) for d in shape] for shape, _ in self._out_alloc]
-            # Static parts: the strides last accepted (a declared layout), or any contiguous tensor.
-            inputs = [(spec.dtype, dims, fast[2] if spec.strides is not None and not part.symbolic else None)
-                      for spec, dims, fast in zip(part.inputs, in_dims, self._in_fast)]
-            outputs = [(spec.dtype, dims) for spec, dims in zip(self._kiln_specs, out_dims)]
-            symbols = [v for sym in compiled.plan.symbols for v in (int(sym.input), int(sym.axis))] if names else []
-            results = [k for _, k in part.sources]
-            if self._is_cuda:
-                stream_fn = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-                if stream_fn is None:
-                    return
-                target: Any = native.cuda_module(runner, compiled, self._dev_index)
-                device_index = self._dev_index
-            else:
-                kernel = self.kernel
-                if int(kernel.abi_version) != (2 if names else 1):
-                    return
-                stream_fn = None
-                target = (kernel.run_address, kernel.workspace_address)
-                device_index = -1
-            self._native = runner.make_part(device_index, target, stream_fn, symbols, names, inputs, outputs,
-                                            results, int(self.workspace_bytes))
+            # Static parts: the strides last accepted where the graph declared a layout, else
+            # any layout (contiguous copies where needed, as the Python path makes).
+            strides = [fast[2] if spec.strides is not None and not part.symbolic else None
+                       for spec, fast in zip(part.inputs, self._in_fast)]
+            if self._is_cuda and getattr(torch._C, "_cuda_getCurrentRawStream", None) is None:
+                return
+            self._native = native.part_for(compiled, self._dev_index if self._is_cuda else -1,
+                                           [spec.dtype for spec in part.inputs],
+                                           [spec.dtype for spec in self._kiln_specs], strides,
+                                           [k for _, k in part.sources], cpu_kernel=self.kernel)
         except Exception as e:  # the Python path stays; nothing is lost
             log.warning("kiln.torch: %s: the native runner cannot take this part: %s: %s", self.part_name,
                         type(e).__name__, e)

@@ -169,6 +169,37 @@ def plan_json(plan: Any) -> str:
     return json.dumps(out)
 
 
+def part_for(compiled: Any, device_index: int, in_dtypes: list[Any], out_dtypes: list[Any],
+             in_strides: list[Optional[tuple[int, ...]]], results: list[int], cpu_kernel: Any = None) -> Any:
+    """A runner Part (runner.cc's make_part) for a compiled result on a device (-1: the CPU,
+    ``cpu_kernel`` its opened artifact): inputs of the result's shapes (expressions of its
+    symbols when it has some) with these torch dtypes and, where given, exactly these strides
+    (else any layout, copied to contiguous when needed); outputs of these dtypes; ``results``
+    the output index of each value the Part returns. Needs :data:`RUNNER`."""
+    runner = RUNNER
+    names = list(compiled.symbols)
+    if names:
+        in_dims = [[expr_text(e, names) for e in exprs] for exprs in compiled._in_exprs]
+        out_dims = [[expr_text(e, names) for e in exprs] for exprs in compiled._out_exprs]
+    else:
+        in_dims = [[str(int(d)) for d in spec.shape] for spec in compiled.inputs]
+        out_dims = [[str(int(d)) for d in spec.shape] for spec in compiled.outputs]
+    symbols = [v for sym in compiled.plan.symbols for v in (int(sym.input), int(sym.axis))]
+    inputs = [(dt, dims, st) for dt, dims, st in zip(in_dtypes, in_dims, in_strides)]
+    outputs = [(dt, dims) for dt, dims in zip(out_dtypes, out_dims)]
+    if device_index >= 0:
+        import torch
+
+        target: Any = cuda_module(runner, compiled, device_index)
+        stream_fn = torch._C._cuda_getCurrentRawStream
+    else:
+        if int(cpu_kernel.abi_version) != (2 if names else 1):
+            raise ValueError(f"CPU artifact ABI {cpu_kernel.abi_version} for a {'symbolic' if names else 'static'} graph")
+        target, stream_fn = (cpu_kernel.run_address, cpu_kernel.workspace_address), None
+    return runner.make_part(device_index, target, stream_fn, symbols, names, inputs, outputs, results,
+                            int(compiled.plan.workspace_bytes))
+
+
 _modules: dict[tuple[str, int], Any] = {}
 _modules_lock = threading.Lock()
 
