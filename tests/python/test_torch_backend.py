@@ -808,3 +808,24 @@ def test_linear_layers_become_single_linear_calls(client: Any, monkeypatch: pyte
     dims = [n.meta["val"].dim() for n in forward.nodes if n.target is torch.nn.functional.linear]
     assert dims == [2, 3], forward
     assert_kiln_ran(min_parts=1)
+
+
+def test_native_runner_build_failure_leaves_the_python_path(subprocess_env: dict[str, str]) -> None:
+    """A daemon that cannot build the runner (here: none listening) leaves it unloaded, with the
+    reason, and the build is not retried without end (parts then keep their Python path)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import kiln, torch\n"
+        "from kiln.torch import native\n"
+        "native.RETRY_AFTER_S = 0.0\n"
+        "c = kiln.Client('127.0.0.1:1', max_attempts=1, timeout=1)\n"
+        "for _ in range(5):\n"
+        "    native.start(c)\n"
+        "    native.wait(120)\n"
+        "print(native.RUNNER is None, native.ERROR is not None, native._failures)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-3:] == ["True", "True", str(native.MAX_ATTEMPTS)], out.stdout + out.stderr[-2000:]

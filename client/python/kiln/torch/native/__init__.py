@@ -44,8 +44,11 @@ _lock = threading.Lock()
 _thread: Optional[threading.Thread] = None
 _done = threading.Event()
 _failed_at = 0.0
-#: After a failed build, another is tried no sooner than this (a daemon that was down, say).
+_failures = 0
+#: After a failed build, another is tried no sooner than this (a daemon that was down, say),
+#: and not at all after MAX_ATTEMPTS failures (a daemon that serves no custom builds).
 RETRY_AFTER_S = 60.0
+MAX_ATTEMPTS = 3
 #: The loaded module, once :func:`start`'s build has finished (None before, and on failure).
 RUNNER: Any = None
 #: Why the runner is not available, when its build failed.
@@ -93,13 +96,14 @@ def build(client: Any) -> Any:
 
 
 def _build_in_background(client: Any, done: threading.Event) -> None:
-    global RUNNER, ERROR, _failed_at
+    global RUNNER, ERROR, _failed_at, _failures
     try:
         RUNNER = build(client)
         ERROR = None
     except Exception as e:  # a daemon that is down, without a compiler, ...
         ERROR = f"{type(e).__name__}: {e}"
         _failed_at = time.monotonic()
+        _failures += 1
         log.warning("kiln.torch: the native part runner is unavailable, parts run through Python: %s", ERROR)
     finally:
         done.set()
@@ -112,8 +116,9 @@ def start(client: Any) -> None:
     if not enabled() or RUNNER is not None:
         return
     with _lock:
-        if _thread is not None and (not _done.is_set() or time.monotonic() - _failed_at < RETRY_AFTER_S):
-            return  # running, or failed moments ago
+        if _thread is not None and (not _done.is_set() or time.monotonic() - _failed_at < RETRY_AFTER_S
+                                    or _failures >= MAX_ATTEMPTS):
+            return  # running, failed moments ago, or failed for good
         _done = threading.Event()
         _thread = threading.Thread(target=_build_in_background, args=(client, _done), name="kiln-runner", daemon=True)
         _thread.start()
