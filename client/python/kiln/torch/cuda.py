@@ -125,6 +125,7 @@ class CudaGraphRunner:
         self._last_ptrs: dict[Any, list[int]] = {}
         self._moving: dict[Any, set[int]] = {}  # per signature: arguments seen at another address
         self._disabled = False
+        self._python_keyed = False  # signatures computed in Python (before the runner loaded)
         self.replays = 0  # diagnostics: calls served by a replay
         self.direct_calls = 0  # and calls that ran fn (warm-ups, all instances busy)
 
@@ -132,6 +133,13 @@ class CudaGraphRunner:
         if self._disabled:
             return self.fn(args)
         rt = native.RUNNER
+        if rt is not None and self._python_keyed:
+            # The runner loaded after captures keyed the Python way: those keys never match
+            # again, so their instances go (with their graph memory, once no result holds it).
+            self._python_keyed = False
+            for d in (self._instances, self._last_ptrs, self._moving):
+                for k in [k for k in d if not isinstance(k, bytes)]:
+                    del d[k]
         if rt is not None:
             got = rt.graph_key(args)  # one C++ pass over every argument
             if got is None:
@@ -141,6 +149,7 @@ class CudaGraphRunner:
             sig = self._signature(args)
             if sig is None:
                 return self.fn(args)
+            self._python_keyed = True
             ptrs = tuple(a.data_ptr() for a in args)
         last = self._last_ptrs.get(sig)
         self._last_ptrs[sig] = ptrs
