@@ -82,6 +82,35 @@ def test_positional_calls_bind_like_the_signature(client, rng):
         jf(x, y, 1.0, 2.0)
 
 
+def test_repeated_array_calls_skip_the_binding(client, rng, monkeypatch):
+    """A call of arrays only, with dtypes and shapes seen before, goes straight to its entry;
+    anything new (a shape, a dtype, a constant argument) takes the full binding, and automatic
+    dynamic shapes still compile at most twice."""
+
+    def f(x, y):
+        return np.tanh(x) * y, x
+
+    jf = kiln.jit(f, client=client)
+    x, y = rng.standard_normal((6, 5)), rng.standard_normal((6, 5))
+    jf(x, y)
+    binds = []
+    bind = jf._bind
+    monkeypatch.setattr(jf, "_bind", lambda *a: binds.append(1) or bind(*a))
+    for _ in range(3):
+        x2, y2 = rng.standard_normal((6, 5)), rng.standard_normal((6, 5))
+        got, same = jf(x2, y2)
+        np.testing.assert_allclose(got, np.tanh(x2) * y2, rtol=1e-12)
+        assert same is x2  # a returned input is the argument itself
+    assert binds == []
+    for n in (7, 9, 11, 7):
+        xn, yn = rng.standard_normal((n, 5)), rng.standard_normal((n, 5))
+        np.testing.assert_allclose(jf(xn, yn)[0], np.tanh(xn) * yn, rtol=1e-12)
+    assert len(binds) == 3  # 7, 9, 11 once each; 7 again from the fast entry
+    np.testing.assert_allclose(jf(x.astype(np.float32), y.astype(np.float32))[0],
+                               np.tanh(x.astype(np.float32)) * y.astype(np.float32), rtol=1e-5)
+    assert len(binds) == 4 and jf.compile_count == 3  # static, symbolic, float32
+
+
 def test_unsupported_call_raises_before_compiling(client):
     jf = kiln.jit(lambda x: np.cumsum(x) + 1, client=client)
     with pytest.raises(kiln.UnsupportedError, match="numpy.cumsum"):

@@ -101,6 +101,12 @@ class _Args:
         return len(self.arrays) - 1
 
 
+def _torch_tensor_type() -> Any:
+    """``torch.Tensor`` when this process has imported PyTorch, else None (never imports it)."""
+    mod = sys.modules.get("torch")
+    return getattr(mod, "Tensor", None) if mod is not None else None
+
+
 def _is_device_array(obj: Any) -> bool:
     """Whether ``obj`` looks like an array of PyTorch, CuPy or another GPU framework (checked
     without importing any of them: a process that made such an array has imported it)."""
@@ -325,6 +331,9 @@ class JitFunction:
         self._warned = False
         self._client = client
         self._cache: dict[Any, _Entry] = {}
+        # Calls of plain arrays only, by (dtype, shape[, device]) per argument: the entry the
+        # full binding found for them, so a repeated call skips the binding (see _fast_key).
+        self._fast: dict[tuple[Any, ...], _Entry] = {}
         self._lock = threading.Lock()
         self.compile_count = 0
         self._signature: Optional[inspect.Signature]
@@ -539,9 +548,38 @@ class JitFunction:
         for CUDA arrays of their shape and dtype (nothing runs)."""
         return self._entry(args, kwargs, _EXAMPLE if self.is_cuda else _HOST)[0].compiled
 
+    def _fast_key(self, args: tuple[Any, ...]) -> Optional[tuple[Any, ...]]:
+        """For a call whose arguments are all NumPy arrays (a CPU target) or all PyTorch tensors
+        (a CUDA target): their dtypes, shapes (and devices), which decide the entry the binding
+        would find; None for any other call. The full binding costs a small call's host time
+        several times over (argument inspection, per-array framework checks)."""
+        key = []
+        torch_tensor = _torch_tensor_type()
+        for a in args:
+            t = type(a)
+            if t is np.ndarray and not self.is_cuda:
+                key.append((a.dtype.str, a.shape))
+            elif t is torch_tensor and self.is_cuda:
+                key.append((a.dtype, a.shape, a.get_device()))
+            else:
+                return None
+        return tuple(key)
+
+    def _remember(self, key: Optional[tuple[Any, ...]], entry: _Entry) -> None:
+        if key is not None:
+            if len(self._fast) >= 4096:  # a workload of ever new shapes: start over
+                self._fast.clear()
+            self._fast[key] = entry
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = self._fast_key(args) if not kwargs else None
+        if key is not None:
+            entry = self._fast.get(key)
+            if entry is not None:
+                return entry.run(list(args), self.num_threads)
         if not self.fallback:
             entry, arrays = self._entry(args, kwargs, _DEVICE if self.is_cuda else _HOST)
+            self._remember(key, entry)
             return entry.run(arrays, self.num_threads)
         if time.monotonic() < self._unreachable_until:
             return self.fn(*args, **kwargs)
@@ -559,6 +597,7 @@ class JitFunction:
                               f"{self.client.address} cannot be reached ({e.code}); trying again in {_FALLBACK_RETRY_S:.0f} s",
                               KilnFallbackWarning, stacklevel=2)
             return self.fn(*args, **kwargs)
+        self._remember(key, entry)
         return entry.run(arrays, self.num_threads)
 
     def __repr__(self) -> str:
