@@ -82,8 +82,9 @@ def autotune(client: Any, graph: Any, inputs: Sequence[Any], target: Any = "cpu"
              max_variants: int = 8, iters: int = 10, num_threads: Optional[int] = None, rtol: float = 1e-4,
              atol: float = 1e-6, share: bool = True, device: Optional[str] = None) -> tuple[Any, list[VariantTiming]]:
     """Returns the fastest :class:`kiln.Compiled` of ``graph``'s variants on ``inputs`` and every
-    distinct variant's median time (ms, ``iters`` calls after one warm-up, the device waited
-    for after each call). ``options``: the other compile options (a kiln.v1.CompileOptions or
+    distinct variant's median time per call (ms, ``iters`` samples after one warm-up; a sample
+    is one call, or for calls under a millisecond or two a burst of up to 16 back-to-back
+    calls, the device waited for at the end of each). ``options``: the other compile options (a kiln.v1.CompileOptions or
     a dict for :func:`kiln.make_options`). Raises AssertionError when a variant's outputs
     differ from variant 0's by more than ``atol + rtol * max|variant 0|`` (summation orders
     differ between variants; integers and bools: exactly).
@@ -116,14 +117,18 @@ def _variant_of(best: Any, timings: list[VariantTiming]) -> int:
 # A variant other than the default must beat it by this fraction of its time to be chosen:
 # differences below it are within what repeated timings of one kernel vary by.
 MIN_GAIN = 0.03
+# Calls per timed sample, at most, and the duration a burst of short calls aims for.
+BURST = 16
+BURST_SECONDS = 0.002
 
 
 def _tune(client: Any, graph: Any, inputs: Sequence[Any], target: Any, base: Any, max_variants: int, iters: int,
           num_threads: Optional[int], rtol: float, atol: float) -> tuple[Any, list[VariantTiming]]:
-    """Compiles and checks the distinct variants, then times them in rounds (one call of each
-    variant per round, after a warm-up of each), so that a drift of the device's clocks or of
-    the machine's load during tuning falls on every variant alike; the median of each wins,
-    and a non-default variant only when it is at least MIN_GAIN faster than the default."""
+    """Compiles and checks the distinct variants, then times them in rounds (one sample of
+    each variant per round, after a warm-up of each: a burst of back-to-back calls for short
+    ones), so that a drift of the device's clocks or of the machine's load during tuning falls
+    on every variant alike; the median of each wins, and a non-default variant only when it is
+    at least MIN_GAIN faster than the default."""
     sync = _sync_for(inputs)
     kw = {} if num_threads is None else {"num_threads": num_threads}
     seen: set[str] = set()
@@ -152,15 +157,25 @@ def _tune(client: Any, graph: Any, inputs: Sequence[Any], target: Any, base: Any
                 np.testing.assert_array_equal(got, want, err_msg=f"variant {v}")
         candidates.append((v, compiled))
     samples: dict[int, list[float]] = {v: [] for v, _ in candidates}
+    warm: list[float] = []
     for _, compiled in candidates:  # warm-up
+        t0 = time.perf_counter()
         compiled(*inputs, **kw)
-    sync()
+        sync()
+        warm.append(time.perf_counter() - t0)
+    # Short calls are timed in bursts of back-to-back calls with one wait at the end: that is
+    # how a loop runs them (the host queues the next launch while the device runs this one), so
+    # a variant that launches more kernels pays for them where the host is the bottleneck, and
+    # one whose kernels are faster gains where the device is. Calls of a millisecond or more
+    # are timed one by one.
+    burst = max(1, min(BURST, int(BURST_SECONDS / max(min(warm), 1e-7))))
     for _ in range(iters):
         for v, compiled in candidates:
             t0 = time.perf_counter()
-            compiled(*inputs, **kw)
+            for _ in range(burst):
+                compiled(*inputs, **kw)
             sync()
-            samples[v].append(time.perf_counter() - t0)
+            samples[v].append((time.perf_counter() - t0) / burst)
     timings = [VariantTiming(v, c.handle, statistics.median(samples[v]) * 1e3) for v, c in candidates]
     default = timings[0]
     best = min(timings, key=lambda t: t.median_ms)
