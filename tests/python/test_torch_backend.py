@@ -772,7 +772,8 @@ def test_native_graph_replay_helpers() -> None:
 
 def test_linear_layers_become_single_linear_calls(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The torch side's view + transpose + mm/addmm + view of a linear layer becomes one
-    ``F.linear`` call (fold_linear); forward and gradients still match eager."""
+    ``F.linear`` call (fold_linear), transposes of transposes cancel (fold_views); forward and
+    gradients still match eager."""
     from kiln.torch import dynamo_backend as DB
 
     graphs: list[Any] = []
@@ -807,6 +808,11 @@ def test_linear_layers_become_single_linear_calls(client: Any, monkeypatch: pyte
     # one's product feeds the kiln part that adds its bias, in 2-D).
     dims = [n.meta["val"].dim() for n in forward.nodes if n.target is torch.nn.functional.linear]
     assert dims == [2, 3], forward
+    # The backward's transposes of transposes (weight gradients) cancel (fold_views).
+    backward = graphs[1]
+    permutes = [n for n in backward.nodes if n.op == "call_method" and n.target == "permute"]
+    assert not any(p.args[0] in permutes for p in permutes), backward
+    assert len(permutes) <= 2, backward
     assert_kiln_ran(min_parts=1)
 
 
