@@ -10,7 +10,9 @@ GPU synchronised only between batches), for a static part and for a part compile
 symbolic sizes, beside the same function in eager torch and the pieces of the path alone:
 ``CudaKernel.launch``, one ``cuLaunchKernel`` through ctypes, ``torch.empty``.
 
-    KILND=build/server/kilnd PYTHONPATH=client/python python3 tests/gpu/part_overhead.py
+    KILND=build/server/kilnd PYTHONPATH=client/python python3 tests/gpu/part_overhead.py [--cpu]
+
+``--cpu`` times the CPU path instead (f32[8, 32] tensors, the artifact's ``kiln_run``).
 
 Writes ``$OUT/part_overhead.md`` when ``$OUT`` is set.
 """
@@ -28,22 +30,33 @@ from typing import Any, Callable
 import torch
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def per_call_us(fn: Callable[[], Any], calls: int = 2000, batches: int = 7) -> float:
     for _ in range(200):
         fn()
-    torch.cuda.synchronize()
+    _sync()
     times = []
     for _ in range(batches):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         times.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
+        _sync()
     return statistics.median(times)
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu", action="store_true", help="CPU tensors (f32[8, 32]): the CPU part call path")
+    opts = ap.parse_args()
+    dev = "cpu" if opts.cpu else "cuda"
+    if not opts.cpu and not torch.cuda.is_available():
         print("no CUDA device")
         return 2
     import kiln.local
@@ -71,10 +84,11 @@ def main() -> int:
     def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x * 2 + y).sum(-1)
 
-    x = torch.randn(64, 256, device="cuda")
-    y = torch.randn(64, 256, device="cuda")
+    shape = (8, 32) if opts.cpu else (64, 256)
+    x = torch.randn(*shape, device=dev)
+    y = torch.randn(*shape, device=dev)
     rows: list[tuple[str, float]] = [("eager f (3 ATen ops)", per_call_us(lambda: f(x, y)))]
-    rows.append(("torch.empty((64,), cuda)", per_call_us(lambda: torch.empty((64,), device="cuda"))))
+    rows.append((f"torch.empty(({shape[0]},), {dev})", per_call_us(lambda: torch.empty((shape[0],), device=dev))))
     try:
         for dyn in (False, True):
             parts.clear()
@@ -94,6 +108,8 @@ def main() -> int:
             rows.append((f"compiled f ({kind}, Python part call)", per_call_us(lambda: cf(x, y))))
             rows.append((f"KilnPart call ({kind}, Python part call)", per_call_us(lambda: p(x, y))))
             p._native = fast
+            if opts.cpu:
+                continue
             out = torch.empty(64, device="cuda")
             ptrs = [x.data_ptr(), y.data_ptr(), out.data_ptr()]
             stream = torch.cuda.current_stream().cuda_stream
@@ -118,7 +134,8 @@ def main() -> int:
                                                     shared, s, params, None))))
     finally:
         daemon.stop()
-    lines = [f"# Host time per call on {torch.cuda.get_device_name()} (torch {torch.__version__})", "",
+    where = "the CPU" if opts.cpu else torch.cuda.get_device_name()
+    lines = [f"# Host time per call on {where} (torch {torch.__version__})", "",
              "| what | µs per call |", "| --- | ---: |"]
     lines += [f"| {name} | {us:.1f} |" for name, us in rows]
     text = "\n".join(lines) + "\n"
