@@ -71,10 +71,10 @@ class CudaModule {
 
  private:
   CudaModule() = default;
-  // A symbolic plan at `sizes`: temp offsets, workspace bytes, grid x of every step.
   // Run and RunSized: launches every step (`sizes` null for a static plan).
   bool Launch(void* const* buffers, void* workspace, void* stream, const int64_t* sizes, size_t num_sizes,
               std::string* error);
+  // A symbolic plan at `sizes`: temp offsets, workspace bytes, grid x of every step.
   bool Layout(const int64_t* sizes, size_t num_sizes, std::vector<int64_t>* temp_offsets, int64_t* workspace_bytes,
               std::vector<unsigned>* grids, std::string* error) const;
 

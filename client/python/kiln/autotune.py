@@ -84,8 +84,8 @@ def autotune(client: Any, graph: Any, inputs: Sequence[Any], target: Any = "cpu"
     """Returns the fastest :class:`kiln.Compiled` of ``graph``'s variants on ``inputs`` and every
     distinct variant's median time per call (ms, ``iters`` samples after one warm-up; a sample
     is one call, or for calls under a millisecond or two a burst of up to 16 back-to-back
-    calls, the device waited for at the end of each). ``options``: the other compile options (a kiln.v1.CompileOptions or
-    a dict for :func:`kiln.make_options`). Raises AssertionError when a variant's outputs
+    calls, the device waited for at the end of each). ``options``: the other compile options
+    (a kiln.v1.CompileOptions or a dict for :func:`kiln.make_options`). Raises AssertionError when a variant's outputs
     differ from variant 0's by more than ``atol + rtol * max|variant 0|`` (summation orders
     differ between variants; integers and bools: exactly).
 

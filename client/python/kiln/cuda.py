@@ -826,7 +826,7 @@ def _native_call(compiled: Any, arrays: Sequence[Any]) -> Optional[tuple[Any, ..
         declared = any(spec.strides for spec in compiled.inputs)
         if not (declared and compiled.symbols):  # symbolic parts take contiguous inputs only
             try:
-                dtypes = _Torch()._from_kiln
+                dtypes = _framework("torch")._from_kiln
                 part = native.part_for(compiled, device, [dtypes[s.dtype] for s in compiled.inputs],
                                        [dtypes[s.dtype] for s in compiled.outputs],
                                        [tuple(s.strides) if s.strides else None for s in compiled.inputs],

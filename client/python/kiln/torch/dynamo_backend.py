@@ -378,7 +378,8 @@ def fold_linear(g: torch.fx.Graph) -> int:
                 continue
             bias, a, bt = None, n.args[0], n.args[1]
         else:
-            if len(n.args) != 3 or _static_shape(n.args[0]) is None or len(_static_shape(n.args[0])) != 1:
+            bias_shape = _static_shape(n.args[0]) if len(n.args) == 3 else None
+            if bias_shape is None or len(bias_shape) != 1:
                 continue
             bias, a, bt = n.args
         if not (isinstance(bt, torch.fx.Node) and bt.op == "call_method" and
@@ -392,8 +393,9 @@ def fold_linear(g: torch.fx.Graph) -> int:
         x, out_view = a, None
         # a = x.view(M, K) of an N-D x, and the product's only reader is .view(x's leading
         # dims + [N]): linear on x itself gives that shape.
-        xs, ns = _static_shape(a.args[0]) if isinstance(a, torch.fx.Node) and a.op == "call_method" and \
-            a.target == "view" else None, _static_shape(n)
+        is_view = isinstance(a, torch.fx.Node) and a.op == "call_method" and a.target == "view"
+        xs = _static_shape(a.args[0]) if is_view else None
+        ns = _static_shape(n)
         if xs is not None and ns is not None and len(xs) >= 3 and len(n.users) == 1:
             (user,) = n.users
             want = list(xs[:-1]) + [ns[-1]]

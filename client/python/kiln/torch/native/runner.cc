@@ -117,9 +117,7 @@ using CpuWorkspace = int64_t (*)(const int64_t*);
 
 struct PyPart {
   PyObject_HEAD
-  bool cuda;
-  int device_index;  // -1 on the CPU
-  at::Device device;
+  at::Device device;  // the CPU, or the CUDA device the kernels were loaded on
   std::vector<Operand> inputs;
   std::vector<Operand> outputs;
   std::vector<int> results;                   // output index per result
@@ -235,10 +233,8 @@ PyObject* MakePart(PyObject*, PyObject* args) {
     return nullptr;
   auto* p = PyObject_New(PyPart, &PartType);
   if (!p) return nullptr;
-  p->cuda = device_index >= 0;
-  p->device_index = device_index;
-  new (&p->device) at::Device(p->cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index))
-                                      : at::Device(at::kCPU));
+  new (&p->device) at::Device(device_index >= 0 ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index))
+                                                : at::Device(at::kCPU));
   new (&p->inputs) std::vector<Operand>();
   new (&p->outputs) std::vector<Operand>();
   new (&p->results) std::vector<int>();
@@ -291,7 +287,7 @@ PyObject* MakePart(PyObject*, PyObject* args) {
     }
     p->results.push_back(static_cast<int>(r));
   }
-  if (p->cuda) {
+  if (p->device.is_cuda()) {
     if (!PyObject_TypeCheck(runner, &ModuleType) || !PyCallable_Check(stream_fn)) {
       PyErr_SetString(PyExc_TypeError, "a CUDA part takes a CudaModule and a stream function");
       Py_DECREF(self);
@@ -395,14 +391,14 @@ PyObject* PartCall(PyObject* self, PyObject* args, PyObject* kwargs) {
         // A declared layout (a slice of a wider tensor, say): other strides need the Python
         // path, which knows which layouts are equivalent and how to copy into the declared one.
         if (t->strides() != at::IntArrayRef(want.strides)) Py_RETURN_NONE;
-      } else if (!t->is_contiguous() || (p->cuda && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16)) {
+      } else if (!t->is_contiguous() || (p->device.is_cuda() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16)) {
         // A broadcast gradient (stride 0), a transposed view, a misaligned slice: the kernels
         // read a contiguous, 16-byte aligned copy (CUDA kernels use 16-byte vector loads).
         copies.push_back(t->clone(at::MemoryFormat::Contiguous));
         t = &copies.back();
       }
       void* ptr = t->data_ptr();
-      if (p->cuda && reinterpret_cast<uintptr_t>(ptr) % 16) Py_RETURN_NONE;
+      if (p->device.is_cuda() && reinterpret_cast<uintptr_t>(ptr) % 16) Py_RETURN_NONE;
       buffers.push_back(ptr);
     }
     std::vector<at::Tensor> outs;
@@ -413,7 +409,7 @@ PyObject* PartCall(PyObject* self, PyObject* args, PyObject* kwargs) {
     }
     int64_t ws_bytes = p->workspace_bytes;
     std::string error;
-    CudaModule* module = p->cuda ? reinterpret_cast<PyModule*>(p->module_obj)->module : nullptr;
+    CudaModule* module = p->device.is_cuda() ? reinterpret_cast<PyModule*>(p->module_obj)->module : nullptr;
     if (!sizes.empty()) {
       ws_bytes = module ? module->WorkspaceBytes(sizes.data(), sizes.size(), &error) : p->cpu_workspace(sizes.data());
       if (ws_bytes < 0) {
