@@ -222,6 +222,8 @@ def main() -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--tuned", action="store_true",
+                    help="also time kiln with autotune=True (each part's variants timed on its first call)")
     ap.add_argument("--mode", default=None, help='torch.compile mode for kiln and Inductor, e.g. "reduce-overhead"')
     ap.add_argument("--cprofile", action="store_true",
                     help="also run cProfile over kiln steps and print the top Python functions")
@@ -262,8 +264,11 @@ def main() -> int:
         for name in opts.workloads.split(","):
             make, _ = WORKLOADS[name]()
             row: dict[str, Any] = {}
-            for label in ("eager", "inductor", "kiln", "kiln-py"):
-                backend = {"eager": None, "kiln-py": "kiln"}.get(label, label)
+            labels = ("eager", "inductor", "kiln", "kiln-py") + (("kiln-tuned",) if opts.tuned else ())
+            for label in labels:
+                # kiln-tuned: kiln with every part's kernel variants timed on its first call.
+                backend = {"eager": None, "kiln-py": "kiln",
+                           "kiln-tuned": kiln.torch.backend(autotune=True)}.get(label, label)
                 # kiln-py: kiln with its parts called through Python (no native part runner).
                 os.environ["KILN_TORCH_NATIVE"] = "0" if label == "kiln-py" else "1"
                 torch._dynamo.reset()
@@ -274,10 +279,16 @@ def main() -> int:
                 step(0)
                 torch.cuda.synchronize()
                 first = time.perf_counter() - t0
-                if backend == "kiln":
+                if backend is not None and backend != "inductor":
                     kiln.torch.wait()
                 ms = median_ms(step, opts.iters, warmup=3)
                 row[label] = {"median_ms": ms, "first_s": first}
+                if label == "kiln-tuned":
+                    row[label]["stats"] = R.STATS.as_dict()
+                    print(f"{name} {label}: {ms:.3f} ms (first call {first:.1f} s; "
+                          f"{row[label]['stats']['tuned']} parts tuned, {row[label]['stats']['retuned']} "
+                          f"not on the default variant)", flush=True)
+                    continue
                 if label == "kiln-py":
                     row["kiln-py"]["profile"] = profile_steps(step, opts.profile_steps, kiln_kernel_names())
                     print(f"{name} {label}: {ms:.3f} ms", flush=True)
@@ -303,7 +314,11 @@ def main() -> int:
             lines += [f"## {name}", "",
                       f"steady state: eager {e:.3f} ms, Inductor {i:.3f} ms, kiln {k:.3f} ms "
                       f"(kiln/Inductor {k / i:.2f}, kiln/eager {k / e:.2f}); kiln through Python part calls "
-                      f"{kp:.3f} ms ({kp / i:.2f})", "",
+                      f"{kp:.3f} ms ({kp / i:.2f})" + (
+                          f"; kiln tuned (autotune=True) {row['kiln-tuned']['median_ms']:.3f} ms "
+                          f"(tuned/kiln {row['kiln-tuned']['median_ms'] / k:.3f}; "
+                          f"{row['kiln-tuned']['stats']['retuned']} of {row['kiln-tuned']['stats']['tuned']} "
+                          f"parts off the default variant)" if "kiln-tuned" in row else ""), "",
                       f"kiln parts: {st['parts']} ({st['compiled']} compiled, {st['failed']} fell back, "
                       f"{n_native} native); ATen nodes in kiln {st['kiln_nodes']}, in torch {st['torch_nodes']}; "
                       f"native runner: {'loaded' if native.RUNNER is not None else native.ERROR}", "",

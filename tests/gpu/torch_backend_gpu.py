@@ -343,6 +343,10 @@ def steady_state(name: str, w: dict[str, Any], backend: str, train: bool, iters:
         f = torch.compile(fn, backend="kiln")
     elif backend == "kiln-ro":
         f = torch.compile(fn, backend="kiln", mode="reduce-overhead")
+    elif backend == "kiln-tuned":  # every part's kernel variants timed on its first call
+        import kiln.torch
+
+        f = torch.compile(fn, backend=kiln.torch.backend(autotune=True))
     else:
         raise ValueError(backend)
 
@@ -454,6 +458,8 @@ def main() -> int:
     ap.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)  # the default now
     ap.add_argument("--iters", type=int, default=0, help="timed iterations per steady-state measurement")
     ap.add_argument("--workloads", default="", help="comma-separated subset (sin2+cos2,lltm,encoder,kmeans,resnet18)")
+    ap.add_argument("--tuned", action="store_true",
+                    help="also time kiln with autotune=True (each part's variants timed on its first call)")
     ap.add_argument("--child", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
     ap.add_argument("--verbose", action="store_true", help="print each check's kiln parts")
     opts = ap.parse_args()
@@ -561,7 +567,7 @@ def main() -> int:
             for n, w in work_items.items():
                 for train in ([False, True] if w["trainable"] else [False]):
                     res = {}
-                    for be in ("eager", "inductor", "kiln", "inductor-ro", "kiln-ro"):
+                    for be in ("eager", "inductor", "kiln", "inductor-ro", "kiln-ro") + (("kiln-tuned",) if opts.tuned else ()):
                         try:
                             res[be] = steady_state(n, w, be, train, iters, warmup)
                         except Exception as e:
@@ -570,10 +576,13 @@ def main() -> int:
                     ratio = res["kiln"] / res["inductor"] if res["inductor"] == res["inductor"] else float("nan")
                     ss_rows.append((n + (" fwd+bwd" if train else ""), w["size"], fmt_ms(res["eager"]),
                                     fmt_ms(res["inductor"]), fmt_ms(res["kiln"]), f"{ratio:.2f}x",
-                                    fmt_ms(res["inductor-ro"]), fmt_ms(res["kiln-ro"])))
+                                    fmt_ms(res["inductor-ro"]), fmt_ms(res["kiln-ro"]))
+                                   + ((fmt_ms(res["kiln-tuned"]), f"{res['kiln-tuned'] / res['kiln']:.3f}")
+                                      if opts.tuned else ()))
                     print(ss_rows[-1], flush=True)
             t = table(["workload", "size", "eager ms", "inductor ms", "kiln ms", "kiln/inductor",
-                       "inductor r-o ms", "kiln r-o ms"], ss_rows)
+                       "inductor r-o ms", "kiln r-o ms"] + (["kiln tuned ms", "tuned/kiln"] if opts.tuned else []),
+                      ss_rows)
             print(t, flush=True)
             report += ["## Steady state (median ms per call, CUDA events, rotating inputs)", "",
                        "r-o: mode=\"reduce-overhead\" (CUDA graphs).", "", t, ""]

@@ -8,6 +8,7 @@ pass by falling back to torch everywhere.
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 import warnings
@@ -835,3 +836,80 @@ def test_native_runner_build_failure_leaves_the_python_path(subprocess_env: dict
     out = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-3:] == ["True", "True", str(native.MAX_ATTEMPTS)], out.stdout + out.stderr[-2000:]
+
+
+def _softmax_scale(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x * w + 1.0, dim=-1) * 3.0
+
+
+def test_max_autotune_times_each_part_once_and_a_second_compile_times_nothing(client: Any, monkeypatch: Any) -> None:
+    """mode="max-autotune": each part's first call times its variants (kiln.autotune) and the
+    results match eager; a fresh compile of the same model finds the tuning in kilnd and
+    times nothing."""
+    A = importlib.import_module("kiln.autotune")  # the package exports a function of that name
+
+    x, w = torch.randn(96, 53), torch.randn(53)
+    cf = torch.compile(_softmax_scale, backend=kt.backend(client=client, mode="max-autotune"))
+    for _ in range(3):
+        torch.testing.assert_close(cf(x, w), _softmax_scale(x, w), rtol=1e-5, atol=1e-6)
+    s = kt.stats()
+    parts = [p for g in kt.last_graphs() for p in g["parts"] if p["kiln"]]
+    assert parts and s["tuned"] == len(parts), (s, parts)
+    assert s["failed"] == 0 and s["eager_calls"] == 0, s
+
+    torch._dynamo.reset()
+    kt.reset_stats()
+    kt.clear_memo()
+
+    def no_timing(*a: Any, **k: Any) -> Any:
+        raise AssertionError("timed again")
+
+    monkeypatch.setattr(A, "_tune", no_timing)
+    cf = torch.compile(_softmax_scale, backend=kt.backend(client=client, mode="max-autotune"))
+    torch.testing.assert_close(cf(x, w), _softmax_scale(x, w), rtol=1e-5, atol=1e-6)
+    s = kt.stats()
+    assert s["tuned"] == len(parts) and s["eager_calls"] == 0, s
+
+
+def test_max_autotune_runs_the_winning_variant(client: Any, monkeypatch: Any) -> None:
+    """When another variant wins, the part swaps its kernels for the winner's: later calls
+    (through the native runner too) run that variant and still match eager."""
+    A = importlib.import_module("kiln.autotune")  # the package exports a function of that name
+
+    chosen: list[Any] = []
+
+    def last(timings: list[Any]) -> Any:  # the last distinct variant wins, whatever its time
+        chosen.append(timings)
+        return timings[-1]
+
+    monkeypatch.setattr(A, "_pick", last)
+
+    def col_norm(x: torch.Tensor) -> torch.Tensor:
+        return (x - x.mean(0)) * torch.rsqrt(x.var(0, unbiased=False) + 1e-5)
+
+    x = torch.randn(64, 600)  # column statistics: every CPU knob (tile width, unroll, split) applies
+    cf = torch.compile(col_norm, backend="kiln", options={"client": client, "autotune": True})
+    for _ in range(4):
+        torch.testing.assert_close(cf(x), col_norm(x), rtol=1e-4, atol=1e-5)
+    s = kt.stats()
+    assert chosen and len(chosen[0]) > 1, chosen
+    assert s["tuned"] >= 1 and s["retuned"] >= 1, s
+    handles = {p["handle"] for g in kt.last_graphs() for p in g["parts"] if p["kiln"]}
+    assert chosen[0][-1].handle in handles and chosen[0][0].handle not in handles, (handles, chosen)
+    assert s["native_calls"] >= 1 and s["eager_calls"] == 0, s
+
+
+def test_tuner_keeps_the_default_unless_a_variant_is_faster_both_ways() -> None:
+    """A variant that queues faster in a loop but keeps the device busier per call (or the
+    reverse) does not replace the default; one faster both ways by MIN_GAIN does."""
+    from kiln.autotune import MIN_GAIN, VariantTiming, _pick
+
+    d = VariantTiming(0, "a", 1.0, 1.0)
+    loop_only = VariantTiming(1, "b", 0.5, 1.2)
+    call_only = VariantTiming(2, "c", 1.1, 0.5)
+    assert _pick([d, loop_only, call_only]) is d
+    both = VariantTiming(3, "d", 0.8, 1 - 2 * MIN_GAIN)
+    assert _pick([d, loop_only, both, call_only]) is both
+    assert _pick([d, VariantTiming(4, "e", 1 - MIN_GAIN / 2, 0.5)]) is d
+    host = [VariantTiming(0, "a", 1.0), VariantTiming(1, "b", 0.9)]  # CPU: no latencies
+    assert _pick(host) is host[1]

@@ -20,7 +20,11 @@ level), ``opt_level`` (0-3) or ``compile_options`` (a kiln.v1.CompileOptions), `
 (bool; default on for ``mode="reduce-overhead"`` and ``"max-autotune"``), ``timeout`` (seconds
 a compile may take), ``async`` (bool, default off: compile without waiting, below),
 ``native`` (bool, default on: parts run through the native part runner once it is loaded,
-:mod:`.native`; ``$KILN_TORCH_NATIVE=0`` turns it off process-wide).
+:mod:`.native`; ``$KILN_TORCH_NATIVE=0`` turns it off process-wide), ``autotune`` (bool;
+default on for ``mode="max-autotune"``: each part's first call times its kernel variants on
+the arguments it got and keeps the fastest, see :func:`kiln.autotune`; the winner is recorded
+in kilnd per device model, so another process with the same GPU or CPU compiles the tuned
+variant without timing anything).
 
 With ``options={"async": True}`` a new graph does not wait for kilnd: its parts compile in the
 background while the graph runs in torch, and the first call after they are loaded switches
@@ -59,7 +63,7 @@ from .runtime import CompileSettings, KilnFallbackWarning, KilnPart, bump, compi
 
 _CUDAGRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 _KNOWN_OPTIONS = frozenset({"client", "server", "cpu_target", "opt_level", "compile_options", "cudagraphs",
-                            "triton.cudagraphs", "timeout", "async", "native"})
+                            "triton.cudagraphs", "timeout", "async", "native", "autotune"})
 
 
 @dataclass
@@ -74,6 +78,7 @@ class BackendConfig:
     timeout: Optional[float] = None
     async_compile: bool = False
     native: bool = True
+    autotune: bool = False
 
     @staticmethod
     def from_args(mode: Optional[str] = None, options: Optional[dict[str, Any]] = None) -> "BackendConfig":
@@ -89,6 +94,7 @@ class BackendConfig:
             timeout=opts.get("timeout"),
             async_compile=bool(opts.get("async", False)),
             native=bool(opts.get("native", True)),
+            autotune=bool(opts.get("autotune", mode == "max-autotune")),
         )
         if opts.get("compile_options") is not None:
             cfg.compile_options = opts["compile_options"]
@@ -100,7 +106,7 @@ class BackendConfig:
 
     def settings(self) -> CompileSettings:
         return CompileSettings(client=self.resolve_client(), cpu_target=self.cpu_target,
-                               options=self.compile_options, timeout=self.timeout)
+                               options=self.compile_options, timeout=self.timeout, autotune=self.autotune)
 
     def resolve_client(self) -> Any:
         if self.client is None:
@@ -171,7 +177,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
 
         use_native = config.native and native.enabled()
         for p in parts:
-            p._native_pending = use_native
+            p.use_native = p._native_pending = use_native
 
         def compile_all(settings: Any) -> None:
             if parts:

@@ -19,6 +19,7 @@ runs in torch for that call only. Nothing kiln does makes the user's program fai
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -49,7 +50,9 @@ class Stats:
     torch. ``kernel_calls``/``eager_calls``: part calls that ran the kernels or torch.
     ``compile_s``: wall time spent compiling and loading parts. ``graph_replays``: calls
     served by replaying a CUDA graph (reduce-overhead mode). ``native_calls``: of the kernel
-    calls, those the native part runner served.
+    calls, those the native part runner served. ``tuned``: parts whose kernel variants were
+    timed on their first call (``mode="max-autotune"``, or found tuned in kilnd);
+    ``retuned``: of those, parts that now run a variant other than the default.
     """
 
     graphs: int = 0
@@ -65,6 +68,8 @@ class Stats:
     compile_s: float = 0.0
     graph_replays: int = 0
     native_calls: int = 0
+    tuned: int = 0
+    retuned: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -138,6 +143,7 @@ class CompileSettings:
     cpu_target: str = "cpu"
     options: Any = None
     timeout: Optional[float] = None
+    autotune: bool = False  # time the kernel variants on the first call (kiln.autotune)
 
 
 class KilnPart(torch.nn.Module):
@@ -164,7 +170,9 @@ class KilnPart(torch.nn.Module):
         self._is_cuda = device.type == "cuda"
         self._in_fast: Optional[list[list[Any]]] = None  # built on the first call (_prepare_run)
         self._native: Any = None  # the native runner's Part, once attached (_attach_native)
+        self.use_native = True  # whether to hand the part to the native runner once it is loaded
         self._native_pending = True
+        self._tune_with: Optional[CompileSettings] = None  # set while a first-call tuning is due
         if part is not None:
             self._kiln_specs = [None] * part.num_kiln_outputs
             for spec, (kind, k) in zip(part.outputs, part.sources):
@@ -197,23 +205,65 @@ class KilnPart(torch.nn.Module):
                     _memo[key] = compiled
                 if compiled.cache_hit:
                     bump(cache_hits=1)
-            self._check_plan(compiled)
-            if self._is_cuda:
-                from . import cuda
-
-                kernel = cuda.load_kernel(compiled, self.device)
-            else:
-                kernel = compiled.load()
-            self.compiled = compiled
-            self.workspace_bytes = int(compiled.plan.workspace_bytes)
-            # Last: with async compiles, a call on another thread takes the kernel path as soon
-            # as it sees a kernel, and everything that path reads must be set by then.
-            self.kernel = kernel
+            self._load(compiled)
+            if settings.autotune and self.device.type in ("cuda", "cpu"):
+                self._tune_with = settings
             return None
         except Exception as e:  # compile errors, daemon down, load failures: all fall back
             self.kernel = None
             self.error = f"{type(e).__name__}: {e}"
             return self.error
+
+    def _load(self, compiled: Any) -> None:
+        """Loads ``compiled``'s kernels as the part's (checking its plan first); the call path's
+        prepared state is rebuilt on the next call."""
+        self._check_plan(compiled)
+        if self._is_cuda:
+            from . import cuda
+
+            kernel = cuda.load_kernel(compiled, self.device)
+        else:
+            kernel = compiled.load()
+        self._in_fast = None
+        self._native = None
+        self._native_pending = self.use_native
+        self.compiled = compiled
+        self.workspace_bytes = int(compiled.plan.workspace_bytes)
+        # Last: with async compiles, a call on another thread takes the kernel path as soon
+        # as it sees a kernel, and everything that path reads must be set by then.
+        self.kernel = kernel
+
+    def _tune(self, args: Sequence[torch.Tensor]) -> None:
+        """``mode="max-autotune"``: on the part's first call, its kernel variants are timed on
+        these arguments (:func:`kiln.autotune`: checked against the default variant, the
+        winner recorded in kilnd for this device model, so a later process compiles it without
+        timing) and the winner replaces the default's kernels. Not while a CUDA graph is being
+        captured (the next call tunes); any failure keeps the default (one log line)."""
+        settings = self._tune_with
+        if self._is_cuda and torch.cuda.is_current_stream_capturing():
+            return
+        self._tune_with = None
+        assert self.part is not None and self.compiled is not None
+        try:
+            from ..autotune import autotune
+
+            if self._is_cuda:
+                inputs = [t.detach() for t in args]
+                threads = None
+            else:
+                inputs = [t.detach().numpy() for t in args]
+                threads = torch.get_num_threads()
+            target = target_for(self.device, settings.cpu_target)
+            with torch.cuda.device(self.device) if self._is_cuda else contextlib.nullcontext():
+                best, _ = autotune(settings.client, self.part.graph, inputs, target, options=settings.options,
+                                   num_threads=threads)
+            bump(tuned=1)
+            if best.handle != self.compiled.handle:
+                self._load(best)
+                bump(retuned=1)
+        except Exception as e:  # the default variant stays
+            log.warning("kiln.torch: %s: tuning failed, keeping the default kernels: %s: %s", self.part_name,
+                        type(e).__name__, e)
 
     def _check_plan(self, compiled: Any) -> None:
         """The plan's arguments must be what this part passes: a mismatch would corrupt memory."""
@@ -385,6 +435,8 @@ class KilnPart(torch.nn.Module):
 
     def _run(self, args: Sequence[torch.Tensor]) -> Optional[tuple[torch.Tensor, ...]]:
         """Runs the kernels; None when the arguments do not fit (the caller runs torch)."""
+        if self._tune_with is not None:
+            self._tune(args)
         if self.part.symbolic:
             return self._run_symbolic(args)
         if self._in_fast is None:

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""The matrix products and attention calls a compiled BERT-base training step makes, per
+backend (Inductor and kiln), with shapes, strides, storage offsets, dtypes and 256-byte
+alignment of each operand, and the GPU time of the step's GEMM and attention kernels by name
+(torch profiler): where kiln's step gets a slower GEMM kernel than Inductor's, this shows
+whether the call itself differs (layouts kiln hands to torch) or only the kernel chosen.
+
+    tests/gpu/with_pack.sh PACK python3 tests/gpu/matmul_calls.py [--batch 16 --seq 128]
+
+Writes $OUT/matmul_calls.md when $OUT is set. Needs transformers.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def operand(a: Any) -> str:
+    if not isinstance(a, torch.Tensor):
+        return repr(a)
+    return (f"{str(a.dtype).replace('torch.', '')}{list(a.shape)} s{list(a.stride())} o{a.storage_offset()}"
+            f"{'' if a.data_ptr() % 256 == 0 else ' unaligned'}")
+
+
+class Calls(TorchDispatchMode):
+    """Logs matmul-like and attention ATen calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = str(func)
+        if "mm" in name or "attention" in name or "linear" in name or "matmul" in name:
+            self.rows.append(f"{name}({', '.join(operand(a) for a in args)})")
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=128)
+    opts = ap.parse_args()
+    import kiln.local
+    import kiln.torch
+    from transformers import BertConfig, BertModel
+
+    work = Path(tempfile.mkdtemp(prefix="kiln-mm-"))
+    os.environ["KILN_CACHE_DIR"] = str(work / "client-cache")
+    daemon = kiln.local.LocalDaemon(os.environ["KILND"], work)
+    os.environ["KILN_SERVER"] = daemon.address
+    lines = [f"# Matrix products of a BERT-base training step on {torch.cuda.get_device_name()}, "
+             f"batch {opts.batch}, sequence {opts.seq}", ""]
+    logged: dict[str, list[str]] = {}
+    try:
+        for be in ("inductor", "kiln"):
+            torch._dynamo.reset()
+            torch.manual_seed(0)
+            model = BertModel(BertConfig()).cuda().train()
+            ids = torch.randint(0, 30522, (opts.batch, opts.seq), device="cuda")
+            mask = torch.ones(opts.batch, opts.seq, dtype=torch.long, device="cuda")
+            weight = torch.randn(opts.batch, opts.seq, 768, device="cuda")
+            cm = torch.compile(model, backend=be)
+
+            def step() -> None:
+                out = cm(input_ids=ids, attention_mask=mask).last_hidden_state
+                (out * weight).sum().backward()
+
+            for _ in range(3):
+                step()
+            kiln.torch.wait()
+            step()
+            torch.cuda.synchronize()
+            log = Calls()
+            with log:
+                step()
+            torch.cuda.synchronize()
+            logged[be] = log.rows
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+            kernels: collections.Counter[str] = collections.Counter()
+            counts: collections.Counter[str] = collections.Counter()
+            for ev in prof.key_averages():
+                n = ev.key
+                if any(k in n.lower() for k in ("gemm", "sgemm", "cutlass", "xmma", "attention", "fmha", "flash")):
+                    kernels[n] += ev.device_time_total / 1e3
+                    counts[n] += ev.count
+            lines += [f"## {be}: {len(log.rows)} calls", "", "| calls | call |", "| ---: | --- |"]
+            for call, n in collections.Counter(log.rows).most_common():
+                lines.append(f"| {n} | `{call}` |")
+            lines += ["", "| GPU ms | launches | kernel |", "| ---: | ---: | --- |"]
+            for k, ms in kernels.most_common():
+                lines.append(f"| {ms:.3f} | {counts[k]} | `{k[:160]}` |")
+            lines.append("")
+            print("\n".join(lines[-(len(kernels) + 3):]), flush=True)
+        only_k = collections.Counter(logged["kiln"]) - collections.Counter(logged["inductor"])
+        only_i = collections.Counter(logged["inductor"]) - collections.Counter(logged["kiln"])
+        lines += ["## Calls kiln's step makes and Inductor's does not", ""]
+        lines += [f"- {n}x `{c}`" for c, n in only_k.most_common()] or ["(none)"]
+        lines += ["", "## Calls Inductor's step makes and kiln's does not", ""]
+        lines += [f"- {n}x `{c}`" for c, n in only_i.most_common()] or ["(none)"]
+    finally:
+        daemon.stop()
+        text = "\n".join(lines)
+        print(text)
+        if os.environ.get("OUT"):
+            (Path(os.environ["OUT"]) / "matmul_calls.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
