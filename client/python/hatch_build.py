@@ -40,7 +40,9 @@ class ProtocolModulesHook(BuildHookInterface):
         proto_root = gen.find_proto_root(root, bundled=False)
         if proto_root is None:
             raise RuntimeError(f"kiln: no kiln/v1/*.proto under {root} or its parents (set KILN_PROTO_DIR)")
-        _LOADER_FILES = ("cuda_plan.h", "cuda_plan.cc", "cuda_loader.h", "cuda_loader.cc")
+        # The C++ client's loader sources the native part runner compiles (one list, read by
+        # kiln.torch.native too).
+        _LOADER_FILES = (root / "kiln" / "torch" / "native" / "loader_files.txt").read_text().split()
         bundled = root / "kiln" / "torch" / "native" / "client" / "cpp"
         if version != "editable" and not all((bundled / f).is_file() for f in _LOADER_FILES):
             loader = root.parent / "cpp"

@@ -38,7 +38,8 @@ log = logging.getLogger("kiln.torch")
 
 #: The module's name; a change to runner.cc's interface changes it.
 NAME = "kiln_torch_runner_v1"
-_LOADER_FILES = ("cuda_plan.h", "cuda_plan.cc", "cuda_loader.h", "cuda_loader.cc")
+# The C++ client's loader sources the runner compiles (the wheel's build hook reads the list too).
+_LOADER_FILES = tuple((Path(__file__).with_name("loader_files.txt")).read_text().split())
 
 _lock = threading.Lock()
 _thread: Optional[threading.Thread] = None
