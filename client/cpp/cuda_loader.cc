@@ -132,23 +132,7 @@ std::unique_ptr<CudaModule> CudaModule::Load(std::string_view cubin, std::string
              " for plans with symbols)";
     return nullptr;
   }
-  if (plan.symbolic()) {
-    for (const CudaPlan::Symbol& sym : plan.symbols) {
-      bool found = false;
-      for (const CudaPlan::Buffer& b : plan.buffers)
-        found |= b.role == CudaPlan::Role::kInput && b.index == sym.input && sym.axis >= 0 &&
-                 static_cast<size_t>(sym.axis) < b.shape_exprs.size();
-      if (!found) {
-        *error = "symbol " + sym.name + " names no input dimension";
-        return nullptr;
-      }
-    }
-    for (const CudaPlan::Step& s : plan.steps)
-      if (s.grid_per_block <= 0) {
-        *error = "step " + s.kernel + " of a symbolic plan has no grid_per_block";
-        return nullptr;
-      }
-  }
+  if (!CheckCudaPlan(plan, error)) return nullptr;
   if (!EnsureContext(d, error)) return nullptr;
   std::unique_ptr<CudaModule> m(new CudaModule);
   if (CUresult r = d.cuCtxGetCurrent(&m->context_); r != kSuccess) {

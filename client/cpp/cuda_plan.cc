@@ -297,17 +297,37 @@ bool ParseCudaPlan(std::string_view json, CudaPlan* plan, std::string* error) {
       if (s.fields.count("grid_per_block")) {
         out.grid_per_block = r.Int(s, "grid_per_block");
         out.grid_work = r.Expr(s, "grid_work", names);
-        if (out.grid_per_block <= 0) r.Fail("plan.json: 'grid_per_block' must be positive");
       }
       p.steps.push_back(std::move(out));
     }
   }
   if (root.fields.count("index_bound")) p.index_bound = r.Expr(root, "index_bound", names);
-  for (const CudaPlan::Symbol& s : p.symbols) {
-    if (s.input < 0 || s.input >= p.num_inputs() || s.axis < 0) r.Fail("plan.json: symbol '" + s.name + "' names no input axis");
-  }
   if (!r.ok()) return false;
+  if (!CheckCudaPlan(p, error)) {
+    *error = "plan.json: " + *error;
+    return false;
+  }
   *plan = std::move(p);
+  return true;
+}
+
+bool CheckCudaPlan(const CudaPlan& plan, std::string* error) {
+  for (const CudaPlan::Symbol& sym : plan.symbols) {
+    bool found = false;
+    for (const CudaPlan::Buffer& b : plan.buffers)
+      found |= b.role == CudaPlan::Role::kInput && b.index == sym.input && sym.axis >= 0 &&
+               static_cast<size_t>(sym.axis) < b.shape_exprs.size();
+    if (!found) {
+      *error = "symbol '" + sym.name + "' names no input dimension";
+      return false;
+    }
+  }
+  for (const CudaPlan::Step& s : plan.steps)
+    if (plan.symbolic() ? s.grid_per_block <= 0 : s.grid_per_block < 0) {
+      *error = "step " + s.kernel + " has grid_per_block " + std::to_string(s.grid_per_block) +
+               (plan.symbolic() ? " (a symbolic plan needs it positive)" : "");
+      return false;
+    }
   return true;
 }
 

@@ -77,7 +77,13 @@ struct CudaPlan {
 };
 
 // Parses plan.json. Returns false and says why in `*error` when the text is not JSON, a
-// field is missing or has the wrong type, or an index is out of range.
+// field is missing or has the wrong type, an index is out of range, or CheckCudaPlan refuses
+// the plan.
 bool ParseCudaPlan(std::string_view json, CudaPlan* plan, std::string* error);
+
+// What a launcher relies on beyond the fields' types, for a plan parsed or filled in by a
+// caller: every symbol names a dimension of an input buffer, and every step of a symbolic plan
+// has a positive grid_per_block. Returns false and says why in `*error`.
+bool CheckCudaPlan(const CudaPlan& plan, std::string* error);
 
 }  // namespace kiln::client

@@ -59,9 +59,18 @@ ExprPtr CudaEmitter::LaneGroup::Lane(const ExprPtr& tree, int u) {
   const lower::VarExtents& ext = em_->extents();
   for (const Expr* n : Nodes(tree))
     for (int rv : n->rvars) em_->rvars.insert(rv);
-  Affine at = lower::AddConst(first_, u);
+  auto clamped = clamped_.find(u);
+  const bool clamp = clamped != clamped_.end();
+  Affine at = clamp ? Affine::Var(clamped->second.first) : lower::AddConst(first_, u);
   RewriteRules rules;
-  rules.affine = [&](const Affine& a) { return a.Uses(var_) ? lower::Substitute(a, var_, at, ext) : a; };
+  rules.affine = [&](const Affine& a) {
+    if (!a.Uses(var_)) return a;
+    if (clamp && !clamped->second.second.empty()) {  // defined once, where first read
+      fills_.push_back(std::move(clamped->second.second));
+      clamped->second.second.clear();
+    }
+    return lower::Substitute(a, var_, at, ext);
+  };
   rules.shadowed_by_reduce = {var_};
   rules.load = [&](const Expr& load) -> ExprPtr {
     const schedule::Buffer& b = em_->program().buffers[load.buffer];
@@ -83,6 +92,21 @@ ExprPtr CudaEmitter::LaneGroup::Lane(const ExprPtr& tree, int u) {
   return Rewrite(tree, rules, em_->pool());
 }
 
+std::vector<int> CudaEmitter::LaneGroup::MakeRagged(const std::string& end, const std::string& count) {
+  count_ = count;
+  std::vector<int> vars;
+  for (int u = 1; u < V_; ++u) {
+    const std::string name = absl::StrCat("kl", u);
+    const int v = em_->NewVar(em_->extents()[var_], name);  // the range's values, as `var` has
+    const std::string at = em_->Text(lower::AddConst(first_, u));
+    // A ternary, not min(): `at` and `end` may differ in width (int index, 64-bit sizes).
+    clamped_[u] = {v, absl::StrCat("const ", em_->index_type(), " ", name, " = (", at, " < ", end, ") ? ", at, " : ",
+                                   end, " - 1;")};
+    vars.push_back(v);
+  }
+  return vars;
+}
+
 ExprPtr CudaEmitter::LaneGroup::VectorRead(const Expr& load, const Affine& addr, int u) {
   std::string key = LoadKey(load.buffer, addr);
   auto it = vectors_.find(key);
@@ -92,12 +116,12 @@ ExprPtr CudaEmitter::LaneGroup::VectorRead(const Expr& load, const Affine& addr,
     int reg = em_->AddRegisterArray(dtype, V_, name);
     Affine start = lower::Substitute(addr, var_, first_, em_->extents());
     fills_.push_back(absl::StrCat("__align__(16) ", StorageType(dtype, true), " ", name, "[", V_, "];"));
-    if (em_->vector_count.empty())
+    if (count_.empty())
       fills_.push_back(absl::StrCat("kiln_vload<", V_, ">(", name, ", ", em_->buffer_names_[load.buffer], " + (",
                                     em_->Text(start), "));"));
     else
       fills_.push_back(absl::StrCat("kiln_vload_n<", V_, ">(", name, ", ", em_->buffer_names_[load.buffer], " + (",
-                                    em_->Text(start), "), ", em_->vector_count, ");"));
+                                    em_->Text(start), "), ", count_, ");"));
     it = vectors_.emplace(key, reg).first;
   }
   return em_->RegisterRead(it->second, load.dtype, u, dep_var_);

@@ -22,6 +22,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/codegen/cuda/expr_rewrite.h"
@@ -93,9 +94,6 @@ class CudaEmitter : public ScopedEmitter {
   const RowCache* cache = nullptr;
   std::map<const lower::Expr*, CoopReduce> coop;  // reductions not run sequentially
   int smem_bytes = 0;          // shared scratch the cooperative reductions need
-  // Non-empty: C text of how many elements are left from a lane group's first (a ragged
-  // range); vector loads then read at most that many (kiln_vload_n).
-  std::string vector_count;
 
   // One C block of lanes: rebuilds trees per lane and collects the vector loads they share.
   class LaneGroup {
@@ -105,6 +103,15 @@ class CudaEmitter : public ScopedEmitter {
     LaneGroup(CudaEmitter* em, int var, lower::Affine first, int V, int dep_var, int64_t cache_offset);
     lower::ExprPtr Lane(const lower::ExprPtr& tree, int u);
     const std::vector<std::string>& fills() const { return fills_; }
+    // Makes this the group of a ragged range of `end` elements (C text), whose last vector
+    // is partial: `count` (C text) elements are left from `first`. Vector loads read at most
+    // that many (kiln_vload_n, from the unclamped first index); lane u > 0 reads its scalar
+    // elements at a new variable, `first + u` clamped to `end - 1` (in fills() once read), so a
+    // lane past the end recomputes the last element (its result is never stored) rather than
+    // reading out of bounds. Returns those variables, lanes 1.., which the caller binds with
+    // scopes inside the group's so the statements reading them stay there.
+    // REQUIRES: lane 0 lies inside the range; called before Lane().
+    std::vector<int> MakeRagged(const std::string& end, const std::string& count);
 
    private:
     lower::ExprPtr VectorRead(const lower::Expr& load, const lower::Affine& addr, int u);
@@ -115,6 +122,9 @@ class CudaEmitter : public ScopedEmitter {
     int dep_var_;
     int64_t cache_offset_;
     std::map<std::string, int> vectors_;  // load key -> register array buffer
+    std::string count_;                   // ragged: elements left from first_ (C text)
+    // Ragged: lane -> its clamped variable and, until a scalar access reads it, its definition.
+    std::map<int, std::pair<int, std::string>> clamped_;
     std::vector<std::string> fills_;
   };
 

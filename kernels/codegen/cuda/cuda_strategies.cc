@@ -111,25 +111,17 @@ void KernelGen::Pointwise() {
   for (const auto& o : kern_.outputs) trees.push_back(o.value);
   int V = PickV(trees, x, C, WidestOutput(fn->prog, kern_), fn->prog);
   // A flat range whose length varies with the sizes: vectors whatever the length, the last
-  // one partial (kiln_vload_n / kiln_vstore_n take the elements left), when every access
-  // along it is a vector access (a scalar one past the end would read out of bounds).
+  // one partial. Vector loads along it read only the elements left (kiln_vload_n), scalar
+  // ones (strided, inside reductions) read at lanes clamped to the last element
+  // (LaneGroup::MakeRagged), and kiln_vstore_n stores only the elements left, so any tree
+  // qualifies. Only a rank-1 range: along an inner dimension of varying length the rows'
+  // starts need not be aligned for vectors.
   std::string ragged;
   if (rank == 1 && Varies(C) && V == 1) {
     const int W = PickV(trees, x, int64_t{1} << 30, WidestOutput(fn->prog, kern_), fn->prog);
-    bool all_vector = W > 1;
-    for (const ExprPtr& t : trees)
-      for (const Expr* n : Nodes(t)) {
-        if (n->kind == Expr::Kind::kReduce) all_vector = false;
-        if (n->kind != Expr::Kind::kLoad) continue;
-        const Buffer& b = fn->prog.buffers[n->buffer];
-        if (b.role == Buffer::Role::kConst || b.index < 0) continue;
-        const Affine addr = FlatAddress(b, n->index);
-        if (addr.Uses(x) && !VectorContiguous(addr, x, W)) all_vector = false;
-      }
-    if (all_vector) {
+    if (W > 1) {
       V = W;
       ragged = absl::StrCat(C, " - ", V, " * kv");
-      em.vector_count = ragged;
     }
   }
   const int64_t NV = ragged.empty() ? N / V : CeilDiv(N, V);
@@ -151,6 +143,10 @@ void KernelGen::Pointwise() {
   em.PushScope(xq);
   vars.push_back(xq);
   CudaEmitter::LaneGroup g(&em, x, lower::Scale(Affine::Var(xq), V), V, xq, -1);
+  // Lane 0 of a thread that runs lies inside the range (kv < nv); the others may not.
+  std::vector<int> lane_vars;
+  if (!ragged.empty()) lane_vars = g.MakeRagged(absl::StrCat(C), ragged);
+  for (int v : lane_vars) em.PushScope(v);
   std::vector<std::vector<std::string>> vals(trees.size());
   for (int u = 0; u < V; ++u)
     for (size_t j = 0; j < trees.size(); ++j) vals[j].push_back(em.Emit(g.Lane(trees[j], u)));
@@ -161,7 +157,7 @@ void KernelGen::Pointwise() {
     StoreLanes(em, BufferName(b), b, vals[j], V == 1 ? "kv" : absl::StrCat(V, " * kv"), "", &counter,
                [&](const std::string& v) { return StoreText(b, v); }, ragged);
   }
-  auto parts = PopScopes(em, vars.size() + 1);
+  auto parts = PopScopes(em, vars.size() + 1 + lane_vars.size());
   if (!em.coop.empty()) fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " kt = threadIdx.x;"));
   // The prologue runs in every thread of the block: it may hold block-wide reductions.
   std::vector<std::string> body = parts[0];

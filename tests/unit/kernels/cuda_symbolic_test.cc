@@ -4,7 +4,10 @@
 // compiled for the same graph at each static size. The shapes cover every strategy whose
 // choices change with a size: pointwise, rows whose length varies (looped, fixed threads),
 // rows whose count varies (packed rows), column tiles, per-output loops and whole-tensor
-// partials.
+// partials. Inputs end at an inaccessible page there, so a read past their end faults.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/cuda/cuda_codegen.h"
 #include "kernels/codegen/symbolic.h"
@@ -22,6 +25,11 @@ constexpr int64_t kSym = -1;
 struct Input {
   DType dtype;
   std::vector<int64_t> dims;
+  // The emulated kernels read every input from memory an inaccessible page follows, so a read
+  // past the end faults. It starts there at the last byte of this input when `exact_end`, else
+  // at the next multiple of 16 bytes (a vector load needs its start aligned, so only inputs no
+  // vector load reads may end exactly).
+  bool exact_end = false;
 };
 using Body = std::function<std::vector<ValueId>(ir::Builder&)>;
 
@@ -48,6 +56,24 @@ ir::Graph Build(const std::vector<Input>& inputs, const Body& body, const std::v
   if (symbolic) g.symbols = names;
   auto st = ir::VerifyAndInfer(g, symbolic ? ir::SymbolicLimits({}) : ir::Limits{});
   EXPECT_TRUE(st.ok()) << st;
+  return g;
+}
+
+// A copy of `t` followed by an inaccessible page (see Input::exact_end).
+HostTensor Guarded(const HostTensor& t, bool exact_end) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t bytes = static_cast<size_t>(t.bytes());
+  const size_t span = exact_end ? bytes : (bytes + 15) / 16 * 16;
+  const size_t data = (span + page - 1) / page * page;
+  void* base = mmap(nullptr, data + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) std::abort();
+  char* mem = static_cast<char*>(base);
+  if (mprotect(mem + data, page, PROT_NONE) != 0) std::abort();
+  char* start = mem + data - span;
+  std::memset(mem, 0xff, data);
+  std::memcpy(start, t.data.get(), bytes);
+  HostTensor g = t;
+  g.data = std::shared_ptr<char>(start, [mem, size = data + page](char*) { munmap(mem, size); });
   return g;
 }
 
@@ -127,8 +153,10 @@ void ExpectSymbolicMatchesCpu(const std::vector<Input>& inputs, const Body& body
     for (const HostTensor& t : ins) args.push_back(t.data.get());
     for (const HostTensor& t : want) args.push_back(t.data.get());
     ASSERT_EQ(lib.Run(args, 1), 0);
+    std::vector<HostTensor> guarded;
+    for (size_t i = 0; i < ins.size(); ++i) guarded.push_back(Guarded(ins[i], inputs[i].exact_end));
     for (auto [outs, poison] : {std::pair{&got, kPoisonA}, std::pair{&again, kPoisonB}}) {
-      std::vector<HostTensor> all = ins;
+      std::vector<HostTensor> all = guarded;
       all.insert(all.end(), outs->begin(), outs->end());
       ASSERT_TRUE(RunSized(**emu, gen->plan, all, g.num_inputs(), sizes, poison).ok());
     }
@@ -204,6 +232,65 @@ TEST(CudaSymbolic, ColumnsAndWholeTensorReductions) {
                              return std::vector<ValueId>{d, *b.Add("argmax", {0}, {{"axis", int64_t{0}}})};
                            },
                            {"N"}, {{7}, {300}});
+}
+
+// Sizes around the vector widths (2 and 4 lanes): the last vector partial or whole.
+const std::vector<std::vector<int64_t>> kRaggedSizes = {{0}, {1}, {2}, {3}, {4}, {5}, {7}, {37}, {130}, {257}};
+
+// The k-means assignment: the index of the nearest of K = 8 centres for each of N points.
+std::vector<ValueId> Assign(ir::Builder& b, ValueId points, ValueId centres) {
+  auto c = *b.Add("unsqueeze", {centres}, {{"axes", ir::IntList{1}}});  // [K, 1, 2]
+  auto d = *b.Add("sub", {points, c});                                    // [K, N, 2]
+  auto dist = *b.Add("sum", {*b.Add("mul", {d, d})}, {{"axes", ir::IntList{2}}});
+  return {*b.Add("argmin", {dist}, {{"axis", int64_t{0}}})};
+}
+
+TEST(CudaSymbolic, RaggedLanesWithReductionsAndStridedLoads) {
+  REQUIRE_NVRTC();
+  // A flat range of varying length whose trees hold reductions and loads strided along it:
+  // vectors of lanes, the last one partial, lanes past the end clamped to the last element.
+  // The strided inputs end at an inaccessible page, so an unclamped lane faults.
+  for (DType t : {DType::kF32, DType::kF64}) {
+    SCOPED_TRACE(ir::DTypeName(t));
+    // k-means with the centres a constant: int64 indices, two per 16-byte store.
+    ExpectSymbolicMatchesCpu({{t, {kSym, 2}, true}},
+                             [t](ir::Builder& b) {
+                               ir::Constant k;
+                               k.dtype = t;
+                               k.shape = {8, 2};
+                               for (int i = 0; i < 16; ++i) k.f.push_back(0.25 * i - 1.5);
+                               return Assign(b, 0, *b.Add("constant", {}, {{"value", k}}));
+                             },
+                             {"N"}, kRaggedSizes);
+    // ... and with the centres an input.
+    ExpectSymbolicMatchesCpu({{t, {kSym, 2}, true}, {t, {8, 2}, true}},
+                             [](ir::Builder& b) { return Assign(b, 0, 1); }, {"N"}, kRaggedSizes);
+  }
+  // A row sum of a strided [N, 3] times a contiguous [N] (vector loads, 4 lanes), and beside
+  // it the row's argmax (int64: 2 lanes).
+  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym}}, {DType::kF32, {kSym, 3}, true}},
+                           [](ir::Builder& b) {
+                             auto s = *b.Add("sum", {1}, {{"axes", ir::IntList{1}}});
+                             return std::vector<ValueId>{*b.Add("mul", {0, s})};
+                           },
+                           {"N"}, kRaggedSizes);
+  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym}}, {DType::kF32, {kSym, 3}, true}},
+                           [](ir::Builder& b) {
+                             auto s = *b.Add("sum", {1}, {{"axes", ir::IntList{1}}});
+                             return std::vector<ValueId>{*b.Add("mul", {0, s}),
+                                                         *b.Add("argmax", {1}, {{"axis", int64_t{1}}})};
+                           },
+                           {"N"}, kRaggedSizes);
+}
+
+TEST(CudaSymbolic, RaggedStrategyNamesThePartialVector) {
+  REQUIRE_NVRTC();
+  ir::Graph g = Build({{DType::kF32, {kSym, 2}}, {DType::kF32, {8, 2}}}, [](ir::Builder& b) { return Assign(b, 0, 1); }, {"N"},
+                      {ir::SampleValue(0, 0)}, true);
+  auto gen = SharedPipeline().Generate(g, CudaTarget(90), CompileOptions{});
+  ASSERT_TRUE(gen.ok()) << gen.status();
+  EXPECT_NE(gen->fusion_report.find("x 2 element(s) (the last partial)"), std::string::npos) << gen->fusion_report;
+  EXPECT_NE(gen->source.find("kiln_vstore_n<2>"), std::string::npos) << gen->source;
 }
 
 TEST(CudaSymbolic, RefusalsNameTheRule) {
