@@ -376,11 +376,17 @@ def steady_state(name: str, w: dict[str, Any], backend: str, train: bool, iters:
         if backend.startswith("kiln"):
             # Steady state means the native part runner in use: its first build on a kilnd
             # finishes in the background a few seconds after the first compile.
-            step(0)
             import kiln.torch
 
+            kiln.torch.reset_stats()
+            step(0)
             kiln.torch.wait()
-        return median_ms(step, iters, warmup)
+        ms = median_ms(step, iters, warmup)
+        if backend == "kiln-tuned":
+            s = kiln.torch.stats()
+            print(f"{name}{' fwd+bwd' if train else ''} kiln-tuned: {s['tuned']} parts tuned, {s['retuned']} "
+                  f"off the default variant", flush=True)
+        return ms
 
 
 def first_result_child(name: str, backend: str, quick: bool) -> None:

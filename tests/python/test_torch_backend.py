@@ -913,3 +913,24 @@ def test_tuner_keeps_the_default_unless_a_variant_is_faster_both_ways() -> None:
     assert _pick([d, VariantTiming(4, "e", 1 - MIN_GAIN / 2, 0.5)]) is d
     host = [VariantTiming(0, "a", 1.0), VariantTiming(1, "b", 0.9)]  # CPU: no latencies
     assert _pick(host) is host[1]
+
+
+def test_max_autotune_tunes_parts_whose_inputs_come_in_another_layout(client: Any) -> None:
+    """The LLTM cell's parts read slices of the gate matrix (declared strides); tuning passes
+    each argument in the layout the part was compiled for, as its calls do, and every part
+    of the forward and backward graphs is tuned without a warning."""
+    args = [a.requires_grad_() for a in E.make_lltm(batch=8, features=16, state=32)]
+    ref = clone_args(args)
+    cf = torch.compile(E.lltm_cell, backend="kiln", options={"client": client, "autotune": True})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = cf(*args)
+        sum(g.sum() * (i + 1) for i, g in enumerate(as_tuple(got))).backward()
+    want = E.lltm_cell(*ref)
+    sum(w.sum() * (i + 1) for i, w in enumerate(as_tuple(want))).backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for a, r in zip(args, ref):
+        torch.testing.assert_close(a.grad, r.grad, rtol=1e-4, atol=1e-5)
+    s = kt.stats()
+    parts = [p for g in kt.last_graphs() for p in g["parts"] if p["kiln"]]
+    assert parts and s["tuned"] == len(parts), (s, parts)

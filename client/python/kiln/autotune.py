@@ -28,7 +28,8 @@ from .client import _as_options
 class VariantTiming:
     """One variant's timing: ``median_ms`` per call in a loop of calls (throughput);
     ``latency_ms``, for device targets, the median time a single call keeps its device busy
-    from its first kernel to its last (CUDA events around each call), None elsewhere."""
+    from its first kernel to its last (CUDA events around each call, the device's L2 cache
+    evicted before it), None elsewhere."""
 
     variant: int
     handle: str
@@ -58,20 +59,25 @@ def device_name(target: Any, inputs: Sequence[Any] = ()) -> str:
     return f"{model} {t}"
 
 
-def _device_tools(inputs: Sequence[Any]) -> tuple[Callable[[], None], Optional[Callable[[], Any]]]:
-    """For the device the inputs live on (PyTorch or CuPy): a function waiting for it and a
-    factory of timing events; for host arrays, a no-op and None."""
+def _device_tools(inputs: Sequence[Any]) -> tuple[Callable[[], None], Optional[Callable[[], Any]],
+                                                   Optional[Callable[[], None]]]:
+    """For the device the inputs live on (PyTorch or CuPy): a function waiting for it, a
+    factory of timing events, and one evicting the device's L2 cache (it writes a buffer
+    twice the cache's size); for host arrays, a no-op and two Nones."""
     for a in inputs:
         mod = type(a).__module__.split(".")[0]
         if mod == "torch" and getattr(a, "is_cuda", False):
             import torch
 
-            return torch.cuda.synchronize, lambda: torch.cuda.Event(enable_timing=True)
+            l2 = int(getattr(torch.cuda.get_device_properties(a.device), "L2_cache_size", 0) or 64 << 20)
+            scratch = torch.empty(2 * l2, dtype=torch.uint8, device=a.device)
+            return torch.cuda.synchronize, (lambda: torch.cuda.Event(enable_timing=True)), scratch.zero_
         if mod == "cupy":
             import cupy
 
-            return (lambda: cupy.cuda.Device().synchronize()), cupy.cuda.Event
-    return (lambda: None), None
+            scratch = cupy.empty(2 * cupy.cuda.Device().attributes.get("L2CacheSize", 64 << 20), dtype=cupy.uint8)
+            return (lambda: cupy.cuda.Device().synchronize()), cupy.cuda.Event, (lambda: scratch.fill(0))
+    return (lambda: None), None, None
 
 
 def _elapsed_ms(start: Any, end: Any) -> float:
@@ -159,7 +165,7 @@ def _tune(client: Any, graph: Any, inputs: Sequence[Any], target: Any, base: Any
     each variant per round, after a warm-up of each: a burst of back-to-back calls for short
     ones), so that a drift of the device's clocks or of the machine's load during tuning falls
     on every variant alike; :func:`_pick` chooses from the medians."""
-    sync, make_event = _device_tools(inputs)
+    sync, make_event, evict = _device_tools(inputs)
     kw = {} if num_threads is None else {"num_threads": num_threads}
     seen: set[str] = set()
     candidates: list[tuple[int, Any]] = []
@@ -200,25 +206,28 @@ def _tune(client: Any, graph: Any, inputs: Sequence[Any], target: Any, base: Any
     # one whose kernels are faster gains where the device is. Calls of a millisecond or more
     # are timed one by one.
     burst = max(1, min(BURST, int(BURST_SECONDS / max(min(warm), 1e-7))))
-    # On a device, events around each call of the burst also give each call's latency: the
-    # time from its first kernel to its last. A variant can queue faster (fewer launches) and
+    # On a device, each variant's latency is timed too: events around single calls, each
+    # after the device's L2 cache was evicted. A variant can queue faster (fewer launches) and
     # still keep the device busy longer per call (one slower kernel), which a caller waiting on
-    # each result, or a benchmark timing single calls, sees as slower.
+    # each result sees; and the same inputs called again and again stay in L2, where in a
+    # model's step a kernel's inputs mostly come from memory: a variant faster only on cached
+    # data would make the step slower.
     events = [(make_event(), make_event()) for _ in range(burst)] if make_event is not None else []
     for _ in range(iters):
         for v, compiled in candidates:
             t0 = time.perf_counter()
-            if events:
-                for start, end in events:
-                    start.record()
-                    compiled(*inputs, **kw)
-                    end.record()
-            else:
-                for _ in range(burst):
-                    compiled(*inputs, **kw)
+            for _ in range(burst):
+                compiled(*inputs, **kw)
             sync()
             samples[v].append((time.perf_counter() - t0) / burst)
             if events:
+                for start, end in events:
+                    if evict is not None:
+                        evict()
+                    start.record()
+                    compiled(*inputs, **kw)
+                    end.record()
+                sync()
                 latencies[v].append(statistics.median(_elapsed_ms(s, e) for s, e in events))
     timings = [VariantTiming(v, c.handle, statistics.median(samples[v]) * 1e3,
                              statistics.median(latencies[v]) if latencies[v] else None) for v, c in candidates]

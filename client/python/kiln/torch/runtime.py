@@ -247,12 +247,19 @@ class KilnPart(torch.nn.Module):
         try:
             from ..autotune import autotune
 
-            if self._is_cuda:
-                inputs = [t.detach() for t in args]
-                threads = None
-            else:
-                inputs = [t.detach().numpy() for t in args]
-                threads = torch.get_num_threads()
+            if self._in_fast is None:
+                self._prepare_run()
+            inputs = []
+            for i, t in enumerate(args):
+                t = t.detach()
+                # The layout the part was compiled for, as its calls pass it (_fit_layout).
+                if not self.part.symbolic and self._in_fast is not None and t.stride() != self._in_fast[i][2]:
+                    fitted = self._fit_layout(i, t, t.stride())
+                    if fitted is None:
+                        raise KilnError(f"argument {i} does not fit the compiled layout")
+                    t = fitted
+                inputs.append(t if self._is_cuda else t.numpy())
+            threads = None if self._is_cuda else torch.get_num_threads()
             target = target_for(self.device, settings.cpu_target)
             with torch.cuda.device(self.device) if self._is_cuda else contextlib.nullcontext():
                 best, _ = autotune(settings.client, self.part.graph, inputs, target, options=settings.options,
