@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Where a compiled BERT-base inference step leaves the GPU idle, per backend (Inductor, kiln):
+profiles a few steps (torch profiler, CPU and CUDA), then reports each step's wall time, GPU
+busy time, and the idle gaps between kernels grouped by the host op that launched the kernel
+ending each gap (the op the GPU waited for), with the host ops' total times. A host-bound
+step shows as gaps; this names the host work behind them.
+
+    tests/gpu/with_pack.sh PACK python3 tests/gpu/step_gaps.py [--seq 128] [--steps 3]
+
+Writes $OUT/step_gaps.md when $OUT is set. Needs transformers.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class OpLog(TorchDispatchMode):
+    """Every ATen call of a step with its operands' dtypes, shapes and strides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def d(a: Any) -> str:
+            if isinstance(a, torch.Tensor):
+                return f"{str(a.dtype).replace('torch.', '')}{list(a.shape)}s{list(a.stride())}{a.device.type}"
+            if isinstance(a, (list, tuple)):
+                return "[" + ", ".join(d(x) for x in a) + "]"
+            return repr(a)[:40]
+
+        self.calls[f"{func}({', '.join(d(a) for a in args)})"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def analyse(trace: dict[str, Any], steps: int) -> list[str]:
+    ev = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    kernels = sorted((e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    runtime = {e["args"].get("correlation"): e for e in ev if e.get("cat") == "cuda_runtime" or e.get("cat") == "cuda_driver"}
+    cpu_ops = sorted((e for e in ev if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
+    lines = []
+    if not kernels:
+        return ["(no kernels in the trace)"]
+    busy = sum(k["dur"] for k in kernels)
+    span = kernels[-1]["ts"] + kernels[-1]["dur"] - kernels[0]["ts"]
+    lines.append(f"GPU span {span / 1e3 / steps:.3f} ms per step, busy {busy / 1e3 / steps:.3f} ms, "
+                 f"{len(kernels) / steps:.0f} kernels per step")
+    gaps: collections.Counter[str] = collections.Counter()
+    counts: collections.Counter[str] = collections.Counter()
+    end = kernels[0]["ts"] + kernels[0]["dur"]
+
+    def host_op(ts: float) -> str:
+        # The innermost CPU op running at time ts (the launch's caller).
+        best = None
+        for o in cpu_ops:
+            if o["ts"] > ts:
+                break
+            if o["ts"] + o["dur"] >= ts and (best is None or o["dur"] <= best["dur"]):
+                best = o
+        return best["name"] if best else "(none)"
+
+    for k in kernels[1:]:
+        gap = k["ts"] - end
+        if gap > 5:
+            rt = runtime.get(k["args"].get("correlation"))
+            name = host_op(rt["ts"]) if rt else "(no launch record)"
+            gaps[name] += gap
+            counts[name] += 1
+        end = max(end, k["ts"] + k["dur"])
+    total = sum(gaps.values())
+    lines.append(f"idle gaps over 5 us: {total / 1e3 / steps:.3f} ms per step")
+    lines += ["", "| idle ms per step | gaps per step | kernel launched by |", "| ---: | ---: | --- |"]
+    for name, g in gaps.most_common(20):
+        lines.append(f"| {g / 1e3 / steps:.3f} | {counts[name] / steps:.1f} | `{name[:120]}` |")
+    host: collections.Counter[str] = collections.Counter()
+    nhost: collections.Counter[str] = collections.Counter()
+    for o in cpu_ops:
+        host[o["name"]] += o["dur"]
+        nhost[o["name"]] += 1
+    lines += ["", "| host ms per step (incl. children) | calls per step | host op |", "| ---: | ---: | --- |"]
+    for name, d in host.most_common(25):
+        lines.append(f"| {d / 1e3 / steps:.3f} | {nhost[name] / steps:.1f} | `{name[:120]}` |")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--log-ops", action="store_true", help="also list the ATen calls of one kiln step")
+    ap.add_argument("--backends", default="inductor,kiln")
+    opts = ap.parse_args()
+    import kiln.local
+    import kiln.torch
+    from transformers import BertConfig, BertModel
+
+    work = Path(tempfile.mkdtemp(prefix="kiln-gaps-"))
+    os.environ["KILN_CACHE_DIR"] = str(work / "client-cache")
+    daemon = kiln.local.LocalDaemon(os.environ["KILND"], work)
+    os.environ["KILN_SERVER"] = daemon.address
+    out = Path(os.environ.get("OUT") or work)
+    lines = [f"# Idle GPU in a BERT-base inference step on {torch.cuda.get_device_name()}, batch 16, "
+             f"sequence {opts.seq}", ""]
+    try:
+        torch.manual_seed(0)
+        model = BertModel(BertConfig()).cuda().eval()
+        ids = torch.randint(0, 30522, (16, opts.seq), device="cuda")
+        mask = torch.ones(16, opts.seq, dtype=torch.long, device="cuda")
+        for be in opts.backends.split(","):
+            torch._dynamo.reset()
+            cm = torch.compile(model, backend=be)
+            with torch.no_grad():
+                for _ in range(3):
+                    cm(input_ids=ids, attention_mask=mask)
+                kiln.torch.wait()
+                for _ in range(10):
+                    cm(input_ids=ids, attention_mask=mask)
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(20):
+                    cm(input_ids=ids, attention_mask=mask)
+                end.record()
+                torch.cuda.synchronize()
+                per = start.elapsed_time(end) / 20
+                acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                with torch.profiler.profile(activities=acts) as prof:
+                    for _ in range(opts.steps):
+                        cm(input_ids=ids, attention_mask=mask)
+                    torch.cuda.synchronize()
+            path = work / f"trace_{be}.json"
+            prof.export_chrome_trace(str(path))
+            lines += [f"## {be}: {per:.3f} ms per step unprofiled", ""]
+            lines += analyse(json.loads(path.read_text()), opts.steps)
+            lines.append("")
+            if opts.log_ops and be == "kiln":  # the torch side of kiln's step, op by op
+                log = OpLog()
+                with torch.no_grad(), log:
+                    cm(input_ids=ids, attention_mask=mask)
+                lines += ["### ATen calls of one step (not views)", "", "| calls | call |", "| ---: | --- |"]
+                for call, n in log.calls.most_common():
+                    if not any(v in call for v in ("aten.view", "aten.permute", "aten.transpose", "aten.t.",
+                                                   "aten.unsqueeze", "aten.expand", "aten._unsafe_view")):
+                        lines.append(f"| {n} | `{call[:300]}` |")
+                lines.append("")
+            print("\n".join(lines), flush=True)
+    finally:
+        daemon.stop()
+        (out / "step_gaps.md").write_text("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
