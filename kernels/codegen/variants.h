@@ -21,8 +21,11 @@ struct CudaVariant {
   int pointwise_block;  // threads per block of pointwise kernels
   int row_threads_shift;  // threads per row of row kernels, times 2^shift (clamped)
 };
+// The last two widen row kernels by 8x and 16x: a row whose length is symbolic gets one warp by
+// default (kVaryingRowThreads), which long rows outgrow; tuning on the real lengths can pick a
+// block per row instead.
 inline constexpr CudaVariant kCudaVariants[] = {
-    {256, 0}, {128, 0}, {512, 0}, {256, -1}, {256, 1},
+    {256, 0}, {128, 0}, {512, 0}, {256, -1}, {256, 1}, {256, 3}, {256, 4},
 };
 
 inline constexpr int kNumCpuVariants = sizeof(kCpuVariants) / sizeof(kCpuVariants[0]);

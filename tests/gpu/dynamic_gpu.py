@@ -47,6 +47,7 @@ import kiln.local  # noqa: E402
 from torch_backend_gpu import median_ms  # noqa: E402
 
 failures: list[str] = []
+VARIANTS = False  # --variants: also time each tuning variant of the symbolic-length kernels
 
 
 # ---------------------------------------------------------------------------------- kernels
@@ -194,6 +195,18 @@ def run_kernels(client: Any) -> list[list[Any]]:
             t_static = graph_ms(static, args)
             t_torch = graph_ms(ref_fn, args)
             size = "x".join(str(d) for d in shapes(*bench)[0])
+            if VARIANTS and "length" in name:  # each tuning variant of the symbolic kernel, same inputs
+                for v in range(1, 8):
+                    var = kiln.jit(fn, target="cuda", client=client, dynamic_dims=axes,
+                                   options=kiln.make_options(variant=v))
+                    got = _tuple(var(*args))
+                    want = _tuple(ref_fn(*[a.double() for a in args]))
+                    err = max(float((g_.double() - w_).abs().max()) for g_, w_ in zip(got, want))
+                    if err > 1e-4:
+                        failures.append(f"{name}, variant {v}: error {err:.2e}")
+                    handle = var.compiled_for(*args).handle
+                    print(f"  {name}: variant {v} ({handle[:12]}): {graph_ms(var, args) * 1000:.1f} us "
+                          f"(variant 0 {t_dyn * 1000:.1f}, static {t_static * 1000:.1f})", flush=True)
             rows.append([name, size, ",".join(symbols) or "-", dyn.compile_count, len(sizes) + 1, f"{worst:.1e}",
                          f"{t_static * 1000:.1f}", f"{t_dyn * 1000:.1f}", f"{t_dyn / t_static:.3f}",
                          f"{t_torch * 1000:.1f}"])
@@ -262,7 +275,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-bert", action="store_true")
+    ap.add_argument("--variants", action="store_true",
+                    help="also time each tuning variant of the kernels whose row length is symbolic")
     opts = ap.parse_args()
+    global VARIANTS
+    VARIANTS = opts.variants
     binary = os.environ.get("KILND")
     if not binary or not Path(binary).is_file():
         print("dynamic_gpu: set KILND to a built kilnd binary", file=sys.stderr)

@@ -98,6 +98,8 @@ TEST(CudaNvrtc, VariantsBuildAndApplyTheirKnobs) {
   EXPECT_NE(report(2).find("block 512"), std::string::npos);
   EXPECT_NE(report(3).find("32 thread(s) per row"), std::string::npos);
   EXPECT_NE(report(4).find("128 thread(s) per row"), std::string::npos);
+  EXPECT_NE(report(5).find("512 thread(s) per row"), std::string::npos);
+  EXPECT_NE(report(6).find("1024 thread(s) per row"), std::string::npos);  // clamped to a block
   EXPECT_EQ(report(99), dflt);
 }
 
