@@ -871,6 +871,17 @@ def test_max_autotune_times_each_part_once_and_a_second_compile_times_nothing(cl
     assert s["tuned"] == len(parts) and s["eager_calls"] == 0, s
 
 
+def test_max_autotune_leaves_parts_with_symbolic_sizes_on_the_default(client: Any) -> None:
+    """A part compiled for symbolic sizes serves every size with one kernel: a variant timed
+    at one size could be far slower at another, so such parts are not tuned."""
+    cf = torch.compile(_softmax_scale, backend="kiln", dynamic=True, options={"client": client, "autotune": True})
+    for rows, cols in [(96, 53), (40, 131), (7, 9)]:
+        x, w = torch.randn(rows, cols), torch.randn(cols)
+        torch.testing.assert_close(cf(x, w), _softmax_scale(x, w), rtol=1e-5, atol=1e-6)
+    s = kt.stats()
+    assert s["tuned"] == 0 and s["kernel_calls"] >= 3 and s["eager_calls"] == 0, s
+
+
 def test_max_autotune_runs_the_winning_variant(client: Any, monkeypatch: Any) -> None:
     """When another variant wins, the part swaps its kernels for the winner's: later calls
     (through the native runner too) run that variant and still match eager."""

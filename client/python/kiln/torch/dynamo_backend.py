@@ -21,8 +21,9 @@ level), ``opt_level`` (0-3) or ``compile_options`` (a kiln.v1.CompileOptions), `
 a compile may take), ``async`` (bool, default off: compile without waiting, below),
 ``native`` (bool, default on: parts run through the native part runner once it is loaded,
 :mod:`.native`; ``$KILN_TORCH_NATIVE=0`` turns it off process-wide), ``autotune`` (bool;
-default on for ``mode="max-autotune"``: each part's first call times its kernel variants on
-the arguments it got and keeps the fastest, see :func:`kiln.autotune`; the winner is recorded
+default on for ``mode="max-autotune"``: each static part's first call times its kernel
+variants on the arguments it got and keeps the fastest, see :func:`kiln.autotune`; parts with
+symbolic sizes keep the default, which serves every size; the winner is recorded
 in kilnd per device model, so another process with the same GPU or CPU compiles the tuned
 variant without timing anything).
 

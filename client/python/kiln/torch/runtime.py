@@ -206,7 +206,10 @@ class KilnPart(torch.nn.Module):
                 if compiled.cache_hit:
                     bump(cache_hits=1)
             self._load(compiled)
-            if settings.autotune and self.device.type in ("cuda", "cpu"):
+            # Parts with symbolic sizes keep the default: a variant is chosen at one size and would
+            # serve every size (a block per row that wins on 4096-long rows is 10x slower on
+            # 128-long ones), and the variants' timings at other sizes are unknown.
+            if settings.autotune and not self.part.symbolic and self.device.type in ("cuda", "cpu"):
                 self._tune_with = settings
             return None
         except Exception as e:  # compile errors, daemon down, load failures: all fall back
@@ -234,7 +237,7 @@ class KilnPart(torch.nn.Module):
         self.kernel = kernel
 
     def _tune(self, args: Sequence[torch.Tensor]) -> None:
-        """``mode="max-autotune"``: on the part's first call, its kernel variants are timed on
+        """``mode="max-autotune"``: on a static part's first call, its kernel variants are timed on
         these arguments (:func:`kiln.autotune`: checked against the default variant, the
         winner recorded in kilnd for this device model, so a later process compiles it without
         timing) and the winner replaces the default's kernels. Not while a CUDA graph is being
