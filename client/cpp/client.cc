@@ -106,6 +106,7 @@ absl::Status Client::WithRetries(
     const std::function<bool()>& may_retry) {
   calls_.fetch_add(1, std::memory_order_relaxed);
   const absl::Time start = absl::Now();
+  absl::Status unreachable;  // the last UNAVAILABLE of this call, while the channel was not up
   for (int n = 1;; ++n) {
     grpc::ClientContext context;  // one per attempt: a context cannot be reused
     if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
@@ -116,14 +117,19 @@ absl::Status Client::WithRetries(
     if (status.ok() || (may_retry && !may_retry())) return status;
     const std::optional<absl::Duration> wait =
         NextRetry(options_.retry, status, context, n, start, deadline);
+    const bool connected = channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY;
     if (!wait) {
-      if (n == 1) return status;
-      return absl::Status(status.code(), absl::StrCat(status.message(), " (after ", n,
-                                                      " attempts, ", absl::FormatDuration(
-                                                          absl::Now() - start), ")"));
+      // The caller's deadline ran out while retrying a daemon that could not be reached: the
+      // cause is that it is unavailable, not that it was slow (whichever of the two the last
+      // attempt happened to end with).
+      const absl::Status& cause =
+          absl::IsDeadlineExceeded(status) && !unreachable.ok() && !connected ? unreachable : status;
+      if (n == 1) return cause;
+      return absl::Status(cause.code(), absl::StrCat(cause.message(), " (after ", n, " attempts, ",
+                                                     absl::FormatDuration(absl::Now() - start), ")"));
     }
-    if (!absl::IsUnavailable(status) ||
-        channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
+    if (absl::IsUnavailable(status) && !connected) unreachable = status;
+    if (!absl::IsUnavailable(status) || connected) {
       // Connected, so the daemon itself refused (store down, queue full): back off.
       absl::SleepFor(*wait);
     } else {
