@@ -20,26 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-
-class OpLog(TorchDispatchMode):
-    """Every ATen call of a step with its operands' dtypes, shapes and strides."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        def d(a: Any) -> str:
-            if isinstance(a, torch.Tensor):
-                return f"{str(a.dtype).replace('torch.', '')}{list(a.shape)}s{list(a.stride())}{a.device.type}"
-            if isinstance(a, (list, tuple)):
-                return "[" + ", ".join(d(x) for x in a) + "]"
-            return repr(a)[:40]
-
-        self.calls[f"{func}({', '.join(d(a) for a in args)})"] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def analyse(trace: dict[str, Any], steps: int) -> list[str]:
@@ -96,7 +76,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--log-ops", action="store_true", help="also list the ATen calls of one kiln step")
     ap.add_argument("--backends", default="inductor,kiln")
     opts = ap.parse_args()
     import kiln.local
@@ -142,16 +121,6 @@ def main() -> int:
             lines += [f"## {be}: {per:.3f} ms per step unprofiled", ""]
             lines += analyse(json.loads(path.read_text()), opts.steps)
             lines.append("")
-            if opts.log_ops and be == "kiln":  # the torch side of kiln's step, op by op
-                log = OpLog()
-                with torch.no_grad(), log:
-                    cm(input_ids=ids, attention_mask=mask)
-                lines += ["### ATen calls of one step (not views)", "", "| calls | call |", "| ---: | --- |"]
-                for call, n in log.calls.most_common():
-                    if not any(v in call for v in ("aten.view", "aten.permute", "aten.transpose", "aten.t.",
-                                                   "aten.unsqueeze", "aten.expand", "aten._unsafe_view")):
-                        lines.append(f"| {n} | `{call[:300]}` |")
-                lines.append("")
             print("\n".join(lines), flush=True)
     finally:
         daemon.stop()
