@@ -945,3 +945,38 @@ def test_max_autotune_tunes_parts_whose_inputs_come_in_another_layout(client: An
     s = kt.stats()
     parts = [p for g in kt.last_graphs() for p in g["parts"] if p["kiln"]]
     assert parts and s["tuned"] == len(parts), (s, parts)
+
+
+def test_views_of_static_graphs_are_made_from_their_traced_layout(client: Any) -> None:
+    """The torch side's views (the attention heads' reshapes and permutes around the linear
+    layers) become reinterpreted_view calls; the encoder's forward and gradients match eager,
+    and a view whose input arrives in a layout the trace did not foresee runs the view op."""
+    from kiln.torch import dynamo_backend as DB
+
+    graphs: list[Any] = []
+    real = DB.rewrite
+
+    def spy(gm: Any, segments: Any) -> Any:
+        out = real(gm, segments)
+        graphs.append(out[0])
+        return out
+
+    DB.rewrite = spy
+    try:
+        check_fwd_bwd(E.encoder_block, E.make_encoder(), client, rtol=1e-4, atol=1e-4)
+    finally:
+        DB.rewrite = real
+    made = [n for g in graphs for n in g.graph.nodes if n.target is DB.reinterpreted_view]
+    left = [n for g in graphs for n in g.graph.nodes if n.op == "call_method" and n.target in ("view", "permute")]
+    assert made, [g.code for g in graphs]
+    assert len(made) > len(left), (len(made), len(left))
+    # The guard: strides other than the traced ones take the op itself.
+    x = torch.arange(24.0).reshape(2, 3, 4)
+    got = DB.reinterpreted_view(x, (2, 4, 3), (12, 1, 4), 0, (12, 4, 1), "permute", ([0, 2, 1],))
+    torch.testing.assert_close(got, x.permute(0, 2, 1))
+    xt = x.transpose(0, 1).contiguous().transpose(0, 1)  # same shape, other strides
+    got = DB.reinterpreted_view(xt, (2, 4, 3), (12, 1, 4), 0, (12, 4, 1), "permute", ([0, 2, 1],))
+    torch.testing.assert_close(got, x.permute(0, 2, 1))
+    tail = torch.arange(30.0)[6:].view(2, 3, 4)  # a nonzero storage offset: the delta is relative
+    got = DB.reinterpreted_view(tail, (3, 4), (4, 1), 12, (12, 4, 1), "select", (0, 1))
+    torch.testing.assert_close(got, tail.select(0, 1))
