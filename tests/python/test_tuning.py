@@ -100,3 +100,29 @@ def test_prewarm_autotune_tunes_recorded_graphs_once(client, subprocess_env, tmp
     assert len(first["tuned"]) == 1 and not first["tuned"][0]["already_tuned"]
     again = json.loads(kiln_cli(subprocess_env, "prewarm", rec, "--target", "cpu", "--autotune", "--json").stdout)
     assert again["tuned"][0]["already_tuned"] and again["tuned"][0]["variant"] == first["tuned"][0]["variant"]
+
+
+def test_device_timing_measures_each_call_after_evicting_the_cache(client, monkeypatch) -> None:
+    """On a device the tuner also times single calls between events, the cache evicted before
+    each; stand-in events on the host exercise that path: every variant gets a latency, one
+    eviction per timed call."""
+    import importlib
+    import time
+
+    A = importlib.import_module("kiln.autotune")  # the package exports a function of that name
+
+    class Event:
+        def record(self) -> None:
+            self.t = time.perf_counter()
+
+        def elapsed_time(self, end: "Event") -> float:
+            return (end.t - self.t) * 1e3
+
+    evictions: list[int] = []
+    monkeypatch.setattr(A, "_device_tools", lambda inputs: ((lambda: None), (Event, lambda: evictions.append(1))))
+    g = column_stats_graph(1000, 2000)
+    x = np.random.default_rng(3).standard_normal((1000, 2000)).astype(np.float32)
+    best, timings = kiln.autotune(client, g, [x], iters=3, rtol=1e-4, atol=1e-3, share=False)
+    assert len(timings) > 1 and all(t.latency_ms is not None and t.latency_ms > 0 for t in timings), timings
+    assert best.handle == A._pick(timings).handle
+    assert len(evictions) >= 3 * len(timings)

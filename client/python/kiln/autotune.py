@@ -59,11 +59,11 @@ def device_name(target: Any, inputs: Sequence[Any] = ()) -> str:
     return f"{model} {t}"
 
 
-def _device_tools(inputs: Sequence[Any]) -> tuple[Callable[[], None], Optional[Callable[[], Any]],
-                                                   Optional[Callable[[], None]]]:
-    """For the device the inputs live on (PyTorch or CuPy): a function waiting for it, a
-    factory of timing events, and one evicting the device's L2 cache (it writes a buffer
-    twice the cache's size); for host arrays, a no-op and two Nones."""
+def _device_tools(inputs: Sequence[Any]) -> tuple[Callable[[], None],
+                                                   Optional[tuple[Callable[[], Any], Callable[[], None]]]]:
+    """For the device the inputs live on (PyTorch or CuPy): a function waiting for it, and a
+    factory of timing events with one evicting the device's L2 cache (it writes a buffer
+    twice the cache's size); for host arrays, a no-op and None."""
     for a in inputs:
         mod = type(a).__module__.split(".")[0]
         if mod == "torch" and getattr(a, "is_cuda", False):
@@ -71,13 +71,13 @@ def _device_tools(inputs: Sequence[Any]) -> tuple[Callable[[], None], Optional[C
 
             l2 = int(getattr(torch.cuda.get_device_properties(a.device), "L2_cache_size", 0) or 64 << 20)
             scratch = torch.empty(2 * l2, dtype=torch.uint8, device=a.device)
-            return torch.cuda.synchronize, (lambda: torch.cuda.Event(enable_timing=True)), scratch.zero_
+            return torch.cuda.synchronize, ((lambda: torch.cuda.Event(enable_timing=True)), scratch.zero_)
         if mod == "cupy":
             import cupy
 
             scratch = cupy.empty(2 * cupy.cuda.Device().attributes.get("L2CacheSize", 64 << 20), dtype=cupy.uint8)
-            return (lambda: cupy.cuda.Device().synchronize()), cupy.cuda.Event, (lambda: scratch.fill(0))
-    return (lambda: None), None, None
+            return (lambda: cupy.cuda.Device().synchronize()), (cupy.cuda.Event, lambda: scratch.fill(0))
+    return (lambda: None), None
 
 
 def _elapsed_ms(start: Any, end: Any) -> float:
@@ -165,7 +165,7 @@ def _tune(client: Any, graph: Any, inputs: Sequence[Any], target: Any, base: Any
     each variant per round, after a warm-up of each: a burst of back-to-back calls for short
     ones), so that a drift of the device's clocks or of the machine's load during tuning falls
     on every variant alike; :func:`_pick` chooses from the medians."""
-    sync, make_event, evict = _device_tools(inputs)
+    sync, device_timing = _device_tools(inputs)
     kw = {} if num_threads is None else {"num_threads": num_threads}
     seen: set[str] = set()
     candidates: list[tuple[int, Any]] = []
@@ -212,7 +212,11 @@ def _tune(client: Any, graph: Any, inputs: Sequence[Any], target: Any, base: Any
     # each result sees; and the same inputs called again and again stay in L2, where in a
     # model's step a kernel's inputs mostly come from memory: a variant faster only on cached
     # data would make the step slower.
-    events = [(make_event(), make_event()) for _ in range(burst)] if make_event is not None else []
+    events: list[tuple[Any, Any]] = []
+    evict: Optional[Callable[[], None]] = None
+    if device_timing is not None:
+        make_event, evict = device_timing
+        events = [(make_event(), make_event()) for _ in range(burst)]
     for _ in range(iters):
         for v, compiled in candidates:
             t0 = time.perf_counter()
@@ -220,10 +224,9 @@ def _tune(client: Any, graph: Any, inputs: Sequence[Any], target: Any, base: Any
                 compiled(*inputs, **kw)
             sync()
             samples[v].append((time.perf_counter() - t0) / burst)
-            if events:
+            if evict is not None:
                 for start, end in events:
-                    if evict is not None:
-                        evict()
+                    evict()
                     start.record()
                     compiled(*inputs, **kw)
                     end.record()

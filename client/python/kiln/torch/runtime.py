@@ -209,7 +209,7 @@ class KilnPart(torch.nn.Module):
             # Parts with symbolic sizes keep the default: a variant is chosen at one size and would
             # serve every size (a block per row that wins on 4096-long rows is 10x slower on
             # 128-long ones), and the variants' timings at other sizes are unknown.
-            if settings.autotune and not self.part.symbolic and self.device.type in ("cuda", "cpu"):
+            if settings.autotune and not self.part.symbolic:
                 self._tune_with = settings
             return None
         except Exception as e:  # compile errors, daemon down, load failures: all fall back
@@ -252,11 +252,12 @@ class KilnPart(torch.nn.Module):
 
             if self._in_fast is None:
                 self._prepare_run()
+            assert self._in_fast is not None
             inputs = []
             for i, t in enumerate(args):
                 t = t.detach()
                 # The layout the part was compiled for, as its calls pass it (_fit_layout).
-                if not self.part.symbolic and self._in_fast is not None and t.stride() != self._in_fast[i][2]:
+                if t.stride() != self._in_fast[i][2]:
                     fitted = self._fit_layout(i, t, t.stride())
                     if fitted is None:
                         raise KilnError(f"argument {i} does not fit the compiled layout")
