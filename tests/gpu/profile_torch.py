@@ -100,6 +100,30 @@ def ln_gelu_workload() -> tuple[Callable[[str | None], Callable[[int], Any]], li
     return make, []
 
 
+def example_train_workload(name: str) -> tuple[Callable[[str | None], Callable[[int], Any]], list[torch.nn.Module]]:
+    """A forward+backward step of torch_backend_gpu.py's workload ``name`` (``encoder``: the
+    transformer encoder block, B16 T512 C768; ``lltm``: the LLTM cell, batch 4096), the loss a
+    random weighting of the outputs."""
+    from torch_backend_gpu import workloads
+
+    w = workloads(quick=False)[name]
+    args = w["make"](0)
+    out = w["fn"](*args)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    weights = [torch.randn_like(o) for o in outs]
+
+    def make(backend: str | None) -> Callable[[int], Any]:
+        fn = w["fn"] if backend is None else torch.compile(w["fn"], backend=backend, mode=MODE)
+
+        def step(i: int) -> Any:
+            r = fn(*args)
+            rs = r if isinstance(r, (tuple, list)) else (r,)
+            sum((o * wt).sum() for o, wt in zip(rs, weights)).backward()
+            return r
+        return step
+    return make, []
+
+
 # torch.compile's mode for both backends (``--mode``; None: the default mode).
 MODE: str | None = None
 
@@ -109,10 +133,13 @@ WORKLOADS = {
     "bert_infer64": lambda: bert_workload(train=False, seq=64),
     "bert_infer_dyn64": lambda: bert_workload(train=False, seq=64, warm=(128, 96)),
     "ln_gelu_train": ln_gelu_workload,
+    "encoder_train": lambda: example_train_workload("encoder"),
+    "lltm_train": lambda: example_train_workload("lltm"),
 }
 
 
 _PARTS: list[Any] = []
+TOP_KERNELS = 12  # --top
 
 
 def track_parts() -> None:
@@ -192,7 +219,7 @@ def profile_steps(step: Callable[[int], Any], steps: int, kiln_names: set[str]) 
         "gpu_ms": {k: v / steps for k, v in kern_ms.items()},
         "launches": {k: v / steps for k, v in kern.items()},
         "cpu_ops": {k: v / steps for k, v in cpu_ops.items()},
-        "top_kernels": [(k, v / steps) for k, v in per_kernel.most_common(12)],
+        "top_kernels": [(k, v / steps) for k, v in per_kernel.most_common(TOP_KERNELS)],
         "part_calls": len(part_calls) / steps,
         "part_host_ms": sum(part_calls) * 1000 / steps,
         "part_call_us_median": statistics.median(part_calls) * 1e6 if part_calls else 0.0,
@@ -225,11 +252,14 @@ def main() -> int:
     ap.add_argument("--tuned", action="store_true",
                     help="also time kiln with autotune=True (each part's variants timed on its first call)")
     ap.add_argument("--mode", default=None, help='torch.compile mode for kiln and Inductor, e.g. "reduce-overhead"')
+    ap.add_argument("--top", type=int, default=12, help="kernels listed per step and backend")
+    ap.add_argument("--no-py", action="store_true", help="skip the kiln row with Python part calls")
     ap.add_argument("--cprofile", action="store_true",
                     help="also run cProfile over kiln steps and print the top Python functions")
     opts = ap.parse_args()
-    global MODE
+    global MODE, TOP_KERNELS
     MODE = opts.mode
+    TOP_KERNELS = opts.top
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 1
@@ -264,7 +294,8 @@ def main() -> int:
         for name in opts.workloads.split(","):
             make, _ = WORKLOADS[name]()
             row: dict[str, Any] = {}
-            labels = ("eager", "inductor", "kiln", "kiln-py") + (("kiln-tuned",) if opts.tuned else ())
+            labels = (("eager", "inductor", "kiln") + (() if opts.no_py else ("kiln-py",))
+                      + (("kiln-tuned",) if opts.tuned else ()))
             for label in labels:
                 # kiln-tuned: kiln with every part's kernel variants timed on its first call.
                 backend = {"eager": None, "kiln-py": "kiln",
@@ -307,6 +338,8 @@ def main() -> int:
                 print(f"{name} {label}: {ms:.3f} ms (first call {first:.1f} s)", flush=True)
             results["rows"][name] = row
             e, i, k = row["eager"]["median_ms"], row["inductor"]["median_ms"], row["kiln"]["median_ms"]
+            if "kiln-py" not in row:  # --no-py: that column repeats kiln's
+                row["kiln-py"] = {"median_ms": float("nan"), "profile": row["kiln"]["profile"]}
             kp = row["kiln-py"]["median_ms"]
             st = row["kiln_stats"]
             pk, pi, pp = row["kiln"]["profile"], row["inductor"]["profile"], row["kiln-py"]["profile"]

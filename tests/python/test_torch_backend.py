@@ -588,6 +588,47 @@ def test_attention_gradients_match_eager(client, masked) -> None:
     assert kt.stats()["failed"] == 0
 
 
+def test_embedding_backward_stays_one_torch_op(client) -> None:
+    """Token and position embeddings with repeated ids, summed and normalised: outputs and
+    the gradients of the tables match eager, and the backward runs torch's embedding backward
+    as one op (decomposed, it is an index_put with accumulation: a sort and a serial scatter
+    on CUDA, ~15x slower for BERT-base's word embeddings)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch.manual_seed(6)
+    words, pos = torch.nn.Embedding(50, 32), torch.nn.Embedding(16, 32)
+
+    def f(ids: torch.Tensor) -> torch.Tensor:
+        p = torch.arange(ids.shape[1]).expand_as(ids)
+        return F.layer_norm(words(ids) + pos(p), (32,))
+
+    ids = torch.randint(0, 50, (4, 16))
+    ids[:, :4] = 7  # repeated ids: their gradients accumulate
+    params = [words.weight, pos.weight]
+    want = f(ids)
+    w = torch.randn(want.shape, generator=torch.Generator().manual_seed(3))
+    g_want = torch.autograd.grad((want * w).sum(), params)
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            self.seen.add(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    got = compiled(f, client)(ids)
+    with Ops() as ops:
+        g_got = torch.autograd.grad((got * w).sum(), params)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_got, g_want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert "embedding_dense_backward.default" in ops.seen, sorted(ops.seen)
+    assert not any(n.startswith("index_put") for n in ops.seen), sorted(ops.seen)
+    assert kt.stats()["failed"] == 0
+
+
 def test_dynamic_linear_bias_and_views_stay_in_kiln(client) -> None:
     """With symbolic sizes the reshape around a linear layer takes a run-time size: a reshape
     kiln can infer (flattening) runs inside the part, and the bias add of the linear layer moves
@@ -980,3 +1021,40 @@ def test_views_of_static_graphs_are_made_from_their_traced_layout(client: Any) -
     tail = torch.arange(30.0)[6:].view(2, 3, 4)  # a nonzero storage offset: the delta is relative
     got = DB.reinterpreted_view(tail, (3, 4), (4, 1), 12, (12, 4, 1), "select", (0, 1))
     torch.testing.assert_close(got, tail.select(0, 1))
+
+
+def test_contiguous_clones_on_the_torch_side_copy_only_what_is_not_contiguous() -> None:
+    """fold_clones: a clone read by plain ops becomes ``contiguous()`` (no copy of a contiguous
+    tensor, a copy of any other); clones that are graph outputs, that an in-place op writes,
+    or of a tensor an in-place op writes keep their op."""
+    from kiln.torch import dynamo_backend as DB
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(4, 3)
+
+    def node(op: str, target: Any, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
+        n = g.create_node(op, target, args, kwargs or {})
+        n.meta["val"] = torch.empty(4, 3)
+        return n
+
+    fmt = {"memory_format": torch.contiguous_format}
+    plain = node("call_method", "clone", (x,), fmt)  # read by a view only: folded
+    read = node("call_method", "view", (plain, 12))
+    out = node("call_method", "clone", (x,))  # a graph output
+    written = node("call_method", "clone", (x,))  # an in-place op writes it
+    node("call_method", "add_", (written, 1.0))
+    g.output((read, out, written))
+    assert DB.fold_clones(g) == 1
+    assert plain.target == "contiguous" and out.target == "clone" and written.target == "clone"
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    xs = torch.arange(12.0).view(4, 3)
+    r, o, w = gm(xs)
+    assert r.data_ptr() == xs.data_ptr()  # contiguous already: no copy
+    assert o.data_ptr() != xs.data_ptr() and w.data_ptr() != xs.data_ptr()
+    torch.testing.assert_close(w, xs + 1)
+    torch.testing.assert_close(xs, torch.arange(12.0).view(4, 3))  # the input untouched
+    xt = torch.arange(12.0).view(3, 4).t()  # not contiguous: copied
+    r, _, _ = gm(xt)
+    assert r.data_ptr() != xt.data_ptr()
+    torch.testing.assert_close(r, xt.reshape(12))

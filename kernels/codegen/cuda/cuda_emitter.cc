@@ -243,7 +243,7 @@ void CudaEmitter::EmitReduce(const Expr& e, const std::string& result, size_t ta
     return;
   }
   if (it->second.y_groups > 0) {
-    EmitColumnReduce(e, it->second, result, target);
+    EmitColumnReduces({&e}, {result}, target);
   } else {
     EmitCoopReduce(e, it->second, result, target);
   }
@@ -291,33 +291,64 @@ void CudaEmitter::EmitCoopReduce(const Expr& e, const CoopReduce& r, const std::
   scopes_.insert(scopes_.end(), saved.begin(), saved.end());
 }
 
-void CudaEmitter::EmitColumnReduce(const Expr& e, const CoopReduce& r, const std::string& result, size_t target) {
+bool CudaEmitter::EmitColumnGroup(const std::vector<const Expr*>& nodes) {
+  if (nodes.empty()) return false;
+  const CoopReduce& r0 = coop.at(nodes[0]);
+  const size_t target = TargetScope(*nodes[0]);
+  for (const Expr* e : nodes) {
+    const CoopReduce& r = coop.at(e);
+    if (r.y_groups <= 0 || r.var != r0.var || r.y_groups != r0.y_groups || r.col_begin != r0.col_begin ||
+        r.col_end != r0.col_end || TargetScope(*e) != target)
+      return false;
+    for (size_t i = 0; i <= target; ++i)
+      if (scopes_[i].cache.count(e)) return false;  // emitted already
+  }
+  std::vector<std::string> results;
+  for (size_t j = 0; j < nodes.size(); ++j) results.push_back(NewTemp());
+  EmitColumnReduces(nodes, results, target);
+  for (size_t j = 0; j < nodes.size(); ++j) scopes_[target].cache[nodes[j]] = results[j];
+  return true;
+}
+
+void CudaEmitter::EmitColumnReduces(const std::vector<const Expr*>& nodes, const std::vector<std::string>& results,
+                                    size_t target) {
   std::vector<Scope> saved(scopes_.begin() + target + 1, scopes_.end());
   scopes_.resize(target + 1);
-  const std::string& op = e.op;
-  ReduceText t = Describe(e, result);
-  for (std::string& s : Prelude(t, op, result)) AddStatement(std::move(s));
+  const CoopReduce& r = coop.at(nodes[0]);
+  std::vector<ReduceText> texts;
+  for (size_t j = 0; j < nodes.size(); ++j) {
+    texts.push_back(Describe(*nodes[j], results[j]));
+    for (std::string& s : Prelude(texts[j], nodes[j]->op, results[j])) AddStatement(std::move(s));
+  }
   rvars.insert(r.var);
   const std::string& ev = var_names_[r.var];
   PushScope(r.var);
-  std::string v = Emit(r.body);
-  AddStatement(Combine(t, op, result, v, absl::StrCat("(long long)", ev)));
+  for (size_t j = 0; j < nodes.size(); ++j) {
+    std::string v = Emit(coop.at(nodes[j]).body);  // loads the bodies share are read once
+    AddStatement(Combine(texts[j], nodes[j]->op, results[j], v, absl::StrCat("(long long)", ev)));
+  }
   std::vector<std::string> stmts = PopScope();
-  AddStatement(absl::StrCat("for (", index_type_, " ", ev, " = ", var_names_[ky_var], "; ", ev, " < ",
-                            extents()[r.var], "; ", ev, " += ", r.y_groups, ") {"));
+  const std::string first = r.col_begin.empty() ? var_names_[ky_var] : absl::StrCat(r.col_begin, " + ", var_names_[ky_var]);
+  const std::string end = r.col_end.empty() ? absl::StrCat(extents()[r.var]) : r.col_end;
+  AddStatement(absl::StrCat("for (", index_type_, " ", ev, " = ", first, "; ", ev, " < ", end, "; ", ev,
+                            " += ", r.y_groups, ") {"));
   for (std::string& s : stmts) AddStatement("  " + s);
   AddStatement("}");
   smem_bytes = std::max(smem_bytes, r.y_groups * 32 * 16);
-  if (t.nan_flag)
-    AddStatement(absl::StrCat(t.acc, " = ", t.acc, "_nan ? ", Literal(t.vt, __builtin_nan(""), 0), " : ", t.acc, ";"));
-  if (t.arg) {
-    AddStatement(absl::StrCat("kiln_col_arg<", r.y_groups, ", ", op == "argmax" ? "true" : "false", ">(", t.acc,
-                              ", ", result, "_idx, kiln_smem);"));
-  } else {
-    AddStatement(absl::StrCat(t.acc, " = kiln_col_reduce<", r.y_groups, ", ", t.op_struct, ">(", t.acc,
-                              ", kiln_smem);"));
+  for (size_t j = 0; j < nodes.size(); ++j) {
+    const ReduceText& t = texts[j];
+    const std::string& op = nodes[j]->op;
+    if (t.nan_flag)
+      AddStatement(absl::StrCat(t.acc, " = ", t.acc, "_nan ? ", Literal(t.vt, __builtin_nan(""), 0), " : ", t.acc, ";"));
+    if (t.arg) {
+      AddStatement(absl::StrCat("kiln_col_arg<", r.y_groups, ", ", op == "argmax" ? "true" : "false", ">(", t.acc,
+                                ", ", results[j], "_idx, kiln_smem);"));
+    } else {
+      AddStatement(absl::StrCat(t.acc, " = kiln_col_reduce<", r.y_groups, ", ", t.op_struct, ">(", t.acc,
+                                ", kiln_smem);"));
+    }
+    for (std::string& s : Finish(t, *nodes[j], results[j])) AddStatement(std::move(s));
   }
-  for (std::string& s : Finish(t, e, result)) AddStatement(std::move(s));
   scopes_.insert(scopes_.end(), saved.begin(), saved.end());
 }
 

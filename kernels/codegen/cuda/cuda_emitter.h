@@ -68,6 +68,9 @@ struct CoopReduce {
   bool use_cache = false;     // body loads may come from the row cache (same split as it)
   int index_buffer = -1;      // argmin/argmax over partial results: their indices
   int y_groups = 0;           // > 0: column-tile mode: y-group ky of y_groups takes e = ky + y_groups*j
+  // Column-tile mode over a chunk of the range (a split column reduction's partials): C text
+  // of the chunk's first index and end bound; empty: the whole range.
+  std::string col_begin, col_end;
 };
 
 class CudaEmitter : public ScopedEmitter {
@@ -135,6 +138,12 @@ class CudaEmitter : public ScopedEmitter {
                    const std::function<void(LaneGroup&, int)>& lane,
                    const std::function<void(LaneGroup&, const std::string& e0)>& after);
 
+  // Column-tile reductions over the same range (one flat variable, chunk and y-groups, all
+  // landing in one scope) in one loop, so that what their bodies share (a matrix several of
+  // them read) is loaded once per element; Emit then returns their values. False, emitting
+  // nothing, when they do not qualify. Call with the output scopes open.
+  bool EmitColumnGroup(const std::vector<const lower::Expr*>& nodes);
+
   // The C text of an affine in this kernel's variable names.
   std::string Text(const lower::Affine& a) const { return lower::ToC(a, var_names_); }
   std::set<int> rvars;  // variables bound by reductions (never available to vector fills)
@@ -145,7 +154,8 @@ class CudaEmitter : public ScopedEmitter {
 
  private:
   void EmitCoopReduce(const lower::Expr& e, const CoopReduce& r, const std::string& result, size_t target);
-  void EmitColumnReduce(const lower::Expr& e, const CoopReduce& r, const std::string& result, size_t target);
+  void EmitColumnReduces(const std::vector<const lower::Expr*>& nodes, const std::vector<std::string>& results,
+                         size_t target);
 
   schedule::Program* program_;
   schedule::Kernel* kernel_ext_;

@@ -1,5 +1,7 @@
 #include "kernels/codegen/cuda/cuda_kernel.h"
 
+#include <map>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/c_expr.h"
@@ -67,7 +69,10 @@ absl::StatusOr<std::vector<KernelFunction>> KernelGen::Run() {
   } else {
     int64_t y = Pow2Floor(std::max<int64_t>(1, int64_t{8} * cfg_.sm_count * kPointwiseBlock / n_out));
     y = std::clamp<int64_t>(std::min(y, Pow2Floor(r_inner)), 2, 32);
-    ColumnTile(static_cast<int>(y));
+    // Split into chunks, the kernel then reduces each output's partials as a column tile too
+    // (a y-group per partial: a few loads per thread, not a loop over all of them).
+    const int64_t chunks = SplitColumns(static_cast<int>(y));
+    ColumnTile(static_cast<int>(chunks > 0 ? std::clamp<int64_t>(Pow2Floor(chunks), 2, 32) : y));
   }
   return fns_;
 }
@@ -226,20 +231,7 @@ void KernelGen::SplitGlobals(bool* direct) {
     }
     Partials(items, vals, idxs, G, l);
     for (size_t j = 0; j < originals.size(); ++j) {
-      kern_.extents.push_back(G);
-      int pg = static_cast<int>(kern_.extents.size()) - 1;
-      Expr ld;
-      ld.kind = Expr::Kind::kLoad;
-      ld.dtype = unit_->buffers[vals[j]].dtype;
-      ld.buffer = vals[j];
-      ld.index = {Affine::Var(pg)};
-      Expr red;
-      red.kind = Expr::Kind::kReduce;
-      red.dtype = originals[j]->dtype;
-      red.op = originals[j]->op;
-      red.args = {pool_.Intern(std::move(ld))};
-      red.rvars = {pg};
-      ExprPtr pr = pool_.Intern(std::move(red));
+      ExprPtr pr = ReduceOverPartials(*originals[j], vals[j], G, {});
       partial_index_[pr.get()] = idxs[j];
       replaced[originals[j]] = pr;
     }
@@ -315,6 +307,171 @@ void KernelGen::Partials(const std::vector<ExprPtr>& items, const std::vector<in
   body.insert(body.end(), stores.begin(), stores.end());
   body.push_back("}");
   fns_.push_back(Finish(*fn, absl::StrCat(kern_.name, "_p", level), body, G, 1, B, strategy));
+}
+
+ExprPtr KernelGen::ReduceOverPartials(const Expr& original, int buffer, int64_t G, std::vector<Affine> inner) {
+  kern_.extents.push_back(G);
+  const int pg = static_cast<int>(kern_.extents.size()) - 1;
+  Expr ld;
+  ld.kind = Expr::Kind::kLoad;
+  ld.dtype = unit_->buffers[buffer].dtype;
+  ld.buffer = buffer;
+  ld.index = {Affine::Var(pg)};
+  ld.index.insert(ld.index.end(), inner.begin(), inner.end());
+  Expr red;
+  red.kind = Expr::Kind::kReduce;
+  red.dtype = original.dtype;
+  red.op = original.op;
+  red.args = {pool_.Intern(std::move(ld))};
+  red.rvars = {pg};
+  return pool_.Intern(std::move(red));
+}
+
+// ---- Column reductions: chunks of the range -> partials per output in the workspace.
+//
+// A column tile gives each block 32 outputs, so N outputs make N / 32 blocks however long the
+// reduced range is: the bias gradients of a [8192, 768] activation are 24 blocks on a device of
+// 132 SMs, each walking 8192 rows. Here the range is cut into G chunks (block b takes columns
+// b % (N / 32) and chunk b / (N / 32)), each block leaves one partial per output in a [G, N]
+// workspace buffer, and the kernel itself reduces an output's G partials in one thread. This is
+// the split a reduction over a non-contiguous axis needs on a GPU (Inductor splits such
+// reductions too); the partials cost G * N elements of traffic, small beside the range.
+int64_t KernelGen::SplitColumns(int y) {
+  const int rank = static_cast<int>(loops_.size());
+  const int64_t N = Product(loops_, 0, rank);
+  if (Varies(N) || N <= 0) return 0;
+  const int64_t cols = CeilDiv(N, 32);
+  // Enough blocks of 32 * y threads for every SM to hold a few (a 1024-thread block fills half
+  // of an SM), and at least this many rows per thread of a chunk, so a partial is worth its store.
+  constexpr int64_t kBlocksPerSm = 8;
+  constexpr int64_t kMinRowsPerThread = 8;
+  constexpr int64_t kMaxChunks = 32;  // the kernel reduces the partials per thread: keep it short
+  if (cols >= kBlocksPerSm * cfg_.sm_count / 2) return 0;
+  FreeVarMap fv;
+  std::vector<ExprPtr> items;
+  int64_t r_min = 0;
+  for (const auto& o : kern_.outputs) {
+    AddFreeVars(o.value, &fv);
+    for (const Expr* n : Nodes(o.value)) {
+      if (n->kind != Expr::Kind::kReduce) continue;
+      if (partial_index_.count(n)) return 0;  // whole-tensor partials read here: keep to one scheme
+      const std::vector<int>& vs = fv.at(n);
+      if (vs.empty() || vs.back() >= rank) continue;  // nested in another reduction: runs in its loop
+      if (n->op == "argmax" || n->op == "argmin") return 0;
+      ExprPtr self = pool_.Intern(Expr(*n));
+      if (std::find(items.begin(), items.end(), self) != items.end()) continue;
+      // A reduction inside another's body that the column tile would also run cooperatively
+      // (it depends on the outputs only) would be reduced per chunk: not split here.
+      for (const Expr* m : Nodes(n->args[0]))
+        if (m->kind == Expr::Kind::kReduce && fv.count(m) && !fv.at(m).empty() && fv.at(m).back() < rank) return 0;
+      const int64_t R = ReduceExtent(*n, kern_.extents);
+      if (Varies(R)) return 0;
+      r_min = items.empty() ? R : std::min(r_min, R);
+      items.push_back(std::move(self));
+    }
+  }
+  if (items.empty()) return 0;
+  int64_t G = CeilDiv(kBlocksPerSm * cfg_.sm_count, cols);
+  G = std::min({G, kMaxChunks, r_min / (kMinRowsPerThread * y)});
+  if (G < 2) return 0;
+  int temps = 0;
+  for (const Buffer& b : unit_->buffers) temps += b.role == Buffer::Role::kTemp;
+  std::vector<int> vals;
+  for (const ExprPtr& item : items) {
+    Buffer b;
+    b.role = Buffer::Role::kTemp;
+    b.index = temps++;
+    b.dtype = item->op == "any" || item->op == "all" ? ir::DType::kBool : ir::ComputeType(item->dtype);
+    b.shape = {G, N};
+    b.strides = {N, 1};
+    b.bytes = G * N * ir::DTypeSize(b.dtype);
+    b.offset = CeilDiv(unit_->workspace_bytes, 256) * 256;
+    unit_->workspace_bytes = b.offset + b.bytes;
+    unit_->buffers.push_back(std::move(b));
+    vals.push_back(static_cast<int>(unit_->buffers.size()) - 1);
+  }
+  ColumnPartials(items, vals, G, y);
+  // The reductions become reductions over their G partials at the output's flat index.
+  Affine flat = Affine::Const(0);
+  int64_t inner = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    flat = lower::Add(flat, lower::Scale(Affine::Var(d), inner));
+    inner *= loops_[d];
+  }
+  std::unordered_map<const Expr*, ExprPtr> replaced;
+  for (size_t j = 0; j < items.size(); ++j) replaced[items[j].get()] = ReduceOverPartials(*items[j], vals[j], G, {flat});
+  RewriteRules swap;
+  swap.node = [&](const ExprPtr& e) -> ExprPtr {
+    auto it = replaced.find(e.get());
+    return it == replaced.end() ? nullptr : it->second;
+  };
+  for (schedule::KernelOutput& o : kern_.outputs) o.value = Rewrite(o.value, swap, &pool_);
+  return G;
+}
+
+void KernelGen::ColumnPartials(const std::vector<ExprPtr>& items, const std::vector<int>& vals, int64_t G, int y) {
+  std::unique_ptr<Fn> fn = NewFn();
+  CudaEmitter& em = *fn->em;
+  const int rank = static_cast<int>(loops_.size());
+  const int64_t N = Product(loops_, 0, rank);
+  const int64_t cols = CeilDiv(N, 32);
+  const int block = 32 * y;
+  em.kt_var = em.NewVar(block, "kt");
+  em.ky_var = em.NewVar(y, "ky");
+  em.threads_per_row = block;
+  const std::string& it = cfg_.index_type;
+  fn->head.push_back(absl::StrCat("const ", it, " kt = threadIdx.x;"));
+  fn->head.push_back(absl::StrCat("const ", it, " ky = threadIdx.x >> 5;"));
+  fn->head.push_back(absl::StrCat("const ", it, " kg = blockIdx.x / ", cols, ";"));
+  fn->head.push_back(absl::StrCat("const ", it, " kc_raw = (blockIdx.x % ", cols, ") * 32 + (threadIdx.x & 31);"));
+  fn->head.push_back(absl::StrCat("const bool kc_ok = kc_raw < ", N, ";"));
+  fn->head.push_back(absl::StrCat("const ", it, " kc = kc_ok ? kc_raw : ", N - 1, ";"));
+  std::vector<int> vars;
+  for (int d = 0; d < rank; ++d) vars.push_back(d);
+  for (const std::string& l : DefineVars(*fn, vars, "kc")) fn->head.push_back(l);
+  std::string strategy = absl::StrCat("column partials: ", N, " output(s), 32 per block, ", y, " y-group(s), ", G,
+                                      " chunk(s) of");
+  std::map<int64_t, int> var_of_extent;  // reductions of one length walk one variable (one loop)
+  for (size_t j = 0; j < items.size(); ++j) {
+    const Expr& g = *items[j];
+    const int64_t R = ReduceExtent(g, em.extents());
+    CoopReduce r;
+    auto [at, fresh] = var_of_extent.emplace(R, -1);
+    if (fresh) at->second = em.NewVar(R, absl::StrCat("e", em.extents().size()));
+    r.var = at->second;
+    std::vector<int> rv = g.rvars;
+    int var = r.var;
+    RewriteRules flat;
+    flat.affine = [&](const Affine& a) { return FlattenAffine(a, rv, var, em.extents()); };
+    r.body = Rewrite(g.args[0], flat, &pool_);
+    r.y_groups = y;
+    const int64_t S = CeilDiv(R, G);
+    r.col_begin = absl::StrCat(S, " * kg");
+    r.col_end = absl::StrCat("(", S, " * kg + ", S, " < ", R, " ? ", S, " * kg + ", S, " : ", R, ")");
+    em.coop[items[j].get()] = r;
+    absl::StrAppend(&strategy, j ? "," : "", " ", S, " of ", R);
+  }
+  for (const ExprPtr& t : items)
+    for (const Expr* n : Nodes(t)) em.rvars.insert(n->rvars.begin(), n->rvars.end());
+  em.PushScope(-1);
+  for (int d : vars) em.PushScope(d);
+  for (const auto& [R, var] : var_of_extent) {
+    std::vector<const Expr*> group;
+    for (const ExprPtr& item : items)
+      if (em.coop.at(item.get()).var == var) group.push_back(item.get());
+    em.EmitColumnGroup(group);  // else each loops on its own below
+  }
+  for (size_t j = 0; j < items.size(); ++j) {
+    std::string v = em.Emit(items[j]);
+    const Buffer& b = fn->prog.buffers[vals[j]];
+    fn->written.push_back(vals[j]);
+    em.AddStatement(absl::StrCat("if (ky == 0 && kc_ok) ", BufferName(b), "[kg * ", N, " + kc] = ", v, ";"));
+  }
+  std::vector<std::string> body;
+  std::vector<std::vector<std::string>> parts(vars.size() + 1);  // outermost scope first
+  for (size_t i = parts.size(); i-- > 0;) parts[i] = em.PopScope();
+  for (const auto& part : parts) body.insert(body.end(), part.begin(), part.end());
+  fns_.push_back(Finish(*fn, absl::StrCat(kern_.name, "_c"), body, cols * G * 32, 32, block, strategy));
 }
 
 }  // namespace internal

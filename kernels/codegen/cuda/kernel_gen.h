@@ -163,6 +163,14 @@ class KernelGen {
   void SplitGlobals(bool* direct);
   void Partials(const std::vector<ExprPtr>& items, const std::vector<int>& val_buffers,
                 const std::vector<int>& idx_buffers, int64_t G, int level);
+  // `original` (a reduction) as the same reduction over G partials in `buffer`, at index
+  // [g, inner...] for a new variable g of extent G.
+  ExprPtr ReduceOverPartials(const Expr& original, int buffer, int64_t G, std::vector<Affine> inner);
+  // Column reductions over long ranges with few outputs: partial launches over chunks of the
+  // range, the reductions rewritten to read them; returns the number of chunks, or 0 (nothing
+  // changed) where a column tile alone fills the device or the reductions do not qualify.
+  int64_t SplitColumns(int y);
+  void ColumnPartials(const std::vector<ExprPtr>& items, const std::vector<int>& val_buffers, int64_t G, int y);
   // The strategies (cuda_strategies.cc).
   void Pointwise();
   void Row(int p);  // outer variables 0..p, one row per outer index

@@ -195,6 +195,48 @@ TEST(CudaEmulation, ColumnSumsBesideAPerRowVector) {
   EXPECT_NE(gen->fusion_report.find("column tile"), std::string::npos) << gen->fusion_report;
 }
 
+// Column reductions with few outputs over long ranges (bias gradients: [8192, 768] -> [768]):
+// the range is split into chunks whose partials a second launch combines. Row counts that no
+// chunk size divides, reductions over two axes, NaN, bool and f16 inputs, an epilogue after
+// the reduction, and two reductions of one launch.
+TEST(CudaEmulation, SplitColumnReductions) {
+  REQUIRE_NVRTC();
+  auto split = [](const ir::Graph& g) {
+    auto gen = SharedPipeline().Generate(g, CudaTarget(90), CompileOptions{});
+    ASSERT_TRUE(gen.ok()) << gen.status();
+    EXPECT_NE(gen->fusion_report.find("column partials"), std::string::npos) << gen->fusion_report;
+  };
+  // Multiples of 1/8: every partial sum is exact, so any summation order agrees.
+  auto eighths = [](int, HostTensor* t) {
+    for (int64_t k = 0; k < t->elements; ++k) t->Set(k, std::round(t->At(k) * 8) / 8);
+  };
+  ir::Graph sum = Reduce("sum", Ty(DType::kF32, {5003, 40}), {{"axes", ir::IntList{0}}});
+  split(sum);
+  ExpectMatchesCpu(sum, eighths);
+  ir::Graph two_axes = Reduce("sum", Ty(DType::kF64, {7, 611, 24}), {{"axes", ir::IntList{0, 1}}});
+  split(two_axes);
+  ExpectMatchesCpu(two_axes, eighths);
+  ir::Graph max = Reduce("max", Ty(DType::kF32, {4000, 33}), {{"axes", ir::IntList{0}}});
+  split(max);
+  ExpectMatchesCpu(max, [](int, HostTensor* t) { reinterpret_cast<float*>(t->data.get())[3999 * 33 + 4] = NAN; });
+  ir::Graph any = Reduce("any", Ty(DType::kBool, {4000, 20}), {{"axes", ir::IntList{0}}});
+  split(any);
+  ExpectMatchesCpu(any, [](int, HostTensor* t) {
+    std::memset(t->data.get(), 0, t->bytes());
+    t->data.get()[3001 * 20 + 7] = 1;  // one true, deep in one chunk of one column
+  });
+  ExpectMatchesCpu(Reduce("sum", Ty(DType::kF16, {4096, 48}), {{"axes", ir::IntList{0}}}), eighths);
+  // A layer_norm backward's weight and bias gradients, scaled afterwards.
+  ir::Graph ln = Make({Ty(DType::kF32, {6000, 96}), Ty(DType::kF32, {6000, 1})}, [](ir::Builder& b) {
+    auto prod = *b.Add("mul", {0, 1});
+    auto wsum = *b.Add("sum", {prod}, {{"axes", ir::IntList{0}}});
+    auto two = *b.Add("full", {}, {{"shape", ir::IntList{}}, {"value", 2.0}, {"dtype", DType::kF32}});
+    return std::vector<ValueId>{*b.Add("mul", {wsum, two}), *b.Add("sum", {0}, {{"axes", ir::IntList{0}}})};
+  });
+  split(ln);
+  ExpectMatchesCpu(ln, eighths);
+}
+
 TEST(CudaEmulation, WholeTensorReductions) {
   // Small: one block, one launch.
   ExpectMatchesCpu(Reduce("sum", Ty(DType::kF32, {1000}), {}));

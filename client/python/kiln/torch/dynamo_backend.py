@@ -305,6 +305,7 @@ def rewrite(gm: torch.fx.GraphModule, segments: Sequence[Segment]) -> tuple[torc
     fold_views(g)
     fold_linear(g)
     fold_reinterpret(g)
+    fold_clones(g)
     g.lint()
     outer = torch.fx.GraphModule(root, g, class_name="KilnGraphModule")
     # The generated forward reads each part as ``self.kiln_part_N``: found in the instance
@@ -517,6 +518,32 @@ def fold_reinterpret(g: torch.fx.Graph) -> int:
     return count
 
 
+def fold_clones(g: torch.fx.Graph) -> int:
+    """Rewrites the torch side's contiguous clones into ``Tensor.contiguous`` calls, which copy
+    only a tensor that is not contiguous already; returns how many. AOTAutograd's graphs are
+    functional, so a copy of a contiguous tensor is needed only where something writes to one
+    of the two: clones read by an in-place op, of a tensor an in-place op writes, or that are
+    graph outputs (fresh storage AOTAutograd may hand out) keep their op. (The matrix products
+    of an attention block clone their operands after an expand that broadcasts nothing: a
+    device copy per product in a training step.)"""
+    count = 0
+    for n in list(g.nodes):
+        if n.op != "call_method" or n.target != "clone" or len(n.args) != 1:
+            continue
+        if n.kwargs.get("memory_format", torch.contiguous_format) is not torch.contiguous_format:
+            continue
+        if set(n.kwargs) - {"memory_format"}:
+            continue
+        x = n.args[0]
+        if not isinstance(x, torch.fx.Node) or not isinstance(_val(n), torch.Tensor):
+            continue
+        if any(u.op == "output" or _mutates(u) for u in n.users) or any(_mutates(u) for u in x.users):
+            continue
+        n.target, n.kwargs = "contiguous", {}
+        count += 1
+    return count
+
+
 def _get_attr(gm: torch.nn.Module, target: str) -> Any:
     obj: Any = gm
     for atom in target.split("."):
@@ -542,6 +569,11 @@ def decompositions() -> Any:
         op = getattr(torch.ops.aten, name, None)
         if op is not None:
             table.pop(op.default, None)
+    # An embedding's backward stays torch's op too: decomposed, it is an index_put with
+    # accumulation, which CUDA runs as a sort and a serial scatter per duplicate index (about
+    # 1 ms for BERT-base's word embeddings at batch 16, sequence 128, on an H100/H200), where
+    # the op's own kernel takes a fraction of that. kiln cannot take a scatter either way.
+    table.pop(torch.ops.aten.embedding_dense_backward.default, None)
     return table
 
 
@@ -594,6 +626,6 @@ def backend(**options: Any) -> Callable[..., Any]:
     return make_backend(BackendConfig.from_args(mode, options))
 
 
-__all__ = ["AsyncGraph", "BackendConfig", "backend", "compile_aten_graph", "decompositions", "fold_reinterpret",
+__all__ = ["AsyncGraph", "BackendConfig", "backend", "compile_aten_graph", "decompositions", "fold_clones", "fold_reinterpret",
            "kiln_backend", "make_backend", "reinterpreted_view", "rewrite", "wait"]
 
