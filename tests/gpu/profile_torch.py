@@ -226,6 +226,51 @@ def profile_steps(step: Callable[[int], Any], steps: int, kiln_names: set[str]) 
     }
 
 
+def part_gpu_times(step: Callable[[int], Any], steps: int) -> list[tuple[float, Any]]:
+    """GPU ms per step of each kiln part (CUDA events around its calls: in a GPU-bound step the
+    events wait behind earlier work, so each pair brackets the part's own kernels), largest
+    first, with the part."""
+    from kiln.torch.runtime import KilnPart
+
+    pending: list[tuple[Any, Any, Any]] = []
+    orig = KilnPart.__call__
+
+    def timed(self: Any, *a: Any) -> Any:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        r = orig(self, *a)
+        end.record()
+        pending.append((self, start, end))
+        return r
+
+    KilnPart.__call__ = timed  # type: ignore[method-assign]
+    try:
+        for i in range(steps):
+            step(i)
+        torch.cuda.synchronize()
+    finally:
+        KilnPart.__call__ = orig  # type: ignore[method-assign]
+    per: dict[int, list[Any]] = {}
+    for part, start, end in pending:
+        per.setdefault(id(part), [0.0, part])[0] += start.elapsed_time(end) / steps
+    return sorted(((ms, part) for ms, part in per.values()), key=lambda t: -t[0])
+
+
+def part_lines(parts: list[tuple[float, Any]], top: int) -> list[str]:
+    lines = ["kiln parts by GPU time per step (ms; ops; each kernel's strategy):", ""]
+    for ms, p in parts[:top]:
+        strategies = []
+        if p.compiled is not None:
+            try:
+                strategies = [ln for ln in p.compiled.fusion_report().splitlines() if ln.startswith("cuda ")]
+            except Exception as e:  # diagnostics only
+                strategies = [f"(no report: {e})"]
+        lines.append(f"- {ms:.3f} {p.part_name}: {' '.join(o for o in p.ops if o != '<built-in function getitem>')}")
+        lines += [f"  - {st[:160]}" for st in strategies]
+    lines.append("")
+    return lines
+
+
 def python_profile(step: Callable[[int], Any], steps: int) -> str:
     """The Python functions a kiln step spends its host time in (cProfile, top 30 by own time)."""
     import cProfile
@@ -254,6 +299,8 @@ def main() -> int:
     ap.add_argument("--mode", default=None, help='torch.compile mode for kiln and Inductor, e.g. "reduce-overhead"')
     ap.add_argument("--top", type=int, default=12, help="kernels listed per step and backend")
     ap.add_argument("--no-py", action="store_true", help="skip the kiln row with Python part calls")
+    ap.add_argument("--part-times", action="store_true",
+                    help="time each kiln part's kernels (CUDA events around its calls) and list the largest")
     ap.add_argument("--cprofile", action="store_true",
                     help="also run cProfile over kiln steps and print the top Python functions")
     opts = ap.parse_args()
@@ -335,6 +382,8 @@ def main() -> int:
                 if backend is not None:
                     names = kiln_kernel_names() if backend == "kiln" else set()
                     row[label]["profile"] = profile_steps(step, opts.profile_steps, names)
+                if backend == "kiln" and opts.part_times:
+                    row["part_lines"] = part_lines(part_gpu_times(step, opts.profile_steps), opts.top)
                 print(f"{name} {label}: {ms:.3f} ms (first call {first:.1f} s)", flush=True)
             results["rows"][name] = row
             e, i, k = row["eager"]["median_ms"], row["inductor"]["median_ms"], row["kiln"]["median_ms"]
@@ -373,6 +422,7 @@ def main() -> int:
                 lines += [f"Top kernels per step, {label} (GPU ms):", ""]
                 lines += [f"- {ms:.3f} {kname}" for kname, ms in prof["top_kernels"]]
                 lines.append("")
+            lines += row.get("part_lines", [])
             if name.startswith("ln_gelu"):  # small enough to show what kiln generated
                 for p in kiln_parts():
                     if p.compiled is not None:

@@ -296,6 +296,11 @@ def rewrite(gm: torch.fx.GraphModule, segments: Sequence[Segment]) -> tuple[torc
         parts.append(part)
         root[name] = part
         call = g.call_module(name, tuple(env[a] for a in seg.inputs))
+        for o, chain in seg.torch_views.items():  # views of the part's arguments: made here
+            local: dict[torch.fx.Node, torch.fx.Node] = {}
+            for c in chain:
+                local[c] = _direct_call(g.node_copy(c, lambda a: local[a] if a in local else env[a]))
+            env[o] = local[o]
         for j, o in enumerate(seg.outputs):
             item = g.call_function(operator.getitem, (call, j))
             item.meta = dict(o.meta)

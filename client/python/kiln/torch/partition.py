@@ -52,6 +52,9 @@ class Segment:
     # the segment take as arguments: the kiln graph reads the tensors only (kiln infers those
     # sizes), the torch fallback of the part all of them.
     num_tensor_inputs: int = 0
+    # Results that are views of an argument (a chain of view nodes of the segment, first to
+    # last): the torch side makes them from the argument instead of the part copying it.
+    torch_views: dict[torch.fx.Node, list[torch.fx.Node]] = field(default_factory=dict)
 
     @property
     def is_kiln(self) -> bool:
@@ -231,6 +234,8 @@ def _finish(segments: list[Segment]) -> list[Segment]:
                 s.outputs.append(n)
         s.num_tensor_inputs = len(s.inputs)
         s.inputs.extend(sizes)
+        if s.is_kiln:
+            _views_to_torch(s)
         if s.is_kiln and (not s.outputs or any(_empty(n) for n in s.inputs + s.outputs)):
             # Nothing to return, or zero-size tensors (nothing to compute, maybe no address).
             s.color = None
@@ -243,6 +248,27 @@ def _finish(segments: list[Segment]) -> list[Segment]:
         else:
             merged.append(s)
     return merged
+
+
+def _views_to_torch(s: Segment) -> None:
+    """Moves the results of ``s`` that are views of its arguments (the backward's incoming
+    gradient reshaped for a matrix product, an alias of a saved [B, H, T, T] softmax) to
+    ``s.torch_views``: a view costs torch nothing, where the part would write a copy."""
+    members = set(s.nodes)
+    args = set(s.inputs)
+    for o in list(s.outputs):
+        chain: list[torch.fx.Node] = []
+        n = o
+        while n in members and n.op == "call_function" and n.target in L.VIEW_OPS \
+                and n.target is not torch.ops.aten.clone.default and n.args and isinstance(n.args[0], torch.fx.Node):
+            chain.append(n)
+            n = n.args[0]
+        if not chain or n not in args:
+            continue
+        if any(a in members and a not in chain for c in chain for a in c.all_input_nodes):
+            continue  # a size the segment computes
+        s.torch_views[o] = chain[::-1]
+        s.outputs.remove(o)
 
 
 def _empty(n: torch.fx.Node) -> bool:
