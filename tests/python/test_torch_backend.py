@@ -1096,3 +1096,34 @@ def test_a_view_of_a_part_argument_is_made_on_the_torch_side(client: Any) -> Non
         assert src.target is not operator.getitem, g.code  # read back from the part: a copy
         src = src.args[0]
     assert kt.stats()["failed"] == 0
+
+
+def test_large_transposing_copies_run_in_kiln(client: Any) -> None:
+    """A large contiguous copy of a transposed tensor (an attention block's heads before their
+    matrix product) is a kiln part even when only torch reads it; a small one stays torch's."""
+    from kiln.torch import dynamo_backend as DB
+
+    graphs: list[Any] = []
+    real = DB.rewrite
+
+    def spy(gm: Any, segments: Any) -> Any:
+        out = real(gm, segments)
+        graphs.append(out)
+        return out
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2).contiguous().view(-1, x.shape[1]) @ w
+
+    DB.rewrite = spy
+    try:
+        for shape, in_kiln in (((4, 64, 512), True), ((2, 8, 16), False)):
+            graphs.clear()
+            x, w = torch.randn(*shape), torch.randn(shape[1], 3)
+            torch.testing.assert_close(compiled(f, client)(x, w), f(x, w), rtol=1e-5, atol=1e-5)
+            (gm, parts), = graphs
+            torch_side = [n for n in gm.graph.nodes if n.op == "call_method" and n.target in ("clone", "contiguous")]
+            kiln_side = [p for p in parts if "clone.default" in p.ops]
+            assert (len(kiln_side), len(torch_side)) == ((1, 0) if in_kiln else (0, 1)), (shape, gm.code)
+    finally:
+        DB.rewrite = real
+    assert kt.stats()["failed"] == 0

@@ -162,6 +162,8 @@ def color_nodes(graph: torch.fx.Graph) -> dict[torch.fx.Node, Color]:
     for n in reversed(list(graph.nodes)):
         if colors.get(n) is None or (n.target not in L.VIEW_OPS and n.target not in L.SOURCE_OPS):
             continue
+        if is_real_copy(n):
+            continue  # a transposing copy: kiln's vectorised kernel does it (several in one launch)
         if n.users and all(colors.get(u) is None or u.op == "output" for u in n.users):
             colors[n] = None
     for n in graph.nodes:
@@ -171,6 +173,27 @@ def color_nodes(graph: torch.fx.Graph) -> dict[torch.fx.Node, Color]:
         for why, count in sorted(reasons.items(), key=lambda kv: -kv[1]):
             log.debug("kiln.torch: %d node(s) stay in torch: %s", count, why)
     return colors
+
+
+# A clone of at least this many elements whose source is not laid out as its result is a
+# part of its own when torch alone reads it: torch's copy of a permuted tensor is a generic
+# strided kernel (about half the bandwidth of kiln's vector loads along the contiguous
+# dimension, on an H100/H200), and the copies of one step (an attention block's q, k and v
+# before their matrix products) share one launch. Smaller ones stay in torch: a part call
+# costs more host time than their copy takes.
+REAL_COPY_ELEMENTS = 1 << 16
+
+
+def is_real_copy(n: torch.fx.Node) -> bool:
+    """Whether ``n`` is a contiguous clone of a large, static, non-contiguous tensor."""
+    if n.op != "call_function" or n.target is not torch.ops.aten.clone.default or not n.args:
+        return False
+    if n.kwargs.get("memory_format", torch.contiguous_format) is not torch.contiguous_format:
+        return False
+    src = L.node_meta(n.args[0]) if isinstance(n.args[0], torch.fx.Node) else None
+    if not isinstance(src, torch.Tensor) or not L.is_static_tensor(src):
+        return False
+    return src.numel() >= REAL_COPY_ELEMENTS and not src.is_contiguous()
 
 
 # ---------------------------------------------------------------------------------- scheduling
@@ -214,7 +237,7 @@ def schedule(graph: torch.fx.Graph, colors: dict[torch.fx.Node, Color]) -> list[
 def _finish(segments: list[Segment]) -> list[Segment]:
     """Step 4, then the inputs and outputs of every kiln segment; adjacent torch runs merge."""
     for s in segments:
-        if s.is_kiln and all(n.target in L.NON_COMPUTE_OPS for n in s.nodes):
+        if s.is_kiln and all(n.target in L.NON_COMPUTE_OPS and not is_real_copy(n) for n in s.nodes):
             s.color = None
     for s in segments:
         if not s.is_kiln:
