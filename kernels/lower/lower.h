@@ -45,6 +45,10 @@ class Lowerer {
   void MarkStoredHere(ir::ValueId v) { stored_here_.insert(v); }
 
   const VarExtents& extents() const { return extents_; }
+  // The index into a tensor of shape `in` of the element at row-major position `index` of
+  // shape `out` (a reshape; contiguous merges and splits stay affine).
+  std::vector<Affine> ReshapeIndex(const std::vector<Affine>& index, const ir::Shape& out,
+                                   const ir::Shape& in) const;
   const std::vector<InlinedReduction>& inlined() const { return inlined_; }
   // Values whose definitions this kernel inlined (for the fusion report).
   const std::vector<ir::ValueId>& fused_values() const { return fused_; }
@@ -54,8 +58,6 @@ class Lowerer {
   ExprPtr LowerReduction(ir::ValueId v, const std::vector<Affine>& index);
   std::vector<Affine> BroadcastIndex(const std::vector<Affine>& index, const ir::Shape& out,
                                      const ir::Shape& in) const;
-  std::vector<Affine> ReshapeIndex(const std::vector<Affine>& index, const ir::Shape& out,
-                                   const ir::Shape& in) const;
   int NewVar(int64_t extent);
 
   const ir::Graph& graph_;

@@ -38,7 +38,9 @@ struct Kernel {
   int num_loops = 0;
   std::vector<lower::Affine> out_index;
   lower::VarExtents extents;     // every loop variable's extent (output loops first)
-  std::vector<KernelOutput> outputs;  // all of shape `domain`, stored contiguously
+  // Each holds `domain`'s number of elements, stored contiguously at the flat position of the
+  // domain's element (an output may have another shape with the same elements: a view).
+  std::vector<KernelOutput> outputs;
   std::vector<ir::ValueId> fused_values;  // graph values computed inside this kernel
 };
 

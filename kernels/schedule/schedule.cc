@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/ir/op_registry.h"
+#include "kernels/ir/symbols.h"
 #include "kernels/lower/lower.h"
 #include "kernels/schedule/legality.h"
 #include "kernels/schedule/policy.h"
@@ -164,11 +165,14 @@ class Scheduler {
       if (options_.budget) KILN_RETURN_IF_ERROR(options_.budget->Check("schedule"));
       const ir::Shape& shape = g_.TypeOf(v).shape;
       bool joined = false;
-      if (cur && cur->domain == shape) {
-        // Try this value in the open kernel (same domain): legal when it reads none of the
-        // kernel's own stores.
+      if (cur && (cur->domain == shape || SameElements(cur->domain, shape))) {
+        // Try this value in the open kernel (same domain, or the same elements in another
+        // shape: a bias add on [B*T, C] and the gelu of its [B, T, C] view): legal when it
+        // reads none of the kernel's own stores. Outputs are contiguous, so an output of
+        // another shape is stored at the same flat position as the domain's element.
         size_t mark = cur->outputs.size();
-        lower::ExprPtr e = lw.Lower(v, idx, /*root=*/true);
+        lower::ExprPtr e = lw.Lower(v, cur->domain == shape ? idx : lw.ReshapeIndex(idx, cur->domain, shape),
+                                    /*root=*/true);
         std::vector<int> loads;
         CollectLoads(e, &loads);
         if (CanJoinKernel(loads, cur_buffers)) {
@@ -198,6 +202,21 @@ class Scheduler {
     if (cur) Finish(cur, lw, refusals);
     PlanWorkspace(p);
     return absl::OkStatus();
+  }
+
+  // Shapes of equal, static element counts (symbolic sizes keep to equal shapes: the sample
+  // sizes a symbolic kernel is fitted from could agree where the sizes do not).
+  static bool SameElements(const ir::Shape& a, const ir::Shape& b) {
+    int64_t na = 1, nb = 1;
+    for (int64_t d : a) {
+      if (ir::VariesWithSizes(d)) return false;
+      na *= d;
+    }
+    for (int64_t d : b) {
+      if (ir::VariesWithSizes(d)) return false;
+      nb *= d;
+    }
+    return na == nb && na > 0;
   }
 
   std::string Describe(ir::ValueId, const std::vector<int>& loads, const std::unordered_set<int>& kernel_buffers) {

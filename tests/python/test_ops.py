@@ -579,3 +579,21 @@ def test_reversed_flat_view_reads_in_floor_division(client, rng, shape) -> None:
     out = b.permute(b.reshape(flat, [-1, shape[-1]]), [1, 0])
     host = random_array(rng, "f32", shape)
     check(client.compile(b.build([out]))(host), host.reshape(-1)[::-1].reshape(-1, shape[-1]).T, "f32", f"{shape}")
+
+
+# A sum over outer axes whose rows are unrolled (lane tiles, the innermost reduced axis of 16
+# stepped by 4) reading a value that depends on that axis alone (a mask from its index, as a
+# backward graph builds for the first token): the value is tabulated once, before the loops,
+# over the axis's own name (it used to be generated over the unrolled row's "(i2 + 1)").
+def test_unrolled_outer_sums_read_index_tables(client, rng) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (2, 16, 64))
+    y = b.input("y", "f32", (2, 16, 64))
+    first = b.reshape(b.eq(b.iota((16,), axis=0), 0), (1, 16, 1))
+    masked = b.where(first, x, 0.0)
+    outs = [b.sum(b.add(masked, y), axes=[0, 1]), b.sum(b.mul(masked, y), axes=[0, 1])]
+    xh, yh = random_array(rng, "f32", (2, 16, 64)), random_array(rng, "f32", (2, 16, 64))
+    got = client.compile(b.build(outs))(xh, yh)
+    m = np.where((np.arange(16) == 0)[None, :, None], xh, 0).astype(np.float64)
+    np.testing.assert_allclose(got[0], (m + yh).sum((0, 1)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1], (m * yh).sum((0, 1)), rtol=1e-5, atol=1e-5)

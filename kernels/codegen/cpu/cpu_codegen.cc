@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/c_expr.h"
+#include "kernels/lower/lower.h"
 #include "kernels/codegen/cpu/cpu_emitter.h"
 #include "kernels/codegen/cpu/cpu_lanes.h"
 
@@ -77,12 +78,17 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
   em.PushScope(-1);
   for (int d = 0; d < rank; ++d) em.PushScope(d);
   const std::vector<lower::Affine>& idx = k.out_index;
+  // An output whose shape is not the domain's (same elements) is stored at the flat position.
+  lower::Affine flat = lower::Affine::Const(0);
+  const std::vector<int64_t> dense = lower::ContiguousStrides(k.domain);
+  for (size_t d = 0; d < idx.size(); ++d) flat = lower::Add(flat, lower::Scale(idx[d], dense[d]));
   for (const schedule::KernelOutput& o : k.outputs) {
     std::string v = em.Emit(o.value);
     const Buffer& b = p.buffers[o.buffer];
+    const std::string at = b.shape == k.domain ? em.Address(o.buffer, idx) : lower::ToC(flat, em.var_names());
     std::string stored = b.dtype == ir::DType::kBool ? v : absl::StrCat("(", ComputeTypeName(b.dtype), ")(", v, ")");
     em.AddStatement(absl::StrCat(lanes.lanes > 0 ? std::string(1, CpuKernelEmitter::kLaneMark) : "", names[o.buffer],
-                                 "[", em.Address(o.buffer, idx), "] = ", StoreConvert(b.dtype, stored), ";"));
+                                 "[", at, "] = ", StoreConvert(b.dtype, stored), ";"));
   }
   // Assemble loops from the innermost scope outwards.
   int64_t work = 1;

@@ -103,9 +103,20 @@ bool CpuKernelEmitter::Hoist(const lower::ExprPtr& ep, size_t target, std::strin
     idx = lower::Add(idx, lower::Scale(lower::Affine::Var(order[k]), stride));
     stride *= kernel_.extents[order[k]];
   }
+  // Read at the current names (an unrolled row reads "(i2 + 1)"); one table per expression,
+  // whichever row of an unrolled reduction reaches it first.
+  auto known = table_of_.find(&e);
+  if (known != table_of_.end()) {
+    *ref = absl::StrCat(known->second, "[", lower::ToC(idx, var_names_), "]");
+    return true;
+  }
   const std::string table = absl::StrCat("kh", next_table_++);
+  table_of_[&e] = table;
   const std::string at = absl::StrCat(table, "[", lower::ToC(idx, var_names_), "]");
-  // Compute it in loops of its own in the prologue, before everything that reads it.
+  // Compute it in loops of its own in the prologue, before everything that reads it, over the
+  // variables' own names.
+  const std::vector<std::string> reading_names = var_names_;
+  for (const auto& [v, name] : renamed_) var_names_[v] = name;
   std::vector<Scope> saved(scopes_.begin() + 1, scopes_.end());
   scopes_.resize(1);
   hoisting_ = true;
@@ -125,6 +136,7 @@ bool CpuKernelEmitter::Hoist(const lower::ExprPtr& ep, size_t target, std::strin
     body = std::move(loop);
   }
   hoisting_ = false;
+  var_names_ = reading_names;
   std::vector<std::string>& pro = scopes_[0].stmts;
   pro.push_back(absl::StrCat(ComputeTypeName(e.dtype), " ", table, "[", elements, "];"));
   pro.insert(pro.end(), body.begin(), body.end());
@@ -213,6 +225,7 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
   for (size_t k = 0; k + 1 < e.rvars.size(); ++k) PushScope(e.rvars[k]);
   std::vector<std::string> rows, row_values;
   const std::string inner_name = var_names_[inner];
+  renamed_[inner] = inner_name;
   for (int u = 0; u < unroll; ++u) {
     var_names_[inner] = u == 0 ? inner_name : absl::StrCat("(", inner_name, " + ", u, ")");
     PushScope(inner);
@@ -221,6 +234,7 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
     rows.insert(rows.end(), stmts.begin(), stmts.end());
   }
   var_names_[inner] = inner_name;
+  renamed_.erase(inner);
   PushScope(inner);
   for (std::string& r : rows) AddStatement(std::move(r));
   std::string v = row_values[0];

@@ -19,6 +19,8 @@
 // Thread-safety: one emitter per kernel, used by one thread.
 #pragma once
 
+#include <map>
+
 #include <string>
 #include <vector>
 
@@ -76,6 +78,10 @@ class CpuKernelEmitter : public ScopedEmitter {
   bool tables_ = false;
   bool hoisting_ = false;  // emitting a table's body: no tables inside tables
   int next_table_ = 0;
+  std::map<const lower::Expr*, std::string> table_of_;  // hoisted expressions -> their table
+  // Loop variables renamed while a reduction's unrolled rows are emitted ("(i2 + 1)"): their
+  // own names, which the loops that fill tables declare.
+  std::map<int, std::string> renamed_;
   Lanes lanes_;
 };
 

@@ -203,16 +203,26 @@ def schedule(graph: torch.fx.Graph, colors: dict[torch.fx.Node, Color]) -> list[
     output node are left out)."""
     nodes = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
     index = {n: i for i, n in enumerate(graph.nodes)}
-    pending = {n: sum(1 for a in n.all_input_nodes if a.op != "placeholder") for n in nodes}
+    deferred = _deferrable(nodes, colors)
+    pending = {n: sum(1 for a in n.all_input_nodes if a.op != "placeholder" and a not in deferred) for n in nodes}
     ready: dict[Color, list[tuple[int, torch.fx.Node]]] = {}
 
     def push(n: torch.fx.Node) -> None:
         heapq.heappush(ready.setdefault(colors.get(n), []), (index[n], n))
 
     for n in nodes:
-        if pending[n] == 0:
+        if pending[n] == 0 and n not in deferred:
             push(n)
     order: list[tuple[Color, torch.fx.Node]] = []
+    emitted: set[torch.fx.Node] = set()
+
+    def emit(n: torch.fx.Node) -> None:
+        for a in n.all_input_nodes:  # deferred inputs join the run of their first reader
+            if a in deferred and a not in emitted:
+                emit(a)
+        order.append((colors.get(n), n))
+        emitted.add(n)
+
     current: Color = None
     while any(ready.values()):
         if not ready.get(current):
@@ -222,16 +232,36 @@ def schedule(graph: torch.fx.Graph, colors: dict[torch.fx.Node, Color]) -> list[
             else:
                 current = min((h[0][0], c) for c, h in ready.items() if h)[1]
         _, n = heapq.heappop(ready[current])
-        order.append((current, n))
+        emit(n)
         for u in n.users:
-            if u in pending:
+            if u in pending and u not in deferred:
                 pending[u] -= 1
                 if pending[u] == 0:
                     push(u)
+    for n in nodes:  # deferred nodes no reader pulled in (none, by construction)
+        if n not in emitted:
+            emit(n)
     if len(order) != len(nodes):  # pragma: no cover - an FX graph is acyclic
         raise RuntimeError("kiln.torch: the graph has a cycle")
     segments = [Segment(c, [n for _, n in grp]) for c, grp in itertools.groupby(order, key=lambda cn: cn[0])]
     return _finish(segments)
+
+
+def _deferrable(nodes: list[torch.fx.Node], colors: dict[torch.fx.Node, Color]) -> set[torch.fx.Node]:
+    """Kiln nodes computed from graph inputs alone whose every reader kiln runs: scheduled
+    with their first reader rather than as soon as they are ready. A backward graph recomputes
+    activations (gelu, dropout scaling) of every layer from saved tensors; taken as soon as
+    they are ready, they all land in the first part, which writes each one to memory for the
+    layer's part to read back, instead of being fused into that part."""
+    out: set[torch.fx.Node] = set()
+    for n in nodes:  # topological: inputs first
+        if n.op != "call_function" or colors.get(n) is None or n.target is operator.getitem:
+            continue
+        if not all(a.op in ("placeholder", "get_attr") or a in out for a in n.all_input_nodes):
+            continue
+        if n.users and all(u.op == "call_function" and colors.get(u) is not None for u in n.users):
+            out.add(n)
+    return out
 
 
 def _finish(segments: list[Segment]) -> list[Segment]:
