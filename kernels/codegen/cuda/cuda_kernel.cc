@@ -364,15 +364,16 @@ int64_t KernelGen::SplitColumns(int y) {
       // (it depends on the outputs only) would be reduced per chunk: not split here.
       for (const Expr* m : Nodes(n->args[0]))
         if (m->kind == Expr::Kind::kReduce && fv.count(m) && !fv.at(m).empty() && fv.at(m).back() < rank) return 0;
+      // A range that varies with the sizes is taken to be long (as SplitGlobals does): its
+      // chunks are ceil(R / G) long at run time, and empty past a short range's end.
       const int64_t R = ReduceExtent(*n, kern_.extents);
-      if (Varies(R)) return 0;
-      r_min = items.empty() ? R : std::min(r_min, R);
+      if (!Varies(R)) r_min = r_min == 0 ? R : std::min(r_min, R);
       items.push_back(std::move(self));
     }
   }
   if (items.empty()) return 0;
-  int64_t G = CeilDiv(kBlocksPerSm * cfg_.sm_count, cols);
-  G = std::min({G, kMaxChunks, r_min / (kMinRowsPerThread * y)});
+  int64_t G = std::min(CeilDiv(kBlocksPerSm * cfg_.sm_count, cols), kMaxChunks);
+  if (r_min > 0) G = std::min(G, r_min / (kMinRowsPerThread * y));
   if (G < 2) return 0;
   int temps = 0;
   for (const Buffer& b : unit_->buffers) temps += b.role == Buffer::Role::kTemp;
@@ -445,7 +446,7 @@ void KernelGen::ColumnPartials(const std::vector<ExprPtr>& items, const std::vec
     flat.affine = [&](const Affine& a) { return FlattenAffine(a, rv, var, em.extents()); };
     r.body = Rewrite(g.args[0], flat, &pool_);
     r.y_groups = y;
-    const int64_t S = CeilDiv(R, G);
+    const std::string S = Varies(R) ? CeilDivText(R, G) : absl::StrCat(CeilDiv(R, G));
     r.col_begin = absl::StrCat(S, " * kg");
     r.col_end = absl::StrCat("(", S, " * kg + ", S, " < ", R, " ? ", S, " * kg + ", S, " : ", R, ")");
     em.coop[items[j].get()] = r;
