@@ -1045,18 +1045,22 @@ def test_contiguous_clones_on_the_torch_side_copy_only_what_is_not_contiguous() 
     out = node("call_method", "clone", (x,))  # a graph output
     written = node("call_method", "clone", (x,))  # an in-place op writes it
     node("call_method", "add_", (written, 1.0))
-    g.output((read, out, written))
+    kept = node("call_method", "clone", (x,))  # traced as a transposed layout (preserve_format)
+    kept.meta["val"] = torch.empty(3, 4).t()
+    read_kept = node("call_method", "reshape", (kept, 12))
+    g.output((read, out, written, read_kept))
     assert DB.fold_clones(g) == 1
     assert plain.target == "contiguous" and out.target == "clone" and written.target == "clone"
+    assert kept.target == "clone"
     gm = torch.fx.GraphModule(torch.nn.Module(), g)
     xs = torch.arange(12.0).view(4, 3)
-    r, o, w = gm(xs)
+    r, o, w, _ = gm(xs)
     assert r.data_ptr() == xs.data_ptr()  # contiguous already: no copy
     assert o.data_ptr() != xs.data_ptr() and w.data_ptr() != xs.data_ptr()
     torch.testing.assert_close(w, xs + 1)
     torch.testing.assert_close(xs, torch.arange(12.0).view(4, 3))  # the input untouched
     xt = torch.arange(12.0).view(3, 4).t()  # not contiguous: copied
-    r, _, _ = gm(xt)
+    r, _, _, _ = gm(xt)
     assert r.data_ptr() != xt.data_ptr()
     torch.testing.assert_close(r, xt.reshape(12))
 

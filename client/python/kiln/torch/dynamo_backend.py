@@ -523,6 +523,13 @@ def fold_reinterpret(g: torch.fx.Graph) -> int:
     return count
 
 
+def _contiguous(v: torch.Tensor) -> bool:
+    try:
+        return bool(v.is_contiguous())
+    except Exception:  # a symbolic layout the trace cannot decide
+        return False
+
+
 def fold_clones(g: torch.fx.Graph) -> int:
     """Rewrites the torch side's contiguous clones into ``Tensor.contiguous`` calls, which copy
     only a tensor that is not contiguous already; returns how many. AOTAutograd's graphs are
@@ -533,14 +540,12 @@ def fold_clones(g: torch.fx.Graph) -> int:
     device copy per product in a training step.)"""
     count = 0
     for n in list(g.nodes):
-        if n.op != "call_method" or n.target != "clone" or len(n.args) != 1:
+        if n.op != "call_method" or n.target != "clone" or len(n.args) != 1 or set(n.kwargs) - {"memory_format"}:
             continue
-        if n.kwargs.get("memory_format", torch.contiguous_format) is not torch.contiguous_format:
-            continue
-        if set(n.kwargs) - {"memory_format"}:
-            continue
-        x = n.args[0]
-        if not isinstance(x, torch.fx.Node) or not isinstance(_val(n), torch.Tensor):
+        x, v = n.args[0], _val(n)
+        # Only where the traced result is contiguous, which contiguous() gives too (a clone
+        # that preserves a transposed layout keeps its op).
+        if not isinstance(x, torch.fx.Node) or not isinstance(v, torch.Tensor) or not _contiguous(v):
             continue
         if any(u.op == "output" or _mutates(u) for u in n.users) or any(_mutates(u) for u in x.users):
             continue

@@ -185,15 +185,15 @@ REAL_COPY_ELEMENTS = 1 << 16
 
 
 def is_real_copy(n: torch.fx.Node) -> bool:
-    """Whether ``n`` is a contiguous clone of a large, static, non-contiguous tensor."""
+    """Whether ``n`` is a clone of a large, static, non-contiguous tensor into a contiguous one."""
     if n.op != "call_function" or n.target is not torch.ops.aten.clone.default or not n.args:
         return False
-    if n.kwargs.get("memory_format", torch.contiguous_format) is not torch.contiguous_format:
-        return False
+    out = L.node_meta(n)
     src = L.node_meta(n.args[0]) if isinstance(n.args[0], torch.fx.Node) else None
-    if not isinstance(src, torch.Tensor) or not L.is_static_tensor(src):
+    if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor) or not L.is_static_tensor(src):
         return False
-    return src.numel() >= REAL_COPY_ELEMENTS and not src.is_contiguous()
+    # The traced result is contiguous (a clone that preserves a transposed layout is not this).
+    return src.numel() >= REAL_COPY_ELEMENTS and not src.is_contiguous() and out.is_contiguous()
 
 
 # ---------------------------------------------------------------------------------- scheduling
