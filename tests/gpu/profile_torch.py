@@ -16,7 +16,13 @@ kiln steps and a few Inductor steps with ``torch.profiler`` and reports, per ste
 Workloads: Hugging Face ``BertModel(BertConfig())`` (BERT-base, random weights, nothing
 downloaded) at batch 16, sequence 128, inference under ``no_grad`` and a training step with
 AdamW, and inference at sequence length 64, compiled for it (``bert_infer64``) or after
-lengths 128 and 96 made the length symbolic (``bert_infer_dyn64``); layer_norm -> gelu forward+backward on f32[32768, 4096].
+lengths 128 and 96 made the length symbolic (``bert_infer_dyn64``); layer_norm -> gelu forward+backward on f32[32768, 4096];
+torch_backend_gpu.py's encoder block, LLTM cell (``encoder_infer``, ``encoder_train``,
+``lltm_infer``, ``lltm_train``) and resnet18.
+
+``--interleave`` keeps every backend's compiled function side by side and times them in rounds
+of one step each (the order rotating), so that drift of a shared host falls on all columns
+alike; without it each backend is timed after the other.
 
     KILND=path/to/kilnd PYTHONPATH=client/python python3 tests/gpu/profile_torch.py [--workloads ...]
         [--mode reduce-overhead]   # both backends in that torch.compile mode (CUDA graphs)
@@ -100,22 +106,26 @@ def ln_gelu_workload() -> tuple[Callable[[str | None], Callable[[int], Any]], li
     return make, []
 
 
-def example_train_workload(name: str) -> tuple[Callable[[str | None], Callable[[int], Any]], list[torch.nn.Module]]:
-    """A forward+backward step of torch_backend_gpu.py's workload ``name`` (``encoder``: the
-    transformer encoder block, B16 T512 C768; ``lltm``: the LLTM cell, batch 4096), the loss a
-    random weighting of the outputs."""
-    from torch_backend_gpu import workloads
+def example_workload(name: str, train: bool) -> tuple[Callable[[str | None], Callable[[int], Any]], list[torch.nn.Module]]:
+    """torch_backend_gpu.py's workload ``name`` (``encoder``: the transformer encoder block,
+    B16 T512 C768; ``lltm``: the LLTM cell, batch 4096; ``resnet18``: batch 16, inference only):
+    inference under ``no_grad``, or (``train``) forward+backward with the loss a random
+    weighting of the outputs."""
+    from torch_backend_gpu import fn_and_args, workloads
 
-    w = workloads(quick=False)[name]
-    args = w["make"](0)
-    out = w["fn"](*args)
+    fn0, args = fn_and_args(name, workloads(quick=False)[name], seed=0, grad=train)
+    with torch.no_grad():
+        out = fn0(*args)
     outs = out if isinstance(out, (tuple, list)) else (out,)
     weights = [torch.randn_like(o) for o in outs]
 
     def make(backend: str | None) -> Callable[[int], Any]:
-        fn = w["fn"] if backend is None else torch.compile(w["fn"], backend=backend, mode=MODE)
+        fn = fn0 if backend is None else torch.compile(fn0, backend=backend, mode=MODE)
 
         def step(i: int) -> Any:
+            if not train:
+                with torch.no_grad():
+                    return fn(*args)
             r = fn(*args)
             rs = r if isinstance(r, (tuple, list)) else (r,)
             sum((o * wt).sum() for o, wt in zip(rs, weights)).backward()
@@ -133,8 +143,11 @@ WORKLOADS = {
     "bert_infer64": lambda: bert_workload(train=False, seq=64),
     "bert_infer_dyn64": lambda: bert_workload(train=False, seq=64, warm=(128, 96)),
     "ln_gelu_train": ln_gelu_workload,
-    "encoder_train": lambda: example_train_workload("encoder"),
-    "lltm_train": lambda: example_train_workload("lltm"),
+    "encoder_train": lambda: example_workload("encoder", train=True),
+    "lltm_train": lambda: example_workload("lltm", train=True),
+    "encoder_infer": lambda: example_workload("encoder", train=False),
+    "lltm_infer": lambda: example_workload("lltm", train=False),
+    "resnet18": lambda: example_workload("resnet18", train=False),
 }
 
 
@@ -226,6 +239,23 @@ def profile_steps(step: Callable[[int], Any], steps: int, kiln_names: set[str]) 
     }
 
 
+def interleaved_ms(steps: dict[str, Callable[[int], Any]], rounds: int) -> dict[str, float]:
+    """Median ms per step of each label, timed in rounds of one step per label (the order
+    rotating): drift of the shared host between labels falls on all of them alike."""
+    labels = list(steps)
+    times: dict[str, list[float]] = {k: [] for k in labels}
+    torch.cuda.synchronize()
+    for r in range(rounds):
+        for k in labels[r % len(labels):] + labels[:r % len(labels)]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            steps[k](r)
+            end.record()
+            end.synchronize()
+            times[k].append(start.elapsed_time(end))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def part_gpu_times(step: Callable[[int], Any], steps: int) -> list[tuple[float, Any]]:
     """GPU ms per step of each kiln part (CUDA events around its calls: in a GPU-bound step the
     events wait behind earlier work, so each pair brackets the part's own kernels), largest
@@ -299,6 +329,9 @@ def main() -> int:
     ap.add_argument("--mode", default=None, help='torch.compile mode for kiln and Inductor, e.g. "reduce-overhead"')
     ap.add_argument("--top", type=int, default=12, help="kernels listed per step and backend")
     ap.add_argument("--no-py", action="store_true", help="skip the kiln row with Python part calls")
+    ap.add_argument("--interleave", action="store_true",
+                    help="time the backends in interleaved rounds (one compiled function per backend, "
+                         "kept side by side) instead of one after the other")
     ap.add_argument("--part-times", action="store_true",
                     help="time each kiln part's kernels (CUDA events around its calls) and list the largest")
     ap.add_argument("--cprofile", action="store_true",
@@ -343,17 +376,19 @@ def main() -> int:
             row: dict[str, Any] = {}
             labels = (("eager", "inductor", "kiln") + (() if opts.no_py else ("kiln-py",))
                       + (("kiln-tuned",) if opts.tuned else ()))
+            steps: dict[str, Callable[[int], Any]] = {}
             for label in labels:
                 # kiln-tuned: kiln with every part's kernel variants timed on its first call.
                 backend = {"eager": None, "kiln-py": "kiln",
                            "kiln-tuned": kiln.torch.backend(autotune=True)}.get(label, label)
                 # kiln-py: kiln with its parts called through Python (no native part runner).
                 os.environ["KILN_TORCH_NATIVE"] = "0" if label == "kiln-py" else "1"
-                torch._dynamo.reset()
+                if not opts.interleave or not steps:  # interleaved: every backend's code kept
+                    torch._dynamo.reset()
                 R.reset_stats()
                 _PARTS.clear()
                 t0 = time.perf_counter()
-                step = make(backend)
+                step = steps[label] = make(backend)
                 step(0)
                 torch.cuda.synchronize()
                 first = time.perf_counter() - t0
@@ -385,6 +420,12 @@ def main() -> int:
                 if backend == "kiln" and opts.part_times:
                     row["part_lines"] = part_lines(part_gpu_times(step, opts.profile_steps), opts.top)
                 print(f"{name} {label}: {ms:.3f} ms (first call {first:.1f} s)", flush=True)
+            if opts.interleave:
+                for label, ms in interleaved_ms(steps, opts.iters).items():
+                    row[label]["sequential_ms"] = row[label]["median_ms"]
+                    row[label]["median_ms"] = ms
+                    print(f"{name} {label}: {ms:.3f} ms interleaved", flush=True)
+            steps.clear()
             results["rows"][name] = row
             e, i, k = row["eager"]["median_ms"], row["inductor"]["median_ms"], row["kiln"]["median_ms"]
             if "kiln-py" not in row:  # --no-py: that column repeats kiln's
@@ -394,7 +435,8 @@ def main() -> int:
             pk, pi, pp = row["kiln"]["profile"], row["inductor"]["profile"], row["kiln-py"]["profile"]
             n_native = sum(1 for p in row["kiln_parts"] if p["native"])
             lines += [f"## {name}", "",
-                      f"steady state: eager {e:.3f} ms, Inductor {i:.3f} ms, kiln {k:.3f} ms "
+                      f"steady state{' (interleaved rounds)' if opts.interleave else ''}: eager {e:.3f} ms, "
+                      f"Inductor {i:.3f} ms, kiln {k:.3f} ms "
                       f"(kiln/Inductor {k / i:.2f}, kiln/eager {k / e:.2f}); kiln through Python part calls "
                       f"{kp:.3f} ms ({kp / i:.2f})" + (
                           f"; kiln tuned (autotune=True) {row['kiln-tuned']['median_ms']:.3f} ms "
