@@ -597,3 +597,23 @@ def test_unrolled_outer_sums_read_index_tables(client, rng) -> None:
     m = np.where((np.arange(16) == 0)[None, :, None], xh, 0).astype(np.float64)
     np.testing.assert_allclose(got[0], (m + yh).sum((0, 1)), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got[1], (m * yh).sum((0, 1)), rtol=1e-5, atol=1e-5)
+
+
+# Outputs with the same elements in another shape (a reshape, a permute of it) are stored by
+# one kernel, each at the flat position of the kernel's element.
+def test_outputs_of_another_shape_share_a_kernel(client, rng) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (2, 3, 40))
+    y = b.input("y", "f32", (2, 3, 40))
+    s = b.add(x, y)
+    r = b.reshape(s, (6, 40))
+    outs = [s, b.mul(r, r), b.permute(b.exp(r), [1, 0]), b.sub(b.reshape(x, (40, 6)), 1.0)]
+    compiled = client.compile(b.build(outs))
+    assert "kernel k1" not in compiled.fusion_report(), compiled.fusion_report()
+    xh, yh = random_array(rng, "f32", (2, 3, 40)), random_array(rng, "f32", (2, 3, 40))
+    got = compiled(xh, yh)
+    sh = xh + yh
+    wants = [sh, sh.reshape(6, 40) ** 2, np.exp(sh.reshape(6, 40)).T, xh.reshape(40, 6) - 1]
+    for i, (g_, w_) in enumerate(zip(got, wants)):
+        assert g_.shape == w_.shape, (i, g_.shape, w_.shape)
+        np.testing.assert_allclose(g_, w_, rtol=1e-5, atol=1e-5, err_msg=f"output {i}")

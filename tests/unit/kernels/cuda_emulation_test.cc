@@ -237,6 +237,31 @@ TEST(CudaEmulation, SplitColumnReductions) {
   ExpectMatchesCpu(ln, eighths);
 }
 
+// Outputs with the kernel's elements in another shape (a reshape, and a permute of it) are
+// stored by the same kernel, each at the flat position of the domain's element.
+TEST(CudaEmulation, OutputsOfAnotherShapeShareTheKernel) {
+  REQUIRE_NVRTC();
+  ir::Graph g = Make({Ty(DType::kF32, {96, 40}), Ty(DType::kF32, {96, 40})}, [](ir::Builder& b) {
+    auto sum = *b.Add("add", {0, 1});
+    auto r = *b.Add("reshape", {sum}, {{"shape", ir::IntList{40, 96}}});
+    auto t = *b.Add("permute", {*b.Add("exp", {r})}, {{"dims", ir::IntList{1, 0}}});
+    return std::vector<ValueId>{sum, *b.Add("mul", {r, r}), t};
+  });
+  ExpectMatchesCpu(g, nullptr, [](const std::vector<HostTensor>& in, std::vector<HostTensor>* out) {
+    for (int64_t f = 0; f < 96 * 40; ++f) {
+      const double s = in[0].At(f) + in[1].At(f);
+      (*out)[0].Set(f, s);
+      (*out)[1].Set(f, s * s);
+      // t[i][j] = exp(r[j][i]), r the [40, 96] view of the sum: r[j][i] is the sum's element j*96+i.
+      const int64_t i = f / 40, j = f % 40;
+      (*out)[2].Set(f, std::exp(in[0].At(j * 96 + i) + in[1].At(j * 96 + i)));
+    }
+  });
+  auto gen = SharedPipeline().Generate(g, CudaTarget(90), CompileOptions{});
+  ASSERT_TRUE(gen.ok()) << gen.status();
+  EXPECT_EQ(gen->fusion_report.find("kernel k1"), std::string::npos) << gen->fusion_report;
+}
+
 TEST(CudaEmulation, WholeTensorReductions) {
   // Small: one block, one launch.
   ExpectMatchesCpu(Reduce("sum", Ty(DType::kF32, {1000}), {}));
