@@ -57,7 +57,15 @@ class Decomposer {
   absl::StatusOr<ValueId> Mean(ValueId x, const ir::IntList& axes, bool keep) {
     KILN_ASSIGN_OR_RETURN(x, ToFloat(x));
     KILN_ASSIGN_OR_RETURN(ValueId s, Reduce("sum", x, axes, keep));
-    return Mul(s, 1.0 / static_cast<double>(std::max<int64_t>(CountOf(x, axes), 0)));
+    const int64_t count = std::max<int64_t>(CountOf(x, axes), 0);
+    if (ir::DTypeSize(b_.Type(s).dtype) < 4) {
+      // f16 and bf16: a constant 1/N would be rounded to the type (1/3 -> 0.33325, 1/768 off by
+      // 2.4e-4), biasing every mean, and a constant row's layer_norm by far more; N itself is
+      // exact up to 2048 (bf16: 256), and the division runs in the compute type (f32).
+      KILN_ASSIGN_OR_RETURN(ValueId den, Scalar(static_cast<double>(count), s));
+      return Bin("div", s, den);
+    }
+    return Mul(s, 1.0 / static_cast<double>(count));
   }
   absl::StatusOr<ValueId> Var(ValueId x, const ir::IntList& axes, bool keep, double correction) {
     KILN_ASSIGN_OR_RETURN(x, ToFloat(x));

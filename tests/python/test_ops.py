@@ -617,3 +617,24 @@ def test_outputs_of_another_shape_share_a_kernel(client, rng) -> None:
     for i, (g_, w_) in enumerate(zip(got, wants)):
         assert g_.shape == w_.shape, (i, g_.shape, w_.shape)
         np.testing.assert_allclose(g_, w_, rtol=1e-5, atol=1e-5, err_msg=f"output {i}")
+
+
+# f16 and bf16 means divide by the count (exact in the type up to 2048 / 256) instead of
+# multiplying by 1/N rounded to the type: a constant row's layer_norm is exactly zero, as in
+# NumPy and PyTorch (it was 0.077 for rows of 3 in f16: 1/3 rounds to 0.33325).
+# (bf16 takes the same path; NumPy has no bf16 here to feed it.)
+def test_half_precision_means_are_not_biased(client, rng) -> None:
+    dtype = "f16"
+    b = kiln.GraphBuilder()
+    x = b.input("x", dtype, (4, 3))
+    w = b.input("w", dtype, (6, 768))
+    outs = [b.layer_norm(x, axes=[1]), b.mean(w, axes=[1])]
+    compiled = client.compile(b.build(outs))
+    xh = np.array([[1, 1, 1], [0, 1, 0], [2, -1, 0.5], [3, 3, 3]], dtype=np.float16)
+    wh = np.full((6, 768), 1.5, dtype=np.float16)
+    got = [np.asarray(g, dtype=np.float32) for g in compiled(xh, wh)]
+    x64 = xh.astype(np.float64)
+    want = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
+    np.testing.assert_array_equal(got[0][[0, 3]], 0)  # constant rows
+    np.testing.assert_allclose(got[0], want, rtol=2e-2, atol=2e-2)
+    np.testing.assert_array_equal(got[1], 1.5)
