@@ -127,6 +127,13 @@ std::string PointwiseText(const lower::Expr& e, const std::vector<std::string>& 
       return absl::StrCat("((", index_text, ") < ", e.ivalue, " ? ", args[0], " : ", args[1], ")");
     case K::kCast:
       if (e.dtype == DType::kBool) return absl::StrCat("(", args[0], " != 0)");
+      if (ir::IsFloat(e.args[0]->dtype) && !ir::IsFloat(e.dtype) && ir::DTypeSize(e.dtype) < 8) {
+        // Float to a narrow integer through int64: truncation toward zero, then the type's
+        // wrap-around (NumPy's -1.6 -> uint8 255). Converted directly, a value out of the
+        // type's range is undefined in C and CUDA, and the compiler kept -1 in a register that
+        // a later float op read.
+        return absl::StrCat("((", ComputeTypeName(e.dtype), ")(int64_t)(", args[0], "))");
+      }
       return absl::StrCat("((", ComputeTypeName(e.dtype), ")(", args[0], "))");
     case K::kClamp: {
       std::string x = args[0];

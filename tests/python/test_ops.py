@@ -638,3 +638,23 @@ def test_half_precision_means_are_not_biased(client, rng) -> None:
     np.testing.assert_array_equal(got[0][[0, 3]], 0)  # constant rows
     np.testing.assert_allclose(got[0], want, rtol=2e-2, atol=2e-2)
     np.testing.assert_array_equal(got[1], 1.5)
+
+
+# Float to a narrow integer truncates toward zero and wraps to the type, also where the cast
+# feeds more arithmetic in the same kernel (a negative float cast to u8 was kept as -1 there:
+# the direct C conversion is undefined for values out of the type's range; seed 1346 of the
+# property test).
+def test_float_to_narrow_integer_casts_wrap(client) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (6,))
+    u = b.cast(x, "u8")
+    i = b.cast(x, "i8")
+    outs = [u, b.sigmoid(u), i, b.add(b.cast(i, "f32"), 0.5)]
+    xh = np.array([-0.7, -1.6, 2.9, -1.9, 300.5, -200.2], dtype=np.float32)
+    got = client.compile(b.build(outs))(xh)
+    wrapped_u = xh.astype(np.int64).astype(np.uint8)  # [0, 255, 2, 255, 44, 56]
+    wrapped_i = xh.astype(np.int64).astype(np.int8)
+    np.testing.assert_array_equal(got[0], wrapped_u)
+    np.testing.assert_allclose(got[1].astype(np.float64), 1 / (1 + np.exp(-wrapped_u.astype(np.float64))), rtol=2e-3)
+    np.testing.assert_array_equal(got[2], wrapped_i)
+    np.testing.assert_array_equal(got[3], wrapped_i.astype(np.float32) + 0.5)
