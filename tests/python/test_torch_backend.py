@@ -50,6 +50,23 @@ def compiled(fn: Callable[..., Any], client: Any, **kwargs: Any) -> Callable[...
     return torch.compile(fn, backend="kiln", options={"client": client}, **kwargs)
 
 
+@pytest.fixture
+def rewrites(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, Any]]:
+    """Every (rewritten graph module, kiln parts) kiln.torch makes during the test, in order."""
+    from kiln.torch import dynamo_backend as DB
+
+    made: list[tuple[Any, Any]] = []
+    real = DB.rewrite
+
+    def spy(gm: Any, segments: Any) -> Any:
+        out = real(gm, segments)
+        made.append(out)
+        return out
+
+    monkeypatch.setattr(DB, "rewrite", spy)
+    return made
+
+
 def clone_args(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
 
@@ -813,21 +830,10 @@ def test_native_graph_replay_helpers() -> None:
     assert rt.graph_key([b]) is None and rt.graph_key([1]) is None
 
 
-def test_linear_layers_become_single_linear_calls(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_linear_layers_become_single_linear_calls(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
     """The torch side's view + transpose + mm/addmm + view of a linear layer becomes one
     ``F.linear`` call (fold_linear), transposes of transposes cancel (fold_views); forward and
     gradients still match eager."""
-    from kiln.torch import dynamo_backend as DB
-
-    graphs: list[Any] = []
-    rewrite = DB.rewrite
-
-    def spy(gm: Any, segments: Any) -> Any:
-        out = rewrite(gm, segments)
-        graphs.append(out[0].graph)
-        return out
-
-    monkeypatch.setattr(DB, "rewrite", spy)
     torch.manual_seed(3)
     net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8, bias=False))
     ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8, bias=False))
@@ -843,7 +849,7 @@ def test_linear_layers_become_single_linear_calls(client: Any, monkeypatch: pyte
     torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-5)
     for p, q in zip(net.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
-    forward = graphs[0]
+    forward, backward = rewrites[0][0].graph, rewrites[1][0].graph
     targets = [n.target for n in forward.nodes if n.op == "call_function"]
     assert targets.count(torch.nn.functional.linear) == 2, forward
     assert torch.mm not in targets and torch.addmm not in targets, forward
@@ -852,7 +858,6 @@ def test_linear_layers_become_single_linear_calls(client: Any, monkeypatch: pyte
     dims = [n.meta["val"].dim() for n in forward.nodes if n.target is torch.nn.functional.linear]
     assert dims == [2, 3], forward
     # The backward's transposes of transposes (weight gradients) cancel (fold_views).
-    backward = graphs[1]
     permutes = [n for n in backward.nodes if n.op == "call_method" and n.target == "permute"]
     assert not any(p.args[0] in permutes for p in permutes), backward
     assert len(permutes) <= 2, backward
@@ -989,25 +994,14 @@ def test_max_autotune_tunes_parts_whose_inputs_come_in_another_layout(client: An
     assert parts and s["tuned"] == len(parts), (s, parts)
 
 
-def test_views_of_static_graphs_are_made_from_their_traced_layout(client: Any) -> None:
+def test_views_of_static_graphs_are_made_from_their_traced_layout(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
     """The torch side's views (the attention heads' reshapes and permutes around the linear
     layers) become reinterpreted_view calls; the encoder's forward and gradients match eager,
     and a view whose input arrives in a layout the trace did not foresee runs the view op."""
     from kiln.torch import dynamo_backend as DB
 
-    graphs: list[Any] = []
-    real = DB.rewrite
-
-    def spy(gm: Any, segments: Any) -> Any:
-        out = real(gm, segments)
-        graphs.append(out[0])
-        return out
-
-    DB.rewrite = spy
-    try:
-        check_fwd_bwd(E.encoder_block, E.make_encoder(), client, rtol=1e-4, atol=1e-4)
-    finally:
-        DB.rewrite = real
+    check_fwd_bwd(E.encoder_block, E.make_encoder(), client, rtol=1e-4, atol=1e-4)
+    graphs = [gm for gm, _ in rewrites]
     made = [n for g in graphs for n in g.graph.nodes if n.target is DB.reinterpreted_view]
     left = [n for g in graphs for n in g.graph.nodes if n.op == "call_method" and n.target in ("view", "permute")]
     assert made, [g.code for g in graphs]
@@ -1065,34 +1059,21 @@ def test_contiguous_clones_on_the_torch_side_copy_only_what_is_not_contiguous() 
     torch.testing.assert_close(r, xt.reshape(12))
 
 
-def test_a_view_of_a_part_argument_is_made_on_the_torch_side(client: Any) -> None:
+def test_a_view_of_a_part_argument_is_made_on_the_torch_side(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
     """A view of a graph input that a kiln part reads and a torch op (a matrix product) reads
     too is made by torch from the input (free), not returned by the part (a copy kernel): the
     rewritten graph feeds the product from the input through views only, and results match
     eager."""
-    from kiln.torch import dynamo_backend as DB
-
-    graphs: list[Any] = []
-    real = DB.rewrite
-
-    def spy(gm: Any, segments: Any) -> Any:
-        out = real(gm, segments)
-        graphs.append(out[0])
-        return out
 
     def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = x.view(-1, 8)
         return torch.exp(y * 2).sum(0), y @ w
 
     x, w = torch.randn(4, 6, 8), torch.randn(8, 5)
-    DB.rewrite = spy
-    try:
-        got = compiled(f, client)(x, w)
-    finally:
-        DB.rewrite = real
+    got = compiled(f, client)(x, w)
     for a, b in zip(got, f(x, w)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    (g,) = graphs
+    ((g, _),) = rewrites
     mms = [n for n in g.graph.nodes if n.target in (torch.mm, torch.ops.aten.mm.default, F.linear)]
     assert mms, g.code
     src = mms[0].args[0]
@@ -1102,32 +1083,19 @@ def test_a_view_of_a_part_argument_is_made_on_the_torch_side(client: Any) -> Non
     assert kt.stats()["failed"] == 0
 
 
-def test_large_transposing_copies_run_in_kiln(client: Any) -> None:
+def test_large_transposing_copies_run_in_kiln(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
     """A large contiguous copy of a transposed tensor (an attention block's heads before their
     matrix product) is a kiln part even when only torch reads it; a small one stays torch's."""
-    from kiln.torch import dynamo_backend as DB
-
-    graphs: list[Any] = []
-    real = DB.rewrite
-
-    def spy(gm: Any, segments: Any) -> Any:
-        out = real(gm, segments)
-        graphs.append(out)
-        return out
 
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x.transpose(1, 2).contiguous().view(-1, x.shape[1]) @ w
 
-    DB.rewrite = spy
-    try:
-        for shape, in_kiln in (((4, 64, 512), True), ((2, 8, 16), False)):
-            graphs.clear()
-            x, w = torch.randn(*shape), torch.randn(shape[1], 3)
-            torch.testing.assert_close(compiled(f, client)(x, w), f(x, w), rtol=1e-5, atol=1e-5)
-            (gm, parts), = graphs
-            torch_side = [n for n in gm.graph.nodes if n.op == "call_method" and n.target in ("clone", "contiguous")]
-            kiln_side = [p for p in parts if "clone.default" in p.ops]
-            assert (len(kiln_side), len(torch_side)) == ((1, 0) if in_kiln else (0, 1)), (shape, gm.code)
-    finally:
-        DB.rewrite = real
+    for shape, in_kiln in (((4, 64, 512), True), ((2, 8, 16), False)):
+        rewrites.clear()
+        x, w = torch.randn(*shape), torch.randn(shape[1], 3)
+        torch.testing.assert_close(compiled(f, client)(x, w), f(x, w), rtol=1e-5, atol=1e-5)
+        ((gm, parts),) = rewrites
+        torch_side = [n for n in gm.graph.nodes if n.op == "call_method" and n.target in ("clone", "contiguous")]
+        kiln_side = [p for p in parts if "clone.default" in p.ops]
+        assert (len(kiln_side), len(torch_side)) == ((1, 0) if in_kiln else (0, 1)), (shape, gm.code)
     assert kt.stats()["failed"] == 0

@@ -1,10 +1,9 @@
 #include "kernels/codegen/cuda/cuda_kernel.h"
 
-#include <map>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/c_expr.h"
+#include "kernels/lower/lower.h"
 #include "kernels/codegen/cuda/kernel_gen.h"
 
 namespace kiln::codegen::cuda {
@@ -199,21 +198,6 @@ void KernelGen::SplitGlobals(bool* direct) {
     auto it = replaced.find(e.get());
     return it == replaced.end() ? nullptr : it->second;
   };
-  int temps = 0;
-  for (const Buffer& b : unit_->buffers) temps += b.role == Buffer::Role::kTemp;
-  auto add_temp = [&](ir::DType t) {
-    Buffer b;
-    b.role = Buffer::Role::kTemp;
-    b.index = temps++;
-    b.dtype = t;
-    b.shape = {G};
-    b.strides = {1};
-    b.bytes = G * ir::DTypeSize(t);
-    b.offset = CeilDiv(unit_->workspace_bytes, 256) * 256;
-    unit_->workspace_bytes = b.offset + b.bytes;
-    unit_->buffers.push_back(std::move(b));
-    return static_cast<int>(unit_->buffers.size()) - 1;
-  };
   for (int l = 0; l <= max_level; ++l) {
     std::vector<ExprPtr> items;
     std::vector<int> vals, idxs;
@@ -225,8 +209,8 @@ void KernelGen::SplitGlobals(bool* direct) {
       bool arg = g->op == "argmax" || g->op == "argmin";
       bool boolean = g->op == "any" || g->op == "all";
       ir::DType vt = boolean ? ir::DType::kBool : ir::ComputeType(arg ? g->args[0]->dtype : g->dtype);
-      vals.push_back(add_temp(vt));
-      idxs.push_back(arg ? add_temp(ir::DType::kI64) : -1);
+      vals.push_back(AddTemp(vt, {G}));
+      idxs.push_back(arg ? AddTemp(ir::DType::kI64, {G}) : -1);
       originals.push_back(g);
     }
     Partials(items, vals, idxs, G, l);
@@ -309,6 +293,21 @@ void KernelGen::Partials(const std::vector<ExprPtr>& items, const std::vector<in
   fns_.push_back(Finish(*fn, absl::StrCat(kern_.name, "_p", level), body, G, 1, B, strategy));
 }
 
+int KernelGen::AddTemp(ir::DType t, ir::Shape shape) {
+  Buffer b;
+  b.role = Buffer::Role::kTemp;
+  b.index = static_cast<int>(std::count_if(unit_->buffers.begin(), unit_->buffers.end(),
+                                           [](const Buffer& o) { return o.role == Buffer::Role::kTemp; }));
+  b.dtype = t;
+  b.strides = lower::ContiguousStrides(shape);
+  b.bytes = Product(shape, 0, shape.size()) * ir::DTypeSize(t);
+  b.shape = std::move(shape);
+  b.offset = CeilDiv(unit_->workspace_bytes, 256) * 256;
+  unit_->workspace_bytes = b.offset + b.bytes;
+  unit_->buffers.push_back(std::move(b));
+  return static_cast<int>(unit_->buffers.size()) - 1;
+}
+
 ExprPtr KernelGen::ReduceOverPartials(const Expr& original, int buffer, int64_t G, std::vector<Affine> inner) {
   kern_.extents.push_back(G);
   const int pg = static_cast<int>(kern_.extents.size()) - 1;
@@ -375,32 +374,18 @@ int64_t KernelGen::SplitColumns(int y) {
   int64_t G = std::min(CeilDiv(kBlocksPerSm * cfg_.sm_count, cols), kMaxChunks);
   if (r_min > 0) G = std::min(G, r_min / (kMinRowsPerThread * y));
   if (G < 2) return 0;
-  int temps = 0;
-  for (const Buffer& b : unit_->buffers) temps += b.role == Buffer::Role::kTemp;
+  // Partials [G, outputs...]: chunk g of output i at g * N + i, i the output's flat index.
+  ir::Shape shape = {G};
+  shape.insert(shape.end(), loops_.begin(), loops_.end());
   std::vector<int> vals;
-  for (const ExprPtr& item : items) {
-    Buffer b;
-    b.role = Buffer::Role::kTemp;
-    b.index = temps++;
-    b.dtype = item->op == "any" || item->op == "all" ? ir::DType::kBool : ir::ComputeType(item->dtype);
-    b.shape = {G, N};
-    b.strides = {N, 1};
-    b.bytes = G * N * ir::DTypeSize(b.dtype);
-    b.offset = CeilDiv(unit_->workspace_bytes, 256) * 256;
-    unit_->workspace_bytes = b.offset + b.bytes;
-    unit_->buffers.push_back(std::move(b));
-    vals.push_back(static_cast<int>(unit_->buffers.size()) - 1);
-  }
+  for (const ExprPtr& item : items)
+    vals.push_back(AddTemp(item->op == "any" || item->op == "all" ? ir::DType::kBool : ir::ComputeType(item->dtype), shape));
   ColumnPartials(items, vals, G, y);
-  // The reductions become reductions over their G partials at the output's flat index.
-  Affine flat = Affine::Const(0);
-  int64_t inner = 1;
-  for (int d = rank - 1; d >= 0; --d) {
-    flat = lower::Add(flat, lower::Scale(Affine::Var(d), inner));
-    inner *= loops_[d];
-  }
+  // The reductions become reductions over their G partials.
+  std::vector<Affine> at;
+  for (int d = 0; d < rank; ++d) at.push_back(Affine::Var(d));
   std::unordered_map<const Expr*, ExprPtr> replaced;
-  for (size_t j = 0; j < items.size(); ++j) replaced[items[j].get()] = ReduceOverPartials(*items[j], vals[j], G, {flat});
+  for (size_t j = 0; j < items.size(); ++j) replaced[items[j].get()] = ReduceOverPartials(*items[j], vals[j], G, at);
   RewriteRules swap;
   swap.node = [&](const ExprPtr& e) -> ExprPtr {
     auto it = replaced.find(e.get());
@@ -408,71 +393,6 @@ int64_t KernelGen::SplitColumns(int y) {
   };
   for (schedule::KernelOutput& o : kern_.outputs) o.value = Rewrite(o.value, swap, &pool_);
   return G;
-}
-
-void KernelGen::ColumnPartials(const std::vector<ExprPtr>& items, const std::vector<int>& vals, int64_t G, int y) {
-  std::unique_ptr<Fn> fn = NewFn();
-  CudaEmitter& em = *fn->em;
-  const int rank = static_cast<int>(loops_.size());
-  const int64_t N = Product(loops_, 0, rank);
-  const int64_t cols = CeilDiv(N, 32);
-  const int block = 32 * y;
-  em.kt_var = em.NewVar(block, "kt");
-  em.ky_var = em.NewVar(y, "ky");
-  em.threads_per_row = block;
-  const std::string& it = cfg_.index_type;
-  fn->head.push_back(absl::StrCat("const ", it, " kt = threadIdx.x;"));
-  fn->head.push_back(absl::StrCat("const ", it, " ky = threadIdx.x >> 5;"));
-  fn->head.push_back(absl::StrCat("const ", it, " kg = blockIdx.x / ", cols, ";"));
-  fn->head.push_back(absl::StrCat("const ", it, " kc_raw = (blockIdx.x % ", cols, ") * 32 + (threadIdx.x & 31);"));
-  fn->head.push_back(absl::StrCat("const bool kc_ok = kc_raw < ", N, ";"));
-  fn->head.push_back(absl::StrCat("const ", it, " kc = kc_ok ? kc_raw : ", N - 1, ";"));
-  std::vector<int> vars;
-  for (int d = 0; d < rank; ++d) vars.push_back(d);
-  for (const std::string& l : DefineVars(*fn, vars, "kc")) fn->head.push_back(l);
-  std::string strategy = absl::StrCat("column partials: ", N, " output(s), 32 per block, ", y, " y-group(s), ", G,
-                                      " chunk(s) of");
-  std::map<int64_t, int> var_of_extent;  // reductions of one length walk one variable (one loop)
-  for (size_t j = 0; j < items.size(); ++j) {
-    const Expr& g = *items[j];
-    const int64_t R = ReduceExtent(g, em.extents());
-    CoopReduce r;
-    auto [at, fresh] = var_of_extent.emplace(R, -1);
-    if (fresh) at->second = em.NewVar(R, absl::StrCat("e", em.extents().size()));
-    r.var = at->second;
-    std::vector<int> rv = g.rvars;
-    int var = r.var;
-    RewriteRules flat;
-    flat.affine = [&](const Affine& a) { return FlattenAffine(a, rv, var, em.extents()); };
-    r.body = Rewrite(g.args[0], flat, &pool_);
-    r.y_groups = y;
-    const std::string S = Varies(R) ? CeilDivText(R, G) : absl::StrCat(CeilDiv(R, G));
-    r.col_begin = absl::StrCat(S, " * kg");
-    r.col_end = absl::StrCat("(", S, " * kg + ", S, " < ", R, " ? ", S, " * kg + ", S, " : ", R, ")");
-    em.coop[items[j].get()] = r;
-    absl::StrAppend(&strategy, j ? "," : "", " ", S, " of ", R);
-  }
-  for (const ExprPtr& t : items)
-    for (const Expr* n : Nodes(t)) em.rvars.insert(n->rvars.begin(), n->rvars.end());
-  em.PushScope(-1);
-  for (int d : vars) em.PushScope(d);
-  for (const auto& [R, var] : var_of_extent) {
-    std::vector<const Expr*> group;
-    for (const ExprPtr& item : items)
-      if (em.coop.at(item.get()).var == var) group.push_back(item.get());
-    em.EmitColumnGroup(group);  // else each loops on its own below
-  }
-  for (size_t j = 0; j < items.size(); ++j) {
-    std::string v = em.Emit(items[j]);
-    const Buffer& b = fn->prog.buffers[vals[j]];
-    fn->written.push_back(vals[j]);
-    em.AddStatement(absl::StrCat("if (ky == 0 && kc_ok) ", BufferName(b), "[kg * ", N, " + kc] = ", v, ";"));
-  }
-  std::vector<std::string> body;
-  std::vector<std::vector<std::string>> parts(vars.size() + 1);  // outermost scope first
-  for (size_t i = parts.size(); i-- > 0;) parts[i] = em.PopScope();
-  for (const auto& part : parts) body.insert(body.end(), part.begin(), part.end());
-  fns_.push_back(Finish(*fn, absl::StrCat(kern_.name, "_c"), body, cols * G * 32, 32, block, strategy));
 }
 
 }  // namespace internal

@@ -1,6 +1,8 @@
-// The CUDA kernel strategies: pointwise, row, column tile (see cuda_kernel.h for when each
-// is chosen). Each builds one function: thread indices and bounds first (Fn::head), then the
-// emitter's scopes, outermost first, as straight-line code.
+// The CUDA kernel strategies: pointwise, row, column tile, and a split column reduction's
+// partials (see cuda_kernel.h for when each is chosen). Each builds one function: thread
+// indices and bounds first (Fn::head), then the emitter's scopes, outermost first, as
+// straight-line code.
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -409,6 +411,41 @@ void KernelGen::Row(int p) {
   fns_.push_back(Finish(*fn, kern_.name, body, rows, RPB, static_cast<int>(block), strategy));
 }
 
+namespace {
+
+// A reduction `n` of a column tile of `y` y-groups, its body flattened onto the range's
+// variable `var`.
+CoopReduce ColumnReduce(const Expr& n, int var, int y, CudaEmitter& em, ExprPool* pool) {
+  CoopReduce r;
+  r.var = var;
+  std::vector<int> rv = n.rvars;
+  RewriteRules flat;
+  flat.affine = [&](const Affine& a) { return FlattenAffine(a, rv, var, em.extents()); };
+  r.body = Rewrite(n.args[0], flat, pool);
+  r.y_groups = y;
+  return r;
+}
+
+}  // namespace
+
+void KernelGen::ColumnHead(Fn& fn, int y, const std::string& column_block) {
+  CudaEmitter& em = *fn.em;
+  const int rank = static_cast<int>(loops_.size());
+  const int64_t N = Product(loops_, 0, rank);
+  em.kt_var = em.NewVar(32 * y, "kt");
+  em.ky_var = em.NewVar(y, "ky");
+  em.threads_per_row = 32 * y;
+  const std::string& it = cfg_.index_type;
+  fn.head.push_back(absl::StrCat("const ", it, " kt = threadIdx.x;"));
+  fn.head.push_back(absl::StrCat("const ", it, " ky = threadIdx.x >> 5;"));
+  fn.head.push_back(absl::StrCat("const ", it, " kc_raw = ", column_block, " * 32 + (threadIdx.x & 31);"));
+  fn.head.push_back(absl::StrCat("const bool kc_ok = kc_raw < ", N, ";"));
+  fn.head.push_back(absl::StrCat("const ", it, " kc = kc_ok ? kc_raw : ", N - 1, ";"));
+  std::vector<int> vars;
+  for (int d = 0; d < rank; ++d) vars.push_back(d);
+  for (const std::string& l : DefineVars(fn, vars, "kc")) fn.head.push_back(l);
+}
+
 // 32 outputs per block; the y-groups of the block split each reduction's range and combine
 // in shared memory.
 void KernelGen::ColumnTile(int y) {
@@ -419,37 +456,21 @@ void KernelGen::ColumnTile(int y) {
   const int block = 32 * y;
   std::vector<ExprPtr> trees;
   for (const auto& o : kern_.outputs) trees.push_back(o.value);
-  em.kt_var = em.NewVar(block, "kt");
-  em.ky_var = em.NewVar(y, "ky");
-  em.threads_per_row = block;
+  ColumnHead(*fn, y, "blockIdx.x");
   std::vector<int> vars;
   for (int d = 0; d < rank; ++d) vars.push_back(d);
   std::set<int> allowed(vars.begin(), vars.end());
   std::unordered_map<const Expr*, CoopReduce> found;
   auto body_of = [&](const Expr* n) {
-    CoopReduce r;
-    r.var = em.NewVar(ReduceExtent(*n, em.extents()), absl::StrCat("e", em.extents().size()));
-    std::vector<int> rv = n->rvars;
-    int var = r.var;
-    RewriteRules flat;
-    flat.affine = [&](const Affine& a) { return FlattenAffine(a, rv, var, em.extents()); };
-    r.body = Rewrite(n->args[0], flat, &pool_);
-    r.y_groups = y;
-    found[n] = r;
-    return r.body;
+    const int var = em.NewVar(ReduceExtent(*n, em.extents()), absl::StrCat("e", em.extents().size()));
+    found[n] = ColumnReduce(*n, var, y, em, &pool_);
+    return found[n].body;
   };
   std::vector<const Expr*> coops = FindReductions(trees, allowed, false, partial_index_, body_of);
   for (const Expr* n : coops) em.coop[n] = found[n];
   RegisterPartialReductions(*fn, trees, block);
   AddReductionVars(trees, &em);
 
-  const std::string& it = cfg_.index_type;
-  fn->head.push_back(absl::StrCat("const ", it, " kt = threadIdx.x;"));
-  fn->head.push_back(absl::StrCat("const ", it, " ky = threadIdx.x >> 5;"));
-  fn->head.push_back(absl::StrCat("const ", it, " kc_raw = blockIdx.x * 32 + (threadIdx.x & 31);"));
-  fn->head.push_back(absl::StrCat("const bool kc_ok = kc_raw < ", N, ";"));
-  fn->head.push_back(absl::StrCat("const ", it, " kc = kc_ok ? kc_raw : ", N - 1, ";"));
-  for (const std::string& l : DefineVars(*fn, vars, "kc")) fn->head.push_back(l);
   em.PushScope(-1);
   for (int d : vars) em.PushScope(d);
   int counter = 0;
@@ -465,6 +486,51 @@ void KernelGen::ColumnTile(int y) {
   std::string strategy = absl::StrCat("column tile: ", N, " output(s), 32 per block, ", y, " y-group(s), ",
                                       coops.size(), " split reduction(s)");
   fns_.push_back(Finish(*fn, kern_.name, body, N, 32, block, strategy));
+}
+
+// The partials of a split column reduction (KernelGen::SplitColumns): block b takes columns
+// b % (N / 32) and chunk kg = b / (N / 32) of each range; reductions over ranges of one length
+// share one loop.
+void KernelGen::ColumnPartials(const std::vector<ExprPtr>& items, const std::vector<int>& vals, int64_t G, int y) {
+  std::unique_ptr<Fn> fn = NewFn();
+  CudaEmitter& em = *fn->em;
+  const int rank = static_cast<int>(loops_.size());
+  const int64_t N = Product(loops_, 0, rank);
+  const int64_t cols = CeilDiv(N, 32);
+  fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " kg = blockIdx.x / ", cols, ";"));
+  ColumnHead(*fn, y, absl::StrCat("(blockIdx.x % ", cols, ")"));
+  std::string strategy = absl::StrCat("column partials: ", N, " output(s), 32 per block, ", y, " y-group(s), ", G,
+                                      " chunk(s) of");
+  std::map<int64_t, int> var_of_extent;  // reductions of one length walk one variable (one loop)
+  for (size_t j = 0; j < items.size(); ++j) {
+    const int64_t R = ReduceExtent(*items[j], em.extents());
+    auto [at, fresh] = var_of_extent.emplace(R, -1);
+    if (fresh) at->second = em.NewVar(R, absl::StrCat("e", em.extents().size()));
+    CoopReduce r = ColumnReduce(*items[j], at->second, y, em, &pool_);
+    const std::string S = Varies(R) ? CeilDivText(R, G) : absl::StrCat(CeilDiv(R, G));
+    r.col_begin = absl::StrCat(S, " * kg");
+    r.col_end = absl::StrCat("(", S, " * kg + ", S, " < ", R, " ? ", S, " * kg + ", S, " : ", R, ")");
+    em.coop[items[j].get()] = r;
+    absl::StrAppend(&strategy, j ? "," : "", " ", S, " of ", R);
+  }
+  AddReductionVars(items, &em);
+  em.PushScope(-1);
+  for (int d = 0; d < rank; ++d) em.PushScope(d);
+  for (const auto& [R, var] : var_of_extent) {
+    std::vector<const Expr*> group;
+    for (const ExprPtr& item : items)
+      if (em.coop.at(item.get()).var == var) group.push_back(item.get());
+    em.EmitColumnGroup(group);  // else each loops on its own below
+  }
+  for (size_t j = 0; j < items.size(); ++j) {
+    std::string v = em.Emit(items[j]);
+    fn->written.push_back(vals[j]);
+    em.AddStatement(absl::StrCat("if (ky == 0 && kc_ok) ", BufferName(fn->prog.buffers[vals[j]]), "[kg * ", N, " + kc] = ",
+                                 v, ";"));
+  }
+  std::vector<std::string> body;
+  for (auto& part : PopScopes(em, rank + 1)) Append(&body, part);
+  fns_.push_back(Finish(*fn, absl::StrCat(kern_.name, "_c"), body, cols * G * 32, 32, 32 * y, strategy));
 }
 
 }  // namespace kiln::codegen::cuda::internal

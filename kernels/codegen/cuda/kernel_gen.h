@@ -157,6 +157,11 @@ class KernelGen {
   KernelFunction Finish(Fn& fn, const std::string& name, const std::vector<std::string>& body, int64_t work,
                         int64_t per_block, int block, std::string strategy);
   std::string StoreText(const Buffer& b, const std::string& v);
+  // A temporary of shape `shape` in the workspace (256-byte aligned); returns its buffer.
+  int AddTemp(ir::DType t, ir::Shape shape);
+  // A column tile's thread indices (kt, ky, the output kc and its variables): y-groups of 32
+  // threads, 32 outputs per block from `column_block` * 32 (C text).
+  void ColumnHead(Fn& fn, int y, const std::string& column_block);
 
   // Whole-tensor reductions -> partial launches; `direct` when they are small enough for one
   // block of the main launch.

@@ -3,9 +3,9 @@
 
 extern "C" __global__ void __launch_bounds__(1024) k0_c(const float* __restrict__ in0, float* __restrict__ tmp0) {
   __shared__ __align__(16) char kiln_smem[16384];
+  const int kg = blockIdx.x / 2;
   const int kt = threadIdx.x;
   const int ky = threadIdx.x >> 5;
-  const int kg = blockIdx.x / 2;
   const int kc_raw = (blockIdx.x % 2) * 32 + (threadIdx.x & 31);
   const bool kc_ok = kc_raw < 64;
   const int kc = kc_ok ? kc_raw : 63;
