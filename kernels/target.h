@@ -82,6 +82,16 @@ struct PlanStep {
   int64_t grid_work = 0;
   int64_t grid_per_block = 0;
   SizeExpr grid_work_expr;
+  // A launch-time choice among kernels (symbolic CUDA plans): a step with a guard runs only
+  // when guard_min <= guard <= guard_max at the run's sizes (guard_max 0: no upper bound);
+  // a step without one (both 0) always runs. Each guarded kernel is correct at any size, so
+  // the guards choose for speed: the steps of one choice cover every value exactly once.
+  // While a sample is generated, `guard` holds its value there; the plan has guard_expr.
+  int64_t guard = 0;
+  int64_t guard_min = 0;
+  int64_t guard_max = 0;
+  SizeExpr guard_expr;
+  bool guarded() const { return guard_min > 0 || guard_max > 0; }
 };
 struct LaunchPlan {
   std::vector<PlanBuffer> buffers;

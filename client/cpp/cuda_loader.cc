@@ -222,6 +222,10 @@ bool CudaModule::Layout(const int64_t* sizes, size_t num_sizes, std::vector<int6
   *workspace_bytes = end;
   grids->clear();
   for (const CudaPlan::Step& s : plan_.steps) {
+    if (!s.Runs(sizes)) {  // another kernel of the launch-time choice serves these sizes
+      grids->push_back(0);
+      continue;
+    }
     const int64_t work = s.grid_work.Eval(sizes);
     const int64_t blocks = (work + s.grid_per_block - 1) / s.grid_per_block;
     if (blocks > 0x7FFFFFFF) {

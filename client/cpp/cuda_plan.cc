@@ -298,6 +298,11 @@ bool ParseCudaPlan(std::string_view json, CudaPlan* plan, std::string* error) {
         out.grid_per_block = r.Int(s, "grid_per_block");
         out.grid_work = r.Expr(s, "grid_work", names);
       }
+      if (s.fields.count("guard")) {
+        out.guard = r.Expr(s, "guard", names);
+        out.guard_min = r.Int(s, "guard_min");
+        out.guard_max = r.Int(s, "guard_max");
+      }
       p.steps.push_back(std::move(out));
     }
   }
@@ -326,6 +331,13 @@ bool CheckCudaPlan(const CudaPlan& plan, std::string* error) {
     if (plan.symbolic() ? s.grid_per_block <= 0 : s.grid_per_block < 0) {
       *error = "step " + s.kernel + " has grid_per_block " + std::to_string(s.grid_per_block) +
                (plan.symbolic() ? " (a symbolic plan needs it positive)" : "");
+      return false;
+    }
+  for (const CudaPlan::Step& s : plan.steps)
+    if (s.guarded() && (!plan.symbolic() || s.guard_min < 0 || s.guard_max < 0 ||
+                        (s.guard_max > 0 && s.guard_max < s.guard_min))) {
+      *error = "step " + s.kernel + " has the guard range " + std::to_string(s.guard_min) + ".." +
+               std::to_string(s.guard_max) + (plan.symbolic() ? "" : " in a plan without symbols");
       return false;
     }
   return true;

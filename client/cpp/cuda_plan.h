@@ -56,6 +56,17 @@ struct CudaPlan {
     // Symbolic plans: grid x is ceil(grid_work / grid_per_block) at the run's sizes.
     CudaSizeExpr grid_work;
     int64_t grid_per_block = 0;
+    // A launch-time choice (symbolic plans): runs only when guard_min <= guard <= guard_max
+    // at the run's sizes (guard_max 0: unbounded); both 0: always.
+    CudaSizeExpr guard;
+    int64_t guard_min = 0;
+    int64_t guard_max = 0;
+    bool guarded() const { return guard_min > 0 || guard_max > 0; }
+    bool Runs(const int64_t* sizes) const {
+      if (!guarded()) return true;
+      const int64_t v = guard.Eval(sizes);
+      return v >= guard_min && (guard_max <= 0 || v <= guard_max);
+    }
   };
   // A symbol of a symbolic plan (ABI version 2): its value is dimension `axis` of input `input`.
   struct Symbol {

@@ -118,6 +118,9 @@ CudaPlan CudaPlanFromWire(const v1::LaunchPlan& wire) {
     out.args.assign(s.args().begin(), s.args().end());
     out.grid_work = ToCudaSizeExpr(s.grid_work());
     out.grid_per_block = s.grid_per_block();
+    out.guard = ToCudaSizeExpr(s.guard());
+    out.guard_min = s.guard_min();
+    out.guard_max = s.guard_max();
   }
   return plan;
 }

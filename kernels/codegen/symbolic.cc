@@ -327,19 +327,27 @@ absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& sampl
     pb.offset = pb.role == BufferRole::kTemp ? -1 : 0;  // the artifact (CPU) or launcher (CUDA) lays temps out
   }
   if (!cuda) return unit;
-  // CUDA: each launch's grid as ceil(work / per_block), and the bound on indices.
+  // CUDA: each launch's grid as ceil(work / per_block), its guard (a launch-time choice), and
+  // the bound on indices. The blocks and guard ranges must be the same in every sample.
   for (size_t k = 0; k < unit.plan.steps.size(); ++k) {
     PlanStep& st = unit.plan.steps[k];
-    std::vector<int64_t> works;
+    std::vector<int64_t> works, guards;
     for (const SymbolicSample& s : samples) {
-      if (s.plan.steps[k].grid_per_block != st.grid_per_block || s.plan.steps[k].kernel != st.kernel)
-        return refuse(absl::StrCat("launch ", st.kernel, " changes its blocks with the sizes"));
-      works.push_back(s.plan.steps[k].grid_work);
+      const PlanStep& at = s.plan.steps[k];
+      if (at.grid_per_block != st.grid_per_block || at.kernel != st.kernel || at.guard_min != st.guard_min ||
+          at.guard_max != st.guard_max)
+        return refuse(absl::StrCat("launch ", st.kernel, " changes its blocks or guard with the sizes"));
+      works.push_back(at.grid_work);
+      guards.push_back(at.guard);
     }
     auto e = GeneraliseNumber(works, points, r);
-    if (!e.ok()) return refuse(absl::StrCat("launch ", st.kernel, ": ", e.status().message()));
+    auto g = st.guarded() ? GeneraliseNumber(guards, points, r) : absl::StatusOr<SizeExpr>(SizeExpr{});
+    for (const auto* fit : {&e, &g})
+      if (!fit->ok()) return refuse(absl::StrCat("launch ", st.kernel, ": ", fit->status().message()));
     st.grid_work_expr = *std::move(e);
+    st.guard_expr = *std::move(g);
     st.grid[0] = 0;  // evaluated at launch
+    st.guard = 0;
   }
   std::vector<int64_t> bounds;
   for (const SymbolicSample& s : samples) bounds.push_back(s.plan.index_bound);

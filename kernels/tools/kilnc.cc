@@ -81,6 +81,9 @@ std::string PlanJson(const kiln::LaunchPlan& plan, const std::string& target) {
     if (s.grid_per_block > 0)  // symbolic CUDA plans: grid x = ceil(grid_work / grid_per_block)
       j += ", \"grid_work\": \"" + kiln::codegen::SizeExprToString(s.grid_work_expr, SymbolNames(plan)) +
            "\", \"grid_per_block\": " + std::to_string(s.grid_per_block);
+    if (s.guarded())  // a launch-time choice: runs when guard_min <= guard <= guard_max (0: unbounded)
+      j += ", \"guard\": \"" + kiln::codegen::SizeExprToString(s.guard_expr, SymbolNames(plan)) +
+           "\", \"guard_min\": " + std::to_string(s.guard_min) + ", \"guard_max\": " + std::to_string(s.guard_max);
     j += "}";
   }
   j += "\n  ]";

@@ -173,6 +173,17 @@ std::string CanonicalResultBytes(absl::string_view handle, const v1::ActionResul
         e.Int(s.grid_per_block());
       }
       expr(plan.index_bound());
+      // Launch-time choices among kernels: plans that have them only (older ones sign as before).
+      const bool guarded = std::any_of(plan.steps().begin(), plan.steps().end(), [](const v1::PlanStep& s) {
+        return s.guard_min() > 0 || s.guard_max() > 0;
+      });
+      if (guarded) {
+        for (const v1::PlanStep& s : plan.steps()) {
+          expr(s.guard());
+          e.Int(s.guard_min());
+          e.Int(s.guard_max());
+        }
+      }
     }
   }
   e.Str(result.key_debug());

@@ -49,6 +49,11 @@ void ToWirePlan(const LaunchPlan& plan, bool has_geometry, v1::LaunchPlan* wire)
       ToWireSizeExpr(s.grid_work_expr, out->mutable_grid_work());
       out->set_grid_per_block(s.grid_per_block);
     }
+    if (s.guarded()) {
+      ToWireSizeExpr(s.guard_expr, out->mutable_guard());
+      out->set_guard_min(s.guard_min);
+      out->set_guard_max(s.guard_max);
+    }
   }
   wire->set_workspace_bytes(plan.workspace_bytes);
   wire->set_abi_version(plan.abi_version);
@@ -103,6 +108,9 @@ LaunchPlan FromWirePlan(const v1::LaunchPlan& wire) {
     out.args.assign(s.args().begin(), s.args().end());
     out.grid_per_block = s.grid_per_block();
     out.grid_work_expr = FromWireSizeExpr(s.grid_work());
+    out.guard_expr = FromWireSizeExpr(s.guard());
+    out.guard_min = s.guard_min();
+    out.guard_max = s.guard_max();
   }
   plan.index_bound_expr = FromWireSizeExpr(wire.index_bound());
   plan.workspace_bytes = wire.workspace_bytes();

@@ -864,12 +864,19 @@ def test_linear_layers_become_single_linear_calls(client: Any, rewrites: list[tu
     assert_kiln_ran(min_parts=1)
 
 
-def test_native_runner_build_failure_leaves_the_python_path(subprocess_env: dict[str, str]) -> None:
-    """A daemon that cannot build the runner (here: none listening) leaves it unloaded, with the
-    reason, and the build is not retried without end (parts then keep their Python path)."""
+def _python(code: str, env: dict[str, str]) -> "subprocess.CompletedProcess[str]":
+    """Runs ``code`` in a fresh interpreter (kiln.torch's module state starts empty); asserts it exits 0."""
     import subprocess
     import sys
 
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
+def test_native_runner_build_failure_leaves_the_python_path(subprocess_env: dict[str, str]) -> None:
+    """A daemon that cannot build the runner (here: none listening) leaves it unloaded, with the
+    reason, and the build is not retried without end (parts then keep their Python path)."""
     code = (
         "import kiln, torch\n"
         "from kiln.torch import native\n"
@@ -880,9 +887,26 @@ def test_native_runner_build_failure_leaves_the_python_path(subprocess_env: dict
         "    native.wait(120)\n"
         "print(native.RUNNER is None, native.ERROR is not None, native._failures)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _python(code, subprocess_env)
     assert out.stdout.split()[-3:] == ["True", "True", str(native.MAX_ATTEMPTS)], out.stdout + out.stderr[-2000:]
+
+
+def test_native_runner_build_retries_at_once_through_another_client(subprocess_env: dict[str, str]) -> None:
+    """A build that failed through one client (closed while it ran, say: a ``with`` block of
+    kiln.jit calls) does not hold back the build another client starts next; the same client
+    waits out RETRY_AFTER_S."""
+    code = (
+        "import kiln, torch\n"
+        "from kiln.torch import native\n"
+        "a = kiln.Client('127.0.0.1:1', max_attempts=1, timeout=1)\n"
+        "b = kiln.Client('127.0.0.1:1', max_attempts=1, timeout=1)\n"
+        "for c in (a, b, b, a):\n"
+        "    native.start(c)\n"
+        "    native.wait(120)\n"
+        "print(native._failures)\n"
+    )
+    out = _python(code, subprocess_env)
+    assert out.stdout.split()[-1] == "3", out.stdout + out.stderr[-2000:]
 
 
 def _softmax_scale(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -314,6 +314,31 @@ def test_tampered_records_are_refused(secure, pki):
         assert loader.loaded_kernel_count() == before
 
 
+def test_launch_time_choices_are_signed(secure, pki):
+    """A symbolic CUDA plan whose rows vary in length chooses its kernel at launch (step
+    guards): the guards are signed like the grids, so editing one is refused."""
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (8, 64), dims=("B", "T"))
+    with client(secure, pki, "compiler") as c:
+        compiled = c.compile(b.build([b.softmax(x, axis=-1)]), "cuda:sm_90", FAST)
+        steps = compiled.response.result.plan.steps
+        assert sum(1 for s in steps if s.guard_min > 0 or s.guard_max > 0) >= 2
+        first = next(i for i, s in enumerate(steps) if s.guard_max > 0)
+        for edit in ("max", "min", "expr"):
+            bad = service_pb2.CompileResponse()
+            bad.CopyFrom(compiled.response)
+            step = bad.result.plan.steps[first]
+            if edit == "max":
+                step.guard_max += 1
+            elif edit == "min":
+                step.guard_min += 1
+            else:
+                step.guard.terms[0].coeff += 1
+            with pytest.raises(VerificationError):
+                kiln.Compiled(c, bad)
+        kiln.Compiled(c, compiled.response)  # the unedited response verifies
+
+
 def test_ten_thousand_random_single_byte_mutations_are_all_refused(secure, pki):
     with client(secure, pki, "compiler") as c:
         compiled = c.compile(graph(5.5), "cpu", FAST)

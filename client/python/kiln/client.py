@@ -775,6 +775,15 @@ def _eval_size(expr: Any, sizes: Sequence[int]) -> int:
     return total
 
 
+def _step_runs(step: Any, sizes: Sequence[int]) -> bool:
+    """Whether a launch plan step runs at ``sizes``: a step with a guard (a launch-time choice
+    among kernels of a symbolic plan) only where guard_min <= guard <= guard_max (0: unbounded)."""
+    if step.guard_min <= 0 and step.guard_max <= 0:
+        return True
+    v = _eval_size(step.guard, sizes)
+    return v >= step.guard_min and (step.guard_max <= 0 or v <= step.guard_max)
+
+
 def _size_name(expr: Any, names: Sequence[str]) -> str:
     """"N", "2*N*T": the expression's text, or "" when it is a constant."""
     parts = []

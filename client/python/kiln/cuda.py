@@ -385,7 +385,7 @@ class CudaKernel:
             return got
         if len(key) != self.num_symbols or any(v < 0 for v in key):
             raise KilnError(f"{self.handle[:12]} takes {self.num_symbols} non-negative sizes, got {list(key)}")
-        from .client import _eval_size
+        from .client import _eval_size, _step_runs
 
         bound = _eval_size(self._plan.index_bound, key)
         if bound >= _INDEX_LIMIT:
@@ -401,7 +401,9 @@ class CudaKernel:
                 end += _eval_size(b.bytes_expr, key)
         grids = []
         for s in self._plan.steps:
-            if s.grid_per_block > 0:
+            if not _step_runs(s, key):
+                grids.append((0, 1, 1))  # a launch-time choice: another step serves these sizes
+            elif s.grid_per_block > 0:
                 work = _eval_size(s.grid_work, key)
                 gx = (work + s.grid_per_block - 1) // s.grid_per_block
                 if gx > 0x7FFFFFFF:

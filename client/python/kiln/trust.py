@@ -109,6 +109,11 @@ def canonical_result_bytes(handle: str, result: Any) -> bytes:
                 expr(s.grid_work)
                 _int(out, s.grid_per_block)
             expr(plan.index_bound)
+            if any(s.guard_min > 0 or s.guard_max > 0 for s in plan.steps):  # launch-time choices
+                for s in plan.steps:
+                    expr(s.guard)
+                    _int(out, s.guard_min)
+                    _int(out, s.guard_max)
     _str(out, result.key_debug)
     _int(out, len(result.key_fields))
     for f in result.key_fields:

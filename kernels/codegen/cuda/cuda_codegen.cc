@@ -120,6 +120,9 @@ absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Ta
     if (num_symbols > 0) {
       step.grid_work = f.grid_work;
       step.grid_per_block = f.grid_per_block;
+      step.guard = f.guard_value;
+      step.guard_min = f.guard_min;
+      step.guard_max = f.guard_max;
     }
     for (int b : f.buffers) step.args.push_back(plan_index[b]);
     out.plan.steps.push_back(std::move(step));

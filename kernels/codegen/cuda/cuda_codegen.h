@@ -17,7 +17,7 @@
 
 namespace kiln::codegen {
 
-inline constexpr int kCudaCodegenVersion = 2;
+inline constexpr int kCudaCodegenVersion = 3;  // 3: launch-time choices (step guards)
 inline constexpr uint32_t kCudaAbiVersion = 1;
 // Symbolic plans: every kernel takes the sizes as trailing `int` parameters, grids are
 // ceil-divisions of size polynomials, temps are laid out by the launcher (PLAN.md).

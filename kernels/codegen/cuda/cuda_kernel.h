@@ -51,6 +51,11 @@ struct KernelFunction {
   // grid == ceil(grid_work / grid_per_block): what a symbolic plan's launcher evaluates.
   int64_t grid_work = 1;
   int64_t grid_per_block = 1;
+  // A launch-time choice (PlanStep.guard): runs when guard_min <= guard_value <= guard_max
+  // (guard_max 0: unbounded); both 0: always.
+  int64_t guard_value = 0;
+  int64_t guard_min = 0;
+  int64_t guard_max = 0;
   std::vector<int> buffers;  // program buffers it takes, in parameter order
   std::string strategy;      // one line for the fusion report
 };

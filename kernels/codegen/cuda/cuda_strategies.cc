@@ -178,8 +178,29 @@ void KernelGen::Pointwise() {
 }
 
 // TR threads per outer index (a row of L elements, flattened); reductions over the row are
-// cooperative; short rows pack several rows into a block.
+// cooperative; short rows pack several rows into a block. Rows of varying length that are
+// many get a kernel per band of lengths (kVaryingRowBands), chosen at launch.
 void KernelGen::Row(int p) {
+  int64_t rows = 0, work = 0;
+  KernelFunction one = RowFn(p, 0, kern_.name, &rows, &work);
+  if (!Varies(work) || !(Varies(rows) || rows >= int64_t{4} * cfg_.sm_count)) {
+    fns_.push_back(std::move(one));
+    return;
+  }
+  int64_t lo = 0;
+  for (const RowBand& band : kVaryingRowBands) {
+    KernelFunction f = RowFn(p, band.threads, absl::StrCat(kern_.name, "_t", band.threads), &rows, &work);
+    f.guard_value = work;
+    f.guard_min = lo;
+    f.guard_max = band.max_length;
+    absl::StrAppend(&f.strategy, "; runs for rows of ", lo, band.max_length ? absl::StrCat("..", band.max_length) : "+");
+    fns_.push_back(std::move(f));
+    lo = band.max_length + 1;
+  }
+}
+
+KernelFunction KernelGen::RowFn(int p, int64_t threads, const std::string& name, int64_t* rows_out,
+                                int64_t* work_out) {
   std::unique_ptr<Fn> fn = NewFn();
   CudaEmitter& em = *fn->em;
   const int rank = static_cast<int>(loops_.size());
@@ -228,7 +249,10 @@ void KernelGen::Row(int p) {
   // A row whose length varies with the sizes: four warps walk it in a loop when the rows vary
   // too (many rows: each block short), a whole block when they are few and fixed.
   const bool varying_row = Varies(work);
-  if (varying_row) TR = Varies(rows) || rows >= int64_t{4} * cfg_.sm_count ? kVaryingRowThreads : 1024;
+  if (varying_row)
+    TR = threads > 0 ? threads : Varies(rows) || rows >= int64_t{4} * cfg_.sm_count ? kVaryingRowThreads : 1024;
+  *rows_out = rows;
+  *work_out = work;
   // Rows that stream no memory of their own along the row (an outer product reduced, every
   // element a product of re-read operands) are bound by arithmetic and by the combine, not by
   // loads in flight: when the rows alone fill the GPU, a few warps per row with more elements
@@ -408,7 +432,7 @@ void KernelGen::Row(int p) {
                                       " row(s) per block, ", row.Q, " x ", row.V, " element(s) per thread",
                                       row.unrolled ? "" : " (looped)", ", ", coops.size(), " cooperative reduction(s)");
   if (!cached_names.empty()) absl::StrAppend(&strategy, ", registers hold ", absl::StrJoin(cached_names, " "));
-  fns_.push_back(Finish(*fn, kern_.name, body, rows, RPB, static_cast<int>(block), strategy));
+  return Finish(*fn, name, body, rows, RPB, static_cast<int>(block), strategy);
 }
 
 namespace {

@@ -29,9 +29,18 @@ inline constexpr int kPointwiseBlock = 256;
 // Rows of up to this many vectors per thread are unrolled (and may be cached in registers).
 inline constexpr int64_t kMaxUnrolledVectors = 8;
 inline constexpr int64_t kMaxUnrolledElements = 32;
-// Threads per row for rows whose length varies with the sizes (and whose count does too): a
-// warp, so four rows share a block and combine through shuffles alone. Short rows (attention
-// scores over a sequence) then cost what they do when static; long ones loop.
+// Rows whose length varies with the sizes (and whose count is large or varies too) get one
+// kernel per band of lengths, chosen at launch (PlanStep guards): threads per row as a static
+// row of the band's longest length would have (kRowElementsPerThread each), so a short row
+// (attention scores over a sequence) packs several rows into a block and combines through
+// shuffles alone, and a long one is spread over a block and read from memory once. Every
+// band's kernel is correct at any length; the last band's rows past 8 * 1024 loop.
+struct RowBand {
+  int64_t threads;     // per row
+  int64_t max_length;  // the band's longest row (0: unbounded)
+};
+inline constexpr RowBand kVaryingRowBands[] = {{16, 128}, {64, 512}, {256, 2048}, {512, 4096}, {1024, 0}};
+// Threads per row where the length varies but one kernel serves (RowBand unused): a warp.
 inline constexpr int64_t kVaryingRowThreads = 32;
 // Vectors per thread of such a row that are unrolled (and may be kept in registers): rows of up
 // to 32 * 8 elements are read from memory once.
@@ -179,6 +188,9 @@ class KernelGen {
   // The strategies (cuda_strategies.cc).
   void Pointwise();
   void Row(int p);  // outer variables 0..p, one row per outer index
+  // One row function named `name`: `threads` per row when the row length varies (0: the
+  // default for its shape). Sets `*rows` and `*work` (the longest range a row walks).
+  KernelFunction RowFn(int p, int64_t threads, const std::string& name, int64_t* rows, int64_t* work);
   void ColumnTile(int y);
 
   schedule::Program* unit_;

@@ -129,6 +129,37 @@ TEST(CudaPlanJson, SizeExpressions) {
   EXPECT_NE(error.find("grid_per_block"), std::string::npos) << error;
 }
 
+// Launch-time choices: guarded steps run where guard_min <= guard <= guard_max (0: unbounded).
+TEST(CudaPlanJson, GuardedSteps) {
+  auto json = [](const std::string& guards) {
+    return "{\"abi_version\": 2, \"workspace_bytes\": 0, \"buffers\": [{\"role\": \"input\", \"index\": 0, "
+           "\"dtype\": \"f32\", \"shape\": [-1, -1], \"bytes\": -1, \"offset\": 0, \"shape_exprs\": [\"R\", \"L\"], "
+           "\"bytes_expr\": \"4*R*L\"}], \"symbols\": [{\"name\": \"R\", \"input\": 0, \"axis\": 0}, "
+           "{\"name\": \"L\", \"input\": 0, \"axis\": 1}], \"steps\": [{\"kernel\": \"a\", \"grid\": [0,1,1], "
+           "\"block\": [128,1,1], \"shared_bytes\": 0, \"args\": [0], \"grid_work\": \"R\", \"grid_per_block\": 8" +
+           guards + "}]}";
+  };
+  CudaPlan plan;
+  std::string error;
+  ASSERT_TRUE(client::ParseCudaPlan(json(", \"guard\": \"L\", \"guard_min\": 129, \"guard_max\": 512"), &plan, &error))
+      << error;
+  ASSERT_EQ(plan.steps.size(), 1u);
+  const CudaPlan::Step& s = plan.steps[0];
+  EXPECT_TRUE(s.guarded());
+  for (auto [L, runs] : {std::pair{128, false}, {129, true}, {512, true}, {513, false}}) {
+    const int64_t sizes[] = {3, L};
+    EXPECT_EQ(s.Runs(sizes), runs) << L;
+  }
+  ASSERT_TRUE(client::ParseCudaPlan(json(", \"guard\": \"2*L\", \"guard_min\": 100, \"guard_max\": 0"), &plan, &error));
+  const int64_t long_rows[] = {1, 1 << 20}, short_rows[] = {1, 49};
+  EXPECT_TRUE(plan.steps[0].Runs(long_rows));
+  EXPECT_FALSE(plan.steps[0].Runs(short_rows));
+  ASSERT_TRUE(client::ParseCudaPlan(json(""), &plan, &error));
+  EXPECT_TRUE(plan.steps[0].Runs(short_rows));  // no guard: always
+  EXPECT_FALSE(client::ParseCudaPlan(json(", \"guard\": \"L\", \"guard_min\": 600, \"guard_max\": 512"), &plan, &error));
+  EXPECT_NE(error.find("guard range 600..512"), std::string::npos) << error;
+}
+
 TEST(CudaLoader, WithoutADriverLoadFailsCleanly) {
   if (void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) {
     dlclose(lib);

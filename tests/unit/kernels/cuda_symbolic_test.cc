@@ -8,6 +8,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <set>
+
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/cuda/cuda_codegen.h"
 #include "kernels/codegen/symbolic.h"
@@ -78,9 +80,21 @@ HostTensor Guarded(const HostTensor& t, bool exact_end) {
 }
 
 // Runs a symbolic plan in emulation at `sizes` as a launcher does (PLAN.md): temps laid out in
-// plan order at multiples of 256 bytes, grids evaluated, sizes appended to every launch.
+// plan order at multiples of 256 bytes, grids evaluated, sizes appended to every launch, a
+// guarded step only where its guard holds. `choice` >= 0 overrides the guards: the guarded
+// steps whose guard_min is the choice-th smallest run whatever the sizes (every kernel of a
+// launch-time choice must be right at any size, not only in its band).
 absl::Status RunSized(EmulatedUnit& emu, const LaunchPlan& plan, const std::vector<HostTensor>& tensors,
-                      int num_inputs, const std::vector<int64_t>& sizes, unsigned char poison) {
+                      int num_inputs, const std::vector<int64_t>& sizes, unsigned char poison, int choice = -1) {
+  std::set<int64_t> mins;
+  for (const PlanStep& s : plan.steps)
+    if (s.guarded()) mins.insert(s.guard_min);
+  auto runs = [&](const PlanStep& s) {
+    if (!s.guarded()) return true;
+    if (choice >= 0) return s.guard_min == *std::next(mins.begin(), choice);
+    const int64_t v = codegen::EvaluateSizeExpr(s.guard_expr, sizes);
+    return v >= s.guard_min && (s.guard_max <= 0 || v <= s.guard_max);
+  };
   int64_t end = 0;
   std::vector<int64_t> offsets;
   for (const PlanBuffer& b : plan.buffers) {
@@ -102,6 +116,7 @@ absl::Status RunSized(EmulatedUnit& emu, const LaunchPlan& plan, const std::vect
   auto* launch = reinterpret_cast<int (*)(void*, unsigned, unsigned, void**, int)>(dlsym(emu.handle(), "kiln_emu_launch"));
   for (const PlanStep& s : plan.steps) {
     if (s.grid_per_block <= 0) return absl::InternalError("a symbolic step without grid_per_block");
+    if (!runs(s)) continue;
     const int64_t work = codegen::EvaluateSizeExpr(s.grid_work_expr, sizes);
     const int64_t grid = (work + s.grid_per_block - 1) / s.grid_per_block;
     if (grid == 0) continue;
@@ -160,6 +175,23 @@ void ExpectSymbolicMatchesCpu(const std::vector<Input>& inputs, const Body& body
       all.insert(all.end(), outs->begin(), outs->end());
       ASSERT_TRUE(RunSized(**emu, gen->plan, all, g.num_inputs(), sizes, poison).ok());
     }
+    // Every kernel of a launch-time choice, each alone, at these sizes too.
+    std::set<int64_t> choices;
+    for (const PlanStep& s : gen->plan.steps)
+      if (s.guarded()) choices.insert(s.guard_min);
+    for (int c = 0; c < static_cast<int>(choices.size()); ++c) {
+      std::vector<HostTensor> forced = guarded;
+      for (const HostTensor& w : want) forced.push_back(HostTensor::Make(w.dtype, w.elements, kPoisonA));
+      ASSERT_TRUE(RunSized(**emu, gen->plan, forced, g.num_inputs(), sizes, kPoisonA, c).ok());
+      for (size_t o = 0; o < want.size(); ++o)
+        for (int64_t i = 0; i < want[o].elements; ++i)
+          if (!forced[ins.size() + o].SameBits(got[o], i) &&
+              !Close(want[o].dtype, forced[ins.size() + o].At(i), want[o].At(i))) {
+            ADD_FAILURE() << "choice " << c << " output " << o << " element " << i << ": cuda "
+                          << forced[ins.size() + o].At(i) << ", expected " << want[o].At(i);
+            break;
+          }
+    }
     int failures = 0;
     for (size_t o = 0; o < want.size(); ++o)
       for (int64_t i = 0; i < want[o].elements && failures < 8; ++i) {
@@ -207,7 +239,7 @@ TEST(CudaSymbolic, RowsOfVaryingLengthAndCount) {
   // softmax over T of [B, T]: rows vary in length and count.
   ExpectSymbolicMatchesCpu({{DType::kF32, {kSym - 1, kSym}}},
                            [](ir::Builder& b) { return std::vector<ValueId>{*b.Add("softmax", {0}, {{"axis", int64_t{-1}}})}; },
-                           {"T", "B"}, {{1, 1}, {5, 3}, {129, 2}, {300, 1}, {0, 2}, {3, 0}});
+                           {"T", "B"}, {{1, 1}, {5, 3}, {129, 2}, {300, 1}, {0, 2}, {3, 0}, {700, 2}, {2100, 1}, {4500, 1}});
   // layer_norm over a static 64: a varying number of rows, several per block.
   ExpectSymbolicMatchesCpu({{DType::kF32, {kSym, 64}}},
                            [](ir::Builder& b) {

@@ -45,9 +45,12 @@ _lock = threading.Lock()
 _thread: Optional[threading.Thread] = None
 _done = threading.Event()
 _failed_at = 0.0
+_failed_client: Optional[int] = None
 _failures = 0
-#: After a failed build, another is tried no sooner than this (a daemon that was down, say),
-#: and not at all after MAX_ATTEMPTS failures (a daemon that serves no custom builds).
+#: After a failed build, another through the same client is tried no sooner than this (a
+#: daemon that was down, say), and not at all after MAX_ATTEMPTS failures (a daemon that serves
+#: no custom builds). Another client may try at once: the one that failed may have been
+#: closed while its build ran (a ``with kiln.Client(...)`` block of kiln.jit calls, say).
 RETRY_AFTER_S = 60.0
 MAX_ATTEMPTS = 3
 #: The loaded module, once :func:`start`'s build has finished (None before, and on failure).
@@ -97,13 +100,14 @@ def build(client: Any) -> Any:
 
 
 def _build_in_background(client: Any, done: threading.Event) -> None:
-    global RUNNER, ERROR, _failed_at, _failures
+    global RUNNER, ERROR, _failed_at, _failed_client, _failures
     try:
         RUNNER = build(client)
         ERROR = None
     except Exception as e:  # a daemon that is down, without a compiler, ...
         ERROR = f"{type(e).__name__}: {e}"
         _failed_at = time.monotonic()
+        _failed_client = id(client)
         _failures += 1
         log.warning("kiln.torch: the native part runner is unavailable, parts run through Python: %s", ERROR)
     finally:
@@ -117,9 +121,10 @@ def start(client: Any) -> None:
     if not enabled() or RUNNER is not None:
         return
     with _lock:
-        if _thread is not None and (not _done.is_set() or time.monotonic() - _failed_at < RETRY_AFTER_S
-                                    or _failures >= MAX_ATTEMPTS):
-            return  # running, failed moments ago, or failed for good
+        if _thread is not None and (
+                not _done.is_set() or _failures >= MAX_ATTEMPTS
+                or (time.monotonic() - _failed_at < RETRY_AFTER_S and id(client) == _failed_client)):
+            return  # running, failed moments ago through this client, or failed for good
         _done = threading.Event()
         _thread = threading.Thread(target=_build_in_background, args=(client, _done), name="kiln-runner", daemon=True)
         _thread.start()
@@ -166,6 +171,10 @@ def plan_json(plan: Any) -> str:
         if s.grid_per_block > 0:
             entry["grid_work"] = expr_text(s.grid_work, names)
             entry["grid_per_block"] = int(s.grid_per_block)
+        if s.guard_min > 0 or s.guard_max > 0:
+            entry["guard"] = expr_text(s.guard, names)
+            entry["guard_min"] = int(s.guard_min)
+            entry["guard_max"] = int(s.guard_max)
         steps.append(entry)
     out: dict[str, Any] = {"abi_version": int(plan.abi_version or 1), "workspace_bytes": int(plan.workspace_bytes),
                            "buffers": buffers, "steps": steps}
