@@ -117,12 +117,21 @@ template <> struct kiln_vec_bytes<8> { typedef uint2 type; };
 template <> struct kiln_vec_bytes<4> { typedef unsigned int type; };
 template <> struct kiln_vec_bytes<2> { typedef unsigned short type; };
 template <> struct kiln_vec_bytes<1> { typedef unsigned char type; };
+// The CPU emulation of the tests (KILN_EMULATION) traps on a misaligned one, as a GPU faults.
+#ifdef KILN_EMULATION
+#define KILN_CHECK_ALIGNED(p, bytes) \
+  if (reinterpret_cast<unsigned long long>(p) % (bytes) != 0) __builtin_trap()
+#else
+#define KILN_CHECK_ALIGNED(p, bytes)
+#endif
 template <int N, typename T> KILN_D void kiln_vload(T* r, const T* p) {
   typedef typename kiln_vec_bytes<N * sizeof(T)>::type V;
+  KILN_CHECK_ALIGNED(p, N * sizeof(T));
   *reinterpret_cast<V*>(r) = *reinterpret_cast<const V*>(p);
 }
 template <int N, typename T> KILN_D void kiln_vstore(T* p, const T* r) {
   typedef typename kiln_vec_bytes<N * sizeof(T)>::type V;
+  KILN_CHECK_ALIGNED(p, N * sizeof(T));
   *reinterpret_cast<V*>(p) = *reinterpret_cast<const V*>(r);
 }
 // The same for the last vector of a range whose length no vector width divides: `n` elements

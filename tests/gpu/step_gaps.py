@@ -101,6 +101,9 @@ def main() -> int:
                 for _ in range(3):
                     cm(input_ids=ids, attention_mask=mask)
                 kiln.torch.wait()
+                from kiln.torch import native
+
+                native.wait(600)  # the parts' native call path, not a build running beside
                 for _ in range(10):
                     cm(input_ids=ids, attention_mask=mask)
                 torch.cuda.synchronize()

@@ -144,6 +144,7 @@ KernelFunction KernelGen::Finish(Fn& fn, const std::string& name, const std::vec
     f.buffers.push_back(static_cast<int>(b));
   }
   for (int k = 0; k < cfg_.num_symbols; ++k) params.push_back(absl::StrCat("const int kiln_s", k));
+  f.params = params;
   f.text = absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", block, ") ", name, "(",
                         absl::StrJoin(params, ", "), ") {\n");
   if (fn.em->smem_bytes > 0)

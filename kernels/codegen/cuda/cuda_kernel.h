@@ -57,6 +57,7 @@ struct KernelFunction {
   int64_t guard_min = 0;
   int64_t guard_max = 0;
   std::vector<int> buffers;  // program buffers it takes, in parameter order
+  std::vector<std::string> params;  // its parameter declarations ("const float* __restrict__ in0")
   std::string strategy;      // one line for the fusion report
 };
 

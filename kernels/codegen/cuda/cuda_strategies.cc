@@ -3,6 +3,7 @@
 // indices and bounds first (Fn::head), then the emitter's scopes, outermost first, as
 // straight-line code.
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -189,7 +190,14 @@ void KernelGen::Row(int p) {
   }
   int64_t lo = 0;
   for (const RowBand& band : kVaryingRowBands) {
-    KernelFunction f = RowFn(p, band.threads, absl::StrCat(kern_.name, "_t", band.threads), &rows, &work);
+    const std::string name = absl::StrCat(kern_.name, "_t", band.threads);
+    KernelFunction f = RowFn(p, band.threads, name, &rows, &work);
+    // Rows whose length is a multiple of the vector width (and so start aligned) read and
+    // write them in vectors: a second body in the same function, chosen by that test.
+    std::string aligned_if;
+    KernelFunction v = RowFn(p, band.threads, name + "_v", &rows, &work, true, &aligned_if);
+    if (!aligned_if.empty() && v.params == f.params && v.block == f.block && v.grid_per_block == f.grid_per_block)
+      f = AlignedOr(v, f, aligned_if, name);
     f.guard_value = work;
     f.guard_min = lo;
     f.guard_max = band.max_length;
@@ -199,9 +207,33 @@ void KernelGen::Row(int p) {
   }
 }
 
+// One function `name` running `aligned`'s body where `condition` holds and `general`'s
+// elsewhere (the same launch shape and parameters): each body becomes a device function.
+KernelFunction KernelGen::AlignedOr(const KernelFunction& aligned, const KernelFunction& general,
+                                    const std::string& condition, const std::string& name) {
+  auto as_device = [](const KernelFunction& f, const std::string& device_name) {
+    const std::string head = absl::StrCat("__launch_bounds__(", f.block, ") ", f.name, "(");
+    const size_t at = f.text.find(head);
+    return absl::StrCat("static __device__ __forceinline__ void ", device_name, "(",
+                        f.text.substr(at + head.size()));
+  };
+  std::vector<std::string> args;
+  for (const std::string& p : general.params) args.push_back(p.substr(p.find_last_of(' ') + 1));
+  const std::string call = absl::StrCat("(", absl::StrJoin(args, ", "), ");");
+  KernelFunction f = general;
+  f.name = name;
+  f.text = absl::StrCat(as_device(aligned, name + "_v"), as_device(general, name + "_g"), "extern \"C\" __global__ void __launch_bounds__(",
+                        general.block, ") ", name, "(", absl::StrJoin(general.params, ", "), ") {\n  if (", condition,
+                        ") ", name, "_v", call, "\n  else ", name, "_g", call, "\n}\n");
+  f.strategy = absl::StrCat(general.strategy, "; where ", condition, ": ", aligned.strategy.substr(aligned.strategy.find(", ") + 2));
+  return f;
+}
+
 KernelFunction KernelGen::RowFn(int p, int64_t threads, const std::string& name, int64_t* rows_out,
-                                int64_t* work_out) {
+                                int64_t* work_out, bool aligned, std::string* aligned_if) {
   std::unique_ptr<Fn> fn = NewFn();
+  std::optional<AssumedMultiples> assumed;
+  if (aligned) assumed.emplace();
   CudaEmitter& em = *fn->em;
   const int rank = static_cast<int>(loops_.size());
   const int64_t rows = Product(loops_, 0, p + 1);
@@ -281,9 +313,18 @@ KernelFunction KernelGen::RowFn(int p, int64_t threads, const std::string& name,
   row.Q = CeilDiv(L, row.V * TR);
   row.unrolled = row.Q <= kMaxUnrolledVectors && row.Q * row.V <= kMaxUnrolledElements;
   if (Varies(L)) {
-    // A row of varying length: the first kVaryingRowVectors vectors of each thread are
-    // unrolled (and cached in registers when reused), the rest of a longer row loops.
-    row.Q = kVaryingRowVectors;
+    // A row of varying length: the first kVaryingRowVectors elements of each thread are
+    // unrolled (and cached in registers when reused), the rest of a longer row loops. The
+    // aligned variant reads them in vectors (its length a multiple of the width, checked at
+    // launch: the outputs' row stride is the length).
+    if (aligned && L > 1) {
+      std::vector<ExprPtr> shared = trees;
+      for (const Expr* n : coops)
+        if (found[n].var == E) shared.push_back(found[n].body);
+      row.V = PickV(shared, E, int64_t{1} << 30, WidestOutput(fn->prog, kern_), fn->prog);
+      if (row.V > 1) assumed->Record(L, row.V);
+    }
+    row.Q = std::max<int64_t>(1, kVaryingRowVectors / row.V);
     row.unrolled = true;
     row.tail = true;
     row.q_text = CeilDivText(L, row.V * TR);
@@ -432,6 +473,7 @@ KernelFunction KernelGen::RowFn(int p, int64_t threads, const std::string& name,
                                       " row(s) per block, ", row.Q, " x ", row.V, " element(s) per thread",
                                       row.unrolled ? "" : " (looped)", ", ", coops.size(), " cooperative reduction(s)");
   if (!cached_names.empty()) absl::StrAppend(&strategy, ", registers hold ", absl::StrJoin(cached_names, " "));
+  if (aligned_if != nullptr) *aligned_if = row.V > 1 ? assumed->Condition() : "";
   return Finish(*fn, name, body, rows, RPB, static_cast<int>(block), strategy);
 }
 

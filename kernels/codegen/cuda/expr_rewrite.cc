@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/ir/symbols.h"
 
 namespace kiln::codegen::cuda {
 
@@ -179,11 +180,29 @@ Affine FlattenAffine(const Affine& a, const std::vector<int>& vars, int flat, co
   return r;
 }
 
+namespace {
+thread_local AssumedMultiples* assumed = nullptr;
+}  // namespace
+
+AssumedMultiples::AssumedMultiples() : outer_(assumed) { assumed = this; }
+AssumedMultiples::~AssumedMultiples() { assumed = outer_; }
+AssumedMultiples* AssumedMultiples::Current() { return assumed; }
+
+std::string AssumedMultiples::Condition() const {
+  std::string out;
+  for (const auto& [v, m] : values_) absl::StrAppend(&out, out.empty() ? "" : " && ", "(", v, " % ", m, " == 0)");
+  return out;
+}
+
 bool VectorContiguous(const Affine& a, int var, int V) {
   if (UsesVarInAtom(a, var) || Coefficient(a, var) != 1) return false;
   if (a.constant % V != 0) return false;
   for (const auto& [t, c] : a.terms) {
     if (t.kind == Term::Kind::kVar && t.var == var) continue;
+    if (assumed != nullptr && ir::VariesWithSizes(c)) {  // every sample alike, whatever its residue
+      assumed->Record(c, V);
+      continue;
+    }
     if (c % V != 0) return false;
   }
   return true;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -68,5 +69,26 @@ lower::Affine FlattenAffine(const lower::Affine& a, const std::vector<int>& vars
 // multiple of V, starting at a multiple of V: `var` appears only as a plain term of
 // coefficient 1, and everything else is a multiple of V.
 bool VectorContiguous(const lower::Affine& a, int var, int V);
+
+// While one is alive on this thread (the aligned variant of a row kernel whose length varies,
+// KernelGen::Row), VectorContiguous takes a coefficient that varies with the sizes as a
+// multiple of V, and records it: the variant is then run only where every recorded value is
+// one, a check its caller makes at launch (Condition(), C text whose numbers are the values as
+// sampled, so the generaliser turns them into expressions of the sizes).
+class AssumedMultiples {
+ public:
+  AssumedMultiples();
+  ~AssumedMultiples();
+  AssumedMultiples(const AssumedMultiples&) = delete;
+  AssumedMultiples& operator=(const AssumedMultiples&) = delete;
+  static AssumedMultiples* Current();
+  void Record(int64_t value, int multiple) { values_.insert({value, multiple}); }
+  bool empty() const { return values_.empty(); }
+  std::string Condition() const;  // "(v % m == 0) && ..."
+
+ private:
+  AssumedMultiples* outer_;
+  std::set<std::pair<int64_t, int>> values_;
+};
 
 }  // namespace kiln::codegen::cuda

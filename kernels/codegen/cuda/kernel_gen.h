@@ -190,7 +190,13 @@ class KernelGen {
   void Row(int p);  // outer variables 0..p, one row per outer index
   // One row function named `name`: `threads` per row when the row length varies (0: the
   // default for its shape). Sets `*rows` and `*work` (the longest range a row walks).
-  KernelFunction RowFn(int p, int64_t threads, const std::string& name, int64_t* rows, int64_t* work);
+  // `aligned` (a row length that varies): vectors along the row as though its length, and
+  // every stride that varies, were a multiple of the vector width; `*aligned_if` is then the
+  // C condition under which that holds (empty: no vectors came of it).
+  KernelFunction RowFn(int p, int64_t threads, const std::string& name, int64_t* rows, int64_t* work,
+                       bool aligned = false, std::string* aligned_if = nullptr);
+  KernelFunction AlignedOr(const KernelFunction& aligned, const KernelFunction& general, const std::string& condition,
+                           const std::string& name);
   void ColumnTile(int y);
 
   schedule::Program* unit_;

@@ -77,6 +77,7 @@ inline void FiberMain() {
 #define blockIdx kiln_emu::block_idx
 #define blockDim kiln_emu::block_dim
 #define gridDim kiln_emu::grid_dim
+#define KILN_EMULATION 1  // kiln_cuda.h: vector accesses check their alignment
 #define __global__
 #define __device__
 #define __forceinline__ inline

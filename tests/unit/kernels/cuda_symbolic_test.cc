@@ -239,7 +239,15 @@ TEST(CudaSymbolic, RowsOfVaryingLengthAndCount) {
   // softmax over T of [B, T]: rows vary in length and count.
   ExpectSymbolicMatchesCpu({{DType::kF32, {kSym - 1, kSym}}},
                            [](ir::Builder& b) { return std::vector<ValueId>{*b.Add("softmax", {0}, {{"axis", int64_t{-1}}})}; },
-                           {"T", "B"}, {{1, 1}, {5, 3}, {129, 2}, {300, 1}, {0, 2}, {3, 0}, {700, 2}, {2100, 1}, {4500, 1}});
+                           {"T", "B"}, {{1, 1}, {5, 3}, {129, 2}, {300, 1}, {0, 2}, {3, 0}, {128, 3}, {64, 9}, {700, 2}, {2100, 1},
+                                        {4500, 1}});
+  // layer_norm with weight and bias over a varying f16 length: lengths that are multiples of
+  // the vector width take the vector body (rows start aligned), the others the scalar one.
+  ExpectSymbolicMatchesCpu({{DType::kF16, {kSym - 1, kSym}}, {DType::kF16, {kSym}}, {DType::kF16, {kSym}}},
+                           [](ir::Builder& b) {
+                             return std::vector<ValueId>{*b.Add("layer_norm", {0, 1, 2}, {{"axes", ir::IntList{-1}}})};
+                           },
+                           {"T", "B"}, {{8, 3}, {13, 2}, {200, 5}, {1, 1}, {600, 2}, {602, 1}, {3000, 1}});
   // layer_norm over a static 64: a varying number of rows, several per block.
   ExpectSymbolicMatchesCpu({{DType::kF32, {kSym, 64}}},
                            [](ir::Builder& b) {
