@@ -82,7 +82,8 @@ ExprPtr CudaEmitter::LaneGroup::Lane(const ExprPtr& tree, int u) {
       if (it != em_->cache->entries.end())
         return em_->RegisterRead(it->second.reg_buffer, load.dtype, cache_offset_ + u, -1);
     }
-    if (V_ > 1 && VectorContiguous(addr, var_, V_)) {
+    // A vector access is at most 16 bytes (kiln_vload): wider lanes of this type read scalars.
+    if (V_ > 1 && V_ * ir::DTypeSize(b.dtype) <= 16 && VectorContiguous(addr, var_, V_)) {
       bool free_of_rvars = true;
       for (int v : VarsOf(addr)) free_of_rvars &= v == var_ || !em_->rvars.count(v);
       if (free_of_rvars) return VectorRead(load, addr, u);

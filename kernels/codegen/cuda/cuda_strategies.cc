@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/c_expr.h"
 #include "kernels/codegen/cuda/kernel_gen.h"
+#include "kernels/lower/lower.h"
 
 namespace kiln::codegen::cuda::internal {
 namespace {
@@ -100,6 +101,72 @@ bool StreamsAlong(const std::vector<ExprPtr>& trees, int var, const schedule::Pr
   return false;
 }
 
+// The variable `a` is, or -1 when it is anything else.
+int PlainVar(const Affine& a) {
+  if (a.constant != 0 || a.terms.size() != 1) return -1;
+  const auto& [t, c] = *a.terms.begin();
+  return t.kind == lower::Term::Kind::kVar && c == 1 ? t.var : -1;
+}
+
+// `a` with the clamps a concatenation put on its pieces' indices (var - lo clamped to
+// [0, hi - lo - 1]) taken off: inside the piece's branch, var lies in [lo, hi) and the clamp
+// is the identity; without it, loads along `var` can be vectors.
+Affine DropPieceClamp(const Affine& a, int var, int64_t lo, int64_t hi) {
+  Affine out = Affine::Const(a.constant);
+  for (const auto& [t, c] : a.terms) {
+    Affine term;
+    const bool piece = t.kind == lower::Term::Kind::kClamp && t.d == 0 && t.hi == hi - lo - 1 && t.arg &&
+                       t.arg->constant == -lo && PlainVar(lower::AddConst(*t.arg, lo)) == var;
+    if (piece) {
+      term = lower::Scale(*t.arg, c);
+    } else {
+      term.terms[t] = c;
+    }
+    out = lower::Add(out, term);
+  }
+  return out;
+}
+
+// The pieces of a concatenation at the root of an output: its selections (kIndexLess) on one
+// output variable, `*var`, flattened to ranges [lo, hi) of it, each with its value there (the
+// pieces' index clamps taken off). Empty when `tree` is not one, or when a piece boundary
+// along the vector variable `x` would split a vector of V lanes.
+struct Piece {
+  int64_t end;  // 0: the last piece
+  ExprPtr value;
+  int64_t lo = 0, hi = 0;
+};
+std::vector<Piece> ConcatPieces(const ExprPtr& tree, int x, int V, const ir::Shape& loops, ExprPool* pool, int* var) {
+  std::vector<Piece> pieces;
+  bool ok = true;
+  std::function<void(const ExprPtr&, int64_t)> walk = [&](const ExprPtr& e, int64_t hi) {
+    const int v = e->kind == Expr::Kind::kIndexLess && e->index.size() == 1 ? PlainVar(e->index[0]) : -1;
+    if (v < 0 || (*var >= 0 && v != *var)) {
+      pieces.push_back({hi, e});
+      return;
+    }
+    *var = v;
+    if (*var == x && ir::StaticFactor(e->ivalue) % V != 0) ok = false;
+    walk(e->args[0], e->ivalue);
+    walk(e->args[1], hi);
+  };
+  // A cast of the concatenation (to the output's type): each piece cast.
+  const bool cast = tree->kind == Expr::Kind::kCast && tree->args[0]->kind == Expr::Kind::kIndexLess;
+  const ExprPtr& root = cast ? tree->args[0] : tree;
+  if (root->kind != Expr::Kind::kIndexLess) return {};
+  walk(root, 0);
+  if (!ok || pieces.size() < 2) return {};
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    Piece& p = pieces[k];
+    p.lo = k == 0 ? 0 : pieces[k - 1].end;
+    p.hi = p.end > 0 ? p.end : loops[*var];
+    RewriteRules unclamp;
+    unclamp.affine = [&](const Affine& a) { return DropPieceClamp(a, *var, p.lo, p.hi); };
+    p.value = pool->InternTree(Rewrite(cast ? lower::MakeCast(p.value, tree->dtype) : p.value, unclamp, pool));
+  }
+  return pieces;
+}
+
 }  // namespace
 
 // One thread per vector of V outputs along the innermost dimension.
@@ -112,7 +179,14 @@ void KernelGen::Pointwise() {
   const int64_t N = Product(loops_, 0, rank);
   std::vector<ExprPtr> trees;
   for (const auto& o : kern_.outputs) trees.push_back(o.value);
-  int V = PickV(trees, x, C, WidestOutput(fn->prog, kern_), fn->prog);
+  // The vector width from the loads too that concatenated pieces make along x (unclamped in
+  // their branches, below).
+  std::vector<ExprPtr> widths = trees;
+  for (const ExprPtr& t : trees) {
+    int var = -1;
+    for (const Piece& piece : ConcatPieces(t, x, 1, loops_, &pool_, &var)) widths.push_back(piece.value);
+  }
+  int V = PickV(widths, x, C, WidestOutput(fn->prog, kern_), fn->prog);
   // A flat range whose length varies with the sizes: vectors whatever the length, the last
   // one partial. Vector loads along it read only the elements left (kiln_vload_n), scalar
   // ones (strided, inside reductions) read at lanes clamped to the last element
@@ -151,9 +225,41 @@ void KernelGen::Pointwise() {
   if (!ragged.empty()) lane_vars = g.MakeRagged(absl::StrCat(C), ragged);
   for (int v : lane_vars) em.PushScope(v);
   std::vector<std::vector<std::string>> vals(trees.size());
-  for (int u = 0; u < V; ++u)
-    for (size_t j = 0; j < trees.size(); ++j) vals[j].push_back(em.Emit(g.Lane(trees[j], u)));
+  // An output that concatenates pieces along an output variable, where no vector straddles
+  // two pieces: an if/else chain computes only the piece the vector lies in. As one expression
+  // each thread would compute, and load, every piece's value and keep one.
   int counter = 0;
+  std::vector<bool> branched(trees.size(), false);
+  for (size_t j = 0; j < trees.size() && ragged.empty(); ++j) {
+    int var = -1;
+    std::vector<Piece> pieces = ConcatPieces(trees[j], x, V, loops_, &pool_, &var);
+    if (pieces.empty() || (var != x && std::find(vars.begin(), vars.end(), var) == vars.end())) continue;
+    const std::string at = var == x ? em.Text(lower::Scale(Affine::Var(xq), V)) : em.var_names()[var];
+    const std::string arr = absl::StrCat("kb", counter++);
+    em.AddStatement(absl::StrCat(ComputeTypeName(trees[j]->dtype), " ", arr, "[", V, "];"));
+    std::vector<std::string> chain;
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      const ExprPtr& value = pieces[k].value;
+      em.PushScope(xq);  // the piece's own scope: what it computes stays inside its branch
+      CudaEmitter::LaneGroup gk(&em, x, lower::Scale(Affine::Var(xq), V), V, xq, -1);
+      for (int u = 0; u < V; ++u)
+        em.AddStatement(absl::StrCat(arr, "[", u, "] = ", em.Emit(gk.Lane(value, u)), ";"));
+      std::vector<std::string> stmts = em.PopScope();
+      const bool last = k + 1 == pieces.size();
+      chain.push_back(k == 0 ? absl::StrCat("if (", at, " < ", pieces[k].end, ") {")
+                      : last ? "} else {"
+                             : absl::StrCat("} else if (", at, " < ", pieces[k].end, ") {"));
+      Append(&chain, gk.fills(), "  ");
+      Append(&chain, stmts, "  ");
+    }
+    chain.push_back("}");
+    for (std::string& l : chain) em.AddStatement(std::move(l));
+    for (int u = 0; u < V; ++u) vals[j].push_back(absl::StrCat(arr, "[", u, "]"));
+    branched[j] = true;
+  }
+  for (int u = 0; u < V; ++u)
+    for (size_t j = 0; j < trees.size(); ++j)
+      if (!branched[j]) vals[j].push_back(em.Emit(g.Lane(trees[j], u)));
   for (size_t j = 0; j < trees.size(); ++j) {
     const Buffer& b = fn->prog.buffers[kern_.outputs[j].buffer];
     fn->written.push_back(kern_.outputs[j].buffer);

@@ -91,6 +91,53 @@ TEST(CudaEmulation, Views) {
                    });
 }
 
+// A concatenation at the root of an output computes only the piece each vector lies in
+// (an if/else chain): along the vector axis with piece boundaries on vector boundaries, along
+// an outer axis, with more pieces than a chain of selections holds (a tree), and with
+// boundaries that split vectors (the select expression, every piece computed).
+TEST(CudaEmulation, ConcatenatedPieces) {
+  auto pieces = [](int64_t w0, int64_t w1, int64_t axis, DType out) {
+    return Make({Ty(DType::kF32, {16, 64}), Ty(DType::kF32, {16, w0}), Ty(DType::kF32, {16, w1})}, [=](ir::Builder& b) {
+      auto a = *b.Add("slice", {0}, {{"axes", ir::IntList{1}}, {"starts", ir::IntList{8}}, {"stops", ir::IntList{8 + w0}}});
+      auto s = *b.Add("sigmoid", {a});
+      auto e = *b.Add("mul", {*b.Add("exp", {1}), a});
+      auto t = *b.Add("tanh", {2});
+      ValueId c = *b.Add("concat", {s, e, t}, {{"axis", axis}});
+      return std::vector<ValueId>{*b.Add("cast", {c}, {{"dtype", out}})};
+    });
+  };
+  auto reference = [](int64_t w0, int64_t w1) {
+    return [=](const std::vector<HostTensor>& in, std::vector<HostTensor>* out) {
+      const int64_t W = 2 * w0 + w1;
+      for (int64_t r = 0; r < 16; ++r)
+        for (int64_t j = 0; j < W; ++j) {
+          double v;
+          if (j < w0) {
+            v = 1.0 / (1.0 + std::exp(-in[0].At(r * 64 + 8 + j)));
+          } else if (j < 2 * w0) {
+            v = std::exp(in[1].At(r * w0 + j - w0)) * in[0].At(r * 64 + 8 + j - w0);
+          } else {
+            v = std::tanh(in[2].At(r * w1 + j - 2 * w0));
+          }
+          (*out)[0].Set(r * W + j, v);
+        }
+    };
+  };
+  ExpectMatchesCpu(pieces(32, 64, 1, DType::kF32), nullptr, reference(32, 64));  // vectors of 4
+  ExpectMatchesCpu(pieces(8, 16, 1, DType::kF16), nullptr, reference(8, 16));    // vectors of 8
+  ExpectMatchesCpu(pieces(6, 10, 1, DType::kF32), nullptr, reference(6, 10));     // vectors of 2
+  ExpectMatchesCpu(pieces(6, 4, 1, DType::kF32), nullptr, reference(6, 4));       // boundaries inside vectors
+  // Along the rows: [16, 8] pieces stacked, then a tree of 20 pieces along the columns.
+  ExpectMatchesCpu(Make({Ty(DType::kF32, {16, 8}), Ty(DType::kF32, {16, 8})}, [](ir::Builder& b) {
+    return std::vector<ValueId>{*b.Add("concat", {*b.Add("exp", {0}), *b.Add("neg", {1}), 0}, {{"axis", int64_t{0}}})};
+  }));
+  ExpectMatchesCpu(Make({Ty(DType::kF32, {8, 4})}, [](ir::Builder& b) {
+    std::vector<ValueId> parts;
+    for (int k = 0; k < 20; ++k) parts.push_back(k % 2 ? *b.Add("exp", {0}) : *b.Add("neg", {0}));
+    return std::vector<ValueId>{*b.Add("concat", parts, {{"axis", int64_t{1}}})};
+  }));
+}
+
 TEST(CudaEmulation, UnaryOpsEveryDtype) {
   for (DType t : kAllTypes) {
     SCOPED_TRACE(ir::DTypeName(t));

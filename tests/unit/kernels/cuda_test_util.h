@@ -283,6 +283,7 @@ using Reference = std::function<void(const std::vector<HostTensor>& inputs, std:
 inline void ExpectMatchesCpu(const ir::Graph& g, const Mutator& mutate = nullptr, const Reference& reference = nullptr) {
   auto gen = SharedPipeline().Generate(g, CudaTarget(90), CompileOptions{});
   ASSERT_TRUE(gen.ok()) << gen.status();
+  if (std::getenv("KILN_TEST_DUMP") != nullptr) std::fprintf(stderr, "%s\n%s", gen->fusion_report.c_str(), gen->source.c_str());
   auto emu = EmulatedUnit::Build(gen->source);
   ASSERT_TRUE(emu.ok()) << emu.status() << "\n" << gen->source;
   std::mt19937 rng(1);

@@ -584,7 +584,22 @@ def decompositions() -> Any:
     # 1 ms for BERT-base's word embeddings at batch 16, sequence 128, on an H100/H200), where
     # the op's own kernel takes a fraction of that. kiln cannot take a scatter either way.
     table.pop(torch.ops.aten.embedding_dense_backward.default, None)
+    # Splits become slices of the split tensor. Kept as one split_with_sizes, the partitioner
+    # (min-cut) saves each piece's consumers for the backward rather than the tensor the
+    # pieces view: the LLTM cell's forward then wrote its sigmoids and the elu's input, three
+    # [batch, state] tensors, where saving the gates (already written by the matmul) costs no
+    # write at all, the backward recomputing the sigmoids as it reads them.
+    table[torch.ops.aten.split_with_sizes.default] = _split_as_slices
     return table
+
+
+def _split_as_slices(x: torch.Tensor, split_sizes: Sequence[Any], dim: int = 0) -> list[torch.Tensor]:
+    """``split_with_sizes`` as slices along ``dim`` (views either way; kiln lowers slices)."""
+    out, start = [], 0
+    for size in split_sizes:
+        out.append(torch.ops.aten.slice.Tensor(x, dim, start, start + size))
+        start = start + size
+    return out
 
 
 def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: Optional[str] = None,

@@ -8,29 +8,37 @@ extern "C" __global__ void __launch_bounds__(128) k0(const float* __restrict__ i
     const int ixq = (kv) % 4;
     const int i1 = ((kv) / 4) % 6;
     const int i0 = (kv) / 24;
-    const float t4 = kiln_to_float(in1[6 * i0 + i1]);
-    const float t3 = ((float)(t4));
-    const float t2 = in0[96 * i0 + 16 * i1 - 2 * kiln_clampi(4 * ixq, 0, 7) + 15];
-    const float t1 = (t2 * t3);
-    const float t6 = in0[96 * i0 + 16 * i1 - 2 * kiln_clampi(4 * ixq - 8, 0, 7) + 15];
-    const float t5 = (t6 * t3);
-    const float t0 = ((4 * ixq) < 8 ? t1 : t5);
-    const float t9 = in0[96 * i0 + 16 * i1 - 2 * kiln_clampi(4 * ixq + 1, 0, 7) + 15];
-    const float t8 = (t9 * t3);
-    const float t11 = in0[96 * i0 + 16 * i1 - 2 * kiln_clampi(4 * ixq - 7, 0, 7) + 15];
-    const float t10 = (t11 * t3);
-    const float t7 = ((4 * ixq + 1) < 8 ? t8 : t10);
-    const float t14 = in0[96 * i0 + 16 * i1 - 2 * kiln_clampi(4 * ixq + 2, 0, 7) + 15];
-    const float t13 = (t14 * t3);
-    const float t16 = in0[96 * i0 + 16 * i1 - 2 * kiln_clampi(4 * ixq - 6, 0, 7) + 15];
-    const float t15 = (t16 * t3);
-    const float t12 = ((4 * ixq + 2) < 8 ? t13 : t15);
-    const float t19 = in0[96 * i0 + 16 * i1 - 2 * kiln_clampi(4 * ixq + 3, 0, 7) + 15];
-    const float t18 = (t19 * t3);
-    const float t21 = in0[96 * i0 + 16 * i1 - 2 * kiln_clampi(4 * ixq - 5, 0, 7) + 15];
-    const float t20 = (t21 * t3);
-    const float t17 = ((4 * ixq + 3) < 8 ? t18 : t20);
-    __align__(16) float ko0[4] = {(float)(t0), (float)(t7), (float)(t12), (float)(t17)};
-    kiln_vstore<4>(out0 + (4 * kv), ko0);
+    const float t3 = kiln_to_float(in1[6 * i0 + i1]);
+    const float t2 = ((float)(t3));
+    float kb0[4];
+    if (4 * ixq < 8) {
+      const float t1 = in0[96 * i0 + 16 * i1 - 8 * ixq + 15];
+      const float t0 = (t1 * t2);
+      kb0[0] = t0;
+      const float t5 = in0[96 * i0 + 16 * i1 - 8 * ixq + 13];
+      const float t4 = (t5 * t2);
+      kb0[1] = t4;
+      const float t7 = in0[96 * i0 + 16 * i1 - 8 * ixq + 11];
+      const float t6 = (t7 * t2);
+      kb0[2] = t6;
+      const float t9 = in0[96 * i0 + 16 * i1 - 8 * ixq + 9];
+      const float t8 = (t9 * t2);
+      kb0[3] = t8;
+    } else {
+      const float t11 = in0[96 * i0 + 16 * i1 - 8 * ixq + 31];
+      const float t10 = (t11 * t2);
+      kb0[0] = t10;
+      const float t13 = in0[96 * i0 + 16 * i1 - 8 * ixq + 29];
+      const float t12 = (t13 * t2);
+      kb0[1] = t12;
+      const float t15 = in0[96 * i0 + 16 * i1 - 8 * ixq + 27];
+      const float t14 = (t15 * t2);
+      kb0[2] = t14;
+      const float t17 = in0[96 * i0 + 16 * i1 - 8 * ixq + 25];
+      const float t16 = (t17 * t2);
+      kb0[3] = t16;
+    }
+    __align__(16) float ko1[4] = {(float)(kb0[0]), (float)(kb0[1]), (float)(kb0[2]), (float)(kb0[3])};
+    kiln_vstore<4>(out0 + (4 * kv), ko1);
   }
 }
