@@ -282,6 +282,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-bert", action="store_true")
+    ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--variants", action="store_true",
                     help="also time each tuning variant of the kernels whose row length is symbolic")
     opts = ap.parse_args()
@@ -297,7 +298,7 @@ def main() -> int:
         try:
             os.environ["KILN_SERVER"] = daemon.address
             with kiln.Client(daemon.address, cache_dir=Path(tmp) / "client-cache") as client:
-                rows = run_kernels(client)
+                rows = [] if opts.skip_kernels else run_kernels(client)
             md.append("## Symbolic vs static CUDA kernels (kernel time per call, CUDA graph of 20 calls)\n")
             md.append(table(["kernel", "bench size", "symbols", "compiles", "sizes checked", "max rel err",
                              "static us", "dynamic us", "dyn/static", "torch us"], rows))

@@ -77,6 +77,7 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--backends", default="inductor,kiln")
+    ap.add_argument("--warm", default="", help="sequence lengths run first (e.g. 128,96: the length becomes symbolic)")
     opts = ap.parse_args()
     import kiln.local
     import kiln.torch
@@ -88,7 +89,7 @@ def main() -> int:
     os.environ["KILN_SERVER"] = daemon.address
     out = Path(os.environ.get("OUT") or work)
     lines = [f"# Idle GPU in a BERT-base inference step on {torch.cuda.get_device_name()}, batch 16, "
-             f"sequence {opts.seq}", ""]
+             f"sequence {opts.seq}" + (f" (after lengths {opts.warm})" if opts.warm else ""), ""]
     try:
         torch.manual_seed(0)
         model = BertModel(BertConfig()).cuda().eval()
@@ -98,6 +99,8 @@ def main() -> int:
             torch._dynamo.reset()
             cm = torch.compile(model, backend=be)
             with torch.no_grad():
+                for T in [int(t) for t in opts.warm.split(",") if t]:
+                    cm(input_ids=ids[:, :1].expand(16, T).contiguous(), attention_mask=mask[:, :1].expand(16, T).contiguous())
                 for _ in range(3):
                     cm(input_ids=ids, attention_mask=mask)
                 kiln.torch.wait()

@@ -830,6 +830,28 @@ def test_native_graph_replay_helpers() -> None:
     assert rt.graph_key([b]) is None and rt.graph_key([1]) is None
 
 
+def test_identical_torch_side_ops_run_once(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+    """An inference graph with the same torch-side op on the same arguments several times (BERT
+    at a symbolic length pads its attention mask once per layer) runs it once; results match."""
+
+    def fn(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        out = x
+        for _ in range(4):  # the same pad of the same mask in each "layer"
+            out = torch.tanh(out + F.pad(m, (0, 3))[..., :-3].cumsum(-1))
+        return out
+
+    x, m = torch.randn(4, 8), torch.randn(4, 8)
+    with torch.no_grad():
+        got = compiled(fn, client)(x, m)
+        want = fn(x, m)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    graph = rewrites[0][0].graph
+    targets = [n.target for n in graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.aten.constant_pad_nd.default) == 1, graph
+    assert targets.count(torch.ops.aten.cumsum.default) == 1, graph
+    assert_kiln_ran(min_parts=1)
+
+
 def test_linear_layers_become_single_linear_calls(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
     """The torch side's view + transpose + mm/addmm + view of a linear layer becomes one
     ``F.linear`` call (fold_linear), transposes of transposes cancel (fold_views); forward and

@@ -157,6 +157,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
 
     bump(graphs=1)
     try:
+        eliminate_common_subexpressions(gm)
         segments = partition(gm)
         outer, parts = rewrite(gm, segments)
         bump(parts=len(parts),
@@ -318,6 +319,26 @@ def rewrite(gm: torch.fx.GraphModule, segments: Sequence[Segment]) -> tuple[torc
     for p in parts:
         outer.__dict__[p.part_name] = p
     return outer, parts
+
+
+def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> int:
+    """Merges identical pure ATen nodes (the same op on the same arguments) of ``gm``, with
+    torch's own pass (what AOTAutograd runs on a training graph's joint graph, and Inductor on
+    every graph); returns how many nodes went. Inference graphs reach the backend without it:
+    BERT at a symbolic sequence length padded its attention mask once per layer, 12 identical
+    pads (each an allocation, a fill and a copy) that are now one. Random ops and mutated
+    buffers are left alone by the pass; where it is unavailable the graph stays as it is."""
+    try:
+        from torch._functorch.compile_utils import fx_graph_cse
+
+        merged = fx_graph_cse(gm.graph)
+    except Exception:  # an internal API: absent or changed in this torch version
+        return 0
+    removed = len(gm.graph.nodes) - len(merged.nodes)
+    if removed > 0:
+        gm.graph = merged
+        gm.recompile()
+    return removed
 
 
 def _direct_calls() -> dict[Any, tuple[str, Any]]:
@@ -651,6 +672,7 @@ def backend(**options: Any) -> Callable[..., Any]:
     return make_backend(BackendConfig.from_args(mode, options))
 
 
-__all__ = ["AsyncGraph", "BackendConfig", "backend", "compile_aten_graph", "decompositions", "fold_clones", "fold_reinterpret",
+__all__ = ["AsyncGraph", "BackendConfig", "backend", "compile_aten_graph", "decompositions",
+           "eliminate_common_subexpressions", "fold_clones", "fold_reinterpret",
            "kiln_backend", "make_backend", "reinterpreted_view", "rewrite", "wait"]
 
