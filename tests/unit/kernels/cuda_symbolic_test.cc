@@ -232,6 +232,20 @@ TEST(CudaSymbolic, Pointwise) {
   ExpectSymbolicMatchesCpu({{DType::kF16, {3, kSym}}, {DType::kF16, {3, 1}}},
                            [](ir::Builder& b) { return std::vector<ValueId>{*b.Add("add", {0, 1})}; }, {"T"},
                            kOneSymbol);
+  // Concatenations: along the rows (pieces of N rows each, a branch per piece chosen by a
+  // bound that is a size), and along a row of varying length (pieces of T columns).
+  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym, 8}}, {DType::kF32, {kSym, 8}}},
+                           [](ir::Builder& b) {
+                             return std::vector<ValueId>{
+                                 *b.Add("concat", {*b.Add("exp", {0}), *b.Add("neg", {1}), 0}, {{"axis", int64_t{0}}})};
+                           },
+                           {"N"}, kOneSymbol);
+  ExpectSymbolicMatchesCpu({{DType::kF32, {3, kSym}}, {DType::kF32, {3, kSym}}},
+                           [](ir::Builder& b) {
+                             return std::vector<ValueId>{
+                                 *b.Add("concat", {*b.Add("tanh", {0}), *b.Add("sin", {1}), 1}, {{"axis", int64_t{1}}})};
+                           },
+                           {"T"}, kOneSymbol);
 }
 
 TEST(CudaSymbolic, RowsOfVaryingLengthAndCount) {
