@@ -2,6 +2,7 @@
 // chosen for numerics first (max-subtracted softmax, two-pass variance) and fuse into one
 // kernel per row: every reduction here reduces the same axes its consumer broadcasts over.
 #include <cmath>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/ir/op_registry.h"
@@ -54,21 +55,28 @@ class Decomposer {
     return Op("reshape", {kept}, {{"shape", shape}});
   }
 
+  // f16 and bf16 means and variances are computed in f32 and rounded once, as NumPy and torch
+  // do: the sum of a large tensor in the type overflows (f16 past 65504), a constant N in the
+  // type is inexact past 2048 (bf16: 256) and inf past 65504, and a constant 1/N rounded to it
+  // (1/3 -> 0.33325, 1/768 off by 2.4e-4) biases every mean, a constant row's layer_norm by
+  // far more. Kernels compute these types in f32 anyway, so the casts cost nothing.
+  absl::StatusOr<ValueId> InF32(ValueId x, const std::function<absl::StatusOr<ValueId>(ValueId)>& f) {
+    const DType t = b_.Type(x).dtype;
+    KILN_ASSIGN_OR_RETURN(ValueId wide, Op("cast", {x}, {{"dtype", DType::kF32}}));
+    KILN_ASSIGN_OR_RETURN(ValueId r, f(wide));
+    return Op("cast", {r}, {{"dtype", t}});
+  }
   absl::StatusOr<ValueId> Mean(ValueId x, const ir::IntList& axes, bool keep) {
     KILN_ASSIGN_OR_RETURN(x, ToFloat(x));
+    if (ir::DTypeSize(b_.Type(x).dtype) < 4) return InF32(x, [&](ValueId w) { return Mean(w, axes, keep); });
     KILN_ASSIGN_OR_RETURN(ValueId s, Reduce("sum", x, axes, keep));
     const int64_t count = std::max<int64_t>(CountOf(x, axes), 0);
-    if (ir::DTypeSize(b_.Type(s).dtype) < 4) {
-      // f16 and bf16: a constant 1/N would be rounded to the type (1/3 -> 0.33325, 1/768 off by
-      // 2.4e-4), biasing every mean, and a constant row's layer_norm by far more; N itself is
-      // exact up to 2048 (bf16: 256), and the division runs in the compute type (f32).
-      KILN_ASSIGN_OR_RETURN(ValueId den, Scalar(static_cast<double>(count), s));
-      return Bin("div", s, den);
-    }
     return Mul(s, 1.0 / static_cast<double>(count));
   }
   absl::StatusOr<ValueId> Var(ValueId x, const ir::IntList& axes, bool keep, double correction) {
     KILN_ASSIGN_OR_RETURN(x, ToFloat(x));
+    if (ir::DTypeSize(b_.Type(x).dtype) < 4)
+      return InF32(x, [&](ValueId w) { return Var(w, axes, keep, correction); });
     KILN_ASSIGN_OR_RETURN(ValueId mu, Mean(x, axes, true));
     KILN_ASSIGN_OR_RETURN(ValueId d, Bin("sub", x, mu));
     KILN_ASSIGN_OR_RETURN(ValueId d2, Bin("mul", d, d));
@@ -95,8 +103,12 @@ class Decomposer {
     if (op == "mean") return Mean(x, axes, keep);
     if (op == "var") return Var(x, axes, keep, n_.Float("correction", 0));
     if (op == "std") {
-      KILN_ASSIGN_OR_RETURN(ValueId v, Var(x, axes, keep, n_.Float("correction", 0)));
-      return Op("sqrt", {v});
+      auto stdev = [&](ValueId w) -> absl::StatusOr<ValueId> {
+        KILN_ASSIGN_OR_RETURN(ValueId v, Var(w, axes, keep, n_.Float("correction", 0)));
+        return Op("sqrt", {v});
+      };
+      KILN_ASSIGN_OR_RETURN(x, ToFloat(x));
+      return ir::DTypeSize(b_.Type(x).dtype) < 4 ? InF32(x, stdev) : stdev(x);
     }
     if (op == "softmax" || op == "log_softmax") {
       ir::IntList ax = {n_.Int("axis", -1)};
@@ -136,6 +148,10 @@ class Decomposer {
     }
     if (op == "layer_norm") {
       KILN_ASSIGN_OR_RETURN(x, ToFloat(x));
+      // f16/bf16: normalized in f32, rounded once at the end (below), as torch does.
+      if (ir::DTypeSize(b_.Type(x).dtype) < 4) {
+        KILN_ASSIGN_OR_RETURN(x, Op("cast", {x}, {{"dtype", DType::kF32}}));
+      }
       ir::IntList ax = n_.Ints("axes", {-1});
       KILN_ASSIGN_OR_RETURN(ValueId mu, Mean(x, ax, true));
       KILN_ASSIGN_OR_RETURN(ValueId d, Bin("sub", x, mu));

@@ -640,6 +640,24 @@ def test_half_precision_means_are_not_biased(client, rng) -> None:
     np.testing.assert_array_equal(got[1], 1.5)
 
 
+# f16 means, variances and deviations of more elements than f16 counts (65504) are computed in
+# f32 and rounded once, as NumPy does: the count as an f16 constant was inf (the mean came out
+# 0), and a sum in f16 of positive values overflows.
+def test_half_precision_reductions_of_large_tensors(client, rng) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f16", (300, 1000))
+    outs = [b.mean(x), b.var(x), b.std(x), b.mean(x, axes=[0]), b.layer_norm(x, axes=[0, 1])]
+    xh = (rng.random((300, 1000)) * 4 + 1).astype(np.float16)  # positive: the sum is ~900000
+    got = [np.asarray(g, dtype=np.float64) for g in client.compile(b.build(outs))(xh)]
+    x64 = xh.astype(np.float64)
+    np.testing.assert_allclose(got[0], x64.mean(), rtol=1e-3)
+    np.testing.assert_allclose(got[1], x64.var(), rtol=2e-3)
+    np.testing.assert_allclose(got[2], x64.std(), rtol=2e-3)
+    np.testing.assert_allclose(got[3], x64.mean(0), rtol=1e-3)
+    want_ln = (x64 - x64.mean()) / np.sqrt(x64.var() + 1e-5)
+    np.testing.assert_allclose(got[4], want_ln, rtol=1e-2, atol=1e-2)
+
+
 # Float to a narrow integer truncates toward zero and wraps to the type, also where the cast
 # feeds more arithmetic in the same kernel (a negative float cast to u8 was kept as -1 there:
 # the direct C conversion is undefined for values out of the type's range; seed 1346 of the
