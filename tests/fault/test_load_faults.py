@@ -111,8 +111,10 @@ def test_kill9_under_concurrent_compiles(daemons, tmp_path):
 
 def test_sigterm_under_load_exits_cleanly(daemons):
     d = daemons.start("--workers=2", "--grace-s=30")
+    # The two workers; a short-lived child of the daemon's start (a toolchain probe) may still
+    # be there at first.
+    assert wait_until(lambda: len(descendants(d.proc.pid)) == 2, 10), descendants(d.proc.pid)
     workers = set(descendants(d.proc.pid))
-    assert len(workers) == 2
     outcomes = Outcomes()
 
     def compile_one(i: int) -> None:
