@@ -60,6 +60,7 @@ class Decomposer {
   // type is inexact past 2048 (bf16: 256) and inf past 65504, and a constant 1/N rounded to it
   // (1/3 -> 0.33325, 1/768 off by 2.4e-4) biases every mean, a constant row's layer_norm by
   // far more. Kernels compute these types in f32 anyway, so the casts cost nothing.
+  bool Half(ValueId x) { return ir::DTypeSize(b_.Type(x).dtype) < 4; }  // f16, bf16 (after ToFloat)
   absl::StatusOr<ValueId> InF32(ValueId x, const std::function<absl::StatusOr<ValueId>(ValueId)>& f) {
     const DType t = b_.Type(x).dtype;
     KILN_ASSIGN_OR_RETURN(ValueId wide, Op("cast", {x}, {{"dtype", DType::kF32}}));
@@ -68,14 +69,14 @@ class Decomposer {
   }
   absl::StatusOr<ValueId> Mean(ValueId x, const ir::IntList& axes, bool keep) {
     KILN_ASSIGN_OR_RETURN(x, ToFloat(x));
-    if (ir::DTypeSize(b_.Type(x).dtype) < 4) return InF32(x, [&](ValueId w) { return Mean(w, axes, keep); });
+    if (Half(x)) return InF32(x, [&](ValueId w) { return Mean(w, axes, keep); });
     KILN_ASSIGN_OR_RETURN(ValueId s, Reduce("sum", x, axes, keep));
     const int64_t count = std::max<int64_t>(CountOf(x, axes), 0);
     return Mul(s, 1.0 / static_cast<double>(count));
   }
   absl::StatusOr<ValueId> Var(ValueId x, const ir::IntList& axes, bool keep, double correction) {
     KILN_ASSIGN_OR_RETURN(x, ToFloat(x));
-    if (ir::DTypeSize(b_.Type(x).dtype) < 4)
+    if (Half(x))
       return InF32(x, [&](ValueId w) { return Var(w, axes, keep, correction); });
     KILN_ASSIGN_OR_RETURN(ValueId mu, Mean(x, axes, true));
     KILN_ASSIGN_OR_RETURN(ValueId d, Bin("sub", x, mu));
@@ -108,7 +109,7 @@ class Decomposer {
         return Op("sqrt", {v});
       };
       KILN_ASSIGN_OR_RETURN(x, ToFloat(x));
-      return ir::DTypeSize(b_.Type(x).dtype) < 4 ? InF32(x, stdev) : stdev(x);
+      return Half(x) ? InF32(x, stdev) : stdev(x);
     }
     if (op == "softmax" || op == "log_softmax") {
       ir::IntList ax = {n_.Int("axis", -1)};
@@ -149,7 +150,7 @@ class Decomposer {
     if (op == "layer_norm") {
       KILN_ASSIGN_OR_RETURN(x, ToFloat(x));
       // f16/bf16: normalized in f32, rounded once at the end (below), as torch does.
-      if (ir::DTypeSize(b_.Type(x).dtype) < 4) {
+      if (Half(x)) {
         KILN_ASSIGN_OR_RETURN(x, Op("cast", {x}, {{"dtype", DType::kF32}}));
       }
       ir::IntList ax = n_.Ints("axes", {-1});

@@ -128,25 +128,33 @@ Affine DropPieceClamp(const Affine& a, int var, int64_t lo, int64_t hi) {
 }
 
 // The pieces of a concatenation at the root of an output: its selections (kIndexLess) on one
-// output variable, `*var`, flattened to ranges [lo, hi) of it, each with its value there (the
-// pieces' index clamps taken off). Empty when `tree` is not one, or when a piece boundary
-// along the vector variable `x` would split a vector of V lanes.
+// output variable, `var`, flattened to ranges [lo, hi) of it, each with its value there (the
+// pieces' index clamps taken off). `pieces` is empty when `tree` is not one.
 struct Piece {
-  int64_t end;  // 0: the last piece
   ExprPtr value;
   int64_t lo = 0, hi = 0;
 };
-std::vector<Piece> ConcatPieces(const ExprPtr& tree, int x, int V, const ir::Shape& loops, ExprPool* pool, int* var) {
+struct Concat {
+  int var = -1;
   std::vector<Piece> pieces;
-  bool ok = true;
+  // Whether a vector of V lanes along `x` may straddle two pieces.
+  bool Splits(int x, int V) const {
+    if (var != x) return false;
+    for (size_t k = 0; k + 1 < pieces.size(); ++k)
+      if (ir::StaticFactor(pieces[k].hi) % V != 0) return true;
+    return false;
+  }
+};
+Concat ConcatPieces(const ExprPtr& tree, const ir::Shape& loops, ExprPool* pool) {
+  Concat c;
+  std::vector<Piece>& pieces = c.pieces;
   std::function<void(const ExprPtr&, int64_t)> walk = [&](const ExprPtr& e, int64_t hi) {
     const int v = e->kind == Expr::Kind::kIndexLess && e->index.size() == 1 ? PlainVar(e->index[0]) : -1;
-    if (v < 0 || (*var >= 0 && v != *var)) {
-      pieces.push_back({hi, e});
+    if (v < 0 || (c.var >= 0 && v != c.var)) {
+      pieces.push_back({e, 0, hi});  // hi 0: the last piece, bounded by the loop
       return;
     }
-    *var = v;
-    if (*var == x && ir::StaticFactor(e->ivalue) % V != 0) ok = false;
+    c.var = v;
     walk(e->args[0], e->ivalue);
     walk(e->args[1], hi);
   };
@@ -155,16 +163,16 @@ std::vector<Piece> ConcatPieces(const ExprPtr& tree, int x, int V, const ir::Sha
   const ExprPtr& root = cast ? tree->args[0] : tree;
   if (root->kind != Expr::Kind::kIndexLess) return {};
   walk(root, 0);
-  if (!ok || pieces.size() < 2) return {};
+  if (pieces.size() < 2) return {};
   for (size_t k = 0; k < pieces.size(); ++k) {
     Piece& p = pieces[k];
-    p.lo = k == 0 ? 0 : pieces[k - 1].end;
-    p.hi = p.end > 0 ? p.end : loops[*var];
+    p.lo = k == 0 ? 0 : pieces[k - 1].hi;
+    if (p.hi == 0) p.hi = loops[c.var];
     RewriteRules unclamp;
-    unclamp.affine = [&](const Affine& a) { return DropPieceClamp(a, *var, p.lo, p.hi); };
+    unclamp.affine = [&](const Affine& a) { return DropPieceClamp(a, c.var, p.lo, p.hi); };
     p.value = pool->InternTree(Rewrite(cast ? lower::MakeCast(p.value, tree->dtype) : p.value, unclamp, pool));
   }
-  return pieces;
+  return c;
 }
 
 }  // namespace
@@ -181,10 +189,11 @@ void KernelGen::Pointwise() {
   for (const auto& o : kern_.outputs) trees.push_back(o.value);
   // The vector width from the loads too that concatenated pieces make along x (unclamped in
   // their branches, below).
+  std::vector<Concat> concats;
   std::vector<ExprPtr> widths = trees;
   for (const ExprPtr& t : trees) {
-    int var = -1;
-    for (const Piece& piece : ConcatPieces(t, x, 1, loops_, &pool_, &var)) widths.push_back(piece.value);
+    concats.push_back(ConcatPieces(t, loops_, &pool_));
+    for (const Piece& piece : concats.back().pieces) widths.push_back(piece.value);
   }
   int V = PickV(widths, x, C, WidestOutput(fn->prog, kern_), fn->prog);
   // A flat range whose length varies with the sizes: vectors whatever the length, the last
@@ -231,9 +240,11 @@ void KernelGen::Pointwise() {
   int counter = 0;
   std::vector<bool> branched(trees.size(), false);
   for (size_t j = 0; j < trees.size() && ragged.empty(); ++j) {
-    int var = -1;
-    std::vector<Piece> pieces = ConcatPieces(trees[j], x, V, loops_, &pool_, &var);
-    if (pieces.empty() || (var != x && std::find(vars.begin(), vars.end(), var) == vars.end())) continue;
+    const std::vector<Piece>& pieces = concats[j].pieces;
+    const int var = concats[j].var;
+    if (pieces.empty() || concats[j].Splits(x, V) ||
+        (var != x && std::find(vars.begin(), vars.end(), var) == vars.end()))
+      continue;
     const std::string at = var == x ? em.Text(lower::Scale(Affine::Var(xq), V)) : em.var_names()[var];
     const std::string arr = absl::StrCat("kb", counter++);
     em.AddStatement(absl::StrCat(ComputeTypeName(trees[j]->dtype), " ", arr, "[", V, "];"));
@@ -246,9 +257,9 @@ void KernelGen::Pointwise() {
         em.AddStatement(absl::StrCat(arr, "[", u, "] = ", em.Emit(gk.Lane(value, u)), ";"));
       std::vector<std::string> stmts = em.PopScope();
       const bool last = k + 1 == pieces.size();
-      chain.push_back(k == 0 ? absl::StrCat("if (", at, " < ", pieces[k].end, ") {")
+      chain.push_back(k == 0 ? absl::StrCat("if (", at, " < ", pieces[k].hi, ") {")
                       : last ? "} else {"
-                             : absl::StrCat("} else if (", at, " < ", pieces[k].end, ") {"));
+                             : absl::StrCat("} else if (", at, " < ", pieces[k].hi, ") {"));
       Append(&chain, gk.fills(), "  ");
       Append(&chain, stmts, "  ");
     }
