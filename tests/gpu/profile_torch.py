@@ -18,7 +18,7 @@ downloaded) at batch 16, sequence 128, inference under ``no_grad`` and a trainin
 AdamW, and inference at sequence length 64, compiled for it (``bert_infer64``) or after
 lengths 128 and 96 made the length symbolic (``bert_infer_dyn64``); layer_norm -> gelu forward+backward on f32[32768, 4096];
 torch_backend_gpu.py's encoder block, LLTM cell (``encoder_infer``, ``encoder_train``,
-``lltm_infer``, ``lltm_train``) and resnet18.
+``lltm_infer``, ``lltm_train``) and resnet18 (inference, and ``resnet18_train``: a training step).
 
 ``--interleave`` keeps every backend's compiled function side by side and times them in rounds
 of one step each (the order rotating), so that drift of a shared host falls on all columns
@@ -134,6 +134,28 @@ def example_workload(name: str, train: bool) -> tuple[Callable[[str | None], Cal
     return make, []
 
 
+def resnet18_train_workload() -> tuple[Callable[[str | None], Callable[[int], Any]], list[torch.nn.Module]]:
+    """torchvision's resnet18 in training mode (batch statistics), batch 16, 224x224: forward and
+    backward of a random weighting of the logits (the gradients cleared before each step; no
+    optimizer: its update runs outside the compiled graphs for every backend alike)."""
+    from torch_backend_gpu import resnet18_input, resnet18_model
+
+    model = resnet18_model().train()
+    x = resnet18_input(0)[0]
+    weights = torch.randn(16, 1000, device="cuda")
+
+    def make(backend: str | None) -> Callable[[int], Any]:
+        fn = model if backend is None else torch.compile(model, backend=backend, mode=MODE)
+
+        def step(i: int) -> Any:
+            model.zero_grad(set_to_none=True)
+            r = fn(x)
+            (r * weights).sum().backward()
+            return r
+        return step
+    return make, [model]
+
+
 # torch.compile's mode for both backends (``--mode``; None: the default mode).
 MODE: str | None = None
 
@@ -148,6 +170,7 @@ WORKLOADS = {
     "encoder_infer": lambda: example_workload("encoder", train=False),
     "lltm_infer": lambda: example_workload("lltm", train=False),
     "resnet18": lambda: example_workload("resnet18", train=False),
+    "resnet18_train": resnet18_train_workload,
 }
 
 

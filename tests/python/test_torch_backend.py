@@ -190,6 +190,180 @@ def test_conv_net_inference(client: Any) -> None:
     assert_kiln_ran(min_parts=2)
 
 
+def _resnet_like(stem_stride: int = 2) -> torch.nn.Module:
+    """A stem (convolution, batch norm, ReLU, max pool), two basic blocks (the second with a
+    strided downsampling shortcut) and the head: resnet18 in miniature."""
+
+    class Block(torch.nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.c1 = torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.b1 = torch.nn.BatchNorm2d(cout)
+            self.c2 = torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.b2 = torch.nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                                torch.nn.BatchNorm2d(cout))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
+            return torch.relu(y + (x if self.down is None else self.down(x)))
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 5, stem_stride, 2, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(3, 2, 1), Block(8, 8, 1), Block(8, 12, 2),
+        torch.nn.AdaptiveAvgPool2d((1, 1)), torch.nn.Flatten(), torch.nn.Linear(12, 10))
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):  # non-trivial statistics
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    return net
+
+
+@pytest.fixture
+def part_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[Any], list[Any]]]:
+    """(argument strides, result strides) of every kiln part call during the test."""
+    from kiln.torch import runtime as R
+
+    calls: list[tuple[list[Any], list[Any]]] = []
+    real = R.KilnPart.__call__
+
+    def spy(self: Any, *args: Any) -> Any:
+        out = real(self, *args)
+        calls.append(([a.stride() for a in args if isinstance(a, torch.Tensor)],
+                      [o.stride() for o in out if isinstance(o, torch.Tensor)]))
+        return out
+
+    monkeypatch.setattr(R.KilnPart, "__call__", spy)
+    return calls
+
+
+def _channels_last(stride: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    return torch.empty_strided(shape, stride).is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "keep"])
+def test_convolutions_run_channels_last(client: Any, rewrites: Any, part_calls: Any, layout: str) -> None:
+    """The layout pass: the image and the weights are copied channels-last before the
+    convolutions, and every kiln part between two convolutions (batch norm, ReLU, the residual
+    add) reads and writes channels-last, so no convolution converts its input; results match
+    eager (odd sizes: 29x29, a strided shortcut). ``layout="keep"`` leaves the traced layouts."""
+    net = _resnet_like().eval()
+    x = torch.randn(3, 3, 29, 29)
+    f = torch.compile(net, backend="kiln", options={"client": client, "layout": layout})
+    with torch.no_grad():
+        want = net(x)
+        for _ in range(2):  # the second call: through the native runner
+            torch.testing.assert_close(f(x), want, rtol=1e-4, atol=1e-4)
+    s = assert_kiln_ran(min_parts=3)
+    outer, parts = rewrites[-1]
+    convs = [n for n in outer.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    assert len(convs) == 6
+    # What the parts between the convolutions read and write (the copies' part aside).
+    laid = [(spec.shape, spec.strides) for p in parts if p.ops != ["clone.default"]
+            for spec in p.part.inputs + p.part.outputs if len(spec.shape) == 4 and spec.shape[2] > 1]
+    assert laid, [p.part.inputs for p in parts]
+    if layout == "keep":
+        assert s["layout_copies"] == 0 and all(st is None for _, st in laid)
+        return
+    # The image and 5 weights (the 1x1 shortcut's weight is channels-last as it is), copied in
+    # one part; every 4-D activation the other parts read or write is channels-last.
+    assert s["layout_copies"] == 6, s
+    copies = [p for p in parts if p.ops == ["clone.default"]]
+    assert len(copies) == 1 and len(copies[0].part.outputs) == 6, [p.ops for p in parts]
+    assert all(st is not None and _channels_last(st, shape) for shape, st in laid), laid
+    feature_maps = [st for args, outs in part_calls for st in outs if len(st) == 4]
+    assert len(feature_maps) > 6 and all(st[1] == 1 for st in feature_maps), part_calls
+    assert kt.stats()["native_calls"] > 0
+
+
+def test_channels_last_training_and_visible_layouts(client: Any, rewrites: Any) -> None:
+    """Forward and backward through the layout pass: gradients of the input and of every
+    weight match eager, and a feature map the function returns keeps the layout eager gives
+    it (contiguous), while the convolutions inside ran channels-last. The forward saves its
+    channels-last copies of the weights and reports the saved layouts, so the backward
+    (compiled for them) makes no channels-last copy of its own."""
+    net = _resnet_like(stem_stride=1).train()
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        feats = net[:4](x)
+        return net[4:](feats), feats
+
+    x = torch.randn(2, 3, 17, 17, requires_grad=True)
+    got = compiled(fn, client)(x)
+    want = fn(x)
+    assert got[1].is_contiguous() and got[1].stride() == want[1].stride()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    gen = torch.Generator().manual_seed(5)
+    weights = [torch.randn(w.shape, generator=gen) for w in want]
+    grads = []
+    for outs in (got, want):
+        params = [x] + list(net.parameters())
+        grads.append(torch.autograd.grad(sum((o * wt).sum() for o, wt in zip(outs, weights)), params))
+    for i, (a, b) in enumerate(zip(*grads)):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=lambda m: f"gradient {i}: {m}")
+    s = assert_kiln_ran(min_parts=2, graphs=2)
+    assert s["layout_copies"] > 0, s
+    assert len(rewrites) == 2
+    backward = rewrites[1][0]
+    relayouts = [n for n in backward.graph.nodes if n.kwargs.get("memory_format") == torch.channels_last]
+    assert not relayouts, [n.format_node() for n in relayouts]
+
+
+def test_results_in_a_traced_layout_are_stored_in_it(client: Any, rewrites: Any) -> None:
+    """A result torch's caller sees channels-last is stored by the kernel in that layout: the
+    part's output is the permuted tensor, with no copy after it (a transposed result is the
+    torch side's view of a contiguous one, as before)."""
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.sin(x) * 2).t(), torch.relu(y.contiguous(memory_format=torch.channels_last) + 1)
+
+    x, y = torch.randn(5, 7), torch.randn(2, 3, 4, 6)
+    got, want = compiled(fn, client)(x, y), fn(x, y)
+    for g, w in zip(got, want):
+        assert g.stride() == w.stride()
+        torch.testing.assert_close(g, w)
+    assert_kiln_ran(min_parts=1)
+    _, parts = rewrites[-1]
+    specs = [spec for p in parts for spec in p.part.outputs]
+    assert any(spec.shape == (2, 3, 4, 6) and spec.strides == (72, 1, 18, 3) for spec in specs), specs
+
+
+def test_argument_returned_in_another_layout_is_copied_into_it(client: Any) -> None:
+    """A part whose result is its argument in another layout (a channels-last tensor made
+    contiguous, the other way round) copies it in its kernel: the result has the traced
+    layout, not the argument's."""
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.relu(x) + 1  # channels-last, as x is
+        return y.contiguous(), y.transpose(0, 1).contiguous(memory_format=torch.channels_last), x.contiguous()
+
+    # Large enough (64Ki elements) for the argument's own copy to be a kiln part.
+    x = torch.randn(4, 16, 32, 32).contiguous(memory_format=torch.channels_last)
+    got, want = compiled(fn, client)(x), fn(x)
+    for g, w in zip(got, want):
+        assert g.stride() == w.stride(), (g.stride(), w.stride())
+        torch.testing.assert_close(g, w)
+    assert_kiln_ran(min_parts=1)
+
+
+def test_memory_order() -> None:
+    from kiln.torch.partition import memory_order
+
+    assert memory_order((2, 3, 4, 5), (60, 1, 15, 3)) == (0, 2, 3, 1)
+    assert memory_order((2, 3), (3, 1)) == (0, 1)
+    assert memory_order((2, 3), (1, 2)) == (1, 0)
+    assert memory_order((2, 1, 3), (3, 99, 1)) is not None  # a size-1 dimension's stride is free
+    assert memory_order((2, 3), (4, 1)) is None  # gaps: a slice of a wider tensor
+    assert memory_order((2, 3), (0, 1)) is None  # broadcast
+    for shape, order in [((2, 3, 4, 5), (0, 2, 3, 1)), ((4, 1, 6), (2, 0, 1)), ((3, 5, 2), (1, 2, 0))]:
+        t = torch.empty([shape[d] for d in order]).permute([order.index(d) for d in range(len(shape))])
+        assert t.shape == shape and memory_order(shape, t.stride()) is not None
+
+
 # ---------------------------------------------------------------------------------- op coverage
 
 def many_ops(x: torch.Tensor, y: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -780,6 +954,17 @@ def test_native_part_contract(client: Any, symbolic: bool) -> None:
         assert strided(xt, w) is None
         strided.accept_strides(0, xt.stride())
         assert strided(xt, w) is not None
+        # An output with strides: allocated in that layout, the kernel's contiguous store
+        # read back as the torch shape (here the kernel's [6, 8] is a [8, 6] tensor transposed).
+        laid = native.RUNNER.make_part(-1, (k.run_address, 0), None, [], [],
+                                       [(torch.float32, ["6", "8"], None), (torch.float32, ["8"], None)],
+                                       [(torch.float32, ["8", "6"], (1, 8)), (torch.float32, ["6"])], [0], 0)
+        got = laid(x, w)[0]
+        assert got.shape == (8, 6) and got.stride() == (1, 8)
+        torch.testing.assert_close(got, (x * w + 1).t())
+        with pytest.raises(ValueError, match="output strides"):
+            native.RUNNER.make_part(-1, (k.run_address, 0), None, [], [], [(torch.float32, ["6", "8"], None)],
+                                    [(torch.float32, ["8", "6"], (1,))], [0], 0)
     with pytest.raises(ValueError, match="symbol"):
         native.RUNNER.make_part(-1, (1, 1), None, [5, 0], ["N"], [(torch.float32, ["N"], None)],
                                 [(torch.float32, ["N"])], [0], 0)

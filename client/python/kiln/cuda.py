@@ -832,7 +832,7 @@ def _native_call(compiled: Any, arrays: Sequence[Any]) -> Optional[tuple[Any, ..
                 part = native.part_for(compiled, device, [dtypes[s.dtype] for s in compiled.inputs],
                                        [dtypes[s.dtype] for s in compiled.outputs],
                                        [tuple(s.strides) if s.strides else None for s in compiled.inputs],
-                                       list(range(len(compiled.outputs))))
+                                       [None] * len(compiled.outputs), list(range(len(compiled.outputs))))
             except Exception:  # the general path serves this result
                 part = False
         _native_parts[key] = part

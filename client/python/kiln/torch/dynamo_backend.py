@@ -25,7 +25,9 @@ default on for ``mode="max-autotune"``: each static part's first call times its 
 variants on the arguments it got and keeps the fastest, see :func:`kiln.autotune`; parts with
 symbolic sizes keep the default, which serves every size; the winner is recorded
 in kilnd per device model, so another process with the same GPU or CPU compiles the tuned
-variant without timing anything).
+variant without timing anything), ``layout`` (``"channels_last"``, the default: graphs
+with convolutions run them channels-last, the activations between them kept in that layout by
+kiln's kernels, see :mod:`.layout`; ``"keep"``: the traced layouts).
 
 With ``options={"async": True}`` a new graph does not wait for kilnd: its parts compile in the
 background while the graph runs in torch, and the first call after they are loaded switches
@@ -59,12 +61,14 @@ import torch.fx
 
 from . import lowering as L
 from . import native
+from .layout import channels_last_convolutions, report_output_strides, saved_outputs, wants_channels_last
 from .partition import Segment, build_part, partition
 from .runtime import CompileSettings, KilnFallbackWarning, KilnPart, bump, compile_parts, describe
 
 _CUDAGRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 _KNOWN_OPTIONS = frozenset({"client", "server", "cpu_target", "opt_level", "compile_options", "cudagraphs",
-                            "triton.cudagraphs", "timeout", "async", "native", "autotune"})
+                            "triton.cudagraphs", "timeout", "async", "native", "autotune", "layout"})
+_LAYOUTS = frozenset({"channels_last", "keep"})
 
 
 @dataclass
@@ -80,6 +84,7 @@ class BackendConfig:
     async_compile: bool = False
     native: bool = True
     autotune: bool = False
+    layout: str = "channels_last"
 
     @staticmethod
     def from_args(mode: Optional[str] = None, options: Optional[dict[str, Any]] = None) -> "BackendConfig":
@@ -96,7 +101,10 @@ class BackendConfig:
             async_compile=bool(opts.get("async", False)),
             native=bool(opts.get("native", True)),
             autotune=bool(opts.get("autotune", mode == "max-autotune")),
+            layout=str(opts.get("layout", "channels_last")),
         )
+        if cfg.layout not in _LAYOUTS:
+            raise ValueError(f"kiln: options['layout'] is {cfg.layout!r}; expected one of {sorted(_LAYOUTS)}")
         if opts.get("compile_options") is not None:
             cfg.compile_options = opts["compile_options"]
         elif opts.get("opt_level") is not None:
@@ -148,8 +156,10 @@ def _reraise_if_dynamo_control(e: BaseException) -> None:
 
 
 def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, config: BackendConfig,
-                       kind: str = "forward", **_: Any) -> Callable[[list[Any]], Any]:
+                       kind: str = "forward", user_outputs: Optional[int] = None,
+                       **_: Any) -> Callable[[list[Any]], Any]:
     """Compiles one ATen graph from AOTAutograd; returns a boxed callable (``fn(args_list)``).
+    ``user_outputs``: how many outputs Dynamo's graph has (a training forward returns more).
 
     Never raises because of kiln: on any failure the graph runs in torch, after a warning.
     """
@@ -158,6 +168,12 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     bump(graphs=1)
     try:
         eliminate_common_subexpressions(gm)
+        if wants_channels_last(gm, config.layout):
+            free = saved_outputs(gm, kind, user_outputs)
+            copies = channels_last_convolutions(gm, free, example_inputs)
+            if copies and free:
+                report_output_strides(gm)
+            bump(layout_copies=copies)
         segments = partition(gm)
         outer, parts = rewrite(gm, segments)
         bump(parts=len(parts),
@@ -642,8 +658,13 @@ def make_backend(config: BackendConfig) -> Callable[..., Any]:
             from functorch.compile import min_cut_rematerialization_partition
             from torch._dynamo.backends.common import aot_autograd
 
+            import torch.utils._pytree as pytree
+
+            outs = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+            user_outputs = len(pytree.tree_leaves(outs.args))
             aot = aot_autograd(
-                fw_compiler=functools.partial(compile_aten_graph, config=config, kind="forward"),
+                fw_compiler=functools.partial(compile_aten_graph, config=config, kind="forward",
+                                              user_outputs=user_outputs),
                 bw_compiler=functools.partial(compile_aten_graph, config=config, kind="backward"),
                 inference_compiler=functools.partial(compile_aten_graph, config=config, kind="inference"),
                 decompositions=decompositions(),

@@ -34,6 +34,7 @@ import torch.fx
 
 from ..builder import GraphBuilder, Value
 from . import lowering as L
+from .layout import RELAYOUT
 
 log = logging.getLogger("kiln.torch")
 
@@ -80,14 +81,16 @@ class PartGraph:
     graph declares a non-contiguous layout); ``outputs`` describe the part's results in the
     order of :attr:`Segment.outputs`, each produced by kiln output ``source`` or, where the
     result is an argument passed through unchanged, copied from input ``passthrough``.
-    ``restride`` gives the strides a result must have where torch's graph relies on them.
+    A result whose spec has ``strides`` is a kiln output in that (dense) layout: the kernel
+    stores the result's dimensions in memory order (:func:`memory_order`), and the runtime
+    allocates it with those strides (an argument passed through as a result in another layout
+    is such an output too: the kernel copies it).
     """
 
     graph: Any
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     sources: list[tuple[str, int]]  # ("kiln", k) or ("input", i)
-    restride: list[Optional[tuple[int, ...]]]
     num_kiln_outputs: int
     num_nodes: int
     symbolic: bool = False  # some argument has symbolic sizes (compiled with kiln symbols)
@@ -164,6 +167,8 @@ def color_nodes(graph: torch.fx.Graph) -> dict[torch.fx.Node, Color]:
             continue
         if is_real_copy(n):
             continue  # a transposing copy: kiln's vectorised kernel does it (several in one launch)
+        if relayouts(n) and colors.get(n.args[0]) == colors[n]:
+            continue  # a kiln result wanted in another layout: the part stores it in that one
         if n.users and all(colors.get(u) is None or u.op == "output" for u in n.users):
             colors[n] = None
     for n in graph.nodes:
@@ -184,16 +189,25 @@ def color_nodes(graph: torch.fx.Graph) -> dict[torch.fx.Node, Color]:
 REAL_COPY_ELEMENTS = 1 << 16
 
 
-def is_real_copy(n: torch.fx.Node) -> bool:
-    """Whether ``n`` is a clone of a large, static, non-contiguous tensor into a contiguous one."""
+def relayouts(n: torch.fx.Node) -> bool:
+    """Whether ``n`` is a clone of a static tensor into another layout: a transposed view made
+    contiguous, or a tensor made channels-last for a convolution (:mod:`.layout`)."""
     if n.op != "call_function" or n.target is not torch.ops.aten.clone.default or not n.args:
         return False
     out = L.node_meta(n)
     src = L.node_meta(n.args[0]) if isinstance(n.args[0], torch.fx.Node) else None
     if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor) or not L.is_static_tensor(src):
         return False
-    # The traced result is contiguous (a clone that preserves a transposed layout is not this).
-    return src.numel() >= REAL_COPY_ELEMENTS and not src.is_contiguous() and out.is_contiguous()
+    # The traced result's layout differs (a clone that preserves the layout is not this).
+    shape = tuple(int(d) for d in src.shape)
+    return (effective_strides(shape, tuple(int(s) for s in src.stride()))
+            != effective_strides(shape, tuple(int(s) for s in out.stride())))
+
+
+def is_real_copy(n: torch.fx.Node) -> bool:
+    """Whether ``n`` is a clone of a large, static tensor into another layout, or one of the
+    layout pass's channels-last copies (:data:`.layout.RELAYOUT`)."""
+    return relayouts(n) and (L.node_meta(n).numel() >= REAL_COPY_ELEMENTS or bool(n.meta.get(RELAYOUT)))
 
 
 # ---------------------------------------------------------------------------------- scheduling
@@ -441,6 +455,30 @@ def is_contiguous_layout(shape: tuple[int, ...], strides: tuple[int, ...]) -> bo
     return effective_strides(shape, strides) == effective_strides(shape, _contiguous_strides(shape))
 
 
+def memory_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> Optional[tuple[int, ...]]:
+    """The dimensions of a dense, non-overlapping layout from outermost to innermost in memory
+    (``(0, 2, 3, 1)`` for NCHW channels-last), or None when the layout is not one: a tensor in
+    it is ``empty(shape permuted).permute(inverse)``. Dimensions of size 1 go where their
+    position puts them (their stride is meaningless)."""
+    order = tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
+    expect = 1
+    for d in reversed(order):
+        if shape[d] != 1 and strides[d] != expect:
+            return None
+        expect *= shape[d]
+    return order
+
+
+def _is_channels_last(m: torch.Tensor) -> bool:
+    """A result in torch's channels-last format (a convolution's, or computed from one), which
+    kiln keeps: the next convolution reads it without a conversion."""
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(m.ndim)
+    try:
+        return fmt is not None and bool(m.is_contiguous(memory_format=fmt))
+    except Exception:
+        return False
+
+
 def _needs_layout(n: torch.fx.Node) -> bool:
     """Whether torch's graph relies on the strides of ``n``: a graph output, or read by a node
     that addresses raw storage."""
@@ -488,7 +526,7 @@ def build_part(seg: Segment) -> PartGraph:
     kiln_outs: list[Value] = []
     sources: list[tuple[str, int]] = []
     out_specs: list[TensorSpec] = []
-    restride: list[Optional[tuple[int, ...]]] = []
+    out_keys: list[Any] = []  # per kiln output: (id of its value, memory order or None)
     for n in seg.outputs:
         v = env[n]
         if not isinstance(v, Value):
@@ -504,36 +542,46 @@ def build_part(seg: Segment) -> PartGraph:
             if v_is_input:
                 sources.append(("input", input_ids[id(v)]))
             else:
-                k = next((j for j, o in enumerate(kiln_outs) if o is v), None)
+                k = next((j for j, key2 in enumerate(out_keys) if key2 == (id(v), None)), None)
                 if k is None:
                     kiln_outs.append(v)
+                    out_keys.append((id(v), None))
                     k = len(kiln_outs) - 1
                 sources.append(("kiln", k))
-            restride.append(None)
             continue
         shape = tuple(int(d) for d in m.shape)
-        out_specs.append(TensorSpec(m.dtype, shape))
-        if id(v) in input_ids:
-            sources.append(("input", input_ids[id(v)]))
-        else:
-            k = next((j for j, o in enumerate(kiln_outs) if o is v), None)
-            if k is None:
-                kiln_outs.append(v)
-                k = len(kiln_outs) - 1
-            sources.append(("kiln", k))
         strides = tuple(int(s) for s in m.stride())
-        keep = None
-        if _needs_layout(n) and not is_contiguous_layout(shape, strides):
-            try:
-                dense = torch._prims_common.is_non_overlapping_and_dense(m)
-            except Exception:
-                dense = False
-            keep = strides if dense else None
-        restride.append(keep)
+        contiguous = is_contiguous_layout(shape, strides)
+        order = None  # a dense layout the result must have, as the order of its dimensions in memory
+        if not contiguous and (_needs_layout(n) or _is_channels_last(m)):
+            order = memory_order(shape, strides)
+        if id(v) in input_ids:
+            # An argument passed through: torch copies it (layout and all) where the argument's
+            # layout is the result's; else the kernel copies it into the result's layout (a
+            # channels-last gradient made contiguous, say).
+            declared = in_specs[input_ids[id(v)]].strides
+            wanted = None if contiguous else effective_strides(shape, strides)
+            if declared == wanted or (order is None and not contiguous):
+                out_specs.append(TensorSpec(m.dtype, shape))
+                sources.append(("input", input_ids[id(v)]))
+                continue
+            if order is None:
+                order = tuple(range(len(shape)))
+        # A kiln result in a layout of its own: the kernel stores the permuted tensor (dims in
+        # memory order, contiguous), which is the result in that layout, byte for byte; the
+        # runtime allocates it with ``strides``: no copy after the kernel.
+        key = (id(v), order)
+        k = next((j for j, key2 in enumerate(out_keys) if key2 == key), None)
+        if k is None:
+            kiln_outs.append(v if order is None else b.permute(v, list(order)))
+            out_keys.append(key)
+            k = len(kiln_outs) - 1
+        sources.append(("kiln", k))
+        out_specs.append(TensorSpec(m.dtype, shape, strides if order is not None and not contiguous else None))
     if not kiln_outs:
         raise L.Unsupported("the part computes nothing")
     graph = b.build(kiln_outs)
-    return PartGraph(graph, in_specs, out_specs, sources, restride, len(kiln_outs), len(graph.nodes),
+    return PartGraph(graph, in_specs, out_specs, sources, len(kiln_outs), len(graph.nodes),
                      symbolic=bool(symbols))
 
 

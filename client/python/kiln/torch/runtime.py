@@ -33,7 +33,7 @@ from .. import service_pb2
 from ..client import _eval_size
 from ..errors import KilnError, KilnFallbackWarning, RpcError
 from . import native
-from .partition import PartGraph, Segment, effective_strides, eager_module
+from .partition import PartGraph, Segment, effective_strides, eager_module, memory_order
 
 log = logging.getLogger("kiln.torch")
 
@@ -53,6 +53,8 @@ class Stats:
     calls, those the native part runner served. ``tuned``: parts whose kernel variants were
     timed on their first call (``mode="max-autotune"``, or found tuned in kilnd);
     ``retuned``: of those, parts that now run a variant other than the default.
+    ``layout_copies``: channels-last copies the layout pass put before convolutions (image
+    inputs and weights; :mod:`.layout`).
     """
 
     graphs: int = 0
@@ -70,6 +72,7 @@ class Stats:
     native_calls: int = 0
     tuned: int = 0
     retuned: int = 0
+    layout_copies: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -290,8 +293,11 @@ class KilnPart(torch.nn.Module):
             _check_symbolic_plan(compiled, self.part, outs, self._kiln_specs)
             return
         for b, spec in zip(outs, self._kiln_specs):
-            if tuple(b.shape) != spec.shape:
-                raise KilnError(f"plan output {b.index} has shape {tuple(b.shape)}, torch expects {spec.shape}")
+            # A result in a layout of its own is stored as its dimensions in memory order.
+            order = memory_order(spec.shape, spec.strides) if spec.strides is not None else None
+            want = spec.shape if order is None else tuple(spec.shape[d] for d in order)
+            if tuple(b.shape) != want:
+                raise KilnError(f"plan output {b.index} has shape {tuple(b.shape)}, torch expects {want}")
 
     def warn_fallback(self, why: str, when: str = "compile") -> None:
         """Warns once for this part."""
@@ -364,9 +370,8 @@ class KilnPart(torch.nn.Module):
             shape = torch.Size(spec.shape)
             accepted = spec.strides if spec.strides is not None else _contiguous(spec.shape)
             self._in_fast.append([spec.dtype, shape, accepted])
-        self._out_alloc = [(torch.Size(s.shape), s.dtype) for s in self._kiln_specs]
-        self._results = [(kind == "kiln", k, rs, spec)
-                         for (kind, k), rs, spec in zip(part.sources, part.restride, part.outputs)]
+        self._out_alloc = [(torch.Size(s.shape), s.dtype, s.strides) for s in self._kiln_specs]
+        self._results = [(kind == "kiln", k) for kind, k in part.sources]
         if part.symbolic:
             self._sym_where = [(sym.input, sym.axis) for sym in self.compiled.plan.symbols]
             self._sized: dict[tuple[int, ...], Any] = {}
@@ -378,12 +383,12 @@ class KilnPart(torch.nn.Module):
 
     def _attach_native(self) -> None:
         """Hands the part to the native runner (once; the runner is loaded). Parts whose
-        results are not all plain kernel outputs (a returned input, a result torch wants in
-        another layout) stay on the Python path."""
+        results are not all kernel outputs (an argument returned as it is) stay on the Python
+        path."""
         self._native_pending = False
         part, compiled = self.part, self.compiled
         assert part is not None and compiled is not None
-        if any(kind != "kiln" for kind, _ in part.sources) or any(rs is not None for rs in part.restride):
+        if any(kind != "kiln" for kind, _ in part.sources):
             return
         try:
             # Static parts: the strides last accepted where the graph declared a layout, else
@@ -395,6 +400,7 @@ class KilnPart(torch.nn.Module):
             self._native = native.part_for(compiled, self._dev_index if self._is_cuda else -1,
                                            [spec.dtype for spec in part.inputs],
                                            [spec.dtype for spec in self._kiln_specs], strides,
+                                           [spec.strides for spec in self._kiln_specs],
                                            [k for _, k in part.sources], cpu_kernel=self.kernel)
         except Exception as e:  # the Python path stays; nothing is lost
             log.warning("kiln.torch: %s: the native runner cannot take this part: %s: %s", self.part_name,
@@ -470,7 +476,8 @@ class KilnPart(torch.nn.Module):
                     return None
                 keep.append(t)
             ptrs.append(t.data_ptr())
-        outs = [torch.empty(shape, dtype=dtype, device=dev) for shape, dtype in self._out_alloc]
+        outs = [torch.empty(shape, dtype=dtype, device=dev) if st is None else
+                torch.empty_strided(shape, st, dtype=dtype, device=dev) for shape, dtype, st in self._out_alloc]
         ptrs.extend(o.data_ptr() for o in outs)
         ws = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=dev) if self.workspace_bytes else None
         ws_ptr = ws.data_ptr() if ws is not None else None
@@ -481,12 +488,7 @@ class KilnPart(torch.nn.Module):
             if rc != 0:
                 raise KilnError(f"kiln_run returned {rc}")
         del keep
-        results: list[torch.Tensor] = []
-        for is_kiln, k, rs, spec in self._results:
-            v = outs[k] if is_kiln else args[k].clone()
-            if rs is not None:
-                v = torch.empty_strided(spec.shape, rs, dtype=spec.dtype, device=dev).copy_(v)
-            results.append(v)
+        results = [outs[k] if is_kiln else args[k].clone() for is_kiln, k in self._results]
         # The workspace goes back to torch's allocator here; on CUDA the caching allocator
         # reuses it only for work ordered after these kernels on this stream.
         del ws

@@ -185,12 +185,16 @@ def plan_json(plan: Any) -> str:
 
 
 def part_for(compiled: Any, device_index: int, in_dtypes: list[Any], out_dtypes: list[Any],
-             in_strides: list[Optional[tuple[int, ...]]], results: list[int], cpu_kernel: Any = None) -> Any:
+             in_strides: list[Optional[tuple[int, ...]]], out_strides: list[Optional[tuple[int, ...]]],
+             results: list[int], cpu_kernel: Any = None) -> Any:
     """A runner Part (runner.cc's make_part) for a compiled result on a device (-1: the CPU,
     ``cpu_kernel`` its opened artifact): inputs of the result's shapes (expressions of its
     symbols when it has some) with these torch dtypes and, where given, exactly these strides
-    (else any layout, copied to contiguous when needed); outputs of these dtypes; ``results``
-    the output index of each value the Part returns. Needs :data:`RUNNER`."""
+    (else any layout, copied to contiguous when needed); outputs of these dtypes, allocated
+    with ``out_strides`` where given (static parts: the kernel stores the output's dimensions
+    in memory order, so the result has the output's shape in that order, taken back to the
+    torch shape); ``results`` the output index of each value the Part returns. Needs
+    :data:`RUNNER`."""
     runner = RUNNER
     names = list(compiled.symbols)
     if names:
@@ -201,7 +205,22 @@ def part_for(compiled: Any, device_index: int, in_dtypes: list[Any], out_dtypes:
         out_dims = [[str(int(d)) for d in spec.shape] for spec in compiled.outputs]
     symbols = [v for sym in compiled.plan.symbols for v in (int(sym.input), int(sym.axis))]
     inputs = [(dt, dims, st) for dt, dims, st in zip(in_dtypes, in_dims, in_strides)]
-    outputs = [(dt, dims) for dt, dims in zip(out_dtypes, out_dims)]
+    outputs: list[Any] = []
+    for dt, dims, st in zip(out_dtypes, out_dims, out_strides):
+        if st is None:
+            outputs.append((dt, dims))
+            continue
+        if names:
+            raise ValueError("an output with strides in a part with symbols")
+        # The plan's shape is the memory order's; the runner allocates the torch shape.
+        from ..partition import memory_order
+
+        shape = [0] * len(st)
+        for pos, d in enumerate(sorted(range(len(st)), key=lambda d: (-st[d], d))):
+            shape[d] = dims[pos]
+        if memory_order(tuple(int(x) for x in shape), tuple(st)) is None:
+            raise ValueError(f"output strides {tuple(st)} are not a dense layout of {shape}")
+        outputs.append((dt, shape, tuple(st)))
     if device_index >= 0:
         import torch
 

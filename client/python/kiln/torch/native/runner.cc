@@ -31,6 +31,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -223,7 +224,8 @@ PyTypeObject PartType = MakeType("kiln_native.Part", sizeof(PyPart), PartDealloc
 // device_index: -1 for the CPU. runner: a CudaModule (CUDA), or (kiln_run address,
 // kiln_workspace_bytes address or 0) for a CPU artifact (ABI 2 when the part has symbols).
 // symbols: [(input, axis)]; inputs: [(dtype, [expr], strides or None)]; outputs: [(dtype,
-// [expr])]; results: the output index of each result.
+// [expr]) or (dtype, [expr], strides)] (strides: static parts only, a dense layout that the
+// output is allocated in); results: the output index of each result.
 PyObject* MakePart(PyObject*, PyObject* args) {
   int device_index = -1;
   PyObject *runner, *stream_fn, *symbols, *names_obj, *inputs, *outputs, *results;
@@ -278,6 +280,13 @@ PyObject* MakePart(PyObject*, PyObject* args) {
       return nullptr;
     }
     p->symbols.emplace_back(in, axis);
+  }
+  for (const Operand& o : p->outputs) {
+    if (o.exact_strides && (!names.empty() || o.strides.size() != o.fixed.size())) {
+      PyErr_SetString(PyExc_ValueError, "output strides: static parts only, one per dimension");
+      Py_DECREF(self);
+      return nullptr;
+    }
   }
   for (int64_t r : res) {
     if (r < 0 || static_cast<size_t>(r) >= p->outputs.size()) {
@@ -404,7 +413,9 @@ PyObject* PartCall(PyObject* self, PyObject* args, PyObject* kwargs) {
     std::vector<at::Tensor> outs;
     outs.reserve(p->outputs.size());
     for (const Operand& o : p->outputs) {
-      outs.push_back(at::empty(Dims(o, sizes), at::TensorOptions().dtype(o.dtype).device(p->device)));
+      const auto options = at::TensorOptions().dtype(o.dtype).device(p->device);
+      // An output with strides (static parts): a dense layout the kernel stores in memory order.
+      outs.push_back(o.exact_strides ? at::empty_strided(o.fixed, o.strides, options) : at::empty(Dims(o, sizes), options));
       buffers.push_back(outs.back().data_ptr());
     }
     int64_t ws_bytes = p->workspace_bytes;
