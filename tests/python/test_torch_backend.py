@@ -313,6 +313,38 @@ def test_channels_last_training_and_visible_layouts(client: Any, rewrites: Any) 
     assert not relayouts, [n.format_node() for n in relayouts]
 
 
+def test_failed_layout_pass_leaves_the_graph_as_traced(client: Any, rewrites: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layout pass that fails half way (here: once it has put its copies before the
+    convolutions and the copies that restore a returned feature map's layout) takes every
+    node it added back out: the graph compiles and runs with its traced layouts."""
+    from kiln.torch import layout
+
+    real = layout._restore_output_layouts
+
+    def restore_then_fail(*a: Any) -> None:
+        real(*a)
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(layout, "_restore_output_layouts", restore_then_fail)
+    net = _resnet_like().eval()
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        feats = net[:4](x)
+        return net[4:](feats), feats
+
+    x = torch.randn(2, 3, 21, 21)
+    with torch.no_grad():
+        for g, w in zip(compiled(fn, client)(x), fn(x)):
+            assert g.stride() == w.stride()
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    s = assert_kiln_ran(min_parts=3)
+    assert s["layout_copies"] == 0, s
+    outer, parts = rewrites[-1]
+    assert not [n for n in outer.graph.nodes if n.kwargs.get("memory_format") is not None]
+    assert all(spec.strides is None for p in parts for spec in p.part.inputs + p.part.outputs)
+
+
 def test_results_in_a_traced_layout_are_stored_in_it(client: Any, rewrites: Any) -> None:
     """A result torch's caller sees channels-last is stored by the kernel in that layout: the
     part's output is the permuted tensor, with no copy after it (a transposed result is the

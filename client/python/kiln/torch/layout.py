@@ -65,6 +65,28 @@ def _is_format(m: torch.Tensor, fmt: torch.memory_format) -> bool:
     return bool(m.is_contiguous(memory_format=fmt))
 
 
+def is_channels_last(m: torch.Tensor) -> bool:
+    """Whether ``m`` (a 4-D or 5-D tensor) is in torch's channels-last format."""
+    fmt = _FORMATS.get(m.ndim)
+    try:
+        return fmt is not None and _is_format(m, fmt)
+    except Exception:  # a symbolic layout the trace cannot decide
+        return False
+
+
+def _output(g: torch.fx.Graph) -> torch.fx.Node:
+    return next(n for n in reversed(g.nodes) if n.op == "output")
+
+
+def _set_outputs(output: torch.fx.Node, fn: Any) -> None:
+    """Replaces each value ``a`` at index ``i`` of the graph's (flat) outputs by ``fn(i, a)``."""
+    outs = output.args[0]
+    if isinstance(outs, (tuple, list)):
+        output.args = (type(outs)(fn(i, a) for i, a in enumerate(outs)),) + tuple(output.args[1:])
+    else:
+        output.args = (fn(0, outs),) + tuple(output.args[1:])
+
+
 def wants_channels_last(gm: torch.fx.GraphModule, layout: str) -> bool:
     """Whether the pass applies to ``gm`` under the backend's ``layout`` option: a graph with a
     2-D or 3-D convolution, every tensor of static shape."""
@@ -92,6 +114,8 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, free_outputs: frozenset
     the FakeTensors AOTAutograd compiles the graph for: a backward graph's saved activations
     come with the strides its forward reported, while the graph's own placeholders still
     carry the traced ones; the graph is propagated from the example inputs' layouts."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
     g = gm.graph
     placeholders = [n for n in g.nodes if n.op == "placeholder"]
     fake_inputs = [n.meta.get("val") for n in placeholders]
@@ -99,7 +123,7 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, free_outputs: frozenset
     if mode is None:
         return 0
     before = {n: n.meta.get("val") for n in g.nodes}
-    output = next(n for n in reversed(g.nodes) if n.op == "output")
+    output = _output(g)
     restrided = False
     for i, ex in enumerate(example_inputs[:len(fake_inputs)]):
         v = fake_inputs[i]
@@ -107,61 +131,52 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, free_outputs: frozenset
                 and torch._guards.detect_fake_mode([ex]) is mode):
             fake_inputs[i] = ex
             restrided = True
-    if restrided:
-        try:
-            from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-            with mode:
-                FakeTensorProp(gm, mode=mode).propagate_dont_convert_inputs(*fake_inputs)
-        except Exception as e:
-            log.warning("kiln.torch: channels-last layout pass skipped: %s: %s", type(e).__name__, e)
-            for n, v in before.items():
-                if v is not None:
-                    n.meta["val"] = v
-            return 0
-    inserted: list[torch.fx.Node] = []
-    made: dict[torch.fx.Node, torch.fx.Node] = {}
-    for conv in list(g.nodes):
-        if conv.op != "call_function" or conv.target not in _CONVOLUTIONS:
-            continue
-        for a in (conv.args[i] for i in _CONVOLUTIONS[conv.target]):
-            m = _static_tensor(a)
-            if m is None or m.ndim not in _FORMATS or _is_format(m, _FORMATS[m.ndim]):
-                continue
-            c = made.get(a)
-            if c is None:
-                with g.inserting_before(conv):
-                    c = g.call_function(aten.clone.default, (a,), {"memory_format": _FORMATS[m.ndim]})
-                c.meta[RELAYOUT] = True
-                made[a] = c
-                inserted.append(c)
-            conv.replace_input_with(a, c)
-    if not inserted and not restrided:
-        return 0
-    try:
-        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
+    def propagate() -> None:
         with mode:
             FakeTensorProp(gm, mode=mode).propagate_dont_convert_inputs(*fake_inputs)
+
+    inserted: list[torch.fx.Node] = []
+    try:
+        if restrided:
+            propagate()
+        made: dict[torch.fx.Node, torch.fx.Node] = {}
+        for conv in list(g.nodes):
+            if conv.op != "call_function" or conv.target not in _CONVOLUTIONS:
+                continue
+            for a in (conv.args[i] for i in _CONVOLUTIONS[conv.target]):
+                m = _static_tensor(a)
+                if m is None or m.ndim not in _FORMATS or is_channels_last(m):
+                    continue
+                c = made.get(a)
+                if c is None:
+                    with g.inserting_before(conv):
+                        c = g.call_function(aten.clone.default, (a,), {"memory_format": _FORMATS[m.ndim]})
+                    c.meta[RELAYOUT] = True
+                    made[a] = c
+                    inserted.append(c)
+                conv.replace_input_with(a, c)
+        if not inserted and not restrided:
+            return 0
+        propagate()
         # A copy was put before every convolution whose operand was not channels-last as
         # traced; with the first convolution's output channels-last, most operands now are
         # (everything computed from it follows its layout), and their copies go.
         for c in list(inserted):
-            src = L.node_meta(c.args[0])
-            if _is_format(src, c.kwargs["memory_format"]):
+            if _is_format(L.node_meta(c.args[0]), c.kwargs["memory_format"]):
                 c.replace_all_uses_with(c.args[0])
                 g.erase_node(c)
                 inserted.remove(c)
         _save_channels_last_copies(output, made, inserted, free_outputs)
         _restore_output_layouts(g, output, before, free_outputs)
-        with mode:
-            FakeTensorProp(gm, mode=mode).propagate_dont_convert_inputs(*fake_inputs)
+        propagate()
         g.lint()
     except Exception as e:  # the graph goes back to what it was
         log.warning("kiln.torch: channels-last layout pass skipped: %s: %s", type(e).__name__, e)
-        for c in inserted:
-            c.replace_all_uses_with(c.args[0])
-            g.erase_node(c)
+        # Every node the pass added is a clone of its first argument: each gives its uses back.
+        for n in reversed([n for n in g.nodes if n not in before]):
+            n.replace_all_uses_with(n.args[0])
+            g.erase_node(n)
         for n, v in before.items():
             if v is not None:
                 n.meta["val"] = v
@@ -175,13 +190,9 @@ def _save_channels_last_copies(output: torch.fx.Node, made: dict[torch.fx.Node, 
     """A training forward saves its weights (and its image input) for the backward, which would
     copy them channels-last again for its convolutions; the forward's own channels-last
     copies are saved in their place (equal values, in the layout the forward reports)."""
-    outs = output.args[0]
-    if not free or not isinstance(outs, (tuple, list)):
-        return
     live = set(inserted)
-    swapped = [made[a] if i in free and isinstance(a, torch.fx.Node) and made.get(a) in live else a
-               for i, a in enumerate(outs)]
-    output.args = (type(outs)(swapped),) + tuple(output.args[1:])
+    _set_outputs(output, lambda i, a: made[a] if i in free and isinstance(a, torch.fx.Node) and made.get(a) in live
+                 else a)
 
 
 def _restore_output_layouts(g: torch.fx.Graph, output: torch.fx.Node, before: dict[torch.fx.Node, Any],
@@ -190,8 +201,8 @@ def _restore_output_layouts(g: torch.fx.Graph, output: torch.fx.Node, before: di
     to the traced layout (the caller's tensors, and gradients, stay as they were)."""
     made: dict[torch.fx.Node, torch.fx.Node] = {}
 
-    def restore(a: Any) -> Any:
-        if not isinstance(a, torch.fx.Node):
+    def restore(i: int, a: Any) -> Any:
+        if i in free or not isinstance(a, torch.fx.Node):
             return a
         old, new = before.get(a), L.node_meta(a)
         if not L.is_static_tensor(old) or not L.is_static_tensor(new) or old.stride() == new.stride():
@@ -205,11 +216,7 @@ def _restore_output_layouts(g: torch.fx.Graph, output: torch.fx.Node, before: di
                 made[a] = g.call_function(aten.clone.default, (a,), {"memory_format": fmt})
         return made[a]
 
-    outs = output.args[0]
-    if isinstance(outs, (tuple, list)):
-        output.args = (type(outs)(a if i in free else restore(a) for i, a in enumerate(outs)),) + tuple(output.args[1:])
-    else:
-        output.args = torch.fx.node.map_arg(output.args, restore)
+    _set_outputs(output, restore)
 
 
 def saved_outputs(gm: torch.fx.GraphModule, kind: str, user_outputs: Optional[int]) -> frozenset[int]:
@@ -222,7 +229,7 @@ def saved_outputs(gm: torch.fx.GraphModule, kind: str, user_outputs: Optional[in
     tc = torch._guards.TracingContext.try_get()
     if kind != "forward" or user_outputs is None or tc is None or tc.output_strides is None or not tc.fw_metadata:
         return frozenset()
-    outs = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
+    outs = _output(gm.graph).args[0]
     if not isinstance(outs, (tuple, list)):
         return frozenset()
     first = int(tc.fw_metadata.num_mutated_inp_runtime_indices) + user_outputs
@@ -236,7 +243,7 @@ def report_output_strides(gm: torch.fx.GraphModule) -> None:
     tc = torch._guards.TracingContext.try_get()
     if tc is None or tc.output_strides is None:
         return
-    outs = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
+    outs = _output(gm.graph).args[0]
     for a in outs if isinstance(outs, (tuple, list)) else (outs,):
         m = L.node_meta(a)
         tc.output_strides.append(tuple(m.stride()) if isinstance(m, torch.Tensor) else None)

@@ -34,7 +34,7 @@ import torch.fx
 
 from ..builder import GraphBuilder, Value
 from . import lowering as L
-from .layout import RELAYOUT
+from .layout import RELAYOUT, is_channels_last
 
 log = logging.getLogger("kiln.torch")
 
@@ -469,16 +469,6 @@ def memory_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> Optional[t
     return order
 
 
-def _is_channels_last(m: torch.Tensor) -> bool:
-    """A result in torch's channels-last format (a convolution's, or computed from one), which
-    kiln keeps: the next convolution reads it without a conversion."""
-    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(m.ndim)
-    try:
-        return fmt is not None and bool(m.is_contiguous(memory_format=fmt))
-    except Exception:
-        return False
-
-
 def _needs_layout(n: torch.fx.Node) -> bool:
     """Whether torch's graph relies on the strides of ``n``: a graph output, or read by a node
     that addresses raw storage."""
@@ -553,7 +543,9 @@ def build_part(seg: Segment) -> PartGraph:
         strides = tuple(int(s) for s in m.stride())
         contiguous = is_contiguous_layout(shape, strides)
         order = None  # a dense layout the result must have, as the order of its dimensions in memory
-        if not contiguous and (_needs_layout(n) or _is_channels_last(m)):
+        # A channels-last result (a convolution's, or computed from one) stays channels-last:
+        # the next convolution reads it without a conversion.
+        if not contiguous and (_needs_layout(n) or is_channels_last(m)):
             order = memory_order(shape, strides)
         if id(v) in input_ids:
             # An argument passed through: torch copies it (layout and all) where the argument's

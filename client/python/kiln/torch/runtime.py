@@ -400,7 +400,8 @@ class KilnPart(torch.nn.Module):
             self._native = native.part_for(compiled, self._dev_index if self._is_cuda else -1,
                                            [spec.dtype for spec in part.inputs],
                                            [spec.dtype for spec in self._kiln_specs], strides,
-                                           [spec.strides for spec in self._kiln_specs],
+                                           [(spec.shape, spec.strides) if spec.strides is not None else None
+                                            for spec in self._kiln_specs],
                                            [k for _, k in part.sources], cpu_kernel=self.kernel)
         except Exception as e:  # the Python path stays; nothing is lost
             log.warning("kiln.torch: %s: the native runner cannot take this part: %s: %s", self.part_name,

@@ -185,16 +185,15 @@ def plan_json(plan: Any) -> str:
 
 
 def part_for(compiled: Any, device_index: int, in_dtypes: list[Any], out_dtypes: list[Any],
-             in_strides: list[Optional[tuple[int, ...]]], out_strides: list[Optional[tuple[int, ...]]],
+             in_strides: list[Optional[tuple[int, ...]]], out_layouts: list[Optional[tuple[Any, Any]]],
              results: list[int], cpu_kernel: Any = None) -> Any:
     """A runner Part (runner.cc's make_part) for a compiled result on a device (-1: the CPU,
     ``cpu_kernel`` its opened artifact): inputs of the result's shapes (expressions of its
     symbols when it has some) with these torch dtypes and, where given, exactly these strides
-    (else any layout, copied to contiguous when needed); outputs of these dtypes, allocated
-    with ``out_strides`` where given (static parts: the kernel stores the output's dimensions
-    in memory order, so the result has the output's shape in that order, taken back to the
-    torch shape); ``results`` the output index of each value the Part returns. Needs
-    :data:`RUNNER`."""
+    (else any layout, copied to contiguous when needed); outputs of these dtypes, where
+    ``out_layouts`` gives one a (torch shape, strides) allocated in that dense layout (static
+    parts: the kernel stores the output's dimensions in memory order, the plan's shape);
+    ``results`` the output index of each value the Part returns. Needs :data:`RUNNER`."""
     runner = RUNNER
     names = list(compiled.symbols)
     if names:
@@ -206,21 +205,17 @@ def part_for(compiled: Any, device_index: int, in_dtypes: list[Any], out_dtypes:
     symbols = [v for sym in compiled.plan.symbols for v in (int(sym.input), int(sym.axis))]
     inputs = [(dt, dims, st) for dt, dims, st in zip(in_dtypes, in_dims, in_strides)]
     outputs: list[Any] = []
-    for dt, dims, st in zip(out_dtypes, out_dims, out_strides):
-        if st is None:
+    for dt, dims, layout in zip(out_dtypes, out_dims, out_layouts):
+        if layout is None:
             outputs.append((dt, dims))
             continue
-        if names:
-            raise ValueError("an output with strides in a part with symbols")
-        # The plan's shape is the memory order's; the runner allocates the torch shape.
         from ..partition import memory_order
 
-        shape = [0] * len(st)
-        for pos, d in enumerate(sorted(range(len(st)), key=lambda d: (-st[d], d))):
-            shape[d] = dims[pos]
-        if memory_order(tuple(int(x) for x in shape), tuple(st)) is None:
-            raise ValueError(f"output strides {tuple(st)} are not a dense layout of {shape}")
-        outputs.append((dt, shape, tuple(st)))
+        shape, strides = tuple(int(d) for d in layout[0]), tuple(int(s) for s in layout[1])
+        order = memory_order(shape, strides)
+        if names or order is None or [str(shape[d]) for d in order] != dims:
+            raise ValueError(f"output layout {shape} {strides} is not a dense layout of the plan's {dims}")
+        outputs.append((dt, [str(d) for d in shape], strides))
     if device_index >= 0:
         import torch
 
