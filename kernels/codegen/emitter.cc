@@ -103,7 +103,12 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
   ir::DType vt = arg ? e.args[0]->dtype : e.dtype;
   std::string acc = result + "_acc";
   std::string ctype = (op == "any" || op == "all") ? "int" : ComputeTypeName(vt);
-  std::vector<std::string> pre = {absl::StrCat(ctype, " ", acc, " = ", ReduceInit(op, vt), ";")};
+  const int64_t inner_extent = kernel_.extents[e.rvars.back()];
+  const bool blocked = sum_block_ > 0 && op == "sum" && ir::IsFloat(vt) && inner_extent > sum_block_;
+  // Blocked: `acc` is the double total, `block` the block's partial in the element type.
+  const std::string block = blocked ? result + "_blk" : acc;
+  std::vector<std::string> pre = {
+      blocked ? absl::StrCat("double ", acc, " = 0.0;") : absl::StrCat(ctype, " ", acc, " = ", ReduceInit(op, vt), ";")};
   bool nan_flag = (op == "max" || op == "min") && ir::IsFloat(vt);
   if (nan_flag) pre.push_back(absl::StrCat("int ", acc, "_nan = 0;"));
   if (arg) pre.push_back(absl::StrCat("int64_t ", result, "_idx = 0;"));
@@ -124,7 +129,7 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
     if (ir::IsFloat(vt)) better = absl::StrCat("(", better, ") || (", v, " != ", v, " && ", acc, " == ", acc, ")");
     combine = absl::StrCat("if (", better, ") { ", acc, " = ", v, "; ", result, "_idx = ", lin, "; }");
   } else {
-    combine = ReduceCombine(op, acc, v, vt);
+    combine = ReduceCombine(op, block, v, vt);
   }
   AddStatement(combine);
   // Close the loops innermost first, wrapping each body in its for statement.
@@ -135,11 +140,30 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
     const std::string& iv = var_names_[e.rvars[k]];
     std::vector<std::string> loop;
     bool inside_simd = simd_scope_ >= 0 && static_cast<int>(target) >= simd_scope_;
-    if (k == static_cast<int>(e.rvars.size()) - 1 && !inside_simd) {
-      std::string pragma = ReducePragma(e, acc);
+    const bool innermost = k == static_cast<int>(e.rvars.size()) - 1;
+    if (innermost && !inside_simd) {
+      std::string pragma = ReducePragma(e, block);
       if (!pragma.empty()) loop.push_back(pragma);
     }
-    loop.push_back(absl::StrCat("for (int64_t ", iv, " = 0; ", iv, " < ", kernel_.extents[e.rvars[k]], "; ++", iv, ") {"));
+    const int64_t extent = kernel_.extents[e.rvars[k]];
+    if (innermost && blocked) {
+      // for (iv_b = 0; iv_b < n; iv_b += B) { block = 0; for (iv = iv_b; iv < end; ++iv) ...; acc += block; }
+      const std::string start = iv + "_b", end = iv + "_e";
+      loop.push_back(absl::StrCat("for (int64_t ", iv, " = ", start, "; ", iv, " < ", end, "; ++", iv, ") {"));
+      for (std::string& s : stmts) loop.push_back("  " + s);
+      loop.push_back("}");
+      std::vector<std::string> outer = {
+          absl::StrCat("for (int64_t ", start, " = 0; ", start, " < ", extent, "; ", start, " += ", sum_block_, ") {"),
+          absl::StrCat("  const int64_t ", end, " = ", extent, " - ", start, " < ", sum_block_, " ? ", extent, " : ",
+                       start, " + ", sum_block_, ";"),
+          absl::StrCat("  ", ctype, " ", block, " = ", ReduceInit(op, vt), ";")};
+      for (std::string& s : loop) outer.push_back("  " + s);
+      outer.push_back(absl::StrCat("  ", acc, " += ", block, ";"));
+      outer.push_back("}");
+      body = std::move(outer);
+      continue;
+    }
+    loop.push_back(absl::StrCat("for (int64_t ", iv, " = 0; ", iv, " < ", extent, "; ++", iv, ") {"));
     for (std::string& s : stmts) loop.push_back("  " + s);
     loop.push_back("}");
     body = std::move(loop);
@@ -148,6 +172,7 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
   out.insert(out.end(), pre.begin(), pre.end());
   out.insert(out.end(), body.begin(), body.end());
   std::string value = arg ? absl::StrCat(result, "_idx") : acc;
+  if (blocked) value = absl::StrCat("(", ctype, ")", acc);
   if (nan_flag) value = absl::StrCat("(", acc, "_nan ? ", Literal(vt, __builtin_nan(""), 0), " : ", acc, ")");
   if (op == "any" || op == "all") value = absl::StrCat("(", acc, " != 0)");
   out.push_back(absl::StrCat("const ", ComputeTypeName(e.dtype), " ", result, " = ", value, ";"));

@@ -37,6 +37,13 @@ class ScopedEmitter {
   // Scopes at or below this index run inside a vectorised loop: reductions placed there get
   // no simd pragma of their own (OpenMP forbids nesting simd regions). -1: none.
   void set_simd_scope(int index) { simd_scope_ = index; }
+  // Floating-point sums whose innermost reduced range is longer than `n` run it in blocks of
+  // `n`: each block sums into a fresh accumulator (vectorised), and the blocks' sums are
+  // added in double. One accumulator over the whole range adds every element to a partial
+  // sum that keeps growing, so its rounding error grows with the length (1e-5 relative on a
+  // float row of 2e5 elements, where NumPy's pairwise sum is 1e-7); in blocks it grows with
+  // the block's length per lane and not at all across blocks. 0: no blocks (the default).
+  void set_sum_block(int64_t n) { sum_block_ = n; }
 
   // The flat address text of buffer `b` at `index` (its strides applied).
   std::string Address(int buffer, const std::vector<lower::Affine>& index) const;
@@ -76,6 +83,7 @@ class ScopedEmitter {
   std::map<const lower::Expr*, std::vector<int>> free_vars_;
   int next_temp_ = 0;
   int simd_scope_ = -1;
+  int64_t sum_block_ = 0;
 };
 
 // Joins statements with indentation.

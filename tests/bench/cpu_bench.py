@@ -71,6 +71,13 @@ def column_graph(kind: str, r: int, c: int):
     return b.build([out])
 
 
+def row_graph(kind: str, r: int, c: int):
+    """Reductions along the contiguous axis whose output is one value per row."""
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (r, c))
+    return b.build([b.sum(x, axes=[1]) if kind == "sum" else b.sqrt(b.sum(x * x, axes=[1]))])
+
+
 def np_column(kind: str, x):
     if kind == "mean":
         return x.mean(axis=0)
@@ -151,6 +158,12 @@ def main() -> None:
                             ("bnorm", "column-stat normalise")]:
             work.append((f"{label}, f32[{crows},{ccols}]", column_graph(kind, crows, ccols), (xc,),
                          lambda kind=kind: np_column(kind, xc), 3 * args.runs, 1e-3 if kind == "tsum" else 1e-5))
+        for r, c in [(64, 200_000 // scale), (4096 // scale, 1000)]:
+            xr = rng.standard_normal((r, c)).astype(np.float32)
+            work.append((f"row sum, f32[{r},{c}]", row_graph("sum", r, c), (xr,), lambda xr=xr: xr.sum(axis=1),
+                         3 * args.runs, 1e-3))
+            work.append((f"row norm, f32[{r},{c}]", row_graph("norm", r, c), (xr,),
+                         lambda xr=xr: np.sqrt((xr * xr).sum(axis=1)), 3 * args.runs))
         if args.only:
             work = [w for w in work if any(o in w[0] for o in args.only.split(","))]
         print(f"target {target}; NumPy {np.__version__}; {os.cpu_count()} CPUs")

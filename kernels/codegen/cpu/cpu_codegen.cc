@@ -1,5 +1,9 @@
 #include "kernels/codegen/cpu/cpu_codegen.h"
 
+#include <algorithm>
+#include <functional>
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/c_expr.h"
@@ -52,6 +56,32 @@ std::string SizePrologue(int num_symbols) {
   return s;
 }
 
+// Float sums longer than this run in blocks of it (ScopedEmitter::set_sum_block): 1024
+// elements are 128 per lane of an 8-wide vector, and one double add per block costs nothing
+// beside the block's loads.
+constexpr int64_t kSumBlock = 1024;
+// A reduction at least this long, placed in the innermost output loop (a row sum whose
+// output is one value per row), is the vector loop itself; the output loop stays scalar.
+constexpr int64_t kMinVectorReduce = 32;
+
+// The longest reduced range of the reductions placed in output loop `var` (those reading it).
+int64_t ReducedLengthIn(const schedule::Kernel& k, int var) {
+  int64_t longest = 0;
+  std::set<const lower::Expr*> seen;
+  std::function<void(const lower::Expr*)> walk = [&](const lower::Expr* n) {
+    if (!seen.insert(n).second) return;
+    for (const auto& a : n->args) walk(a.get());
+    if (n->kind != lower::Expr::Kind::kReduce) return;
+    const std::vector<int> fv = n->FreeVars();
+    if (!std::count(fv.begin(), fv.end(), var)) return;
+    int64_t r = 1;
+    for (int rv : n->rvars) r *= k.extents[rv];
+    longest = std::max(longest, r);
+  };
+  for (const auto& o : k.outputs) walk(o.value.get());
+  return longest;
+}
+
 struct KernelText {
   std::string text;
   std::vector<int> params;  // buffers passed, in order
@@ -70,9 +100,14 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
   int rank = k.num_loops;
   em.parallel_top_reduce = rank == 0;
   em.enable_invariant_tables();
-  if (rank > 0) em.set_simd_scope(rank);  // the innermost output loop is a simd loop
+  em.set_sum_block(kSumBlock);
   // Reductions over an outer axis: the innermost output loop runs in lane tiles.
   const LanePlan lanes = PlanLanes(p, k, kMinParallelWork, variant);
+  // Otherwise the innermost output loop is a simd loop, unless a long reduction sits in it:
+  // a row sum vectorised across rows walks each row as scalars (and reads rows with gathers).
+  const int64_t inner_reduce = rank > 0 && lanes.lanes == 0 ? ReducedLengthIn(k, rank - 1) : 0;
+  const bool simd_outputs = inner_reduce < kMinVectorReduce;
+  if (rank > 0 && simd_outputs) em.set_simd_scope(rank);
   if (lanes.lanes > 0)
     em.set_lanes({static_cast<size_t>(rank), rank - 1, lanes.lanes, lanes.split_rows, lanes.max_unroll});
   em.PushScope(-1);
@@ -91,7 +126,7 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
                                  "[", at, "] = ", StoreConvert(b.dtype, stored), ";"));
   }
   // Assemble loops from the innermost scope outwards.
-  int64_t work = 1;
+  int64_t work = std::max<int64_t>(inner_reduce, 1);
   for (int d = 0; d < rank; ++d) work *= k.extents[d];
   std::vector<std::string> body;
   for (int d = rank - 1; d >= 0; --d) {
@@ -104,8 +139,9 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
     stmts.insert(stmts.end(), body.begin(), body.end());
     std::vector<std::string> loop;
     if (outer && work >= kMinParallelWork) {
-      loop.push_back(absl::StrCat("#pragma omp parallel for", inner ? " simd" : "", " num_threads(nt) schedule(static)"));
-    } else if (inner) {
+      loop.push_back(absl::StrCat("#pragma omp parallel for", inner && simd_outputs ? " simd" : "",
+                                  " num_threads(nt) schedule(static)"));
+    } else if (inner && simd_outputs) {
       loop.push_back("#pragma omp simd");
     }
     loop.push_back(absl::StrCat("for (int64_t i", d, " = 0; i", d, " < ", k.extents[d], "; ++i", d, ") {"));
