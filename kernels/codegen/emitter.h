@@ -44,6 +44,12 @@ class ScopedEmitter {
   // float row of 2e5 elements, where NumPy's pairwise sum is 1e-7); in blocks it grows with
   // the block's length per lane and not at all across blocks. 0: no blocks (the default).
   void set_sum_block(int64_t n) { sum_block_ = n; }
+  // argmax/argmin over one reduced loop run in blocks of `n` as two vector loops each: the
+  // block's extreme value (and whether it holds a NaN); then, only for a block that beats the
+  // earlier ones, the least index in it holding that value (the first NaN, which ends the
+  // search). The block is still in the first-level cache for the second loop. The one-loop
+  // form compares and branches per element and does not vectorise. 0: the one-loop form.
+  void set_two_pass_arg(int64_t n) { arg_block_ = n; }
 
   // The flat address text of buffer `b` at `index` (its strides applied).
   std::string Address(int buffer, const std::vector<lower::Affine>& index) const;
@@ -84,6 +90,10 @@ class ScopedEmitter {
   int next_temp_ = 0;
   int simd_scope_ = -1;
   int64_t sum_block_ = 0;
+  int64_t arg_block_ = 0;
+
+ private:
+  void EmitTwoPassArg(const lower::Expr& e, const std::string& result, size_t target);
 };
 
 // Joins statements with indentation.

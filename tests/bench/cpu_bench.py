@@ -75,6 +75,8 @@ def row_graph(kind: str, r: int, c: int):
     """Reductions along the contiguous axis whose output is one value per row."""
     b = kiln.GraphBuilder()
     x = b.input("x", "f32", (r, c))
+    if kind == "argmax":
+        return b.build([b.argmax(x, axis=1)])
     return b.build([b.sum(x, axes=[1]) if kind == "sum" else b.sqrt(b.sum(x * x, axes=[1]))])
 
 
@@ -164,6 +166,8 @@ def main() -> None:
                          3 * args.runs, 1e-3))
             work.append((f"row norm, f32[{r},{c}]", row_graph("norm", r, c), (xr,),
                          lambda xr=xr: np.sqrt((xr * xr).sum(axis=1)), 3 * args.runs))
+            work.append((f"row argmax, f32[{r},{c}]", row_graph("argmax", r, c), (xr,), lambda xr=xr: xr.argmax(axis=1),
+                         3 * args.runs))
         if args.only:
             work = [w for w in work if any(o in w[0] for o in args.only.split(","))]
         print(f"target {target}; NumPy {np.__version__}; {os.cpu_count()} CPUs")

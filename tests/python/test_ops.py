@@ -682,6 +682,42 @@ def test_long_float_sums_match_pairwise_accuracy(client, rng, symbolic: bool) ->
                 assert err < 1e-6, f"output {i}, length {length}, {threads} thread(s): relative error {err:.2e}"
 
 
+# argmax/argmin along rows run in blocks of 1024, two vector loops per block (CPU): the answer
+# must be NumPy's where it lies in a later block, where the extreme value repeats across blocks
+# (the first wins), where a NaN comes after the extreme (it wins), for rows of -inf or +inf
+# only, integer rows of the type's lowest value, and at symbolic lengths.
+@pytest.mark.parametrize("dtype", ["f32", "i32"])
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_arg_reductions_over_rows_of_several_blocks(client, rng, dtype: str, symbolic: bool) -> None:
+    n = 3001
+    b = kiln.GraphBuilder()
+    x = b.input("x", dtype, (8, n), dims=(None, "N") if symbolic else None)
+    compiled = client.compile(b.build([b.argmax(x, axis=1), b.argmin(x, axis=1)]))
+    for length in ([n, 1, 1024, 1025, 2049] if symbolic else [n]):
+        h = random_array(rng, dtype, (8, length))
+        if length > 1:
+            last = length - 1
+            h[0, last] = h[0].max() + 1  # the extreme in the last block
+            h[0, 0] = h[0].min() - 1
+            h[1, :] = 0
+            h[1, [length // 2, last]] = 5  # a tie: the first wins
+            h[1, [length // 3, last - 1]] = -5
+            if dtype == "f32":
+                h[2, length // 4] = h[2].max() + 1
+                h[2, last] = np.nan  # a later NaN wins over the extreme
+                h[3, :] = -np.inf
+                h[4, :] = np.inf
+                h[5, last] = np.inf
+                h[5, 0] = -np.inf
+            else:
+                h[3, :] = np.iinfo(np.int32).min
+                h[4, :] = np.iinfo(np.int32).max
+        for threads in (1, 2):
+            got = compiled(h, num_threads=threads)
+            np.testing.assert_array_equal(got[0], np.argmax(h, axis=1), err_msg=f"argmax, length {length}")
+            np.testing.assert_array_equal(got[1], np.argmin(h, axis=1), err_msg=f"argmin, length {length}")
+
+
 # Float to a narrow integer truncates toward zero and wraps to the type, also where the cast
 # feeds more arithmetic in the same kernel (a negative float cast to u8 was kept as -1 there:
 # the direct C conversion is undefined for values out of the type's range; seed 1346 of the

@@ -56,7 +56,8 @@ std::string SizePrologue(int num_symbols) {
   return s;
 }
 
-// Float sums longer than this run in blocks of it (ScopedEmitter::set_sum_block): 1024
+// Float sums longer than this run in blocks of it (ScopedEmitter::set_sum_block), and so do
+// argmax/argmin (set_two_pass_arg: a block of floats fits the first-level cache): 1024
 // elements are 128 per lane of an 8-wide vector, and one double add per block costs nothing
 // beside the block's loads.
 constexpr int64_t kSumBlock = 1024;
@@ -101,6 +102,7 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
   em.parallel_top_reduce = rank == 0;
   em.enable_invariant_tables();
   em.set_sum_block(kSumBlock);
+  em.set_two_pass_arg(kSumBlock);
   // Reductions over an outer axis: the innermost output loop runs in lane tiles.
   const LanePlan lanes = PlanLanes(p, k, kMinParallelWork, variant);
   // Otherwise the innermost output loop is a simd loop, unless a long reduction sits in it:
