@@ -115,6 +115,7 @@ void ScopedEmitter::EmitTwoPassArg(const Expr& e, const std::string& result, siz
   put("", absl::StrCat(ctype, " ", best, " = ", ReduceInit(extreme, vt), ";"));
   if (fl) put("", absl::StrCat("int ", found, " = 0;"));
   put("", absl::StrCat("int64_t ", idx, " = ", extent, ";"));
+  put("", kNoUnroll);  // see EmitReduce
   put("", absl::StrCat("for (int64_t ", start, " = 0; ", start, " < ", extent, fl ? absl::StrCat(" && !", found) : "",
                        "; ", start, " += ", arg_block_, ") {"));
   put("  ", absl::StrCat("const int64_t ", end, " = ", extent, " - ", start, " < ", arg_block_, " ? ", extent, " : ",
@@ -223,7 +224,11 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
       loop.push_back(absl::StrCat("for (int64_t ", iv, " = ", start, "; ", iv, " < ", end, "; ++", iv, ") {"));
       for (std::string& s : stmts) loop.push_back("  " + s);
       loop.push_back("}");
+      // Not unrolled: GCC 12 unrolls a block loop of constant trip count completely and then
+      // does not vectorise the simd reductions in the copies (a row sum of 2048: 1.97 ms
+      // scalar against 0.58 vectorised).
       std::vector<std::string> outer = {
+          std::string(kNoUnroll),
           absl::StrCat("for (int64_t ", start, " = 0; ", start, " < ", extent, "; ", start, " += ", sum_block_, ") {"),
           absl::StrCat("  const int64_t ", end, " = ", extent, " - ", start, " < ", sum_block_, " ? ", extent, " : ",
                        start, " + ", sum_block_, ";"),

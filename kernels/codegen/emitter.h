@@ -19,6 +19,9 @@
 
 namespace kiln::codegen {
 
+// The line before a block loop of a reduction that keeps it rolled (see EmitReduce).
+inline constexpr char kNoUnroll[] = "#pragma GCC unroll 1";
+
 class ScopedEmitter {
  public:
   // `names[v]` is the C name of loop variable v; `buffer_names[b]` the pointer of buffer b.

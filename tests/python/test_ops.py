@@ -718,6 +718,31 @@ def test_arg_reductions_over_rows_of_several_blocks(client, rng, dtype: str, sym
             np.testing.assert_array_equal(got[1], np.argmin(h, axis=1), err_msg=f"argmin, length {length}")
 
 
+# Kernels that write along one axis while reading along another (a transpose, `a + a.T`, a
+# permute moving the last axis) run in 16 x 16 tiles (CPU): partial tiles at both edges, a
+# loop between the two tiled ones, 1, 2 and 3 threads, and a symbolic extent on each side of
+# the tile size.
+@pytest.mark.parametrize("dtype", ["f32", "f64", "i32"])
+def test_transposing_kernels_run_in_tiles(client, rng, dtype: str) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", dtype, (37, 100))
+    y = b.input("y", dtype, (3, 40, 70))
+    s = b.input("s", dtype, (50, 50))
+    outs = [b.permute(x, [1, 0]) * 2, b.permute(y, [2, 0, 1]) + 1, s + b.permute(s, [1, 0])]
+    compiled = client.compile(b.build(outs))
+    xh, yh, sh = (random_array(rng, dtype, shape) for shape in [(37, 100), (3, 40, 70), (50, 50)])
+    wants = [xh.T * NP[dtype](2), yh.transpose(2, 0, 1) + NP[dtype](1), sh + sh.T]
+    for threads in (1, 2, 3):
+        for i, (g_, w_) in enumerate(zip(compiled(xh, yh, sh, num_threads=threads), wants)):
+            np.testing.assert_array_equal(g_, w_, err_msg=f"output {i}, {threads} thread(s)")
+    b = kiln.GraphBuilder()
+    z = b.input("z", dtype, (40, 33), dims=("N", None))
+    dyn = client.compile(b.build([b.permute(z, [1, 0]) - 1]))
+    for n in [0, 1, 15, 16, 17, 100]:
+        zh = random_array(rng, dtype, (n, 33))
+        np.testing.assert_array_equal(dyn(zh), zh.T - NP[dtype](1), err_msg=f"N={n}")
+
+
 # Float to a narrow integer truncates toward zero and wraps to the type, also where the cast
 # feeds more arithmetic in the same kernel (a negative float cast to u8 was kept as -1 there:
 # the direct C conversion is undefined for values out of the type's range; seed 1346 of the

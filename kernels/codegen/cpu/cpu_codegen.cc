@@ -112,8 +112,16 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
   if (rank > 0 && simd_outputs) em.set_simd_scope(rank);
   if (lanes.lanes > 0)
     em.set_lanes({static_cast<size_t>(rank), rank - 1, lanes.lanes, lanes.split_rows, lanes.max_unroll});
+  // The loops' order, outermost first: the output's dimensions in order, except that a
+  // transposing kernel's tiled loop p goes just outside the innermost one (its tile loops
+  // go outside both; the loops between them stay outside the tiles).
+  const TransposeTiles tiles = lanes.lanes == 0 && simd_outputs ? PlanTranspose(p, k) : TransposeTiles{};
+  std::vector<int> order;
+  for (int d = 0; d < rank; ++d)
+    if (d != tiles.p) order.push_back(d);
+  if (tiles.p >= 0) order.insert(order.end() - 1, tiles.p);
   em.PushScope(-1);
-  for (int d = 0; d < rank; ++d) em.PushScope(d);
+  for (int d : order) em.PushScope(d);
   const std::vector<lower::Affine>& idx = k.out_index;
   // An output whose shape is not the domain's (same elements) is stored at the flat position.
   lower::Affine flat = lower::Affine::Const(0);
@@ -131,25 +139,51 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
   int64_t work = std::max<int64_t>(inner_reduce, 1);
   for (int d = 0; d < rank; ++d) work *= k.extents[d];
   std::vector<std::string> body;
-  for (int d = rank - 1; d >= 0; --d) {
+  auto wrap = [](std::vector<std::string> head, std::vector<std::string> inside) {
+    for (std::string& s : inside) head.push_back("  " + s);
+    head.push_back("}");
+    return head;
+  };
+  // "for (iD = iD_t; iD < iD_e; ++iD)" inside tiles, "for (iD = 0; iD < n; ++iD)" otherwise.
+  auto range = [&](int d) {
+    const std::string i = absl::StrCat("i", d);
+    if (tiles.p < 0 || (d != tiles.p && d != rank - 1))
+      return absl::StrCat("for (int64_t ", i, " = 0; ", i, " < ", k.extents[d], "; ++", i, ") {");
+    return absl::StrCat("for (int64_t ", i, " = ", i, "_t; ", i, " < ", i, "_e; ++", i, ") {");
+  };
+  auto tile_loop = [&](int d) {
+    const std::string i = absl::StrCat("i", d), n = absl::StrCat(k.extents[d]), t = absl::StrCat(tiles.tile);
+    return std::vector<std::string>{
+        absl::StrCat("for (int64_t ", i, "_t = 0; ", i, "_t < ", n, "; ", i, "_t += ", t, ") {"),
+        absl::StrCat("  const int64_t ", i, "_e = ", n, " - ", i, "_t < ", t, " ? ", n, " : ", i, "_t + ", t, ";")};
+  };
+  for (int at = rank - 1; at >= 0; --at) {
+    const int d = order[at];
     std::vector<std::string> stmts = em.PopScope();
-    bool outer = d == 0, inner = d == rank - 1;
+    bool outer = at == 0, inner = at == rank - 1;
     if (inner && lanes.lanes > 0) {
       body = LaneTileLoop(em.AssembleLanes(stmts), k.extents[d], lanes, outer && lanes.parallel_tiles);
       continue;
     }
     stmts.insert(stmts.end(), body.begin(), body.end());
     std::vector<std::string> loop;
-    if (outer && work >= kMinParallelWork) {
+    const bool parallel = outer && work >= kMinParallelWork;
+    if (parallel && tiles.p != d) {
       loop.push_back(absl::StrCat("#pragma omp parallel for", inner && simd_outputs ? " simd" : "",
                                   " num_threads(nt) schedule(static)"));
     } else if (inner && simd_outputs) {
       loop.push_back("#pragma omp simd");
     }
-    loop.push_back(absl::StrCat("for (int64_t i", d, " = 0; i", d, " < ", k.extents[d], "; ++i", d, ") {"));
-    for (std::string& s : stmts) loop.push_back("  " + s);
-    loop.push_back("}");
-    body = std::move(loop);
+    loop.push_back(range(d));
+    body = wrap(std::move(loop), std::move(stmts));
+    if (d == tiles.p) {
+      // The tile loops: p's outside x's; the outermost takes the threads.
+      std::vector<std::string> x_tiles = tile_loop(rank - 1);
+      body = wrap(std::move(x_tiles), std::move(body));
+      std::vector<std::string> p_tiles = tile_loop(d);
+      if (parallel) p_tiles.insert(p_tiles.begin(), "#pragma omp parallel for num_threads(nt) schedule(static)");
+      body = wrap(std::move(p_tiles), std::move(body));
+    }
   }
   std::vector<std::string> all = em.PopScope();
   all.insert(all.end(), body.begin(), body.end());

@@ -63,6 +63,9 @@ void CpuKernelEmitter::ParallelizeTopReduce(const Expr& e, const std::string& re
   while (i > 0 && (stmts[i - 1].find(decl) == std::string::npos || stmts[i - 1].rfind(" ", 0) == 0)) --i;
   while (i < stmts.size() && stmts[i].rfind("for (", 0) != 0 && stmts[i].rfind("#pragma", 0) != 0) ++i;
   if (i == stmts.size()) return;
+  // A block loop's no-unroll line may not stand between `omp parallel for` and its loop (and
+  // a loop run across threads is not unrolled).
+  if (stmts[i] == kNoUnroll) stmts.erase(stmts.begin() + static_cast<long>(i));
   const std::string simd = "#pragma omp simd";
   if (stmts[i].rfind(simd, 0) == 0) {
     // A single loop: parallel and simd together.

@@ -37,6 +37,19 @@ struct LanePlan {
 LanePlan PlanLanes(const schedule::Program& p, const schedule::Kernel& k, int64_t min_parallel_work,
                    const CpuVariant& variant);
 
+// Transposing kernels: the output is written along its innermost loop `x`, while a load
+// reads along another output loop `p` (stride 1) and jumps a whole row at each step of `x`
+// (a transpose, `a + a.T`, a permute of the last axis). Run in order, every load of a row
+// touches a new cache line and page. Instead the (p, x) plane runs in square tiles of
+// `tile` x `tile`: a tile's source rows stay in the first-level cache while its rows are
+// written. Only for kernels without reductions (a value placed in p's loop would be computed
+// again for every tile along x). `p` = -1: no tiles.
+struct TransposeTiles {
+  int p = -1;
+  int64_t tile = 0;
+};
+TransposeTiles PlanTranspose(const schedule::Program& p, const schedule::Kernel& k);
+
 // The tile loop over an output loop of `extent` (its variable is defined per lane inside
 // `body`, see CpuKernelEmitter::AssembleLanes).
 std::vector<std::string> LaneTileLoop(const std::vector<std::string>& body, int64_t extent, const LanePlan& plan,

@@ -7,6 +7,7 @@ static void k0(const float* __restrict in0, float* __restrict out0, int nt) {
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t i0 = 0; i0 < 64; ++i0) {
     double t0_acc = 0.0;
+    #pragma GCC unroll 1
     for (int64_t i1_b = 0; i1_b < 200000; i1_b += 1024) {
       const int64_t i1_e = 200000 - i1_b < 1024 ? 200000 : i1_b + 1024;
       float t0_blk = (0.0f);
@@ -41,6 +42,7 @@ static void k1(const float* __restrict in0, const float* __restrict in1, float* 
   double t2_acc = 0.0;
 #pragma omp parallel for num_threads(nt) reduction(+:t2_acc)
   for (int64_t i1 = 0; i1 < 64; ++i1) {
+    #pragma GCC unroll 1
     for (int64_t i2_b = 0; i2_b < 200000; i2_b += 1024) {
       const int64_t i2_e = 200000 - i2_b < 1024 ? 200000 : i2_b + 1024;
       float t2_blk = (0.0f);
@@ -65,6 +67,7 @@ static void k2(const float* __restrict in0, int64_t* __restrict out3, int nt) {
     float t0_best = (-__builtin_inff());
     int t0_found = 0;
     int64_t t0_idx = 200000;
+    #pragma GCC unroll 1
     for (int64_t i1_b = 0; i1_b < 200000 && !t0_found; i1_b += 1024) {
       const int64_t i1_e = 200000 - i1_b < 1024 ? 200000 : i1_b + 1024;
       float t0_acc = (-__builtin_inff());
