@@ -743,6 +743,38 @@ def test_transposing_kernels_run_in_tiles(client, rng, dtype: str) -> None:
         np.testing.assert_array_equal(dyn(zh), zh.T - NP[dtype](1), err_msg=f"N={n}")
 
 
+# A kernel whose outputs concatenate pieces along the innermost axis runs one loop per piece
+# (CPU): three pieces of odd widths (one a broadcast, one a computed value), two outputs with
+# the same bounds, a concatenation cast to another type, a piece-wise reduction feeding it,
+# and pieces whose widths are symbols (0 and 1 included).
+def test_concatenated_pieces_run_a_loop_each(client, rng) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (6, 37))
+    y = b.input("y", "f32", (6, 1))
+    z = b.input("z", "f64", (6, 19))
+    row = b.sum(x, axes=[1], keepdim=True)
+    cat = b.concat([x, b.broadcast_to(y, (6, 5)), b.exp(b.cast(z, "f32")) + row], axis=1)
+    outs = [cat, b.concat([x * 2.0, b.broadcast_to(y, (6, 5)), b.cast(z, "f32")], axis=1),
+            b.cast(b.concat([x, x], axis=1), "f64")]
+    compiled = client.compile(b.build(outs))
+    xh, yh, zh = random_array(rng, "f32", (6, 37)), random_array(rng, "f32", (6, 1)), random_array(rng, "f64", (6, 19))
+    r = xh.sum(1, keepdims=True)
+    wants = [np.concatenate([xh, np.broadcast_to(yh, (6, 5)), np.exp(zh.astype(np.float32)) + r], axis=1),
+             np.concatenate([xh * 2, np.broadcast_to(yh, (6, 5)), zh.astype(np.float32)], axis=1),
+             np.concatenate([xh, xh], axis=1).astype(np.float64)]
+    for threads in (1, 2):
+        for i, (g_, w_) in enumerate(zip(compiled(xh, yh, zh, num_threads=threads), wants)):
+            np.testing.assert_allclose(g_, w_, rtol=1e-5, atol=1e-5, err_msg=f"output {i}")
+    b = kiln.GraphBuilder()
+    p_ = b.input("p", "f32", (3, 10), dims=(None, "A"))
+    q = b.input("q", "f32", (3, 12), dims=(None, "B"))
+    dyn = client.compile(b.build([b.concat([p_, q * 3.0, p_], axis=1)]))
+    for a_, b_ in [(0, 5), (1, 0), (7, 13), (40, 1)]:
+        ph, qh = random_array(rng, "f32", (3, a_)), random_array(rng, "f32", (3, b_))
+        np.testing.assert_allclose(dyn(ph, qh), np.concatenate([ph, qh * 3, ph], axis=1), rtol=1e-6,
+                                   err_msg=f"A={a_}, B={b_}")
+
+
 # Float to a narrow integer truncates toward zero and wraps to the type, also where the cast
 # feeds more arithmetic in the same kernel (a negative float cast to u8 was kept as -1 there:
 # the direct C conversion is undefined for values out of the type's range; seed 1346 of the

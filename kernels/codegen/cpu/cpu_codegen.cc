@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/c_expr.h"
+#include "kernels/codegen/expr_rewrite.h"
 #include "kernels/lower/lower.h"
 #include "kernels/codegen/cpu/cpu_emitter.h"
 #include "kernels/codegen/cpu/cpu_lanes.h"
@@ -83,6 +84,24 @@ int64_t ReducedLengthIn(const schedule::Kernel& k, int var) {
   return longest;
 }
 
+// Every output of `k` concatenates pieces along the innermost output loop, at the same
+// bounds: their pieces (per output), or none.
+std::vector<Concat> ConcatsAlongInnermost(const schedule::Kernel& k, ExprPool* pool) {
+  const ir::Shape loops(k.extents.begin(), k.extents.begin() + k.num_loops);
+  std::vector<Concat> out;
+  for (const schedule::KernelOutput& o : k.outputs) {
+    Concat c = ConcatPieces(o.value, loops, pool);
+    if (c.pieces.empty() || c.var != k.num_loops - 1) return {};
+    if (!out.empty()) {
+      if (c.pieces.size() != out[0].pieces.size()) return {};
+      for (size_t j = 0; j < c.pieces.size(); ++j)
+        if (c.pieces[j].lo != out[0].pieces[j].lo || c.pieces[j].hi != out[0].pieces[j].hi) return {};
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 struct KernelText {
   std::string text;
   std::vector<int> params;  // buffers passed, in order
@@ -127,13 +146,26 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
   lower::Affine flat = lower::Affine::Const(0);
   const std::vector<int64_t> dense = lower::ContiguousStrides(k.domain);
   for (size_t d = 0; d < idx.size(); ++d) flat = lower::Add(flat, lower::Scale(idx[d], dense[d]));
-  for (const schedule::KernelOutput& o : k.outputs) {
-    std::string v = em.Emit(o.value);
-    const Buffer& b = p.buffers[o.buffer];
-    const std::string at = b.shape == k.domain ? em.Address(o.buffer, idx) : lower::ToC(flat, em.var_names());
-    std::string stored = b.dtype == ir::DType::kBool ? v : absl::StrCat("(", ComputeTypeName(b.dtype), ")(", v, ")");
-    em.AddStatement(absl::StrCat(lanes.lanes > 0 ? std::string(1, CpuKernelEmitter::kLaneMark) : "", names[o.buffer],
-                                 "[", at, "] = ", StoreConvert(b.dtype, stored), ";"));
+  // Outputs that concatenate pieces along the innermost loop: one loop per piece, each
+  // computing its piece alone (one select per element computed every piece, its loads
+  // clamped into range, which made them gathers).
+  ExprPool pool;
+  const std::vector<Concat> concats =
+      rank > 0 && tiles.p < 0 && simd_outputs && lanes.lanes == 0 ? ConcatsAlongInnermost(k, &pool) : std::vector<Concat>{};
+  const size_t num_pieces = concats.empty() ? 1 : concats[0].pieces.size();
+  std::vector<std::vector<std::string>> piece_stmts;  // each piece's loop body but the last's
+  for (size_t j = 0; j < num_pieces; ++j) {
+    if (j > 0) em.PushScope(rank - 1);
+    for (size_t o = 0; o < k.outputs.size(); ++o) {
+      const schedule::KernelOutput& out = k.outputs[o];
+      std::string v = em.Emit(concats.empty() ? out.value : concats[o].pieces[j].value);
+      const Buffer& b = p.buffers[out.buffer];
+      const std::string at = b.shape == k.domain ? em.Address(out.buffer, idx) : lower::ToC(flat, em.var_names());
+      std::string stored = b.dtype == ir::DType::kBool ? v : absl::StrCat("(", ComputeTypeName(b.dtype), ")(", v, ")");
+      em.AddStatement(absl::StrCat(lanes.lanes > 0 ? std::string(1, CpuKernelEmitter::kLaneMark) : "",
+                                   names[out.buffer], "[", at, "] = ", StoreConvert(b.dtype, stored), ";"));
+    }
+    if (j + 1 < num_pieces) piece_stmts.push_back(em.PopScope());
   }
   // Assemble loops from the innermost scope outwards.
   int64_t work = std::max<int64_t>(inner_reduce, 1);
@@ -168,6 +200,22 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
     stmts.insert(stmts.end(), body.begin(), body.end());
     std::vector<std::string> loop;
     const bool parallel = outer && work >= kMinParallelWork;
+    if (inner && !concats.empty()) {
+      // One loop per piece over its range [lo, hi), in order.
+      piece_stmts.push_back(std::move(stmts));
+      body.clear();
+      const std::string i = absl::StrCat("i", d);
+      for (size_t j = 0; j < num_pieces; ++j) {
+        const Piece& piece = concats[0].pieces[j];
+        std::vector<std::string> head = {parallel ? "#pragma omp parallel for simd num_threads(nt) schedule(static)"
+                                                  : "#pragma omp simd",
+                                         absl::StrCat("for (int64_t ", i, " = ", piece.lo, "; ", i, " < ", piece.hi,
+                                                      "; ++", i, ") {")};
+        std::vector<std::string> piece_loop = wrap(std::move(head), std::move(piece_stmts[j]));
+        body.insert(body.end(), piece_loop.begin(), piece_loop.end());
+      }
+      continue;
+    }
     if (parallel && tiles.p != d) {
       loop.push_back(absl::StrCat("#pragma omp parallel for", inner && simd_outputs ? " simd" : "",
                                   " num_threads(nt) schedule(static)"));

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/codegen/c_expr.h"
+#include "kernels/codegen/expr_rewrite.h"
 
 namespace kiln::codegen {
 namespace {
@@ -14,22 +15,6 @@ using lower::Expr;
 
 // Tiles fewer than this go to threads as split reduced loops rather than whole tiles.
 constexpr int64_t kMinParallelTiles = 8;
-
-int64_t Coefficient(const lower::Affine& a, int var) {
-  lower::Term t;
-  t.kind = lower::Term::Kind::kVar;
-  t.var = var;
-  auto it = a.terms.find(t);
-  return it == a.terms.end() ? 0 : it->second;
-}
-
-// The flat element offset of a load (strides applied).
-lower::Affine FlatAddress(const schedule::Buffer& b, const std::vector<lower::Affine>& index) {
-  lower::Affine addr = lower::Affine::Const(0);
-  for (size_t k = 0; k < index.size(); ++k)
-    if (b.shape[k] != 1) addr = lower::Add(addr, lower::Scale(index[k], b.strides[k]));
-  return addr;
-}
 
 // Reductions that depend on output variable `x`, each with its longest reduced range, and
 // whether one of them walks an outer axis (see the header).

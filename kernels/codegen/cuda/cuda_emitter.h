@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/codegen/cuda/expr_rewrite.h"
+#include "kernels/codegen/expr_rewrite.h"
 #include "kernels/codegen/emitter.h"
 
 namespace kiln::codegen::cuda {

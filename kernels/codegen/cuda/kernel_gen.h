@@ -11,7 +11,7 @@
 
 #include "kernels/codegen/cuda/cuda_emitter.h"
 #include "kernels/codegen/cuda/cuda_kernel.h"
-#include "kernels/codegen/cuda/expr_rewrite.h"
+#include "kernels/codegen/expr_rewrite.h"
 #include "kernels/ir/symbols.h"
 
 namespace kiln::codegen::cuda::internal {

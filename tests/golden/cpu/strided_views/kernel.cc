@@ -6,17 +6,19 @@ static void k0(const float* __restrict in0, const _Float16* __restrict in1, floa
   (void)nt;
   for (int64_t i0 = 0; i0 < 4; ++i0) {
     for (int64_t i1 = 0; i1 < 6; ++i1) {
-      const float t4 = kiln_to_float(in1[6 * i0 + i1]);
-      const float t3 = ((float)(t4));
-      const float t7 = ((float)(t4));
+      const float t3 = kiln_to_float(in1[6 * i0 + i1]);
+      const float t2 = ((float)(t3));
       #pragma omp simd
-      for (int64_t i2 = 0; i2 < 16; ++i2) {
-        const float t2 = in0[96 * i0 + 16 * i1 - 2 * kiln_clampi(i2, 0, 7) + 15];
-        const float t1 = (t2 * t3);
-        const float t6 = in0[96 * i0 + 16 * i1 - 2 * kiln_clampi(i2 - 8, 0, 7) + 15];
-        const float t5 = (t6 * t7);
-        const float t0 = ((i2) < 8 ? t1 : t5);
+      for (int64_t i2 = 0; i2 < 8; ++i2) {
+        const float t1 = in0[96 * i0 + 16 * i1 - 2 * i2 + 15];
+        const float t0 = (t1 * t2);
         out0[96 * i0 + 16 * i1 + i2] = (float)(t0);
+      }
+      #pragma omp simd
+      for (int64_t i2 = 8; i2 < 16; ++i2) {
+        const float t5 = in0[96 * i0 + 16 * i1 - 2 * i2 + 31];
+        const float t4 = (t5 * t2);
+        out0[96 * i0 + 16 * i1 + i2] = (float)(t4);
       }
     }
   }

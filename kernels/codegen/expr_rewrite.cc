@@ -1,13 +1,15 @@
-#include "kernels/codegen/cuda/expr_rewrite.h"
+#include "kernels/codegen/expr_rewrite.h"
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/ir/symbols.h"
+#include "kernels/lower/lower.h"
 
-namespace kiln::codegen::cuda {
+namespace kiln::codegen {
 
 using lower::Affine;
 using lower::Expr;
@@ -208,4 +210,70 @@ bool VectorContiguous(const Affine& a, int var, int V) {
   return true;
 }
 
-}  // namespace kiln::codegen::cuda
+int PlainVar(const Affine& a) {
+  if (a.constant != 0 || a.terms.size() != 1) return -1;
+  const auto& [t, c] = *a.terms.begin();
+  return t.kind == lower::Term::Kind::kVar && c == 1 ? t.var : -1;
+}
+
+namespace {
+
+// `a` with the clamps a concatenation put on its pieces' indices (var - lo clamped to
+// [0, hi - lo - 1]) taken off: inside the piece's branch, var lies in [lo, hi) and the clamp
+// is the identity; without it, loads along `var` can be vectors.
+Affine DropPieceClamp(const Affine& a, int var, int64_t lo, int64_t hi) {
+  Affine out = Affine::Const(a.constant);
+  for (const auto& [t, c] : a.terms) {
+    Affine term;
+    const bool piece = t.kind == lower::Term::Kind::kClamp && t.d == 0 && t.hi == hi - lo - 1 && t.arg &&
+                       t.arg->constant == -lo && PlainVar(lower::AddConst(*t.arg, lo)) == var;
+    if (piece) {
+      term = lower::Scale(*t.arg, c);
+    } else {
+      term.terms[t] = c;
+    }
+    out = lower::Add(out, term);
+  }
+  return out;
+}
+
+}  // namespace
+
+bool Concat::Splits(int x, int V) const {
+  if (var != x) return false;
+  for (size_t k = 0; k + 1 < pieces.size(); ++k)
+    if (ir::StaticFactor(pieces[k].hi) % V != 0) return true;
+  return false;
+}
+
+Concat ConcatPieces(const ExprPtr& tree, const ir::Shape& loops, ExprPool* pool) {
+  Concat c;
+  std::vector<Piece>& pieces = c.pieces;
+  std::function<void(const ExprPtr&, int64_t)> walk = [&](const ExprPtr& e, int64_t hi) {
+    const int v = e->kind == Expr::Kind::kIndexLess && e->index.size() == 1 ? PlainVar(e->index[0]) : -1;
+    if (v < 0 || (c.var >= 0 && v != c.var)) {
+      pieces.push_back({e, 0, hi});  // hi 0: the last piece, bounded by the loop
+      return;
+    }
+    c.var = v;
+    walk(e->args[0], e->ivalue);
+    walk(e->args[1], hi);
+  };
+  // A cast of the concatenation (to the output's type): each piece cast.
+  const bool cast = tree->kind == Expr::Kind::kCast && tree->args[0]->kind == Expr::Kind::kIndexLess;
+  const ExprPtr& root = cast ? tree->args[0] : tree;
+  if (root->kind != Expr::Kind::kIndexLess) return {};
+  walk(root, 0);
+  if (pieces.size() < 2) return {};
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    Piece& p = pieces[k];
+    p.lo = k == 0 ? 0 : pieces[k - 1].hi;
+    if (p.hi == 0) p.hi = loops[c.var];
+    RewriteRules unclamp;
+    unclamp.affine = [&](const Affine& a) { return DropPieceClamp(a, c.var, p.lo, p.hi); };
+    p.value = pool->InternTree(Rewrite(cast ? lower::MakeCast(p.value, tree->dtype) : p.value, unclamp, pool));
+  }
+  return c;
+}
+
+}  // namespace kiln::codegen

@@ -1,6 +1,8 @@
-// Expression rewriting for the CUDA backend: lowered element trees rebuilt with their loop
+// Expression rewriting for the code generators: lowered element trees rebuilt with their loop
 // variables remapped (a row flattened into one index, an index split into thread and lane
-// parts) and some loads replaced (by vector registers, row caches, partial results).
+// parts: the CUDA strategies) and some loads replaced (by vector registers, row caches,
+// partial results); the pieces of a concatenation (both backends: a loop or a branch per
+// piece); the address helpers both backends' strategies read loads with.
 //
 // Rebuilt nodes are hash-consed in an ExprPool: structurally equal nodes become one shared
 // node, so the emitter's common-subexpression cache (keyed by node identity) sees through
@@ -18,7 +20,7 @@
 #include "kernels/lower/expr.h"
 #include "kernels/schedule/program.h"
 
-namespace kiln::codegen::cuda {
+namespace kiln::codegen {
 
 class ExprPool {
  public:
@@ -91,4 +93,24 @@ class AssumedMultiples {
   std::set<std::pair<int64_t, int>> values_;
 };
 
-}  // namespace kiln::codegen::cuda
+// The variable `a` is, or -1 when it is anything else.
+int PlainVar(const lower::Affine& a);
+
+// The pieces of a concatenation at the root of an output: its selections (kIndexLess) on one
+// output variable, `var`, flattened to ranges [lo, hi) of it, each with its value there (the
+// pieces' index clamps taken off: inside its range a piece reads its input directly, so its
+// loads along `var` can be vectors). `pieces` is empty when `tree` is not one. A cast of the
+// concatenation (to the output's type) casts each piece. `loops`: the output loops' extents.
+struct Piece {
+  lower::ExprPtr value;
+  int64_t lo = 0, hi = 0;
+};
+struct Concat {
+  int var = -1;
+  std::vector<Piece> pieces;
+  // Whether a vector of V lanes along `x` may straddle two pieces.
+  bool Splits(int x, int V) const;
+};
+Concat ConcatPieces(const lower::ExprPtr& tree, const ir::Shape& loops, ExprPool* pool);
+
+}  // namespace kiln::codegen
