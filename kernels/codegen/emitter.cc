@@ -103,18 +103,28 @@ void ScopedEmitter::EmitTwoPassArg(const Expr& e, const std::string& result, siz
   const std::string extreme = e.op == "argmax" ? "max" : "min";
   const std::string best = result + "_best", found = result + "_found", idx = result + "_idx";
   const std::string acc = result + "_acc", nan = acc + "_nan", bidx = result + "_bidx";
-  const int rv = e.rvars[0];
+  // Blocks run along the innermost reduced loop; the others are plain loops around them, and
+  // an index is the flat position over all of them (row-major, as NumPy's).
+  const int rv = e.rvars.back();
   const std::string& iv = var_names_[rv];
   const std::string start = iv + "_b", end = iv + "_e";
   const int64_t extent = kernel_.extents[rv];
+  int64_t total = extent;
+  std::string base;  // flat position of the block's row: "(i1 * 40 + i2) * 2048"-like, "" for one loop
+  for (size_t k = 0; k + 1 < e.rvars.size(); ++k) {
+    total *= kernel_.extents[e.rvars[k]];
+    const std::string& v = var_names_[e.rvars[k]];
+    base = base.empty() ? v : absl::StrCat("(", base, ") * ", kernel_.extents[e.rvars[k]], " + ", v);
+  }
+  if (!base.empty()) base = absl::StrCat("(", base, ") * ", extent, " + ");
   const std::string head = absl::StrCat("for (int64_t ", iv, " = ", start, "; ", iv, " < ", end, "; ++", iv, ") {");
-  // Scopes are pushed below: `scopes_` may move, so statements go in through `put`.
-  auto put = [&](const std::string& pad, std::string line) {
-    scopes_[target].stmts.push_back(pad + std::move(line));
-  };
+  // Statements go into the innermost scope open at the time (scopes_ may move as scopes are
+  // pushed, so no reference into it is kept).
+  auto put = [&](const std::string& pad, std::string line) { AddStatement(pad + std::move(line)); };
   put("", absl::StrCat(ctype, " ", best, " = ", ReduceInit(extreme, vt), ";"));
   if (fl) put("", absl::StrCat("int ", found, " = 0;"));
-  put("", absl::StrCat("int64_t ", idx, " = ", extent, ";"));
+  put("", absl::StrCat("int64_t ", idx, " = ", total, ";"));
+  for (size_t k = 0; k + 1 < e.rvars.size(); ++k) PushScope(e.rvars[k]);
   put("", kNoUnroll);  // see EmitReduce
   put("", absl::StrCat("for (int64_t ", start, " = 0; ", start, " < ", extent, fl ? absl::StrCat(" && !", found) : "",
                        "; ", start, " += ", arg_block_, ") {"));
@@ -127,7 +137,7 @@ void ScopedEmitter::EmitTwoPassArg(const Expr& e, const std::string& result, siz
   AddStatement(ReduceCombine(extreme, acc, Emit(e.args[0]), vt));
   std::vector<std::string> body = PopScope();
   put("", absl::StrCat("#pragma omp simd reduction(", extreme, ":", acc, ")",
-                         fl ? absl::StrCat(" reduction(|:", nan, ")") : ""));
+                       fl ? absl::StrCat(" reduction(|:", nan, ")") : ""));
   put("  ", head);
   for (std::string& line : body) put("    ", line);
   put("  ", "}");
@@ -150,12 +160,23 @@ void ScopedEmitter::EmitTwoPassArg(const Expr& e, const std::string& result, siz
   for (std::string& line : body) put("      ", line);
   put("    ", "}");
   put("    ", absl::StrCat(best, " = ", acc, ";"));
-  put("    ", absl::StrCat(idx, " = ", bidx, ";"));
+  put("    ", absl::StrCat(idx, " = ", base, bidx, ";"));
   if (fl) put("    ", absl::StrCat(found, " = ", nan, ";"));
   put("  ", "}");
   put("", "}");
+  // The outer reduced loops, innermost first.
+  std::vector<std::string> loops;
+  for (size_t k = e.rvars.size() - 1; k-- > 0;) {
+    std::vector<std::string> stmts = PopScope();
+    stmts.insert(stmts.end(), loops.begin(), loops.end());
+    const std::string& ov = var_names_[e.rvars[k]];
+    loops = {absl::StrCat("for (int64_t ", ov, " = 0; ", ov, " < ", kernel_.extents[e.rvars[k]], "; ++", ov, ") {")};
+    for (std::string& line : stmts) loops.push_back("  " + line);
+    loops.push_back("}");
+  }
+  for (std::string& line : loops) put("", std::move(line));
   // No block beat the initial value (an empty range, or every element equal to it): 0.
-  put("", absl::StrCat("const ", ComputeTypeName(e.dtype), " ", result, " = ", idx, " == ", extent, " ? 0 : ", idx, ";"));
+  put("", absl::StrCat("const ", ComputeTypeName(e.dtype), " ", result, " = ", idx, " == ", total, " ? 0 : ", idx, ";"));
   scopes_.insert(scopes_.end(), saved.begin(), saved.end());
 }
 
@@ -166,7 +187,7 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
   // Inside a vectorised loop (k-means: the argmin over 8 means, vectorised across points) the
   // one-loop form stays: it is the vector loop's body.
   const bool in_vector_loop = simd_scope_ >= 0 && static_cast<int>(target) >= simd_scope_;
-  if (arg && arg_block_ > 0 && e.rvars.size() == 1 && vt != ir::DType::kBool && !in_vector_loop) {
+  if (arg && arg_block_ > 0 && vt != ir::DType::kBool && !in_vector_loop) {
     EmitTwoPassArg(e, result, target);
     return;
   }

@@ -685,14 +685,15 @@ def test_long_float_sums_match_pairwise_accuracy(client, rng, symbolic: bool) ->
 # argmax/argmin along rows run in blocks of 1024, two vector loops per block (CPU): the answer
 # must be NumPy's where it lies in a later block, where the extreme value repeats across blocks
 # (the first wins), where a NaN comes after the extreme (it wins), for rows of -inf or +inf
-# only, integer rows of the type's lowest value, and at symbolic lengths.
+# only, integer rows of the type's lowest value, over the whole tensor (a flat index across
+# rows), and at symbolic lengths.
 @pytest.mark.parametrize("dtype", ["f32", "i32"])
 @pytest.mark.parametrize("symbolic", [False, True])
 def test_arg_reductions_over_rows_of_several_blocks(client, rng, dtype: str, symbolic: bool) -> None:
     n = 3001
     b = kiln.GraphBuilder()
     x = b.input("x", dtype, (8, n), dims=(None, "N") if symbolic else None)
-    compiled = client.compile(b.build([b.argmax(x, axis=1), b.argmin(x, axis=1)]))
+    compiled = client.compile(b.build([b.argmax(x, axis=1), b.argmin(x, axis=1), b.argmax(x), b.argmin(x)]))
     for length in ([n, 1, 1024, 1025, 2049] if symbolic else [n]):
         h = random_array(rng, dtype, (8, length))
         if length > 1:
@@ -716,6 +717,11 @@ def test_arg_reductions_over_rows_of_several_blocks(client, rng, dtype: str, sym
             got = compiled(h, num_threads=threads)
             np.testing.assert_array_equal(got[0], np.argmax(h, axis=1), err_msg=f"argmax, length {length}")
             np.testing.assert_array_equal(got[1], np.argmin(h, axis=1), err_msg=f"argmin, length {length}")
+            # Over the whole tensor: the flat index, across rows and blocks.
+            np.testing.assert_array_equal(got[2], np.argmax(h), err_msg=f"whole argmax, length {length}")
+            np.testing.assert_array_equal(got[3], np.argmin(h), err_msg=f"whole argmin, length {length}")
+            np.testing.assert_array_equal(compiled(np.where(np.isnan(h), 0, h).astype(h.dtype))[2],
+                                          np.argmax(np.where(np.isnan(h), 0, h)), err_msg=f"no NaN, length {length}")
 
 
 # Kernels that write along one axis while reading along another (a transpose, `a + a.T`, a
