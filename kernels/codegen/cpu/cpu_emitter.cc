@@ -205,8 +205,16 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
   const std::string ctype = (op == "any" || op == "all") ? "int" : ComputeTypeName(vt);
   const std::string dims = absl::StrCat("[", lanes_.lanes, "]");
   const std::string decl(1, kDeclMark), lane(1, kLaneMark);
-  std::vector<std::string> pre = {absl::StrCat(decl, ctype, " ", acc, dims, ";"),
-                                  absl::StrCat(lane, acc, "[kl] = ", ReduceInit(op, vt), ";")};
+  // Float sums over a long innermost reduced loop run it in blocks (see set_sum_block): each
+  // block sums into `blk` per lane, added into the double totals `acc` after the block. A
+  // lane adds one value per row, where a row sum's vector lane adds one per 8 or 16 elements:
+  // blocks of an eighth of the row sums' length keep the additions per accumulator alike.
+  const int inner = e.rvars.back();
+  const int64_t block_rows = sum_block_ / 8;
+  const bool blocked = block_rows > 0 && op == "sum" && ir::IsFloat(vt) && kernel_.extents[inner] > block_rows;
+  const std::string blk = blocked ? result + "_blk" : acc;
+  std::vector<std::string> pre = {absl::StrCat(decl, blocked ? "double" : ctype, " ", acc, dims, ";"),
+                                  absl::StrCat(lane, acc, "[kl] = ", blocked ? "0.0" : ReduceInit(op, vt), ";")};
   if (nan_flag) {
     pre.push_back(absl::StrCat(decl, "int ", acc, "_nan", dims, ";"));
     pre.push_back(absl::StrCat(lane, acc, "_nan[kl] = 0;"));
@@ -216,8 +224,8 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
     pre.push_back(absl::StrCat(lane, result, "_idx[kl] = 0;"));
   }
   // Sums step the innermost reduced loop by `unroll` rows, adding the rows' values together
-  // before the accumulator: a quarter of the accumulator traffic.
-  const int inner = e.rvars.back();
+  // before the accumulator: a quarter of the accumulator traffic. (Blocks hold a multiple of
+  // 4 rows, 128, so a block ends on a step.)
   int unroll = 1;
   if (op == "sum" && !InSymbolicSample())
     for (int u : {4, 2})
@@ -260,7 +268,7 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
     combine = absl::StrCat("if (", better, ") { ", a, " = ", v, "; ", result, "_idx[kl] = ", lin, "; }");
   } else {
     combine = absl::StrReplaceAll(ReduceCombine(op, "KILN_ACC", v, vt),
-                                  {{"KILN_ACC_nan", acc + "_nan[kl]"}, {"KILN_ACC", acc + "[kl]"}});
+                                  {{"KILN_ACC_nan", acc + "_nan[kl]"}, {"KILN_ACC", blk + "[kl]"}});
   }
   AddStatement(combine);
   // Every statement of the body runs per lane, innermost: the reduced loops step through
@@ -280,13 +288,36 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
       wrapped.push_back(clause);
     }
     const std::string step = k + 1 == e.rvars.size() && unroll > 1 ? absl::StrCat(" += ", unroll) : "";
-    wrapped.push_back(absl::StrCat("for (int64_t ", iv, " = 0; ", iv, " < ", kernel_.extents[e.rvars[k]], "; ",
+    const int64_t extent = kernel_.extents[e.rvars[k]];
+    if (blocked && k + 1 == e.rvars.size()) {
+      // for (iv_b ...) { blk = 0; for (iv = iv_b; iv < iv_e; ...) {lanes}; acc += blk; }
+      const std::string start = iv + "_b", end = iv + "_e";
+      if (wrapped.empty()) wrapped.push_back(kNoUnroll);  // see ScopedEmitter::EmitReduce
+      wrapped.push_back(absl::StrCat("for (int64_t ", start, " = 0; ", start, " < ", extent, "; ", start, " += ",
+                                     block_rows, ") {"));
+      std::vector<std::string> block = {
+          absl::StrCat("const int64_t ", end, " = ", extent, " - ", start, " < ", block_rows, " ? ", extent, " : ",
+                       start, " + ", block_rows, ";"),
+          absl::StrCat(ctype, " ", blk, dims, ";")};
+      for (std::string& s : LaneLoop({absl::StrCat(blk, "[kl] = ", ReduceInit(op, vt), ";")}, true)) block.push_back(s);
+      block.push_back(absl::StrCat("for (int64_t ", iv, " = ", start, "; ", iv, " < ", end, "; ",
+                                   step.empty() ? "++" + iv : iv + step, ") {"));
+      for (std::string& s : loop) block.push_back("  " + s);
+      block.push_back("}");
+      for (std::string& s : LaneLoop({absl::StrCat(acc, "[kl] += ", blk, "[kl];")}, true)) block.push_back(s);
+      for (std::string& s : block) wrapped.push_back("  " + s);
+      wrapped.push_back("}");
+      loop = std::move(wrapped);
+      continue;
+    }
+    wrapped.push_back(absl::StrCat("for (int64_t ", iv, " = 0; ", iv, " < ", extent, "; ",
                                    step.empty() ? "++" + iv : iv + step, ") {"));
     for (std::string& s : loop) wrapped.push_back("  " + s);
     wrapped.push_back("}");
     loop = std::move(wrapped);
   }
   std::string value = arg ? absl::StrCat(result, "_idx[kl]") : acc + "[kl]";
+  if (blocked) value = absl::StrCat("(", ctype, ")", acc, "[kl]");
   if (nan_flag) value = absl::StrCat("(", acc, "_nan[kl] ? ", Literal(vt, __builtin_nan(""), 0), " : ", acc, "[kl])");
   if (op == "any" || op == "all") value = absl::StrCat("(", acc, "[kl] != 0)");
   std::vector<std::string>& out = scopes_[target].stmts;

@@ -6,60 +6,88 @@ static void k0(const float* __restrict in0, float* __restrict tmp0, float* __res
   (void)nt;
   for (int64_t kb = 0; kb < 2560; kb += 2560) {
     const int64_t kn = 2560;
-    float t0_acc[2560];
+    double t0_acc[2560];
     float t0[2560];
     float t9[2560];
-    float t5_acc[2560];
+    double t5_acc[2560];
     float t5[2560];
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;
-      t0_acc[kl] = (0.0f);
+      t0_acc[kl] = 0.0;
     }
     #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:t0_acc[:2560])
-    for (int64_t i1 = 0; i1 < 1024; i1 += 4) {
+    for (int64_t i1_b = 0; i1_b < 1024; i1_b += 128) {
+      const int64_t i1_e = 1024 - i1_b < 128 ? 1024 : i1_b + 128;
+      float t0_blk[2560];
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;
-        const float t1 = in0[i0 + 2560 * i1];
-        const float t2 = in0[i0 + 2560 * (i1 + 1)];
-        const float t3 = in0[i0 + 2560 * (i1 + 2)];
-        const float t4 = in0[i0 + 2560 * (i1 + 3)];
-        t0_acc[kl] += ((t1 + t2) + (t3 + t4));
+        t0_blk[kl] = (0.0f);
+      }
+      for (int64_t i1 = i1_b; i1 < i1_e; i1 += 4) {
+        #pragma omp simd
+        for (int64_t kl = 0; kl < kn; ++kl) {
+          const int64_t i0 = kb + kl;
+          const float t1 = in0[i0 + 2560 * i1];
+          const float t2 = in0[i0 + 2560 * (i1 + 1)];
+          const float t3 = in0[i0 + 2560 * (i1 + 2)];
+          const float t4 = in0[i0 + 2560 * (i1 + 3)];
+          t0_blk[kl] += ((t1 + t2) + (t3 + t4));
+        }
+      }
+      #pragma omp simd
+      for (int64_t kl = 0; kl < kn; ++kl) {
+        const int64_t i0 = kb + kl;
+        t0_acc[kl] += t0_blk[kl];
       }
     }
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;
-      t0[kl] = t0_acc[kl];
+      t0[kl] = (float)t0_acc[kl];
       tmp0[i0] = (float)(t0[kl]);
       t9[kl] = (t0[kl] * (0.0009765625f));
-      t5_acc[kl] = (0.0f);
+      t5_acc[kl] = 0.0;
     }
     #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:t5_acc[:2560])
-    for (int64_t i2 = 0; i2 < 1024; i2 += 4) {
+    for (int64_t i2_b = 0; i2_b < 1024; i2_b += 128) {
+      const int64_t i2_e = 1024 - i2_b < 128 ? 1024 : i2_b + 128;
+      float t5_blk[2560];
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;
-        const float t8 = in0[i0 + 2560 * i2];
-        const float t7 = (t8 - t9[kl]);
-        const float t6 = (t7 * t7);
-        const float t12 = in0[i0 + 2560 * (i2 + 1)];
-        const float t11 = (t12 - t9[kl]);
-        const float t10 = (t11 * t11);
-        const float t15 = in0[i0 + 2560 * (i2 + 2)];
-        const float t14 = (t15 - t9[kl]);
-        const float t13 = (t14 * t14);
-        const float t18 = in0[i0 + 2560 * (i2 + 3)];
-        const float t17 = (t18 - t9[kl]);
-        const float t16 = (t17 * t17);
-        t5_acc[kl] += ((t6 + t10) + (t13 + t16));
+        t5_blk[kl] = (0.0f);
+      }
+      for (int64_t i2 = i2_b; i2 < i2_e; i2 += 4) {
+        #pragma omp simd
+        for (int64_t kl = 0; kl < kn; ++kl) {
+          const int64_t i0 = kb + kl;
+          const float t8 = in0[i0 + 2560 * i2];
+          const float t7 = (t8 - t9[kl]);
+          const float t6 = (t7 * t7);
+          const float t12 = in0[i0 + 2560 * (i2 + 1)];
+          const float t11 = (t12 - t9[kl]);
+          const float t10 = (t11 * t11);
+          const float t15 = in0[i0 + 2560 * (i2 + 2)];
+          const float t14 = (t15 - t9[kl]);
+          const float t13 = (t14 * t14);
+          const float t18 = in0[i0 + 2560 * (i2 + 3)];
+          const float t17 = (t18 - t9[kl]);
+          const float t16 = (t17 * t17);
+          t5_blk[kl] += ((t6 + t10) + (t13 + t16));
+        }
+      }
+      #pragma omp simd
+      for (int64_t kl = 0; kl < kn; ++kl) {
+        const int64_t i0 = kb + kl;
+        t5_acc[kl] += t5_blk[kl];
       }
     }
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;
-      t5[kl] = t5_acc[kl];
+      t5[kl] = (float)t5_acc[kl];
       tmp1[i0] = (float)(t5[kl]);
     }
   }

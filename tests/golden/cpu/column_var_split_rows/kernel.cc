@@ -6,10 +6,10 @@ static void k0(const float* __restrict in0, float* __restrict out0, int64_t* __r
   (void)nt;
   for (int64_t kb = 0; kb < 300; kb += 300) {
     const int64_t kn = 300;
-    float t6_acc[300];
+    double t6_acc[300];
     float t6[300];
     float t5[300];
-    float t1_acc[300];
+    double t1_acc[300];
     float t1[300];
     float t0[300];
     float t20_acc[300];
@@ -18,51 +18,79 @@ static void k0(const float* __restrict in0, float* __restrict out0, int64_t* __r
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;
-      t6_acc[kl] = (0.0f);
+      t6_acc[kl] = 0.0;
     }
     #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:t6_acc[:300])
-    for (int64_t i2 = 0; i2 < 4096; i2 += 4) {
+    for (int64_t i2_b = 0; i2_b < 4096; i2_b += 128) {
+      const int64_t i2_e = 4096 - i2_b < 128 ? 4096 : i2_b + 128;
+      float t6_blk[300];
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;
-        const float t7 = in0[i0 + 300 * i2];
-        const float t8 = in0[i0 + 300 * (i2 + 1)];
-        const float t9 = in0[i0 + 300 * (i2 + 2)];
-        const float t10 = in0[i0 + 300 * (i2 + 3)];
-        t6_acc[kl] += ((t7 + t8) + (t9 + t10));
+        t6_blk[kl] = (0.0f);
+      }
+      for (int64_t i2 = i2_b; i2 < i2_e; i2 += 4) {
+        #pragma omp simd
+        for (int64_t kl = 0; kl < kn; ++kl) {
+          const int64_t i0 = kb + kl;
+          const float t7 = in0[i0 + 300 * i2];
+          const float t8 = in0[i0 + 300 * (i2 + 1)];
+          const float t9 = in0[i0 + 300 * (i2 + 2)];
+          const float t10 = in0[i0 + 300 * (i2 + 3)];
+          t6_blk[kl] += ((t7 + t8) + (t9 + t10));
+        }
+      }
+      #pragma omp simd
+      for (int64_t kl = 0; kl < kn; ++kl) {
+        const int64_t i0 = kb + kl;
+        t6_acc[kl] += t6_blk[kl];
       }
     }
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;
-      t6[kl] = t6_acc[kl];
+      t6[kl] = (float)t6_acc[kl];
       t5[kl] = (t6[kl] * (0.000244140625f));
-      t1_acc[kl] = (0.0f);
+      t1_acc[kl] = 0.0;
     }
     #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:t1_acc[:300])
-    for (int64_t i1 = 0; i1 < 4096; i1 += 4) {
+    for (int64_t i1_b = 0; i1_b < 4096; i1_b += 128) {
+      const int64_t i1_e = 4096 - i1_b < 128 ? 4096 : i1_b + 128;
+      float t1_blk[300];
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;
-        const float t4 = in0[i0 + 300 * i1];
-        const float t3 = (t4 - t5[kl]);
-        const float t2 = (t3 * t3);
-        const float t13 = in0[i0 + 300 * (i1 + 1)];
-        const float t12 = (t13 - t5[kl]);
-        const float t11 = (t12 * t12);
-        const float t16 = in0[i0 + 300 * (i1 + 2)];
-        const float t15 = (t16 - t5[kl]);
-        const float t14 = (t15 * t15);
-        const float t19 = in0[i0 + 300 * (i1 + 3)];
-        const float t18 = (t19 - t5[kl]);
-        const float t17 = (t18 * t18);
-        t1_acc[kl] += ((t2 + t11) + (t14 + t17));
+        t1_blk[kl] = (0.0f);
+      }
+      for (int64_t i1 = i1_b; i1 < i1_e; i1 += 4) {
+        #pragma omp simd
+        for (int64_t kl = 0; kl < kn; ++kl) {
+          const int64_t i0 = kb + kl;
+          const float t4 = in0[i0 + 300 * i1];
+          const float t3 = (t4 - t5[kl]);
+          const float t2 = (t3 * t3);
+          const float t13 = in0[i0 + 300 * (i1 + 1)];
+          const float t12 = (t13 - t5[kl]);
+          const float t11 = (t12 * t12);
+          const float t16 = in0[i0 + 300 * (i1 + 2)];
+          const float t15 = (t16 - t5[kl]);
+          const float t14 = (t15 * t15);
+          const float t19 = in0[i0 + 300 * (i1 + 3)];
+          const float t18 = (t19 - t5[kl]);
+          const float t17 = (t18 * t18);
+          t1_blk[kl] += ((t2 + t11) + (t14 + t17));
+        }
+      }
+      #pragma omp simd
+      for (int64_t kl = 0; kl < kn; ++kl) {
+        const int64_t i0 = kb + kl;
+        t1_acc[kl] += t1_blk[kl];
       }
     }
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;
-      t1[kl] = t1_acc[kl];
+      t1[kl] = (float)t1_acc[kl];
       t0[kl] = (t1[kl] / (4096.0f));
       out0[i0] = (float)(t0[kl]);
       t20_acc[kl] = (-__builtin_inff());
