@@ -345,55 +345,77 @@ int64_t KernelGen::SplitColumns(int y) {
   // of an SM), and at least this many rows per thread of a chunk, so a partial is worth its store.
   constexpr int64_t kBlocksPerSm = 8;
   constexpr int64_t kMinRowsPerThread = 8;
-  constexpr int64_t kMaxChunks = 32;  // the kernel reduces the partials per thread: keep it short
+  // The final kernel reduces an output's partials with 32 y-groups (a few loads per thread), and
+  // a later level's threads each sum an earlier level's partials: 128 keeps both short, and gives
+  // a few columns (a [1M, 3] sum: 1 column block) enough blocks to fill the device.
+  constexpr int64_t kMaxChunks = 128;
   if (cols >= kBlocksPerSm * cfg_.sm_count / 2) return 0;
-  FreeVarMap fv;
-  std::vector<ExprPtr> items;
-  int64_t r_min = 0;
-  for (const auto& o : kern_.outputs) {
-    AddFreeVars(o.value, &fv);
-    for (const Expr* n : Nodes(o.value)) {
-      if (n->kind != Expr::Kind::kReduce) continue;
-      if (partial_index_.count(n)) return 0;  // whole-tensor partials read here: keep to one scheme
-      const std::vector<int>& vs = fv.at(n);
-      if (vs.empty() || vs.back() >= rank) continue;  // nested in another reduction: runs in its loop
-      if (n->op == "argmax" || n->op == "argmin") return 0;
-      ExprPtr self = pool_.Intern(Expr(*n));
-      if (std::find(items.begin(), items.end(), self) != items.end()) continue;
-      // A reduction inside another's body that the column tile would also run cooperatively
-      // (it depends on the outputs only) would be reduced per chunk: not split here.
-      for (const Expr* m : Nodes(n->args[0]))
-        if (m->kind == Expr::Kind::kReduce && fv.count(m) && !fv.at(m).empty() && fv.at(m).back() < rank) return 0;
-      // A range that varies with the sizes is taken to be long (as SplitGlobals does): its
-      // chunks are ceil(R / G) long at run time, and empty past a short range's end.
-      const int64_t R = ReduceExtent(*n, kern_.extents);
-      if (!Varies(R)) r_min = r_min == 0 ? R : std::min(r_min, R);
-      items.push_back(std::move(self));
+  // Reductions over partials made at an earlier level: cheap (G loads per thread), so a body
+  // reading them may be split.
+  std::set<const Expr*> over_partials;
+  int64_t G = 0;
+  for (int level = 0;; ++level) {
+    FreeVarMap fv;
+    std::vector<ExprPtr> items;
+    int64_t r_min = 0;
+    bool deferred = false;
+    for (const auto& o : kern_.outputs) {
+      AddFreeVars(o.value, &fv);
+      for (const Expr* n : Nodes(o.value)) {
+        if (n->kind != Expr::Kind::kReduce || over_partials.count(n)) continue;
+        if (partial_index_.count(n)) return G;  // whole-tensor partials read here: keep to one scheme
+        const std::vector<int>& vs = fv.at(n);
+        if (vs.empty() || vs.back() >= rank) continue;  // nested in another reduction: runs in its loop
+        if (n->op == "argmax" || n->op == "argmin") return G;
+        ExprPtr self = pool_.Intern(Expr(*n));
+        if (std::find(items.begin(), items.end(), self) != items.end()) continue;
+        // A reduction whose body reads another column reduction not yet split waits for a
+        // later level (run in this launch, the inner one would be reduced per chunk).
+        bool waits = false;
+        for (const Expr* m : Nodes(n->args[0]))
+          waits = waits || (m->kind == Expr::Kind::kReduce && !over_partials.count(m) && fv.count(m) &&
+                            !fv.at(m).empty() && fv.at(m).back() < rank);
+        if (waits) {
+          deferred = true;
+          continue;
+        }
+        // A range that varies with the sizes is taken to be long (as SplitGlobals does): its
+        // chunks are ceil(R / G) long at run time, and empty past a short range's end.
+        const int64_t R = ReduceExtent(*n, kern_.extents);
+        if (!Varies(R)) r_min = r_min == 0 ? R : std::min(r_min, R);
+        items.push_back(std::move(self));
+      }
     }
+    if (items.empty()) return G;
+    if (level == 0) {
+      G = std::min(CeilDiv(kBlocksPerSm * cfg_.sm_count, cols), kMaxChunks);
+      if (r_min > 0) G = std::min(G, r_min / (kMinRowsPerThread * y));
+      if (G < 2) return 0;
+    }
+    // Partials [G, outputs...]: chunk g of output i at g * N + i, i the output's flat index.
+    ir::Shape shape = {G};
+    shape.insert(shape.end(), loops_.begin(), loops_.end());
+    std::vector<int> vals;
+    for (const ExprPtr& item : items)
+      vals.push_back(
+          AddTemp(item->op == "any" || item->op == "all" ? ir::DType::kBool : ir::ComputeType(item->dtype), shape));
+    ColumnPartials(items, vals, G, y, level);
+    // The reductions become reductions over their G partials.
+    std::vector<Affine> at;
+    for (int d = 0; d < rank; ++d) at.push_back(Affine::Var(d));
+    std::unordered_map<const Expr*, ExprPtr> replaced;
+    for (size_t j = 0; j < items.size(); ++j) {
+      replaced[items[j].get()] = ReduceOverPartials(*items[j], vals[j], G, at);
+      over_partials.insert(replaced[items[j].get()].get());
+    }
+    RewriteRules swap;
+    swap.node = [&](const ExprPtr& e) -> ExprPtr {
+      auto it = replaced.find(e.get());
+      return it == replaced.end() ? nullptr : it->second;
+    };
+    for (schedule::KernelOutput& o : kern_.outputs) o.value = Rewrite(o.value, swap, &pool_);
+    if (!deferred) return G;
   }
-  if (items.empty()) return 0;
-  int64_t G = std::min(CeilDiv(kBlocksPerSm * cfg_.sm_count, cols), kMaxChunks);
-  if (r_min > 0) G = std::min(G, r_min / (kMinRowsPerThread * y));
-  if (G < 2) return 0;
-  // Partials [G, outputs...]: chunk g of output i at g * N + i, i the output's flat index.
-  ir::Shape shape = {G};
-  shape.insert(shape.end(), loops_.begin(), loops_.end());
-  std::vector<int> vals;
-  for (const ExprPtr& item : items)
-    vals.push_back(AddTemp(item->op == "any" || item->op == "all" ? ir::DType::kBool : ir::ComputeType(item->dtype), shape));
-  ColumnPartials(items, vals, G, y);
-  // The reductions become reductions over their G partials.
-  std::vector<Affine> at;
-  for (int d = 0; d < rank; ++d) at.push_back(Affine::Var(d));
-  std::unordered_map<const Expr*, ExprPtr> replaced;
-  for (size_t j = 0; j < items.size(); ++j) replaced[items[j].get()] = ReduceOverPartials(*items[j], vals[j], G, at);
-  RewriteRules swap;
-  swap.node = [&](const ExprPtr& e) -> ExprPtr {
-    auto it = replaced.find(e.get());
-    return it == replaced.end() ? nullptr : it->second;
-  };
-  for (schedule::KernelOutput& o : kern_.outputs) o.value = Rewrite(o.value, swap, &pool_);
-  return G;
 }
 
 }  // namespace internal

@@ -600,7 +600,8 @@ void KernelGen::ColumnTile(int y) {
 // The partials of a split column reduction (KernelGen::SplitColumns): block b takes columns
 // b % (N / 32) and chunk kg = b / (N / 32) of each range; reductions over ranges of one length
 // share one loop.
-void KernelGen::ColumnPartials(const std::vector<ExprPtr>& items, const std::vector<int>& vals, int64_t G, int y) {
+void KernelGen::ColumnPartials(const std::vector<ExprPtr>& items, const std::vector<int>& vals, int64_t G, int y,
+                               int level) {
   std::unique_ptr<Fn> fn = NewFn();
   CudaEmitter& em = *fn->em;
   const int rank = static_cast<int>(loops_.size());
@@ -639,7 +640,8 @@ void KernelGen::ColumnPartials(const std::vector<ExprPtr>& items, const std::vec
   }
   std::vector<std::string> body;
   for (auto& part : PopScopes(em, rank + 1)) Append(&body, part);
-  fns_.push_back(Finish(*fn, absl::StrCat(kern_.name, "_c"), body, cols * G * 32, 32, 32 * y, strategy));
+  fns_.push_back(Finish(*fn, level == 0 ? absl::StrCat(kern_.name, "_c") : absl::StrCat(kern_.name, "_c", level), body,
+                        cols * G * 32, 32, 32 * y, strategy));
 }
 
 }  // namespace kiln::codegen::cuda::internal

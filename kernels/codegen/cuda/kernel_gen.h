@@ -183,8 +183,13 @@ class KernelGen {
   // Column reductions over long ranges with few outputs: partial launches over chunks of the
   // range, the reductions rewritten to read them; returns the number of chunks, or 0 (nothing
   // changed) where a column tile alone fills the device or the reductions do not qualify.
+  // A reduction whose body reads another (a variance's sum of squared deviations reads the
+  // mean) is split in a later launch, after the one it reads: its body then reads that one's
+  // G partials, which each thread sums itself.
   int64_t SplitColumns(int y);
-  void ColumnPartials(const std::vector<ExprPtr>& items, const std::vector<int>& val_buffers, int64_t G, int y);
+  // `level`: 0 for the first partials launch, 1 for one that reads the first's, and so on.
+  void ColumnPartials(const std::vector<ExprPtr>& items, const std::vector<int>& val_buffers, int64_t G, int y,
+                      int level);
   // The strategies (cuda_strategies.cc).
   void Pointwise();
   void Row(int p);  // outer variables 0..p, one row per outer index

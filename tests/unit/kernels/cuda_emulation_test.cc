@@ -282,6 +282,16 @@ TEST(CudaEmulation, SplitColumnReductions) {
   });
   split(ln);
   ExpectMatchesCpu(ln, eighths);
+  // A variance: its sum of squared deviations reads the mean, so it is split in a second
+  // partials launch that reads the first's partials (it was a column tile of 2 blocks). Values
+  // in quarters around a mean of 0.5 keep every partial exact.
+  ir::Graph var = Reduce("var", Ty(DType::kF32, {8000, 64}), {{"axes", ir::IntList{0}}});
+  auto var_gen = SharedPipeline().Generate(var, CudaTarget(90), CompileOptions{});
+  ASSERT_TRUE(var_gen.ok()) << var_gen.status();
+  EXPECT_NE(var_gen->fusion_report.find("k0_c1: column partials"), std::string::npos) << var_gen->fusion_report;
+  ExpectMatchesCpu(var, [](int, HostTensor* t) {
+    for (int64_t k = 0; k < t->elements; ++k) t->Set(k, 0.5 + static_cast<double>((k * 7) % 5 - 2) / 4);
+  });
 }
 
 // Outputs with the kernel's elements in another shape (a reshape, and a permute of it) are

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Accuracy and speed of kiln's CUDA reductions on long f32 sums, against torch on the same GPU.
+
+Each workload (row sums, column sums, a whole-tensor sum, variances, a batch-norm statistic
+over N, H, W of an NCHW tensor, and the same over an NHWC one) is compiled with
+``kiln.jit(target="cuda")`` and run on positive-biased random data (mean 0.5: the running sum
+grows, which is what rounds its low bits away). The relative error of kiln's result and of
+torch's against a float64 computation of the same data is reported, with their ratio; kiln
+must stay within ``max(4 x torch's error, 2e-7)``. Kernel times: 20 calls captured in a CUDA
+graph and replayed, CUDA events, median of the replays, kiln and torch side by side.
+
+Starts its own kilnd from ``$KILND``; prints a table, writes ``$OUT/reduce_accuracy_gpu.md``
+when ``$OUT`` is set. Exits 1 when a result is outside the bound.
+
+    KILND=build/server/kilnd PYTHONPATH=client/python python3 tests/gpu/reduce_accuracy_gpu.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kiln  # noqa: E402
+import kiln.local  # noqa: E402
+
+
+def graph_time_us(fn: Callable[[], Any], calls: int = 20, replays: int = 15) -> float:
+    """Kernel time of one call: `calls` calls captured in a CUDA graph, median replay."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / calls)
+    return float(np.median(times))
+
+
+def rel_err(got: torch.Tensor, exact: np.ndarray) -> float:
+    g = got.detach().double().cpu().numpy()
+    return float(np.max(np.abs(g - exact) / np.maximum(np.abs(exact), 1e-30)))
+
+
+WORKLOADS: list[tuple[str, tuple[int, ...], Callable[[Any], Any], Callable[[torch.Tensor], torch.Tensor],
+                      Callable[[np.ndarray], np.ndarray]]] = [
+    ("row sum", (64, 200_000), lambda a: a.sum(axis=1), lambda t: t.sum(1), lambda x: x.sum(1)),
+    ("row sum", (4096, 1000), lambda a: a.sum(axis=1), lambda t: t.sum(1), lambda x: x.sum(1)),
+    ("row var", (64, 200_000), lambda a: a.var(axis=1), lambda t: t.var(1, unbiased=False), lambda x: x.var(1)),
+    ("column sum", (200_000, 64), lambda a: a.sum(axis=0), lambda t: t.sum(0), lambda x: x.sum(0)),
+    ("column sum", (20_000, 1000), lambda a: a.sum(axis=0), lambda t: t.sum(0), lambda x: x.sum(0)),
+    ("column sum", (1_000_000, 3), lambda a: a.sum(axis=0), lambda t: t.sum(0), lambda x: x.sum(0)),
+    ("column var", (200_000, 64), lambda a: a.var(axis=0), lambda t: t.var(0, unbiased=False), lambda x: x.var(0)),
+    ("whole sum", (16_000_000,), lambda a: a.sum(), lambda t: t.sum(), lambda x: x.sum()),
+    ("NCHW sum over N,H,W", (16, 256, 14, 14), lambda a: a.sum(axis=(0, 2, 3)), lambda t: t.sum((0, 2, 3)),
+     lambda x: x.sum((0, 2, 3))),
+    ("NCHW sum over N,H,W", (64, 64, 56, 56), lambda a: a.sum(axis=(0, 2, 3)), lambda t: t.sum((0, 2, 3)),
+     lambda x: x.sum((0, 2, 3))),
+    ("NHWC sum over N,H,W", (64, 56, 56, 64), lambda a: a.sum(axis=(0, 1, 2)), lambda t: t.sum((0, 1, 2)),
+     lambda x: x.sum((0, 1, 2))),
+]
+
+
+def main() -> int:
+    binary = os.environ.get("KILND")
+    if not binary or not Path(binary).is_file():
+        print("reduce_accuracy_gpu: set KILND to a built kilnd binary", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rng = np.random.default_rng(0)
+    rows, failures = [], []
+    with tempfile.TemporaryDirectory(prefix="kiln-reduce-gpu-") as tmp:
+        daemon = kiln.local.LocalDaemon(binary, Path(tmp), timeout=30)
+        try:
+            with kiln.Client(daemon.address, cache_dir=Path(tmp) / "client-cache") as client:
+                for name, shape, fn, tfn, exact_fn in WORKLOADS:
+                    host = (rng.standard_normal(shape) + 0.5).astype(np.float32)
+                    x = torch.from_numpy(host).cuda()
+                    exact = np.asarray(exact_fn(host.astype(np.float64)))
+                    f = kiln.jit(fn, target="cuda", client=client)
+                    got = f(x)
+                    e_kiln, e_torch = rel_err(got, exact), rel_err(tfn(x), exact)
+                    bound = max(4 * e_torch, 2e-7)
+                    ok = e_kiln <= bound
+                    if not ok:
+                        failures.append(f"{name} {shape}: kiln {e_kiln:.2e} > bound {bound:.2e}")
+                    t_kiln, t_torch = graph_time_us(lambda: f(x)), graph_time_us(lambda: tfn(x))
+                    rows.append([name, "x".join(map(str, shape)), f"{e_kiln:.1e}", f"{e_torch:.1e}",
+                                 f"{e_kiln / max(e_torch, 1e-30):.2f}", f"{t_kiln:.1f}", f"{t_torch:.1f}",
+                                 f"{t_kiln / t_torch:.2f}", "ok" if ok else "FAIL"])
+                    print(" | ".join(rows[-1]), flush=True)
+        finally:
+            daemon.stop()
+    head = ["workload", "shape", "kiln rel err", "torch rel err", "kiln / torch", "kiln us", "torch us",
+            "time kiln / torch", "check"]
+    md = [f"# f32 reductions on {torch.cuda.get_device_name()} (torch {torch.__version__})\n",
+          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    md += ["| " + " | ".join(r) + " |" for r in rows]
+    md.append("\n" + ("FAILURES:\n" + "\n".join(failures) if failures else "every result within the bound"))
+    text = "\n".join(md) + "\n"
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "reduce_accuracy_gpu.md").write_text(text)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
