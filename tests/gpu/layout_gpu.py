@@ -6,13 +6,13 @@ default) and with ``options={"layout": "keep"}``: inference in eval mode, and a 
 train mode (batch statistics, a random weighting of the logits as the loss). Checks, per
 variant: the logits, and for training the gradient of every parameter, as the relative error
 of the whole tensor against a float64 run of the same step, which must be at most 1e-4 or ten
-times the error of eager with its model and input in the same layout (channels-last for the
-pass); and that no part fell back. TF32 is off. Why eager in the same layout: the gradients of
-the deeper layers are sums of thousands of nearly cancelling terms, and cuDNN's NHWC
-algorithms sum them in another order than its NCHW ones: eager itself, channels-last, is
-4.7e-3 off on the worst of them where NCHW eager is 6.4e-4. Why ten times: kiln's f32
-reductions sum a chunk per thread sequentially, several times less accurate on such sums than
-torch's (one batch-norm backward of f32[16, 256, 14, 14] on a CPU: 7e-7 against 1e-7).
+times the larger error of two eager f32 runs, one with the model and input NCHW and one
+channels-last; and that no part fell back. TF32 is off. Why both eager runs: the gradients of
+the deeper layers are sums of thousands of nearly cancelling terms, so any f32 run whose
+arithmetic differs from another's by rounding lands far from it: cuDNN's NHWC algorithms sum
+in another order than its NCHW ones, and eager channels-last is 4.7e-3 off on the worst of them
+where eager NCHW is 6.4e-4; kiln's own batch-norm arithmetic (the training batch norm is
+decomposed and fused) rounds differently from cuDNN's batch-norm kernel in the same way.
 Exits non-zero on a failed check. Prints a table; with ``$OUT`` set also writes
 ``$OUT/layout_gpu.md``.
 
@@ -52,10 +52,10 @@ def run(layout: str, train: bool) -> tuple[list[tuple[str, float, float]], dict[
     f = torch.compile(model, backend=kt.backend(layout=layout))
     state = {k: v.clone() for k, v in model.state_dict().items()}
     exact_model = copy.deepcopy(model).double()
-    # Eager in the layout kiln runs the convolutions in (cuDNN's NHWC algorithms sum in
-    # another order than its NCHW ones): the reference each variant is held to.
-    eager_model = model if layout == "keep" else copy.deepcopy(model).to(memory_format=torch.channels_last)
-    eager_x = x if layout == "keep" else x.contiguous(memory_format=torch.channels_last)
+    # Eager in both layouts (cuDNN's NHWC algorithms sum in another order than its NCHW ones):
+    # two valid f32 runs of the step, whose errors say how well conditioned each tensor is.
+    eager_cl = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    x_cl = x.contiguous(memory_format=torch.channels_last)
 
     def step(m: torch.nn.Module, fn: object, dtype: torch.dtype, inp: torch.Tensor = x
              ) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -72,11 +72,13 @@ def run(layout: str, train: bool) -> tuple[list[tuple[str, float, float]], dict[
         warnings.simplefilter("always")
         for _ in range(2):  # the second call: through the native runner
             got = step(model, f, torch.float32)
-    want = step(eager_model, eager_model, torch.float32, eager_x)
+    nchw = step(model, model, torch.float32)
+    cl = step(eager_cl, eager_cl, torch.float32, x_cl)
     exact = step(exact_model, exact_model, torch.float64)
     names = ["logits"] + [n for n, _ in model.named_parameters()]
-    errors = [(name, rel(g, e), rel(w, e)) for name, g, w, e
-              in zip(names, [got[0]] + got[1], [want[0]] + want[1], [exact[0]] + exact[1])]
+    # (name, kiln's error, eager NCHW's, eager channels-last's)
+    errors = [(name, rel(g, e), rel(a, e), rel(b, e)) for name, g, a, b, e
+              in zip(names, [got[0]] + got[1], [nchw[0]] + nchw[1], [cl[0]] + cl[1], [exact[0]] + exact[1])]
     s = kt.stats()
     s["warnings"] = sum(1 for w in caught if "kiln" in str(w.message))
     return errors, s
@@ -96,20 +98,22 @@ def main() -> int:
     for train in (False, True):
         for layout in ("channels_last", "keep"):
             errors, s = run(layout, train)
-            bad = [f"{name} {k:.1e} ({e:.1e})" for name, k, e in errors if k > max(TOL, 10 * e)]
+            # Budget: ten times the larger of the two eager errors (1e-4 at least).
+            bad = [f"{name} {k:.1e} ({a:.1e} / {b:.1e})" for name, k, a, b in errors if k > max(TOL, 10 * max(a, b))]
             ok = not bad and s["failed"] == 0 and s["eager_calls"] == 0
             failed += not ok
             worst = max(errors, key=lambda t: t[1])
-            ratio = max(k / max(e, 1e-12) for _, k, e in errors)
+            ratio = max(k / max(a, b, 1e-12) for _, k, a, b in errors)
             rows.append(f"| resnet18 {'training step' if train else 'inference'} | {layout} | {errors[0][1]:.1e} "
-                        f"({errors[0][2]:.1e}) | {worst[1]:.1e} ({worst[2]:.1e}) | {ratio:.1f} | {len(errors)} | "
+                        f"({errors[0][2]:.1e} / {errors[0][3]:.1e}) | {worst[0]}: {worst[1]:.1e} ({worst[2]:.1e} / "
+                        f"{worst[3]:.1e}) | {ratio:.1f} | {len(errors)} | "
                         f"{s['parts']} | {s['layout_copies']} | {s['eager_calls']} | "
                         f"{'ok' if ok else 'FAILED: ' + ', '.join(bad)} |")
     table = "\n".join([
         f"# layout pass on {torch.cuda.get_device_name()}, torch {torch.__version__}", "",
-        "Relative errors against float64, kiln (eager in the same layout in parentheses); the worst",
-        "ratio of the two over all tensors.", "",
-        "| workload | layout | logits | worst tensor | worst ratio | tensors checked | kiln parts | layout copies | "
+        "Relative errors against float64, kiln (eager NCHW / eager channels-last in parentheses); the",
+        "worst ratio of kiln's error to the larger eager one over all tensors.", "",
+        "| workload | layout | logits | worst tensor (kiln) | worst ratio | tensors checked | kiln parts | layout copies | "
         "parts run in torch | check |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |", *rows, ""])
     print(table)

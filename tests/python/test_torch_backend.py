@@ -313,6 +313,41 @@ def test_channels_last_training_and_visible_layouts(client: Any, rewrites: Any) 
     assert not relayouts, [n.format_node() for n in relayouts]
 
 
+def test_training_batch_norm_runs_in_kiln_with_running_statistics(client: Any, rewrites: Any) -> None:
+    """Training batch norms (batch statistics, running statistics updated) are decomposed into
+    their arithmetic and run in kiln parts: no batch-norm op is left on the torch side. Over
+    three steps the outputs, the input's and every parameter's gradients, and each batch norm's
+    running mean, running variance and step count match eager's on an identical copy of the
+    network; so does the network in eval mode afterwards (it reads the running statistics)."""
+    import copy
+
+    net = _resnet_like().train()
+    ref = copy.deepcopy(net)
+    run = compiled(net, client)
+    gen = torch.Generator().manual_seed(3)
+    for step in range(3):
+        x = torch.randn(3, 3, 19, 19, generator=gen)
+        weight = torch.randn(3, 10, generator=gen)
+        outs = []
+        for model, f in ((net, run), (ref, ref)):
+            xi = x.clone().requires_grad_(True)
+            y = f(xi)
+            grads = torch.autograd.grad((y * weight).sum(), [xi] + list(model.parameters()))
+            outs.append((y, grads))
+        torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-4, atol=1e-4)
+        for i, (a, b) in enumerate(zip(outs[0][1], outs[1][1])):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=lambda m: f"step {step}, gradient {i}: {m}")
+    for (name, a), (_, b) in zip(net.named_buffers(), ref.named_buffers()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert int(dict(net.named_buffers())["1.num_batches_tracked"]) == 3
+    torch_side = {str(n.target) for gm, _ in rewrites for n in gm.graph.nodes if n.op == "call_function"}
+    assert not [t for t in torch_side if "batch_norm" in t], sorted(torch_side)
+    net.eval()
+    ref.eval()
+    x = torch.randn(2, 3, 19, 19, generator=gen)
+    torch.testing.assert_close(net(x), ref(x), rtol=1e-4, atol=1e-4)
+
+
 def test_failed_layout_pass_leaves_the_graph_as_traced(client: Any, rewrites: Any,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A layout pass that fails half way (here: once it has put its copies before the

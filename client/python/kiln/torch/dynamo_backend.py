@@ -627,6 +627,13 @@ def decompositions() -> Any:
     # [batch, state] tensors, where saving the gates (already written by the matmul) costs no
     # write at all, the backward recomputing the sigmoids as it reads them.
     table[torch.ops.aten.split_with_sizes.default] = _split_as_slices
+    # A training batch norm (batch statistics, running statistics updated) becomes its
+    # arithmetic: a variance and mean over N, H, W, the normalisation, and the running-statistic
+    # updates, which kiln fuses with the ReLU and residual add around it. Left as the op, it ran
+    # in torch with a clone of each running statistic and a kernel of its own per output.
+    from torch._decomp import get_decompositions
+
+    table.update(get_decompositions([torch.ops.aten._native_batch_norm_legit_functional.default]))
     return table
 
 
