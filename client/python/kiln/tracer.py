@@ -80,7 +80,8 @@ class Trace:
         """A tracer for ``v``; ``base`` makes it a view of that tracer (for write checks)."""
         t = Tracer(self, v)
         if base is not None:
-            root = base._base or base
+            # `is None`: a tracer has no truth value (bool() of one is data-dependent control flow).
+            root = base._base if base._base is not None else base
             t._base = root
             root._views.add(t)
         return t
