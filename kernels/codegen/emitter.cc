@@ -195,7 +195,9 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
   std::vector<Scope> saved(scopes_.begin() + target + 1, scopes_.end());
   scopes_.resize(target + 1);
   std::string acc = result + "_acc";
-  std::string ctype = (op == "any" || op == "all") ? "int" : ComputeTypeName(vt);
+  // any/all: a byte, the width of the bools they read (an int accumulator made GCC widen every
+  // byte to 32 bits: a row `any` of 3000 x 3001 bools took 1.08 ms, with a byte 0.15).
+  std::string ctype = (op == "any" || op == "all") ? "unsigned char" : ComputeTypeName(vt);
   const int64_t inner_extent = kernel_.extents[e.rvars.back()];
   const bool blocked = sum_block_ > 0 && op == "sum" && ir::IsFloat(vt) && inner_extent > sum_block_;
   // Blocked: `acc` is the double total, `block` the block's partial in the element type.

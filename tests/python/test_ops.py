@@ -745,6 +745,11 @@ def test_transposing_kernels_run_in_tiles(client, rng, dtype: str) -> None:
     for threads in (1, 2, 3):
         for i, (g_, w_) in enumerate(zip(compiled(xh, yh, sh, num_threads=threads), wants)):
             np.testing.assert_array_equal(g_, w_, err_msg=f"output {i}, {threads} thread(s)")
+    # Bytes run in 64 x 64 tiles: partial ones at both edges, a full one in the middle.
+    b = kiln.GraphBuilder()
+    u = b.input("u", "u8", (150, 130))
+    uh = random_array(rng, "u8", (150, 130))
+    np.testing.assert_array_equal(client.compile(b.build([b.permute(u, [1, 0]) + 1]))(uh), uh.T + np.uint8(1))
     b = kiln.GraphBuilder()
     z = b.input("z", dtype, (40, 33), dims=("N", None))
     dyn = client.compile(b.build([b.permute(z, [1, 0]) - 1]))

@@ -202,7 +202,7 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
   const ir::DType vt = arg ? e.args[0]->dtype : e.dtype;
   const bool nan_flag = (op == "max" || op == "min") && ir::IsFloat(vt);
   const std::string acc = result + "_acc";
-  const std::string ctype = (op == "any" || op == "all") ? "int" : ComputeTypeName(vt);
+  const std::string ctype = (op == "any" || op == "all") ? "unsigned char" : ComputeTypeName(vt);  // see EmitReduce
   const std::string dims = absl::StrCat("[", lanes_.lanes, "]");
   const std::string decl(1, kDeclMark), lane(1, kLaneMark);
   // Float sums over a long innermost reduced loop run it in blocks (see set_sum_block): each

@@ -56,36 +56,46 @@ Found Scan(const schedule::Program& p, const schedule::Kernel& k, int x) {
 }  // namespace
 
 TransposeTiles PlanTranspose(const schedule::Program& p, const schedule::Kernel& k) {
-  // 16 x 16 elements: a row of a tile is one 64-byte vector of f32 (16 and 64 measured within
-  // 10% of each other on a transposing copy of f32[2048, 2048]; 16 was the fastest).
-  constexpr int64_t kTile = 16;
   TransposeTiles plan;
   if (k.num_loops < 2) return plan;
   const int x = k.num_loops - 1;
-  if (k.extents[x] < kTile) return plan;
+  // The loads, and the narrowest type the kernel moves.
   std::set<const Expr*> seen;
+  std::vector<const Expr*> loads;
   bool reduces = false;
-  int found = -1;
+  int64_t narrowest = 8;
   std::function<void(const Expr*)> walk = [&](const Expr* n) {
     if (!seen.insert(n).second) return;
     for (const auto& a : n->args) walk(a.get());
     if (n->kind == Expr::Kind::kReduce) reduces = true;
-    if (n->kind != Expr::Kind::kLoad || found >= 0) return;
+    if (n->kind != Expr::Kind::kLoad) return;
+    loads.push_back(n);
+    narrowest = std::min<int64_t>(narrowest, ir::DTypeSize(p.buffers[n->buffer].dtype));
+  };
+  for (const auto& o : k.outputs) {
+    walk(o.value.get());
+    narrowest = std::min<int64_t>(narrowest, ir::DTypeSize(p.buffers[o.buffer].dtype));
+  }
+  if (reduces) return plan;
+  // A tile's row is one 64-byte vector of the narrowest type, and at least 16 elements: 16 x 16
+  // for f32 and f64 (16, 32 and 64 measured within 10% of each other on a transposing copy of
+  // f32[2048, 2048]; 16 was the fastest), 64 x 64 for bytes (a u8 transposing copy of
+  // [3000, 3001]: 2.6 ms in 16 x 16 tiles).
+  const int64_t tile = std::max<int64_t>(16, 64 / std::max<int64_t>(narrowest, 1));
+  if (k.extents[x] < tile) return plan;
+  for (const Expr* n : loads) {
     const lower::Affine addr = FlatAddress(p.buffers[n->buffer], n->index);
     const int64_t along_x = Coefficient(addr, x);
-    if (along_x > -kTile && along_x < kTile) return;
+    if (along_x > -tile && along_x < tile) continue;
     for (int v = 0; v < x; ++v) {
       const int64_t c = Coefficient(addr, v);
-      if ((c == 1 || c == -1) && k.extents[v] >= kTile) {
-        found = v;
-        return;
+      if ((c == 1 || c == -1) && k.extents[v] >= tile) {
+        plan.p = v;
+        plan.tile = tile;
+        return plan;
       }
     }
-  };
-  for (const auto& o : k.outputs) walk(o.value.get());
-  if (reduces || found < 0) return plan;
-  plan.p = found;
-  plan.tile = kTile;
+  }
   return plan;
 }
 
