@@ -52,6 +52,12 @@ class Lowerer {
   const std::vector<InlinedReduction>& inlined() const { return inlined_; }
   // Values whose definitions this kernel inlined (for the fusion report).
   const std::vector<ir::ValueId>& fused_values() const { return fused_; }
+  // Forgets the values inlined after the first `n` (a value that did not join the kernel after
+  // all): the report then lists only what the kernel computes.
+  void ForgetFusedAfter(size_t n) {
+    for (size_t i = n; i < fused_.size(); ++i) fused_set_.erase(fused_[i]);
+    if (n < fused_.size()) fused_.resize(n);
+  }
 
  private:
   ExprPtr LowerNode(ir::ValueId v, const std::vector<Affine>& index);

@@ -171,16 +171,32 @@ class Scheduler {
         // reads none of the kernel's own stores. Outputs are contiguous, so an output of
         // another shape is stored at the same flat position as the domain's element.
         size_t mark = cur->outputs.size();
+        const size_t inlined_mark = lw.inlined().size(), fused_mark = lw.fused_values().size();
         lower::ExprPtr e = lw.Lower(v, cur->domain == shape ? idx : lw.ReshapeIndex(idx, cur->domain, shape),
                                     /*root=*/true);
         std::vector<int> loads;
         CollectLoads(e, &loads);
-        if (CanJoinKernel(loads, cur_buffers)) {
+        // A reduction this kernel stores is recomputed, not read back, by its later outputs (its
+        // store is not visible at other indices within the loop). Where that would evaluate it
+        // more than once per result (a row sum of `where(x > x.mean(axis=0), ...)`: the column
+        // means recomputed for every row, cubic work), the value goes to a new kernel that
+        // reads the stored result.
+        std::string recomputed;
+        for (size_t i = inlined_mark; i < lw.inlined().size() && recomputed.empty(); ++i) {
+          const lower::InlinedReduction& r = lw.inlined()[i];
+          std::string why;
+          if (materialized_.count(r.value) && !ShouldInlineReduction(r.evaluations, r.elements, &why))
+            recomputed = absl::StrCat("would recompute ", g_.Describe(r.value), ", stored by the same-domain kernel: ", why);
+        }
+        if (CanJoinKernel(loads, cur_buffers) && recomputed.empty()) {
           AddOutputs(cur, v, e, &cur_buffers, &lw);
           joined = true;
         } else {
           cur->outputs.resize(mark);
-          split_reason_[v] = absl::StrCat("reads ", Describe(v, loads, cur_buffers), " stored by the same-domain kernel before it");
+          lw.ForgetFusedAfter(fused_mark);
+          split_reason_[v] = recomputed.empty() ? absl::StrCat("reads ", Describe(v, loads, cur_buffers),
+                                                               " stored by the same-domain kernel before it")
+                                                : recomputed;
         }
       } else if (cur) {
         split_reason_[v] = absl::StrCat("iteration domain ", ShapeStr(shape), " differs from the previous kernel's ", ShapeStr(cur->domain));

@@ -790,6 +790,26 @@ def test_concatenated_pieces_run_a_loop_each(client, rng) -> None:
                                    err_msg=f"A={a_}, B={b_}")
 
 
+# A reduction stored by a kernel was recomputed, not read back, by that kernel's later outputs
+# of the same domain: a row sum of `where(x > x.mean(axis=0), x, 0)` recomputed the column
+# means for every row (cubic work: minutes at 4096 x 4096). That consumer now starts a kernel
+# of its own reading the stored means; the report says why.
+@pytest.mark.parametrize("n", [64, 301])
+def test_same_domain_consumer_reads_a_stored_reduction(client, rng, n: int) -> None:
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (n, n))
+    col_mean = b.mean(x, axes=[0])
+    outs = [b.sum(b.where(b.gt(x, col_mean), x, 0.0), axes=[1]), col_mean]
+    compiled = client.compile(b.build(outs))
+    assert "would recompute" in compiled.fusion_report(), compiled.fusion_report()
+    xh = random_array(rng, "f32", (n, n))
+    got = compiled(xh)
+    x64 = xh.astype(np.float64)
+    want = np.where(xh > xh.mean(axis=0), x64, 0).sum(axis=1)
+    np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got[1], x64.mean(axis=0), rtol=1e-5, atol=1e-6)
+
+
 # Float to a narrow integer truncates toward zero and wraps to the type, also where the cast
 # feeds more arithmetic in the same kernel (a negative float cast to u8 was kept as -1 there:
 # the direct C conversion is undefined for values out of the type's range; seed 1346 of the
