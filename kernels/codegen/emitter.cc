@@ -118,34 +118,17 @@ void ScopedEmitter::EmitTwoPassArg(const Expr& e, const std::string& result, siz
   }
   if (!base.empty()) base = absl::StrCat("(", base, ") * ", extent, " + ");
   const std::string head = absl::StrCat("for (int64_t ", iv, " = ", start, "; ", iv, " < ", end, "; ++", iv, ") {");
-  // Statements go into the innermost scope open at the time (scopes_ may move as scopes are
-  // pushed, so no reference into it is kept).
-  auto put = [&](const std::string& pad, std::string line) { AddStatement(pad + std::move(line)); };
-  put("", absl::StrCat(ctype, " ", best, " = ", ReduceInit(extreme, vt), ";"));
-  if (fl) put("", absl::StrCat("int ", found, " = 0;"));
-  put("", absl::StrCat("int64_t ", idx, " = ", total, ";"));
+  // As in EmitReduce, the loops are built apart and placed after whatever the body's values
+  // put into the enclosing scopes (a value used again after the reduction stays in scope).
+  std::vector<std::string> pre = {absl::StrCat(ctype, " ", best, " = ", ReduceInit(extreme, vt), ";")};
+  if (fl) pre.push_back(absl::StrCat("int ", found, " = 0;"));
+  pre.push_back(absl::StrCat("int64_t ", idx, " = ", total, ";"));
   for (size_t k = 0; k + 1 < e.rvars.size(); ++k) PushScope(e.rvars[k]);
-  put("", kNoUnroll);  // see EmitReduce
-  put("", absl::StrCat("for (int64_t ", start, " = 0; ", start, " < ", extent, fl ? absl::StrCat(" && !", found) : "",
-                       "; ", start, " += ", arg_block_, ") {"));
-  put("  ", absl::StrCat("const int64_t ", end, " = ", extent, " - ", start, " < ", arg_block_, " ? ", extent, " : ",
-                         start, " + ", arg_block_, ";"));
-  // Pass 1: the block's extreme value, NaNs flagged.
-  put("  ", absl::StrCat(ctype, " ", acc, " = ", ReduceInit(extreme, vt), ";"));
-  if (fl) put("  ", absl::StrCat("int ", nan, " = 0;"));
+  // Pass 1's body: the block's extreme value, NaNs flagged.
   PushScope(rv);
   AddStatement(ReduceCombine(extreme, acc, Emit(e.args[0]), vt));
-  std::vector<std::string> body = PopScope();
-  put("", absl::StrCat("#pragma omp simd reduction(", extreme, ":", acc, ")",
-                       fl ? absl::StrCat(" reduction(|:", nan, ")") : ""));
-  put("  ", head);
-  for (std::string& line : body) put("    ", line);
-  put("  ", "}");
-  // Pass 2, only for a block that beats the earlier ones (strictly: the first index wins
-  // ties) or holds the first NaN: the least index in it holding its extreme (or a NaN).
-  const std::string beats = absl::StrCat(acc, e.op == "argmax" ? " > " : " < ", best);
-  put("  ", absl::StrCat("if (", fl ? absl::StrCat(nan, " || ") : "", beats, ") {"));
-  put("    ", absl::StrCat("int64_t ", bidx, " = ", end, ";"));
+  const std::vector<std::string> pass1 = PopScope();
+  // Pass 2's body: the least index in the block holding its extreme (or a NaN).
   PushScope(rv);
   const std::string v = Emit(e.args[0]);
   // Masks, not `nan ? v != v : v == acc`: GCC vectorises that select three times slower.
@@ -154,29 +137,48 @@ void ScopedEmitter::EmitTwoPassArg(const Expr& e, const std::string& result, siz
                              : absl::StrCat("(", v, " == ", acc, ")");
   AddStatement(absl::StrCat("const int64_t ", bidx, "_c = ", hit, " ? ", iv, " : ", end, ";"));
   AddStatement(absl::StrCat(bidx, " = ", bidx, "_c < ", bidx, " ? ", bidx, "_c : ", bidx, ";"));
-  body = PopScope();
-  put("", absl::StrCat("#pragma omp simd reduction(min:", bidx, ")"));
-  put("    ", head);
-  for (std::string& line : body) put("      ", line);
-  put("    ", "}");
-  put("    ", absl::StrCat(best, " = ", acc, ";"));
-  put("    ", absl::StrCat(idx, " = ", base, bidx, ";"));
-  if (fl) put("    ", absl::StrCat(found, " = ", nan, ";"));
-  put("  ", "}");
-  put("", "}");
-  // The outer reduced loops, innermost first.
-  std::vector<std::string> loops;
+  const std::vector<std::string> pass2 = PopScope();
+  std::vector<std::string> loop = {
+      kNoUnroll,  // see EmitReduce
+      absl::StrCat("for (int64_t ", start, " = 0; ", start, " < ", extent, fl ? absl::StrCat(" && !", found) : "", "; ",
+                   start, " += ", arg_block_, ") {"),
+      absl::StrCat("  const int64_t ", end, " = ", extent, " - ", start, " < ", arg_block_, " ? ", extent, " : ", start,
+                   " + ", arg_block_, ";"),
+      absl::StrCat("  ", ctype, " ", acc, " = ", ReduceInit(extreme, vt), ";")};
+  if (fl) loop.push_back(absl::StrCat("  int ", nan, " = 0;"));
+  loop.push_back(absl::StrCat("#pragma omp simd reduction(", extreme, ":", acc, ")",
+                              fl ? absl::StrCat(" reduction(|:", nan, ")") : ""));
+  loop.push_back("  " + head);
+  for (const std::string& line : pass1) loop.push_back("    " + line);
+  loop.push_back("  }");
+  // Pass 2 runs only for a block that beats the earlier ones (strictly: the first index wins
+  // ties) or holds the first NaN, which ends the search.
+  loop.push_back(absl::StrCat("  if (", fl ? absl::StrCat(nan, " || ") : "", acc, e.op == "argmax" ? " > " : " < ", best,
+                              ") {"));
+  loop.push_back(absl::StrCat("    int64_t ", bidx, " = ", end, ";"));
+  loop.push_back(absl::StrCat("#pragma omp simd reduction(min:", bidx, ")"));
+  loop.push_back("    " + head);
+  for (const std::string& line : pass2) loop.push_back("      " + line);
+  loop.push_back("    }");
+  loop.push_back(absl::StrCat("    ", best, " = ", acc, ";"));
+  loop.push_back(absl::StrCat("    ", idx, " = ", base, bidx, ";"));
+  if (fl) loop.push_back(absl::StrCat("    ", found, " = ", nan, ";"));
+  loop.push_back("  }");
+  loop.push_back("}");
+  // The outer reduced loops around it, innermost first, each after its own scope's values.
   for (size_t k = e.rvars.size() - 1; k-- > 0;) {
     std::vector<std::string> stmts = PopScope();
-    stmts.insert(stmts.end(), loops.begin(), loops.end());
+    stmts.insert(stmts.end(), loop.begin(), loop.end());
     const std::string& ov = var_names_[e.rvars[k]];
-    loops = {absl::StrCat("for (int64_t ", ov, " = 0; ", ov, " < ", kernel_.extents[e.rvars[k]], "; ++", ov, ") {")};
-    for (std::string& line : stmts) loops.push_back("  " + line);
-    loops.push_back("}");
+    loop = {absl::StrCat("for (int64_t ", ov, " = 0; ", ov, " < ", kernel_.extents[e.rvars[k]], "; ++", ov, ") {")};
+    for (std::string& line : stmts) loop.push_back("  " + line);
+    loop.push_back("}");
   }
-  for (std::string& line : loops) put("", std::move(line));
+  std::vector<std::string>& out = scopes_[target].stmts;
+  out.insert(out.end(), pre.begin(), pre.end());
+  out.insert(out.end(), loop.begin(), loop.end());
   // No block beat the initial value (an empty range, or every element equal to it): 0.
-  put("", absl::StrCat("const ", ComputeTypeName(e.dtype), " ", result, " = ", idx, " == ", total, " ? 0 : ", idx, ";"));
+  out.push_back(absl::StrCat("const ", ComputeTypeName(e.dtype), " ", result, " = ", idx, " == ", total, " ? 0 : ", idx, ";"));
   scopes_.insert(scopes_.end(), saved.begin(), saved.end());
 }
 
