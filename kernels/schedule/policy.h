@@ -9,7 +9,8 @@
 
 namespace kiln::schedule {
 
-inline constexpr int kFusionPolicyVersion = 1;
+// 2: a same-domain output that would recompute a reduction its kernel stores starts a new kernel.
+inline constexpr int kFusionPolicyVersion = 2;
 
 // A reduction inlined into a consumer is evaluated `evaluations` times for `elements`
 // distinct results. Inline when it is not recomputed; otherwise store it. On refusal, `why`

@@ -12,7 +12,9 @@
 
 namespace kiln::codegen {
 
-inline constexpr int kCpuCodegenVersion = 2;
+// 3: row reductions vectorised along the row, blocked float sums, two-loop argmax, transposing
+// tiles, a loop per concatenated piece, byte accumulators for any/all.
+inline constexpr int kCpuCodegenVersion = 3;
 inline constexpr uint32_t kCpuAbiVersion = 1;
 // Artifacts of graphs with symbolic sizes (ABI.md, version 2).
 inline constexpr uint32_t kCpuSymbolicAbiVersion = 2;
