@@ -810,6 +810,34 @@ def test_same_domain_consumer_reads_a_stored_reduction(client, rng, n: int) -> N
     np.testing.assert_allclose(got[1], x64.mean(axis=0), rtol=1e-5, atol=1e-6)
 
 
+# A short innermost output loop (an HWC image's channels) is unrolled inside a vector loop over
+# the loop outside it (CPU): per-channel constants along the short axis, a u8 image normalised
+# to f32, several short widths, and a symbolic outer extent.
+def test_short_innermost_loops_unroll_inside_the_vector_loop(client, rng) -> None:
+    b = kiln.GraphBuilder()
+    img = b.input("img", "u8", (45, 37, 3))
+    y = b.input("y", "f64", (5, 19, 7))
+    w = b.input("w", "f64", (7,))
+    mean = b.constant(np.array([0.485, 0.456, 0.406], np.float32))
+    std = b.constant(np.array([0.229, 0.224, 0.225], np.float32))
+    outs = [(b.cast(img, "f32") / 255.0 - mean) / std, y * w + 1.0]
+    compiled = client.compile(b.build(outs))
+    assert "#pragma GCC unroll 3" in compiled.source() and "#pragma GCC unroll 7" in compiled.source()
+    ih, yh, wh = random_array(rng, "u8", (45, 37, 3)), random_array(rng, "f64", (5, 19, 7)), random_array(rng, "f64", (7,))
+    m32, s32 = np.array([0.485, 0.456, 0.406], np.float32), np.array([0.229, 0.224, 0.225], np.float32)
+    for threads in (1, 2):
+        got = compiled(ih, yh, wh, num_threads=threads)
+        np.testing.assert_allclose(got[0], (ih.astype(np.float32) / np.float32(255) - m32) / s32, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got[1], yh * wh + 1, rtol=1e-12)
+    b = kiln.GraphBuilder()
+    pts = b.input("pts", "f32", (40, 3), dims=("N", None))
+    dyn = client.compile(b.build([pts * b.constant(np.array([1.0, -2.0, 0.5], np.float32)) + 3.0]))
+    for n in [0, 1, 17, 100]:
+        ph = random_array(rng, "f32", (n, 3))
+        np.testing.assert_allclose(dyn(ph), ph * np.array([1, -2, 0.5], np.float32) + np.float32(3), rtol=1e-6,
+                                   err_msg=f"N={n}")
+
+
 # Float to a narrow integer truncates toward zero and wraps to the type, also where the cast
 # feeds more arithmetic in the same kernel (a negative float cast to u8 was kept as -1 there:
 # the direct C conversion is undefined for values out of the type's range; seed 1346 of the

@@ -65,6 +65,10 @@ constexpr int64_t kSumBlock = 1024;
 // A reduction at least this long, placed in the innermost output loop (a row sum whose
 // output is one value per row), is the vector loop itself; the output loop stays scalar.
 constexpr int64_t kMinVectorReduce = 32;
+// An innermost output loop this short is unrolled inside a vector loop over the one outside it,
+// when that one is at least kMinVectorLoop long.
+constexpr int64_t kMaxUnrolledInner = 8;
+constexpr int64_t kMinVectorLoop = 16;
 
 // The longest reduced range of the reductions placed in output loop `var` (those reading it).
 int64_t ReducedLengthIn(const schedule::Kernel& k, int var) {
@@ -128,13 +132,24 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
   // a row sum vectorised across rows walks each row as scalars (and reads rows with gathers).
   const int64_t inner_reduce = rank > 0 && lanes.lanes == 0 ? ReducedLengthIn(k, rank - 1) : 0;
   const bool simd_outputs = inner_reduce < kMinVectorReduce;
-  if (rank > 0 && simd_outputs) em.set_simd_scope(rank);
   if (lanes.lanes > 0)
     em.set_lanes({static_cast<size_t>(rank), rank - 1, lanes.lanes, lanes.split_rows, lanes.max_unroll});
   // The loops' order, outermost first: the output's dimensions in order, except that a
   // transposing kernel's tiled loop p goes just outside the innermost one (its tile loops
   // go outside both; the loops between them stay outside the tiles).
   const TransposeTiles tiles = lanes.lanes == 0 && simd_outputs ? PlanTranspose(p, k) : TransposeTiles{};
+  // Outputs that concatenate pieces along the innermost loop: one loop per piece, each
+  // computing its piece alone (one select per element computed every piece, its loads
+  // clamped into range, which made them gathers).
+  ExprPool pool;
+  const std::vector<Concat> concats =
+      rank > 0 && tiles.p < 0 && simd_outputs && lanes.lanes == 0 ? ConcatsAlongInnermost(k, &pool) : std::vector<Concat>{};
+  // A short innermost loop (the 3 channels of an HWC image) is unrolled, and the loop outside
+  // it is the vector loop: vectorised, 3 lanes of 16 did the work (a u8 HWC image normalised
+  // to f32, [1080, 1920, 3]: 4.6 ms, against 1.0 ms unrolled inside a vector loop over pixels).
+  const bool short_inner = rank >= 2 && simd_outputs && lanes.lanes == 0 && tiles.p < 0 && concats.empty() &&
+                           k.extents[rank - 1] <= kMaxUnrolledInner && k.extents[rank - 2] >= kMinVectorLoop;
+  if (rank > 0 && simd_outputs) em.set_simd_scope(short_inner ? rank - 1 : rank);
   std::vector<int> order;
   for (int d = 0; d < rank; ++d)
     if (d != tiles.p) order.push_back(d);
@@ -146,12 +161,6 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
   lower::Affine flat = lower::Affine::Const(0);
   const std::vector<int64_t> dense = lower::ContiguousStrides(k.domain);
   for (size_t d = 0; d < idx.size(); ++d) flat = lower::Add(flat, lower::Scale(idx[d], dense[d]));
-  // Outputs that concatenate pieces along the innermost loop: one loop per piece, each
-  // computing its piece alone (one select per element computed every piece, its loads
-  // clamped into range, which made them gathers).
-  ExprPool pool;
-  const std::vector<Concat> concats =
-      rank > 0 && tiles.p < 0 && simd_outputs && lanes.lanes == 0 ? ConcatsAlongInnermost(k, &pool) : std::vector<Concat>{};
   const size_t num_pieces = concats.empty() ? 1 : concats[0].pieces.size();
   std::vector<std::vector<std::string>> piece_stmts;  // each piece's loop body but the last's
   for (size_t j = 0; j < num_pieces; ++j) {
@@ -216,11 +225,14 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
       }
       continue;
     }
+    const bool vector_loop = simd_outputs && (short_inner ? at == rank - 2 : inner);
     if (parallel && tiles.p != d) {
-      loop.push_back(absl::StrCat("#pragma omp parallel for", inner && simd_outputs ? " simd" : "",
+      loop.push_back(absl::StrCat("#pragma omp parallel for", vector_loop ? " simd" : "",
                                   " num_threads(nt) schedule(static)"));
-    } else if (inner && simd_outputs) {
+    } else if (vector_loop) {
       loop.push_back("#pragma omp simd");
+    } else if (inner && short_inner) {
+      loop.push_back(absl::StrCat("#pragma GCC unroll ", k.extents[d]));
     }
     loop.push_back(range(d));
     body = wrap(std::move(loop), std::move(stmts));
