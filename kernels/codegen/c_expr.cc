@@ -168,6 +168,10 @@ std::string ReduceInit(const std::string& op, DType t) {
   return absl::StrCat(up ? "kiln_lowest<" : "kiln_highest<", StorageType(t, false), ">()");
 }
 
+std::string ReduceClauseOp(const std::string& op) {
+  return op == "sum" ? "+" : op == "prod" ? "*" : op == "any" ? "|" : op == "all" ? "&" : op;
+}
+
 std::string ReduceCombine(const std::string& op, const std::string& acc, const std::string& v,
                           DType t) {
   if (op == "sum") return absl::StrCat(acc, " += ", v, ";");

@@ -38,6 +38,8 @@ std::string PointwiseText(const lower::Expr& e, const std::vector<std::string>& 
 
 // Identity element and combine statement for a reduction accumulating into `acc`.
 std::string ReduceInit(const std::string& op, ir::DType acc_type);
+// The OpenMP reduction operator of a reduction op ("sum" -> "+", "max" -> "max", ...).
+std::string ReduceClauseOp(const std::string& op);
 std::string ReduceCombine(const std::string& op, const std::string& acc, const std::string& v,
                           ir::DType t);
 

@@ -47,6 +47,18 @@ size_t ScopedEmitter::TargetScope(const Expr& e) {
   return target;
 }
 
+std::string ScopedEmitter::FlatReducedIndex(const Expr& e, const std::string& inner) const {
+  std::string lin;
+  int64_t stride = 1;
+  for (size_t k = e.rvars.size(); k-- > 0;) {
+    const std::string& name = k + 1 == e.rvars.size() && !inner.empty() ? inner : var_names_[e.rvars[k]];
+    std::string term = stride == 1 ? name : absl::StrCat(stride, " * ", name);
+    lin = lin.empty() ? term : absl::StrCat(term, " + ", lin);
+    stride *= kernel_.extents[e.rvars[k]];
+  }
+  return lin;
+}
+
 std::string ScopedEmitter::Emit(const lower::ExprPtr& ep) {
   const Expr& e = *ep;
   if (e.kind == Expr::Kind::kConst) return Literal(e.dtype, e.fvalue, e.ivalue);
@@ -88,8 +100,7 @@ std::string ScopedEmitter::Define(size_t target, const Expr& e, const std::strin
 std::string ScopedEmitter::ReducePragma(const Expr& e, const std::string& acc) const {
   const std::string& op = e.op;
   if (op == "argmax" || op == "argmin") return "";
-  std::string clause = op == "sum" ? "+" : op == "prod" ? "*" : op == "any" ? "|" : op == "all" ? "&" : op;
-  std::string s = absl::StrCat("#pragma omp simd reduction(", clause, ":", acc, ")");
+  std::string s = absl::StrCat("#pragma omp simd reduction(", ReduceClauseOp(op), ":", acc, ")");
   if ((op == "max" || op == "min") && ir::IsFloat(e.dtype)) absl::StrAppend(&s, " reduction(|:", acc, "_nan)");
   return s;
 }
@@ -109,14 +120,8 @@ void ScopedEmitter::EmitTwoPassArg(const Expr& e, const std::string& result, siz
   const std::string& iv = var_names_[rv];
   const std::string start = iv + "_b", end = iv + "_e";
   const int64_t extent = kernel_.extents[rv];
-  int64_t total = extent;
-  std::string base;  // flat position of the block's row: "(i1 * 40 + i2) * 2048"-like, "" for one loop
-  for (size_t k = 0; k + 1 < e.rvars.size(); ++k) {
-    total *= kernel_.extents[e.rvars[k]];
-    const std::string& v = var_names_[e.rvars[k]];
-    base = base.empty() ? v : absl::StrCat("(", base, ") * ", kernel_.extents[e.rvars[k]], " + ", v);
-  }
-  if (!base.empty()) base = absl::StrCat("(", base, ") * ", extent, " + ");
+  int64_t total = 1;
+  for (int r : e.rvars) total *= kernel_.extents[r];
   const std::string head = absl::StrCat("for (int64_t ", iv, " = ", start, "; ", iv, " < ", end, "; ++", iv, ") {");
   // As in EmitReduce, the loops are built apart and placed after whatever the body's values
   // put into the enclosing scopes (a value used again after the reduction stays in scope).
@@ -138,13 +143,10 @@ void ScopedEmitter::EmitTwoPassArg(const Expr& e, const std::string& result, siz
   AddStatement(absl::StrCat("const int64_t ", bidx, "_c = ", hit, " ? ", iv, " : ", end, ";"));
   AddStatement(absl::StrCat(bidx, " = ", bidx, "_c < ", bidx, " ? ", bidx, "_c : ", bidx, ";"));
   const std::vector<std::string> pass2 = PopScope();
-  std::vector<std::string> loop = {
-      kNoUnroll,  // see EmitReduce
-      absl::StrCat("for (int64_t ", start, " = 0; ", start, " < ", extent, fl ? absl::StrCat(" && !", found) : "", "; ",
-                   start, " += ", arg_block_, ") {"),
-      absl::StrCat("  const int64_t ", end, " = ", extent, " - ", start, " < ", arg_block_, " ? ", extent, " : ", start,
-                   " + ", arg_block_, ";"),
-      absl::StrCat("  ", ctype, " ", acc, " = ", ReduceInit(extreme, vt), ";")};
+  // The first NaN ends the search: no later block runs.
+  std::vector<std::string> loop = BlockLoopHead(start, end, extent, arg_block_, fl ? "!" + found : "");
+  loop.insert(loop.begin(), kNoUnroll);  // see EmitReduce
+  loop.push_back(absl::StrCat("  ", ctype, " ", acc, " = ", ReduceInit(extreme, vt), ";"));
   if (fl) loop.push_back(absl::StrCat("  int ", nan, " = 0;"));
   loop.push_back(absl::StrCat("#pragma omp simd reduction(", extreme, ":", acc, ")",
                               fl ? absl::StrCat(" reduction(|:", nan, ")") : ""));
@@ -161,7 +163,7 @@ void ScopedEmitter::EmitTwoPassArg(const Expr& e, const std::string& result, siz
   for (const std::string& line : pass2) loop.push_back("      " + line);
   loop.push_back("    }");
   loop.push_back(absl::StrCat("    ", best, " = ", acc, ";"));
-  loop.push_back(absl::StrCat("    ", idx, " = ", base, bidx, ";"));
+  loop.push_back(absl::StrCat("    ", idx, " = ", FlatReducedIndex(e, bidx), ";"));
   if (fl) loop.push_back(absl::StrCat("    ", found, " = ", nan, ";"));
   loop.push_back("  }");
   loop.push_back("}");
@@ -214,13 +216,7 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
   std::string combine;
   if (arg) {
     // First index wins ties; the first NaN wins over numbers (NumPy).
-    std::string lin;
-    int64_t stride = 1;
-    for (int k = static_cast<int>(e.rvars.size()) - 1; k >= 0; --k) {
-      std::string term = stride == 1 ? var_names_[e.rvars[k]] : absl::StrCat(stride, " * ", var_names_[e.rvars[k]]);
-      lin = lin.empty() ? term : absl::StrCat(term, " + ", lin);
-      stride *= kernel_.extents[e.rvars[k]];
-    }
+    const std::string lin = FlatReducedIndex(e);
     const char* cmp = op == "argmax" ? ">" : "<";
     std::string better = absl::StrCat(v, " ", cmp, " ", acc);
     if (ir::IsFloat(vt)) better = absl::StrCat("(", better, ") || (", v, " != ", v, " && ", acc, " == ", acc, ")");
@@ -252,12 +248,9 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
       // Not unrolled: GCC 12 unrolls a block loop of constant trip count completely and then
       // does not vectorise the simd reductions in the copies (a row sum of 2048: 1.97 ms
       // scalar against 0.58 vectorised).
-      std::vector<std::string> outer = {
-          std::string(kNoUnroll),
-          absl::StrCat("for (int64_t ", start, " = 0; ", start, " < ", extent, "; ", start, " += ", sum_block_, ") {"),
-          absl::StrCat("  const int64_t ", end, " = ", extent, " - ", start, " < ", sum_block_, " ? ", extent, " : ",
-                       start, " + ", sum_block_, ";"),
-          absl::StrCat("  ", ctype, " ", block, " = ", ReduceInit(op, vt), ";")};
+      std::vector<std::string> outer = BlockLoopHead(start, end, extent, sum_block_);
+      outer.insert(outer.begin(), kNoUnroll);
+      outer.push_back(absl::StrCat("  ", ctype, " ", block, " = ", ReduceInit(op, vt), ";"));
       for (std::string& s : loop) outer.push_back("  " + s);
       outer.push_back(absl::StrCat("  ", acc, " += ", block, ";"));
       outer.push_back("}");
@@ -294,6 +287,14 @@ std::unordered_set<std::string> IdentifiersIn(const std::string& text, char foll
     i = j;
   }
   return out;
+}
+
+std::vector<std::string> BlockLoopHead(const std::string& start, const std::string& end, int64_t extent, int64_t step,
+                                       const std::string& also) {
+  return {absl::StrCat("for (int64_t ", start, " = 0; ", start, " < ", extent, also.empty() ? "" : " && ", also, "; ",
+                       start, " += ", step, ") {"),
+          absl::StrCat("  const int64_t ", end, " = ", extent, " - ", start, " < ", step, " ? ", extent, " : ", start,
+                       " + ", step, ";")};
 }
 
 std::string Indent(const std::vector<std::string>& lines, int depth) {

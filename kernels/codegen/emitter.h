@@ -83,6 +83,9 @@ class ScopedEmitter {
   std::string NewTemp() { return absl::StrCat("t", next_temp_++); }
   // Index of the scope where `e` belongs: the deepest scope binding one of its free vars.
   size_t TargetScope(const lower::Expr& e);
+  // The row-major flat position over reduction `e`'s reduced loops (an argmax's index), the
+  // innermost loop's variable read as `inner` (its own name when empty).
+  std::string FlatReducedIndex(const lower::Expr& e, const std::string& inner = "") const;
 
   const schedule::Program& program_;
   const schedule::Kernel& kernel_;
@@ -101,6 +104,13 @@ class ScopedEmitter {
 
 // Joins statements with indentation.
 std::string Indent(const std::vector<std::string>& lines, int depth);
+
+// The head of a loop over blocks of `step` along a range of `extent` (the last block partial):
+// "for (int64_t START = 0; START < extent; START += step) {" and, indented inside it,
+// "const int64_t END = <START + step, or extent for the last block>;". The body runs the
+// blocked variable from START to END. `also`: a further condition for going on ("" for none).
+std::vector<std::string> BlockLoopHead(const std::string& start, const std::string& end, int64_t extent, int64_t step,
+                                       const std::string& also = "");
 
 // The identifiers in C text, in one pass: what a kernel mentions, so that choosing its
 // parameters costs one scan of its text rather than one search per buffer of the program.

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kiln  # noqa: E402
 import kiln.local  # noqa: E402
-from reduce_accuracy_gpu import graph_time_us  # noqa: E402
+from reduce_accuracy_gpu import graph_time_us, report  # noqa: E402
 
 # (name, input shape, kiln/NumPy function, torch function)
 PATTERNS: list[tuple[str, tuple[int, ...], Callable[[Any], Any], Callable[[torch.Tensor], torch.Tensor]]] = [
@@ -81,15 +81,8 @@ def main() -> int:
         finally:
             daemon.stop()
     head = ["function", "shape", "rel err vs NumPy", "kiln us", "torch us", "kiln / torch", "check"]
-    md = [f"# NumPy patterns under kiln.jit on {torch.cuda.get_device_name()} (torch {torch.__version__})\n",
-          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    md += ["| " + " | ".join(r) + " |" for r in rows]
-    md.append("\n" + ("FAILURES:\n" + "\n".join(failures) if failures else "every result matches NumPy"))
-    text = "\n".join(md) + "\n"
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "numpy_patterns_gpu.md").write_text(text)
-    return 1 if failures else 0
+    return report("NumPy patterns under kiln.jit", head, rows, failures, "every result matches NumPy",
+                  "numpy_patterns_gpu.md")
 
 
 if __name__ == "__main__":

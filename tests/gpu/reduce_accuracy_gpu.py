@@ -53,6 +53,20 @@ def graph_time_us(fn: Callable[[], Any], calls: int = 20, replays: int = 15) -> 
     return float(np.median(times))
 
 
+def report(title: str, head: list[str], rows: list[list[str]], failures: list[str], all_ok: str, name: str) -> int:
+    """Prints a markdown table of `rows` under `title` (and writes it to $OUT/`name` when OUT is
+    set), then the failures or `all_ok`; returns the exit status (1 when something failed)."""
+    md = [f"# {title} on {torch.cuda.get_device_name()} (torch {torch.__version__})\n",
+          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    md += ["| " + " | ".join(r) + " |" for r in rows]
+    md.append("\n" + ("FAILURES:\n" + "\n".join(failures) if failures else all_ok))
+    text = "\n".join(md) + "\n"
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], name).write_text(text)
+    return 1 if failures else 0
+
+
 def rel_err(got: torch.Tensor, exact: np.ndarray) -> float:
     g = got.detach().double().cpu().numpy()
     return float(np.max(np.abs(g - exact) / np.maximum(np.abs(exact), 1e-30)))
@@ -109,15 +123,7 @@ def main() -> int:
             daemon.stop()
     head = ["workload", "shape", "kiln rel err", "torch rel err", "kiln / torch", "kiln us", "torch us",
             "time kiln / torch", "check"]
-    md = [f"# f32 reductions on {torch.cuda.get_device_name()} (torch {torch.__version__})\n",
-          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    md += ["| " + " | ".join(r) + " |" for r in rows]
-    md.append("\n" + ("FAILURES:\n" + "\n".join(failures) if failures else "every result within the bound"))
-    text = "\n".join(md) + "\n"
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "reduce_accuracy_gpu.md").write_text(text)
-    return 1 if failures else 0
+    return report("f32 reductions", head, rows, failures, "every result within the bound", "reduce_accuracy_gpu.md")
 
 
 if __name__ == "__main__":

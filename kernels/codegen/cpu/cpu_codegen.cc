@@ -1,8 +1,6 @@
 #include "kernels/codegen/cpu/cpu_codegen.h"
 
 #include <algorithm>
-#include <functional>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -73,18 +71,15 @@ constexpr int64_t kMinVectorLoop = 16;
 // The longest reduced range of the reductions placed in output loop `var` (those reading it).
 int64_t ReducedLengthIn(const schedule::Kernel& k, int var) {
   int64_t longest = 0;
-  std::set<const lower::Expr*> seen;
-  std::function<void(const lower::Expr*)> walk = [&](const lower::Expr* n) {
-    if (!seen.insert(n).second) return;
-    for (const auto& a : n->args) walk(a.get());
-    if (n->kind != lower::Expr::Kind::kReduce) return;
-    const std::vector<int> fv = n->FreeVars();
-    if (!std::count(fv.begin(), fv.end(), var)) return;
-    int64_t r = 1;
-    for (int rv : n->rvars) r *= k.extents[rv];
-    longest = std::max(longest, r);
-  };
-  for (const auto& o : k.outputs) walk(o.value.get());
+  for (const auto& o : k.outputs)
+    for (const lower::Expr* n : Nodes(o.value)) {
+      if (n->kind != lower::Expr::Kind::kReduce) continue;
+      const std::vector<int> fv = n->FreeVars();
+      if (!std::count(fv.begin(), fv.end(), var)) continue;
+      int64_t r = 1;
+      for (int rv : n->rvars) r *= k.extents[rv];
+      longest = std::max(longest, r);
+    }
   return longest;
 }
 
@@ -193,10 +188,8 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
     return absl::StrCat("for (int64_t ", i, " = ", i, "_t; ", i, " < ", i, "_e; ++", i, ") {");
   };
   auto tile_loop = [&](int d) {
-    const std::string i = absl::StrCat("i", d), n = absl::StrCat(k.extents[d]), t = absl::StrCat(tiles.tile);
-    return std::vector<std::string>{
-        absl::StrCat("for (int64_t ", i, "_t = 0; ", i, "_t < ", n, "; ", i, "_t += ", t, ") {"),
-        absl::StrCat("  const int64_t ", i, "_e = ", n, " - ", i, "_t < ", t, " ? ", n, " : ", i, "_t + ", t, ";")};
+    const std::string i = absl::StrCat("i", d);
+    return BlockLoopHead(i + "_t", i + "_e", k.extents[d], tiles.tile);
   };
   for (int at = rank - 1; at >= 0; --at) {
     const int d = order[at];

@@ -31,11 +31,6 @@ bool HasReduction(const Expr& e) {
   return walk(&e);
 }
 
-// OpenMP reduction operator of a combine.
-std::string ClauseOp(const std::string& op) {
-  return op == "sum" ? "+" : op == "prod" ? "*" : op == "any" ? "|" : op == "all" ? "&" : op;
-}
-
 }  // namespace
 
 void CpuKernelEmitter::EmitReduce(const Expr& e, const std::string& result, size_t target) {
@@ -255,13 +250,7 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
   std::string combine;
   if (arg) {
     // First index wins ties; the first NaN wins over numbers (NumPy).
-    std::string lin;
-    int64_t stride = 1;
-    for (size_t k = e.rvars.size(); k-- > 0;) {
-      std::string term = stride == 1 ? var_names_[e.rvars[k]] : absl::StrCat(stride, " * ", var_names_[e.rvars[k]]);
-      lin = lin.empty() ? term : absl::StrCat(term, " + ", lin);
-      stride *= kernel_.extents[e.rvars[k]];
-    }
+    const std::string lin = FlatReducedIndex(e);
     const std::string a = acc + "[kl]";
     std::string better = absl::StrCat(v, op == "argmax" ? " > " : " < ", a);
     if (ir::IsFloat(vt)) better = absl::StrCat("(", better, ") || (", v, " != ", v, " && ", a, " == ", a, ")");
@@ -283,7 +272,7 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
     std::vector<std::string> wrapped;
     if (k == 0 && lanes_.split_rows && !arg) {
       std::string clause = absl::StrCat("#pragma omp parallel for num_threads(nt) schedule(static) reduction(",
-                                        ClauseOp(op), ":", acc, "[:", lanes_.lanes, "])");
+                                        ReduceClauseOp(op), ":", acc, "[:", lanes_.lanes, "])");
       if (nan_flag) absl::StrAppend(&clause, " reduction(|:", acc, "_nan[:", lanes_.lanes, "])");
       wrapped.push_back(clause);
     }
@@ -293,12 +282,9 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
       // for (iv_b ...) { blk = 0; for (iv = iv_b; iv < iv_e; ...) {lanes}; acc += blk; }
       const std::string start = iv + "_b", end = iv + "_e";
       if (wrapped.empty()) wrapped.push_back(kNoUnroll);  // see ScopedEmitter::EmitReduce
-      wrapped.push_back(absl::StrCat("for (int64_t ", start, " = 0; ", start, " < ", extent, "; ", start, " += ",
-                                     block_rows, ") {"));
-      std::vector<std::string> block = {
-          absl::StrCat("const int64_t ", end, " = ", extent, " - ", start, " < ", block_rows, " ? ", extent, " : ",
-                       start, " + ", block_rows, ";"),
-          absl::StrCat(ctype, " ", blk, dims, ";")};
+      std::vector<std::string> head = BlockLoopHead(start, end, extent, block_rows);
+      wrapped.push_back(head[0]);
+      std::vector<std::string> block = {head[1].substr(2), absl::StrCat(ctype, " ", blk, dims, ";")};
       for (std::string& s : LaneLoop({absl::StrCat(blk, "[kl] = ", ReduceInit(op, vt), ";")}, true)) block.push_back(s);
       block.push_back(absl::StrCat("for (int64_t ", iv, " = ", start, "; ", iv, " < ", end, "; ",
                                    step.empty() ? "++" + iv : iv + step, ") {"));

@@ -60,21 +60,17 @@ TransposeTiles PlanTranspose(const schedule::Program& p, const schedule::Kernel&
   if (k.num_loops < 2) return plan;
   const int x = k.num_loops - 1;
   // The loads, and the narrowest type the kernel moves.
-  std::set<const Expr*> seen;
   std::vector<const Expr*> loads;
   bool reduces = false;
   int64_t narrowest = 8;
-  std::function<void(const Expr*)> walk = [&](const Expr* n) {
-    if (!seen.insert(n).second) return;
-    for (const auto& a : n->args) walk(a.get());
-    if (n->kind == Expr::Kind::kReduce) reduces = true;
-    if (n->kind != Expr::Kind::kLoad) return;
-    loads.push_back(n);
-    narrowest = std::min<int64_t>(narrowest, ir::DTypeSize(p.buffers[n->buffer].dtype));
-  };
   for (const auto& o : k.outputs) {
-    walk(o.value.get());
     narrowest = std::min<int64_t>(narrowest, ir::DTypeSize(p.buffers[o.buffer].dtype));
+    for (const Expr* n : Nodes(o.value)) {
+      reduces = reduces || n->kind == Expr::Kind::kReduce;
+      if (n->kind != Expr::Kind::kLoad) continue;
+      loads.push_back(n);
+      narrowest = std::min<int64_t>(narrowest, ir::DTypeSize(p.buffers[n->buffer].dtype));
+    }
   }
   if (reduces) return plan;
   // A tile's row is one 64-byte vector of the narrowest type, and at least 16 elements: 16 x 16

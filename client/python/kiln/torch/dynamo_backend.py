@@ -603,7 +603,7 @@ def decompositions() -> Any:
     """The decomposition table AOTAutograd applies: torch's core ATen decompositions, which
     leave the ops kiln maps directly (softmax, layer_norm, gelu...) and break their backward
     ops into elementwise ops and reductions."""
-    from torch._decomp import core_aten_decompositions
+    from torch._decomp import core_aten_decompositions, get_decompositions
 
     table = core_aten_decompositions()
     # Attention stays one op, run by torch. Decomposing the CPU flash-attention forward into
@@ -631,8 +631,6 @@ def decompositions() -> Any:
     # arithmetic: a variance and mean over N, H, W, the normalisation, and the running-statistic
     # updates, which kiln fuses with the ReLU and residual add around it. Left as the op, it ran
     # in torch with a clone of each running statistic and a kernel of its own per output.
-    from torch._decomp import get_decompositions
-
     table.update(get_decompositions([torch.ops.aten._native_batch_norm_legit_functional.default]))
     return table
 
