@@ -151,6 +151,7 @@ std::string PointwiseText(const lower::Expr& e, const std::vector<std::string>& 
       return x;
     }
     case K::kLoad:
+    case K::kGather:
     case K::kReduce: break;
   }
   return "/*unreachable*/0";

@@ -80,6 +80,13 @@ std::string ScopedEmitter::Emit(const lower::ExprPtr& ep) {
     std::string text;
     if (e.kind == Expr::Kind::kLoad) {
       text = LoadConvert(e.dtype, absl::StrCat(buffer_names_[e.buffer], "[", Address(e.buffer, e.index), "]"));
+    } else if (e.kind == Expr::Kind::kGather) {
+      // The position along the gathered axis is a value (already in range), scaled by that
+      // axis's stride; the rest of the address is the affine part.
+      const std::string at = Emit(e.args[0]);
+      const int64_t stride = program_.buffers[e.buffer].strides[e.ivalue];
+      text = LoadConvert(e.dtype, absl::StrCat(buffer_names_[e.buffer], "[", Address(e.buffer, e.index), " + ",
+                                               stride, " * ", at, "]"));
     } else {
       std::vector<std::string> args;
       for (const lower::ExprPtr& a : e.args) args.push_back(Emit(a));

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/ir/symbols.h"
 #include "kernels/util/status_macros.h"
 
 namespace kiln::ir {
@@ -302,6 +303,39 @@ absl::StatusOr<TensorType> InferConcat(const Node& n, const Types& in) {
   return Make(t, out);
 }
 
+// gather(x, index): NumPy's take_along_axis (see OPS.md).
+absl::StatusOr<TensorType> InferGather(const Node& n, const Types& in) {
+  if (!n.Has("axis")) return InvalidArgumentError("missing attribute 'axis'");
+  KILN_RETURN_IF_ERROR(NumberAttrs(n, {"axis"}));
+  const TensorType &x = in[0], &idx = in[1];
+  if (!IsInteger(idx.dtype))
+    return InvalidArgumentError(absl::StrCat("gather: index has dtype ", DTypeName(idx.dtype),
+                                             " (rule: the index of a gather is an integer tensor)"));
+  const int64_t r = x.Rank();
+  if (idx.Rank() != r)
+    return InvalidArgumentError(absl::StrCat("gather: index has rank ", idx.Rank(), ", x rank ", r,
+                                             " (rule: index and x have the same rank)"));
+  int64_t axis = n.Int("axis");
+  if (axis < 0) axis += r;
+  if (axis < 0 || axis >= r) return InvalidArgumentError(absl::StrCat("gather: axis ", n.Int("axis"), " out of range for rank ", r));
+  Shape out = idx.shape;
+  for (int64_t d = 0; d < r; ++d) {
+    if (d == axis || x.shape[d] == idx.shape[d] || x.shape[d] == 1) continue;
+    if (idx.shape[d] == 1) {
+      out[d] = x.shape[d];
+      continue;
+    }
+    return InvalidArgumentError(absl::StrCat("gather: x ", ShapeStr(x.shape), " and index ", ShapeStr(idx.shape),
+                                             " off axis ", axis, " (rule: off the axis, x and index broadcast)"));
+  }
+  int64_t elements = 1;
+  for (int64_t d : out) elements *= d;
+  if (x.shape[axis] == 0 && elements != 0)
+    return InvalidArgumentError(absl::StrCat("gather: axis ", axis, " of x ", ShapeStr(x.shape),
+                                             " is empty (rule: there must be an element to read)"));
+  return Make(x.dtype, out);
+}
+
 // ---- sources ----
 absl::StatusOr<TensorType> InferConstant(const Node& n, const Types&) {
   const Constant* c = n.Tensor("value");
@@ -488,7 +522,7 @@ void SetAttributes(std::unordered_map<std::string, OpSchema>* r) {
       {{"permute"}, {{"dims", A::kInts}}},
       {{"squeeze", "unsqueeze"}, {{"axes", A::kInts}}},
       {{"slice"}, {{"axes", A::kInts}, {"starts", A::kInts}, {"stops", A::kInts}, {"steps", A::kInts}}},
-      {{"concat"}, {{"axis", A::kInt}}},
+      {{"concat", "gather"}, {{"axis", A::kInt}}},
       {{"constant"}, {{"value", A::kTensor}}},
       {{"full"}, {{"shape", A::kInts}, {"value", A::kFloat}, {"dtype", A::kDType}}},
       {{"iota"}, {{"shape", A::kInts}, {"axis", A::kInt}, {"dtype", A::kDType}}},
@@ -573,6 +607,7 @@ std::unordered_map<std::string, OpSchema> BuildRegistry() {
   add("unsqueeze", K::kLayout, 1, 1, InferUnsqueeze);
   add("slice", K::kLayout, 1, 1, InferSlice);
   add("concat", K::kLayout, 1, -1, InferConcat);
+  add("gather", K::kLayout, 2, 2, InferGather);
 
   add("constant", K::kSource, 0, 0, InferConstant);
   add("full", K::kSource, 0, 0, InferFull);

@@ -30,6 +30,8 @@ struct Expr {
     kCast,       // (dtype)args[0]
     kClamp,      // clamp args[0] to [lo, hi] where has_lo / has_hi
     kReduce,     // op over rvars of args[0]: sum prod max min any all argmax argmin
+    kGather,     // buffers[buffer][index...] with index[ivalue] replaced by args[0] (an i64
+                 // already in range for that axis): a load at a position held in a tensor
   };
   Kind kind = Kind::kConst;
   ir::DType dtype = ir::DType::kF32;  // result type

@@ -287,6 +287,7 @@ ExprPtr Lowerer::LowerNode(ir::ValueId v, const std::vector<Affine>& index) {
         }
         return acc ? acc : MakeConst(out.dtype, 0);
       }
+      if (n.op == "gather") return LowerGather(v, index);
       break;
     }
     case ir::OpKind::kSource: {
@@ -320,6 +321,87 @@ ExprPtr Lowerer::LowerNode(ir::ValueId v, const std::vector<Affine>& index) {
   }
   // Unreachable for verified, decomposed graphs: the scheduler checks op kinds first.
   return MakeConst(out.dtype, 0);
+}
+
+GatherView GatherSource(const ir::Graph& g, const ir::Node& gather) {
+  GatherView view;
+  const int64_t rank = g.TypeOf(gather.inputs[0]).Rank();
+  view.axis = gather.Int("axis");
+  if (view.axis < 0) view.axis += rank;
+  view.value = gather.inputs[0];
+  for (int64_t d = 0; d < rank; ++d) view.dims.push_back(static_cast<int>(d));
+  while (!g.IsInput(view.value)) {
+    const ir::Node& b = g.NodeOf(view.value);
+    const ir::Shape& in = g.TypeOf(b.inputs[0]).shape;
+    if (b.op == "broadcast_to") {
+      // Same rank, the gathered axis kept: a broadcast dimension is read at 0 by the gather.
+      if (in.size() != b.type.shape.size() || in[view.axis] != b.type.shape[view.axis]) break;
+    } else if (b.op == "unsqueeze") {
+      // Inserted size-1 axes (not the gathered one) are dropped from the mapping.
+      std::vector<bool> inserted(b.type.shape.size(), false);
+      for (int64_t a : b.Ints("axes")) inserted[a < 0 ? a + static_cast<int64_t>(b.type.shape.size()) : a] = true;
+      if (inserted[view.axis]) break;
+      std::vector<int> dims;
+      int64_t axis = 0;
+      for (size_t d = 0; d < inserted.size(); ++d) {
+        if (inserted[d]) continue;
+        if (static_cast<int64_t>(d) == view.axis) axis = static_cast<int64_t>(dims.size());
+        dims.push_back(view.dims[d]);
+      }
+      view.dims = std::move(dims);
+      view.axis = axis;
+    } else {
+      break;
+    }
+    view.value = b.inputs[0];
+  }
+  return view;
+}
+
+ExprPtr Lowerer::LowerGather(ir::ValueId v, const std::vector<Affine>& index) {
+  const ir::Node& n = graph_.NodeOf(v);
+  const GatherView src = GatherSource(graph_, n);
+  const ir::Shape& xs = graph_.TypeOf(src.value).shape;
+  const int64_t rank = static_cast<int64_t>(xs.size());
+  const int64_t axis = src.axis;
+  // The position along `axis`: NumPy's negative positions count from the end, and anything
+  // still outside [0, n) reads the nearest end (never outside the buffer). The index
+  // broadcasts against x off the axis (NumPy's take_along_axis).
+  const int64_t extent = xs[axis];
+  ExprPtr at = MakeCast(Lower(n.inputs[1], BroadcastIndex(index, n.type.shape, graph_.TypeOf(n.inputs[1]).shape)),
+                        DType::kI64);
+  Expr neg;
+  neg.kind = Expr::Kind::kBinary;
+  neg.op = "lt";
+  neg.dtype = DType::kBool;
+  neg.args = {at, MakeIntConst(DType::kI64, 0)};
+  Expr wrapped;
+  wrapped.kind = Expr::Kind::kBinary;
+  wrapped.op = "add";
+  wrapped.dtype = DType::kI64;
+  wrapped.args = {at, MakeIntConst(DType::kI64, extent)};
+  Expr pick;
+  pick.kind = Expr::Kind::kWhere;
+  pick.dtype = DType::kI64;
+  pick.args = {Make(std::move(neg)), Make(std::move(wrapped)), at};
+  Expr clamp;
+  clamp.kind = Expr::Kind::kClamp;
+  clamp.dtype = DType::kI64;
+  clamp.has_lo = clamp.has_hi = true;
+  clamp.lo = 0;
+  clamp.hi = static_cast<double>(extent - 1);
+  clamp.args = {Make(std::move(pick))};
+  // The source is read from its buffer (the scheduler stores a computed source first); off the
+  // axis a dimension of 1 is read at 0.
+  Expr e;
+  e.kind = Expr::Kind::kGather;
+  e.dtype = graph_.TypeOf(src.value).dtype;
+  e.buffer = buffer_of_[src.value];
+  e.ivalue = axis;
+  e.args = {Make(std::move(clamp))};
+  for (int64_t d = 0; d < rank; ++d)
+    e.index.push_back(d == axis || xs[d] == 1 ? Affine::Const(0) : index[src.dims[d]]);
+  return Make(std::move(e));
 }
 
 ExprPtr Lowerer::LowerReduction(ir::ValueId v, const std::vector<Affine>& index) {

@@ -62,6 +62,9 @@ class Lowerer {
  private:
   ExprPtr LowerNode(ir::ValueId v, const std::vector<Affine>& index);
   ExprPtr LowerReduction(ir::ValueId v, const std::vector<Affine>& index);
+  // A gather reads its source from the source's buffer: REQUIRES the source be a graph input
+  // or materialized (the scheduler stores every computed gather source).
+  ExprPtr LowerGather(ir::ValueId v, const std::vector<Affine>& index);
   std::vector<Affine> BroadcastIndex(const std::vector<Affine>& index, const ir::Shape& out,
                                      const ir::Shape& in) const;
   int NewVar(int64_t extent);
@@ -77,6 +80,18 @@ class Lowerer {
   std::unordered_set<ir::ValueId> fused_set_;
   std::unordered_set<ir::ValueId> stored_here_;
 };
+
+// The value a gather reads from its buffer: its source, or what views of it that keep the
+// gathered axis expand (a broadcast along other axes, inserted size-1 axes: a dimension of 1
+// is read at 0 by the gather itself, so a broadcast table or an unsqueezed embedding table is
+// not copied out first). `dims[d]`: the gather's dimension that source dimension d follows;
+// `axis`: the gathered axis among the source's.
+struct GatherView {
+  ir::ValueId value = -1;
+  int64_t axis = 0;
+  std::vector<int> dims;
+};
+GatherView GatherSource(const ir::Graph& g, const ir::Node& gather);
 
 // Helpers shared with the scheduler and backends.
 // A constant of dtype t: floats rounded to t (inf beyond its range), integers saturated.

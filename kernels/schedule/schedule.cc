@@ -28,7 +28,7 @@ void CollectLoads(const lower::ExprPtr& root, std::vector<int>* out) {
   std::set<const lower::Expr*> seen;
   std::function<void(const lower::Expr*)> walk = [&](const lower::Expr* e) {
     if (!seen.insert(e).second) return;
-    if (e->kind == lower::Expr::Kind::kLoad) out->push_back(e->buffer);
+    if (e->kind == lower::Expr::Kind::kLoad || e->kind == lower::Expr::Kind::kGather) out->push_back(e->buffer);
     for (const auto& c : e->args) walk(c.get());
   };
   walk(root.get());
@@ -55,6 +55,15 @@ class Scheduler {
     KILN_RETURN_IF_ERROR(CheckLowerable(g_));
     for (ir::ValueId v : g_.outputs)
       if (!g_.IsInput(v)) materialized_.insert(v);
+    // A gather reads its source at positions known only when it runs: the source must be in
+    // a buffer, written by an earlier kernel (a kernel never gathers from its own stores:
+    // CanJoinKernel sees the gather's buffer among its loads).
+    for (const ir::Node& n : g_.nodes) {
+      if (n.op != "gather") continue;
+      const ir::ValueId src = lower::GatherSource(g_, n).value;
+      if (!g_.IsInput(src) && materialized_.insert(src).second)
+        why_stored_[src] = "a gather reads it at positions held in a tensor";
+    }
     CutDeepExpressions();
     // Stores a reduction whenever inlining it would recompute it, then lowers again: each
     // round only adds values, so this ends after at most one round per reduction.

@@ -219,6 +219,20 @@ def suite():
         g.output(g.node("layer_norm", [a, w, b], eps=1e-5), "F.layer_norm(x, x.shape[-1:], w, b, eps=1e-5)",
                  "layer_norm", rtol=1e-4, atol=1e-4)
         gs.append(g)
+    # Reads at positions held in a tensor: an embedding lookup fused with layer_norm (the table
+    # read where it is, through inserted size-1 axes), take_along_axis with negative positions.
+    g = Graph("gather")
+    w = g.input("w", "f32", [64, 768])
+    ids = g.input("ids", "i64", [16, 128], gen="uint")
+    x = g.input("x", "f16", [512, 100])  # (inputs first: node values are numbered after them)
+    p = g.input("p", "i32", [512, 100], gen="int")
+    e = g.node("gather", [g.node("unsqueeze", [w], axes=[1]), g.node("unsqueeze", [ids], axes=[2])], axis=0)
+    g.output(e, "F.embedding(ids, w)", "embedding")
+    g.output(g.node("layer_norm", [e], eps=1e-5), "F.layer_norm(F.embedding(ids, w), (768,), eps=1e-5)",
+             "embedding_layer_norm", rtol=1e-4, atol=1e-4)
+    g.output(g.node("gather", [x, p], axis=1), "torch.gather(x, 1, torch.where(p < 0, p + 100, p).long())",
+             "take_along_axis_f16")
+    gs.append(g)
     g = Graph("views")
     a = g.input("x", "f32", [384, 256])
     c = g.input("c", "f32", [256])

@@ -279,6 +279,34 @@ def interleaved_ms(steps: dict[str, Callable[[int], Any]], rounds: int) -> dict[
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def host_ms(step: Callable[[int], Any], steps: int, rounds: int = 5, step_ms: float = 40.0) -> tuple[float, bool]:
+    """Host time of one step, the GPU kept busy: a sleep kernel long enough for ``steps`` steps
+    is queued first, so no launch waits for the device and the time is what the host spends
+    enqueueing the step (Python, dispatcher, allocator, driver). Median over ``rounds``; the
+    flag is False when the sleep ran out before the host finished (the figure then includes
+    waiting, e.g. on a synchronizing op)."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    cycles_per_ms = 10_000_000 / max(start.elapsed_time(end), 1e-3)
+    vals, valid = [], True
+    for r in range(rounds):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(cycles_per_ms * (step_ms * steps + 50.0)))  # step_ms: a generous host time per step
+        slept = torch.cuda.Event()
+        slept.record()
+        t0 = time.perf_counter()
+        for i in range(steps):
+            step(r * steps + i)
+        vals.append((time.perf_counter() - t0) * 1000 / steps)
+        valid = valid and not slept.query()
+        torch.cuda.synchronize()
+    return statistics.median(vals), valid
+
+
 def part_gpu_times(step: Callable[[int], Any], steps: int) -> list[tuple[float, Any]]:
     """GPU ms per step of each kiln part (CUDA events around its calls: in a GPU-bound step the
     events wait behind earlier work, so each pair brackets the part's own kernels), largest
@@ -358,7 +386,9 @@ def main() -> int:
     ap.add_argument("--part-times", action="store_true",
                     help="time each kiln part's kernels (CUDA events around its calls) and list the largest")
     ap.add_argument("--cprofile", action="store_true",
-                    help="also run cProfile over kiln steps and print the top Python functions")
+                    help="also run cProfile over kiln's and Inductor's steps and print the top Python functions")
+    ap.add_argument("--host", action="store_true",
+                    help="also measure each backend's host time per step with the GPU kept busy (host_ms)")
     opts = ap.parse_args()
     global MODE, TOP_KERNELS
     MODE = opts.mode
@@ -434,9 +464,14 @@ def main() -> int:
                     parts = kiln_parts()
                     row["kiln_parts"] = [{"name": p.part_name, "ops": p.ops, "kiln": p.kernel is not None,
                                           "native": p._native is not None, "error": p.error} for p in parts]
-                if backend == "kiln" and opts.cprofile:
-                    row["cprofile"] = python_profile(step, opts.profile_steps)
-                    print(row["cprofile"], flush=True)
+                if backend in ("kiln", "inductor") and opts.cprofile:
+                    row[label]["cprofile"] = python_profile(step, opts.profile_steps)
+                    print(f"{name} {label} cProfile:\n{row[label]['cprofile']}", flush=True)
+                if opts.host:
+                    per_round = 1 if name.endswith("train") else 4
+                    row[label]["host_ms"], ok = host_ms(step, per_round)
+                    print(f"{name} {label}: host {row[label]['host_ms']:.3f} ms per step"
+                          f"{'' if ok else ' (the GPU caught up: includes waiting)'}", flush=True)
                 if backend is not None:
                     names = kiln_kernel_names() if backend == "kiln" else set()
                     row[label]["profile"] = profile_steps(step, opts.profile_steps, names)
@@ -478,6 +513,9 @@ def main() -> int:
             ops = sorted(set(pi["cpu_ops"]) | set(pk["cpu_ops"]))
             for op in ops:
                 lines.append(f"| {op} calls | {pi['cpu_ops'].get(op, 0):.1f} | {pk['cpu_ops'].get(op, 0):.1f} |")
+            if "host_ms" in row["kiln"]:
+                lines.append(f"| host ms per step, GPU kept busy (eager {row['eager']['host_ms']:.3f}) | "
+                             f"{row['inductor']['host_ms']:.3f} | {row['kiln']['host_ms']:.3f} | |")
             lines.append(f"| kiln part calls | | {pk['part_calls']:.1f} | {pp['part_calls']:.1f} |")
             lines.append(f"| host ms inside kiln parts | | {pk['part_host_ms']:.3f} | {pp['part_host_ms']:.3f} |")
             lines.append(f"| host us per part call (median) | | {pk['part_call_us_median']:.1f} | "

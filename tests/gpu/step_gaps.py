@@ -22,6 +22,18 @@ from typing import Any
 import torch
 
 
+def innermost_op(cpu_ops: list[dict[str, Any]], ts: float) -> str:
+    """The innermost CPU op (of ``cpu_ops``, sorted by start) running at time ``ts``: a launch's
+    caller."""
+    best = None
+    for o in cpu_ops:
+        if o["ts"] > ts:
+            break
+        if o["ts"] + o["dur"] >= ts and (best is None or o["dur"] <= best["dur"]):
+            best = o
+    return best["name"] if best else "(none)"
+
+
 def analyse(trace: dict[str, Any], steps: int) -> list[str]:
     ev = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     kernels = sorted((e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
@@ -39,14 +51,7 @@ def analyse(trace: dict[str, Any], steps: int) -> list[str]:
     end = kernels[0]["ts"] + kernels[0]["dur"]
 
     def host_op(ts: float) -> str:
-        # The innermost CPU op running at time ts (the launch's caller).
-        best = None
-        for o in cpu_ops:
-            if o["ts"] > ts:
-                break
-            if o["ts"] + o["dur"] >= ts and (best is None or o["dur"] <= best["dur"]):
-                best = o
-        return best["name"] if best else "(none)"
+        return innermost_op(cpu_ops, ts)
 
     for k in kernels[1:]:
         gap = k["ts"] - end
@@ -72,11 +77,41 @@ def analyse(trace: dict[str, Any], steps: int) -> list[str]:
     return lines
 
 
+def timeline(trace: dict[str, Any], count: int) -> list[str]:
+    """The first ``count`` kernels of the step marked ``timeline_step``: host launch time and GPU
+    start, both from the step's start on the host, the kernel's duration and the host op that
+    launched it. Where a kernel starts right at its launch, the GPU was waiting for the host."""
+    ev = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    marks = [e for e in ev if e.get("name") == "timeline_step" and e.get("cat") == "user_annotation"]
+    if not marks:
+        return ["(no timeline step in the trace)"]
+    t0 = marks[0]["ts"]
+    runtime = {e["args"].get("correlation"): e for e in ev if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    cpu_ops = sorted((e for e in ev if e.get("cat") == "cpu_op" and e["ts"] >= t0), key=lambda e: e["ts"])
+    kernels = sorted((e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e["ts"] >= t0),
+                     key=lambda e: e["ts"])[:count]
+
+    def host_op(ts: float) -> str:
+        return innermost_op(cpu_ops, ts)
+
+    lines = [f"First {len(kernels)} kernels of one step from an idle GPU (µs from the step's start):", "",
+             "| launched | GPU start | GPU µs | kernel | launched by |", "| ---: | ---: | ---: | --- | --- |"]
+    for k in kernels:
+        rt = runtime.get(k["args"].get("correlation"))
+        launched = f"{rt['ts'] - t0:.0f}" if rt else "?"
+        lines.append(f"| {launched} | {k['ts'] - t0:.0f} | {k['dur']:.0f} | `{k['name'][:60]}` | "
+                     f"`{host_op(rt['ts'])[:60] if rt else '?'}` |")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--backends", default="inductor,kiln")
+    ap.add_argument("--timeline", type=int, default=0,
+                    help="also list the first N kernels of one step started from an idle GPU: when each "
+                         "was launched and when it ran, from the step's start")
     ap.add_argument("--warm", default="", help="sequence lengths run first (e.g. 128,96: the length becomes symbolic)")
     opts = ap.parse_args()
     import kiln.local
@@ -122,10 +157,17 @@ def main() -> int:
                     for _ in range(opts.steps):
                         cm(input_ids=ids, attention_mask=mask)
                     torch.cuda.synchronize()
+                    if opts.timeline:  # one step from an idle GPU, as a timed step starts
+                        with torch.profiler.record_function("timeline_step"):
+                            cm(input_ids=ids, attention_mask=mask)
+                        torch.cuda.synchronize()
             path = work / f"trace_{be}.json"
             prof.export_chrome_trace(str(path))
             lines += [f"## {be}: {per:.3f} ms per step unprofiled", ""]
-            lines += analyse(json.loads(path.read_text()), opts.steps)
+            trace = json.loads(path.read_text())
+            lines += analyse(trace, opts.steps)
+            if opts.timeline:
+                lines += [""] + timeline(trace, opts.timeline)
             lines.append("")
             print("\n".join(lines), flush=True)
     finally:

@@ -856,3 +856,99 @@ def test_float_to_narrow_integer_casts_wrap(client) -> None:
     np.testing.assert_allclose(got[1].astype(np.float64), 1 / (1 + np.exp(-wrapped_u.astype(np.float64))), rtol=2e-3)
     np.testing.assert_array_equal(got[2], wrapped_i)
     np.testing.assert_array_equal(got[3], wrapped_i.astype(np.float32) + 0.5)
+
+
+def _np_gather(x: np.ndarray, idx: np.ndarray, axis: int) -> np.ndarray:
+    """gather's rule in NumPy: negative positions from the end, the rest clamped into the axis;
+    off the axis a dimension of 1 broadcasts and a longer one is read from its start."""
+    n = x.shape[axis]
+    pos = np.where(idx < 0, idx.astype(np.int64) + n, idx.astype(np.int64)).clip(0, n - 1)
+    grids = list(np.indices(idx.shape, sparse=True))
+    for d in range(x.ndim):
+        if d != axis and x.shape[d] == 1:
+            grids[d] = np.zeros_like(grids[d])
+    grids[axis] = pos
+    return x[tuple(np.broadcast_arrays(*grids))]
+
+
+# gather and take: values read at positions held in a tensor (an embedding lookup, NumPy's
+# take_along_axis), from an input, a strided view, a computed value (stored first) and a
+# broadcast table; negative and out-of-range positions; several index dtypes; both thread counts.
+@pytest.mark.parametrize("dtype", ["f32", "f16", "i32", "bool"])
+def test_gather_and_take(client, rng, dtype: str) -> None:
+    b = kiln.GraphBuilder()
+    w = b.input("w", dtype, (11, 7))
+    ids = b.input("ids", "i64", (3, 5))
+    pos = b.input("pos", "i32", (4, 7))
+    tab = b.input("tab", dtype, (1, 13))
+    sel = b.input("sel", "u8", (6, 3))
+    wt = b.permute(w, [1, 0])  # a view: [7, 11]
+    outs = [
+        b.take(w, ids, axis=0),                                   # [3, 5, 7]: rows
+        b.gather(w, pos, axis=0),                                 # take_along_axis
+        b.gather(b.broadcast_to(tab, (6, 13)), sel, axis=1),      # a broadcast table
+        b.take(wt, ids, axis=1),                                  # columns of a view: [7, 3, 5]
+        b.gather(b.cast(b.add(w, w), "f32") if dtype != "bool" else b.cast(w, "f32"), pos, axis=0),  # computed
+    ]
+    outs.append(b.add(b.cast(outs[0], "f32"), 1.0))  # a consumer of a gather in the same kernel
+    compiled = client.compile(b.build(outs))
+    wh = random_array(rng, dtype, (11, 7))
+    idh = rng.integers(-14, 14, size=(3, 5)).astype(np.int64)  # negative and out-of-range positions
+    ph = rng.integers(-11, 11, size=(4, 7)).astype(np.int32)
+    th = random_array(rng, dtype, (1, 13))
+    sh = rng.integers(0, 20, size=(6, 3)).astype(np.uint8)
+    flat = _np_gather(wh, np.broadcast_to(idh.reshape(15, 1), (15, 7)), 0).reshape(3, 5, 7)
+    computed = (wh + wh).astype(np.float32) if dtype != "bool" else wh.astype(np.float32)
+    wants = [flat, _np_gather(wh, ph, 0), _np_gather(np.broadcast_to(th, (6, 13)), sh, 1),
+             _np_gather(wh.T, np.broadcast_to(idh.reshape(1, 15), (7, 15)), 1).reshape(7, 3, 5),
+             _np_gather(computed, ph, 0), flat.astype(np.float32) + 1]
+    # In range, the rule is NumPy's own.
+    ok = rng.integers(-11, 11, size=(3, 5))
+    np.testing.assert_array_equal(_np_gather(wh, np.broadcast_to(ok.reshape(15, 1), (15, 7)), 0).reshape(3, 5, 7),
+                                  np.take(wh, ok, axis=0))
+    for threads in (1, 2):
+        got = compiled(wh, idh, ph, th, sh, num_threads=threads)
+        for i, (g_, w_) in enumerate(zip(got, wants)):
+            check(g_, np.ascontiguousarray(w_), str(w_.dtype), f"gather output {i} ({threads} threads)")
+
+
+def test_gather_rejects_what_it_cannot_read(client) -> None:
+    """A float index, ranks that differ, shapes that do not broadcast off the axis, an empty axis:
+    InvalidArgument naming the rule, and the daemon keeps serving."""
+    def graph(xshape, ishape, idtype="i64", axis=0):
+        b = kiln.GraphBuilder()
+        x = b.input("x", "f32", xshape)
+        i = b.input("i", idtype, ishape)
+        return b.build([b.node("gather", [x, i], {"axis": ("i", axis)}, "f32", ishape)])
+
+    for args, rule in [(((4, 3), (2, 3), "f32"), "integer tensor"), (((4, 3), (2,)), "same rank"),
+                       (((4, 3), (2, 5)), "broadcast"), (((0, 3), (2, 3)), "element to read"),
+                       (((4, 3), (2, 3), "i64", 2), "out of range")]:
+        with pytest.raises(kiln.KilnError) as e:
+            client.compile(graph(*args))
+        assert "gather" in str(e.value) and rule in str(e.value), (args, str(e.value))
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (4, 3))
+    i = b.input("i", "i32", (2, 3))
+    got = client.compile(b.build([b.gather(x, i, 0)]))(np.ones((4, 3), np.float32), np.zeros((2, 3), np.int32))
+    np.testing.assert_array_equal(got, np.ones((2, 3), np.float32))
+
+
+def test_gather_at_symbolic_sizes(client, rng) -> None:
+    """An embedding lookup whose ids have symbolic batch and length: one compile serves every
+    size, the table's row count stays static."""
+    b = kiln.GraphBuilder()
+    w = b.input("w", "f32", (50, 24))
+    ids = b.input("ids", "i64", (2, 3), dims=("B", "T"))
+    g = b.take(w, ids, axis=0)
+    out = b.layer_norm(g, axes=[-1]) if hasattr(b, "layer_norm") else g
+    compiled = client.compile(b.build([g, out]))
+    for bs, t in [(1, 1), (2, 7), (5, 13), (3, 0)]:
+        wh = random_array(rng, "f32", (50, 24))
+        idh = rng.integers(-50, 60, size=(bs, t)).astype(np.int64)
+        want = _np_gather(wh, np.broadcast_to(idh.reshape(-1, 1), (bs * t, 24)), 0).reshape(bs, t, 24)
+        got = compiled(wh, idh)
+        check(got[0], want, "f32", f"B={bs}, T={t}")
+        mu = want.mean(-1, keepdims=True)
+        ln = (want - mu) / np.sqrt(((want - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
+        np.testing.assert_allclose(got[1], ln, rtol=1e-4, atol=1e-4, err_msg=f"B={bs}, T={t}")

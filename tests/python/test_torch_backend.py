@@ -1316,6 +1316,108 @@ def test_views_of_static_graphs_are_made_from_their_traced_layout(client: Any, r
     torch.testing.assert_close(got, tail.select(0, 1))
 
 
+def test_chained_views_fold_into_one_reinterpreted_view() -> None:
+    """A reinterpreted view of a reinterpreted view read by nothing else becomes one call (the
+    offsets add up); with other strides than traced, the chain's ops run one by one."""
+    from kiln.torch import dynamo_backend as DB
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(30)
+    tail = g.call_method("__getitem__", (x, slice(6, None)))  # not a view method: stays
+    tail.meta["val"] = torch.empty(30)[6:]
+    v = g.call_method("view", (tail, 2, 3, 4))
+    v.meta["val"] = torch.empty(30)[6:].view(2, 3, 4)
+    p = g.call_method("permute", (v, [0, 2, 1]))
+    p.meta["val"] = v.meta["val"].permute(0, 2, 1)
+    s = g.call_method("select", (p, 0, 1))
+    s.meta["val"] = p.meta["val"].select(0, 1)
+    g.output((g.call_method("add", (s, 1.0)),))  # (a view that is a graph output keeps its op)
+    assert DB.fold_reinterpret(g) == 3 + 2  # three views rewritten, two links folded
+    made = [n for n in g.nodes if n.target is DB.reinterpreted_view]
+    assert len(made) == 1 and made[0].args[0] is tail, g
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    xs = torch.arange(30.0)
+    (got,) = gm(xs)
+    torch.testing.assert_close(got, xs[6:].view(2, 3, 4).permute(0, 2, 1).select(0, 1) + 1)
+    # The fallback: a tensor in other strides takes the view ops themselves.
+    other = torch.arange(24.0).view(2, 3, 4)
+    got = DB.reinterpreted_view(other.transpose(0, 1).contiguous().transpose(0, 1), *made[0].args[1:])
+    torch.testing.assert_close(got, other.permute(0, 2, 1).select(0, 1))
+
+
+def test_long_kernels_are_launched_before_side_work() -> None:
+    """launch_long_kernels_first: a matrix product moves ahead of work that only a later node
+    reads (a mask's preparation), with its own inputs before it; nodes that draw random
+    numbers keep their order and place; the results are the same."""
+    from kiln.torch import dynamo_backend as DB
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        mask = torch.gt(x, 0.5) * 2.0  # side work nothing long reads
+        h = torch.relu(x) + 1.0  # the product's input
+        y = torch.mm(h, w)
+        d1 = torch.ops.aten.native_dropout.default(y, 0.5, True)[0]
+        side = torch.sum(d1) * 3.0
+        z = torch.mm(d1, w)
+        d2 = torch.ops.aten.native_dropout.default(z, 0.5, True)[0]
+        return y + mask, side, d2
+
+    gm = torch.fx.symbolic_trace(f)
+    before = [n.name for n in gm.graph.nodes]
+    moved = DB.launch_long_kernels_first(gm.graph)
+    gm.recompile()
+    order = [n.name for n in gm.graph.nodes]
+    assert moved > 0 and sorted(order) == sorted(before)
+    assert order.index("mm") < order.index("gt") < order.index("native_dropout_default"), order
+    assert order.index("relu") < order.index("mm")
+    # Between the two dropouts: the second product goes before the side sum.
+    assert order.index("mm_1") < order.index("sum_1") < order.index("native_dropout_default_1"), order
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    torch.manual_seed(3)
+    want = f(x, w)
+    torch.manual_seed(3)
+    got = gm(x, w)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_long_reductions_over_small_outputs_add_their_bias_apart(monkeypatch: Any) -> None:
+    """An f32 CUDA addmm read only by torch (a linear layer before dropout) keeps its bias
+    epilogue, except a long reduction over an output that does not fill the GPU with 128x128
+    tiles: that one becomes mm plus an add (cuBLAS splits the reduction of a plain GEMM only)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kiln.torch import partition as P
+
+    class Props:
+        multi_processor_count = 132
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *_: Props())
+
+    def graph(m: int, k: int, n: int) -> torch.fx.Graph:
+        g = torch.fx.Graph()
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            vals = [torch.empty(n, device="cuda"), torch.empty(m, k, device="cuda"), torch.empty(k, n, device="cuda")]
+            out = torch.empty(m, n, device="cuda")
+        args = []
+        for name, v in zip(("bias", "a", "b"), vals):
+            p = g.placeholder(name)
+            p.meta["val"] = v
+            args.append(p)
+        mm = g.call_function(torch.ops.aten.addmm.default, tuple(args))
+        mm.meta["val"] = out
+        drop = g.call_function(torch.ops.aten.native_dropout.default, (mm, 0.1, True))
+        g.output((drop,))
+        return g
+
+    long_k = graph(2048, 3072, 768)  # BERT-base's 3072->768 product: 96 tiles, K = 4N
+    assert P.unfuse_addmm_epilogues(long_k) == 1
+    assert [n.target for n in long_k.nodes if n.op == "call_function"][:2] == [torch.ops.aten.mm.default,
+                                                                               torch.ops.aten.add.Tensor]
+    for shape in ((2048, 768, 768), (2048, 768, 3072), (8192, 3072, 768)):  # short K; tiles fill the GPU
+        assert P.unfuse_addmm_epilogues(graph(*shape)) == 0, shape
+
+
 def test_contiguous_clones_on_the_torch_side_copy_only_what_is_not_contiguous() -> None:
     """fold_clones: a clone read by plain ops becomes ``contiguous()`` (no copy of a contiguous
     tensor, a copy of any other); clones that are graph outputs, that an in-place op writes,
@@ -1397,3 +1499,52 @@ def test_large_transposing_copies_run_in_kiln(client: Any, rewrites: list[tuple[
         kiln_side = [p for p in parts if "clone.default" in p.ops]
         assert (len(kiln_side), len(torch_side)) == ((1, 0) if in_kiln else (0, 1)), (shape, gm.code)
     assert kt.stats()["failed"] == 0
+
+
+class _Lookup(torch.nn.Module):
+    """An embedding prologue as BERT's: word, position and token-type tables read at ids,
+    positions sliced from a buffer, a token-type buffer gathered at those positions, then the
+    sum's layer_norm; index_select and gather as a model writes them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(5)
+        self.word = torch.nn.Embedding(50, 16)
+        self.pos = torch.nn.Embedding(32, 16)
+        self.kind = torch.nn.Embedding(2, 16)
+        self.norm = torch.nn.LayerNorm(16)
+        self.register_buffer("position_ids", torch.arange(32).expand((1, -1)), persistent=False)
+        self.register_buffer("token_type_ids", torch.zeros(1, 32, dtype=torch.long), persistent=False)
+
+    def forward(self, ids: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t = ids.shape[1]
+        positions = self.position_ids[:, :t]
+        # (as BERT spells it: a [1, t] gather grown to the batch, t symbolic from the second length)
+        kinds = torch.gather(self.token_type_ids, 1, positions).expand(ids.shape[0], t)
+        h = self.word(ids) + self.pos(positions) + self.kind(kinds)
+        return self.norm(h), torch.index_select(x, 1, rows) * 2.0, torch.gather(x, 0, cols) + 1.0
+
+
+def test_embedding_lookups_and_gathers_run_in_kiln(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+    """embedding, index_select and gather lower to kiln's gather: the whole prologue (three
+    lookups, the token-type gather, the adds and layer_norm) is one kiln part with no torch
+    node before it; outputs and gradients (the tables', through torch's embedding backward)
+    match eager, at two lengths (the second symbolic) with no fallback."""
+    model = _Lookup()
+    x = torch.randn(6, 9, requires_grad=True)
+    rows = torch.tensor([8, 0, 3, 3])
+    cols = torch.randint(0, 6, (4, 9))
+    for t in (7, 5, 11):
+        ids = torch.randint(0, 50, (3, t))
+        check_fwd_bwd(lambda i, x_: model(i, x_, rows, cols), [ids, x], client, rtol=1e-4, atol=1e-4)
+    s = assert_kiln_ran()
+    assert s["eager_calls"] == 0, s
+    code = rewrites[0][0].code
+    for op in ("embedding", "gather(", "index_select"):
+        assert f"torch.{op}" not in code and f"aten.{op}" not in code, code
+    # The tables' gradients came through: the kiln forward kept the graph differentiable.
+    model.zero_grad()
+    ids = torch.randint(0, 50, (3, 7))
+    out = compiled(lambda i: model(i, x, rows, cols)[0], client)(ids)
+    out.sum().backward()
+    assert model.word.weight.grad is not None and model.word.weight.grad.abs().sum() > 0

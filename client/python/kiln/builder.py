@@ -564,6 +564,41 @@ class GraphBuilder:
         shape[a] = sum(v.shape[a] for v in vals)
         return self.node("concat", vals, {"axis": ("i", a)}, dt.promote_all([v.dtype for v in vals]), tuple(shape))
 
+    def gather(self, x: Value, index: Operand, axis: int) -> Value:
+        """NumPy's ``take_along_axis(x, index, axis)``: ``out[i] = x[i with axis -> index[i]]``.
+        ``index`` is an integer tensor of ``x``'s rank; off ``axis`` the two broadcast, and the
+        result has ``x``'s dtype. Negative positions count from the end; positions outside the
+        axis read its nearest end (kernels never read outside ``x``; NumPy would raise)."""
+        idx = self._tensor_operands([index])[0]
+        if not dt.is_integer(idx.dtype):
+            raise TypeError(f"gather: the index must be an integer tensor, not {idx.dtype}")
+        if idx.ndim != x.ndim:
+            raise ValueError(f"gather: index has rank {idx.ndim}, x rank {x.ndim}")
+        a = normalize_axes([axis], x.ndim)[0]
+        shape = list(idx.shape)
+        for d in range(x.ndim):
+            if d == a or x.shape[d] in (1, idx.shape[d]):
+                continue
+            if idx.shape[d] != 1:
+                raise ValueError(f"gather: x {tuple(x.shape)} and index {tuple(idx.shape)} do not broadcast off axis {a}")
+            shape[d] = x.shape[d]
+        return self.node("gather", [x, idx], {"axis": ("i", a)}, x.dtype, tuple(shape))
+
+    def take(self, x: Value, indices: Operand, axis: int = 0) -> Value:
+        """NumPy's ``take(x, indices, axis)``: the result's shape is ``x.shape[:axis] +
+        indices.shape + x.shape[axis+1:]`` (an embedding lookup: ``take(table, ids)``). A gather
+        of ``x`` with size-1 axes inserted after ``axis`` by ``indices`` with size-1 axes around
+        it (views only, so symbolic sizes stay symbolic); positions as :meth:`gather` treats them."""
+        idx = self._tensor_operands([indices])[0]
+        a = normalize_axes([axis], x.ndim)[0]
+        if idx.ndim == 0:
+            return self.squeeze(self.take(x, self.reshape(idx, (1,)), a), [a])
+        k = idx.ndim
+        xs = self.unsqueeze(x, list(range(a + 1, a + k))) if k > 1 else x
+        around = list(range(a)) + list(range(a + k, x.ndim + k - 1))
+        ix = self.unsqueeze(idx, around) if around else idx
+        return self.gather(xs, ix, a)
+
     def index(self, x: Value, key: Any) -> Value:
         """Basic NumPy indexing: ints, slices, None and Ellipsis, as ``x[key]`` does.
 

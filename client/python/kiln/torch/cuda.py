@@ -220,19 +220,22 @@ def draws_random_numbers(graph: Any) -> bool:
     with a nonzero dropout probability. Such a graph is not captured: a replay would repeat the
     captured random numbers, and attention's dropout seed comes out of a capture as device
     memory that its backward, run outside a capture, reads on the host (a crash)."""
-    seeded = torch.Tag.nondeterministic_seeded
-    for n in graph.nodes:
-        target = n.target
-        if n.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or seeded not in target.tags:
-            continue
-        names = [a.name for a in target._schema.arguments]
-        if "dropout_p" not in names:
-            return True
-        i = names.index("dropout_p")
-        p = n.args[i] if i < len(n.args) else n.kwargs.get("dropout_p", 0.0)
-        if not isinstance(p, (int, float)) or p != 0:
-            return True
-    return False
+    return any(draws_random(n) for n in graph.nodes)
+
+
+def draws_random(n: Any) -> bool:
+    """Whether one FX node consumes the RNG (see :func:`draws_random_numbers`)."""
+    target = n.target
+    if n.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded not in target.tags:
+        return False
+    names = [a.name for a in target._schema.arguments]
+    if "dropout_p" not in names:
+        return True
+    i = names.index("dropout_p")
+    p = n.args[i] if i < len(n.args) else n.kwargs.get("dropout_p", 0.0)
+    return not isinstance(p, (int, float)) or p != 0
 
 
 def wants_cuda_graphs(example_inputs: Sequence[Any]) -> bool:
@@ -241,4 +244,4 @@ def wants_cuda_graphs(example_inputs: Sequence[Any]) -> bool:
     return bool(tensors) and all(t.device.type == "cuda" for t in tensors)
 
 
-__all__ = ["CudaGraphRunner", "CudaKernel", "draws_random_numbers", "load_kernel", "wants_cuda_graphs"]
+__all__ = ["CudaGraphRunner", "CudaKernel", "draws_random", "draws_random_numbers", "load_kernel", "wants_cuda_graphs"]

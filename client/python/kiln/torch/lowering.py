@@ -813,6 +813,7 @@ def _expand(ctx: LoweringContext, x: Value, size: Sequence[Any], implicit: bool 
     arg = ctx.node.args[0] if ctx.node.args else None
     x_meta = node_meta(arg) if isinstance(arg, torch.fx.Node) else None
     shape = []
+    kept_symbolic = False
     for i, d in enumerate(size):
         d = _static_or_sym(d)
         if isinstance(d, SymArg):
@@ -820,10 +821,21 @@ def _expand(ctx: LoweringContext, x: Value, size: Sequence[Any], implicit: bool 
             if not isinstance(src, torch.SymInt) or src.node.expr != d.expr:
                 raise Unsupported(f"expand to the run-time size {d.expr}")
             shape.append(x.shape[i - lead])
+            kept_symbolic = True
         else:
+            if d == -1 and i >= lead and isinstance(x_meta, torch.Tensor) and not _is_static_size(x_meta.shape[i - lead]):
+                kept_symbolic = True
             shape.append(x.shape[i - lead] if d == -1 else d)
     shape_t = tuple(shape)
-    return x if shape_t == x.shape else ctx.b.broadcast_to(x, shape_t)
+    if shape_t == x.shape:
+        return x
+    if kept_symbolic:
+        # broadcast_to spells its target in numbers, which a run-time size is not: the static
+        # dimensions that grow come from broadcasting against a condition of those sizes
+        # instead (``where(True, x, x)``), and the symbolic ones stay x's own.
+        grow = tuple(t if i < lead or x.shape[i - lead] != t else 1 for i, t in enumerate(shape_t))
+        return ctx.b.where(ctx.b.full(grow, 1, "bool"), x, x)
+    return ctx.b.broadcast_to(x, shape_t)
 
 
 @register_lowering(aten.permute.default, aten.permute_copy.default)
@@ -923,6 +935,56 @@ def _split(ctx: LoweringContext, x: Value, split_size: int, dim: int = 0) -> tup
 def _unbind(ctx: LoweringContext, x: Value, dim: int = 0) -> tuple[Value, ...]:
     d = _norm_dim(dim, x.ndim)
     return tuple(_select(ctx, x, d, i) for i in range(x.shape[d]))
+
+
+# ---------------------------------------------------------------------------------- indexing
+#
+# Reads at positions held in a tensor lower to kiln's gather (NumPy's take_along_axis), which
+# reads a graph input's buffer where it is: an embedding lookup fuses with the adds and the
+# layer_norm after it. Positions out of range read the axis's nearest end where torch would
+# raise a device-side error (a valid program never has them).
+
+@register_lowering(aten.embedding.default)
+def _embedding(ctx: LoweringContext, weight: Value, indices: Value, padding_idx: int = -1,
+               scale_grad_by_freq: bool = False, sparse: bool = False) -> Value:
+    if weight.ndim != 2:
+        raise Unsupported("embedding of a table that is not 2-D")
+    return ctx.b.take(weight, indices, axis=0)  # padding_idx and the rest concern the backward
+
+
+@register_lowering(aten.index_select.default)
+def _index_select(ctx: LoweringContext, x: Value, dim: int, index: Value) -> Value:
+    if x.ndim == 0:
+        raise Unsupported("index_select of a 0-d tensor")
+    if index.ndim == 0:  # torch keeps the dimension (size 1)
+        index = ctx.b.reshape(index, (1,))
+    return ctx.b.take(x, index, axis=_norm_dim(dim, x.ndim))
+
+
+@register_lowering(aten.gather.default)
+def _gather(ctx: LoweringContext, x: Value, dim: int, index: Value, sparse_grad: bool = False) -> Value:
+    """torch.gather reads the first ``index.size(d)`` positions of each other dimension of x
+    (kiln's gather broadcasts instead): x is sliced to the index's sizes first."""
+    if x.ndim != index.ndim or x.ndim == 0:
+        raise Unsupported("gather of tensors of different ranks")
+    d = _norm_dim(dim, x.ndim)
+    xm, im = node_meta(ctx.node.args[0]), node_meta(ctx.node.args[2])
+    axes, stops = [], []
+    for k in range(x.ndim):
+        if k == d:
+            continue
+        xs, ix = xm.shape[k], im.shape[k]
+        if _is_static_size(xs) and _is_static_size(ix):
+            if int(ix) > int(xs) or (int(ix) != int(xs) and int(xs) == 1):
+                raise Unsupported("gather index larger than its input")
+            if int(ix) < int(xs):
+                axes.append(k)
+                stops.append(int(ix))
+        elif str(xs) != str(ix):
+            raise Unsupported("gather with symbolic sizes that may differ off its axis")
+    if axes:
+        x = ctx.b.slice(x, axes, [0] * len(axes), stops, [1] * len(axes))
+    return ctx.b.gather(x, index, d)
 
 
 @register_lowering(aten.cat.default)

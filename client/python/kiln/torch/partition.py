@@ -360,7 +360,9 @@ def unfuse_addmm_epilogues(graph: torch.fx.Graph) -> int:
     On CUDA that also changes which GEMM runs: torch sends ``addmm`` with a vector bias to
     cuBLASLt's bias epilogue, whose kernel choice for BERT-base's shapes is slower than the
     plain ``mm``'s (0.8 ms of 5.8 ms of GEMMs per inference step on an H100; Inductor unfuses
-    the bias the same way). An addmm whose result only torch reads keeps its fused epilogue.
+    the bias the same way). An addmm whose result only torch reads keeps its fused epilogue,
+    unless it is a long reduction over a small output (:func:`_split_k_product`), whose add
+    then runs in a kiln part of its own.
     Numerically the product is rounded to the output dtype before the bias is added (one
     extra rounding in f16/bf16; none in f32, where cuBLAS adds the bias in f32 too).
     """
@@ -382,7 +384,7 @@ def unfuse_addmm_epilogues(graph: torch.fx.Graph) -> int:
         # broadcasts the same way (the view keeps the last dimension).
         sink = view is not None and node_color(view)[0] is None
         anchor = view if sink else n  # the node whose value the add replaces
-        if not _read_by_kiln(anchor):
+        if not _read_by_kiln(anchor) and not _split_k_product(meta, a):
             continue
         with graph.inserting_before(anchor):
             mm = graph.call_function(aten.mm.default, (a, b))
@@ -399,6 +401,29 @@ def unfuse_addmm_epilogues(graph: torch.fx.Graph) -> int:
             graph.erase_node(n)
         done += 1
     return done
+
+
+def _split_k_product(out: torch.Tensor, a: torch.fx.Node) -> bool:
+    """Whether an f32 CUDA ``addmm`` is one whose bias is better added apart even when only
+    torch reads the result (a linear layer before dropout, in training): a long reduction
+    (K >= 2N) over an output too small to fill the GPU with 128x128 tiles. There cuBLAS's plain
+    GEMM splits the reduction (split-K) and its bias-epilogue path does not: BERT-base's
+    3072->768 product over 2048 rows runs 209 µs as ``mm`` and 255 µs as ``addmm`` on an H200
+    (``tests/gpu/gemm_choice.py``), and the separate add costs ~6 µs. Elsewhere the epilogue
+    is as fast or faster (768->768: 65 µs against 69), and the addmm stays."""
+    am = L.node_meta(a)
+    if not (isinstance(am, torch.Tensor) and out.device.type == "cuda" and out.dtype == torch.float32
+            and out.ndim == 2 and am.ndim == 2):
+        return False
+    sizes = (out.shape[0], out.shape[1], am.shape[1])
+    if not all(L._is_static_size(d) for d in sizes):
+        return False
+    m, n, k = (int(d) for d in sizes)
+    try:
+        sms = torch.cuda.get_device_properties(out.device).multi_processor_count
+    except Exception:  # no device to ask (a graph traced for CUDA elsewhere)
+        return False
+    return k >= 2 * n and -(-m // 128) * -(-n // 128) < sms
 
 
 def _keeps_last_dim(v: torch.fx.Node, src: torch.Tensor) -> bool:
