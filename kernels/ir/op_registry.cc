@@ -328,9 +328,8 @@ absl::StatusOr<TensorType> InferGather(const Node& n, const Types& in) {
     return InvalidArgumentError(absl::StrCat("gather: x ", ShapeStr(x.shape), " and index ", ShapeStr(idx.shape),
                                              " off axis ", axis, " (rule: off the axis, x and index broadcast)"));
   }
-  int64_t elements = 1;
-  for (int64_t d : out) elements *= d;
-  if (x.shape[axis] == 0 && elements != 0)
+  const bool empty = std::count(out.begin(), out.end(), 0) > 0;
+  if (x.shape[axis] == 0 && !empty)
     return InvalidArgumentError(absl::StrCat("gather: axis ", axis, " of x ", ShapeStr(x.shape),
                                              " is empty (rule: there must be an element to read)"));
   return Make(x.dtype, out);
