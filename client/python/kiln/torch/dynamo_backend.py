@@ -372,9 +372,11 @@ def _direct_calls() -> dict[Any, tuple[str, Any]]:
     }
     function = {aten.mm.default: torch.mm, aten.bmm.default: torch.bmm, aten.addmm.default: torch.addmm,
                 aten.gather.default: torch.gather, aten.embedding.default: torch.embedding}
-    # Attention: 18 µs of host time per call through the torch binding against 29 through the
-    # OpOverload on an H200's host (tests/gpu/host_calls.py); only calls that draw no random
-    # numbers (_direct_call), so that the graph's random ops stay recognisable.
+    # Attention: the OpOverload's Python call cost 29 µs of host time on an H200's host where
+    # F.scaled_dot_product_attention, reaching the same kernel through torch's bindings, cost
+    # 18 (tests/gpu/host_calls.py); the bindings of the ATen ops themselves are called here.
+    # Only calls that draw no random numbers (_direct_call), so the graph's random ops stay
+    # recognisable.
     for name in ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
                  "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention"):
         op, fn = getattr(aten, name, None), getattr(torch, name, None)
