@@ -444,9 +444,17 @@ class Tracer:
         tr = self._trace
         with tr.scope("ndarray.__getitem__"):
             keys = key if isinstance(key, tuple) else (key,)
+            arrays = [i for i, k in enumerate(keys) if isinstance(k, (Tracer, np.ndarray, list))]
+            if len(arrays) == 1 and _integer_index(tr, keys[arrays[0]]) is not None:
+                # One integer array among full slices: np.take along that axis (a copy).
+                i = arrays[0]
+                if all(isinstance(k, slice) and k == slice(None) for j, k in enumerate(keys) if j != i) and i < self.ndim:
+                    return tr.wrap(_take_value(tr, self._v, _integer_index(tr, keys[i]), i, "raise"))
             for k in keys:
                 if isinstance(k, (Tracer, np.ndarray, list)):
-                    raise UnsupportedError("indexing with an array (advanced indexing)", "the result's shape would depend on the data; use np.where")
+                    raise UnsupportedError("indexing with an array (advanced indexing)",
+                                           "one integer array among full slices (x[idx], x[:, idx]) is supported; "
+                                           "for a mask the result's shape would depend on the data: use np.where")
                 if isinstance(k, (bool, np.bool_)):
                     raise UnsupportedError("indexing with a bool scalar")
             try:
@@ -881,6 +889,60 @@ def _clip(tr: Trace, a: Any, a_min: Any = _NOVALUE, a_max: Any = _NOVALUE, out: 
         if hi is not None:
             v = tr.b.binary("minimum", v, tr.value(hi, res))
     return tr.wrap(v)
+
+
+def _integer_index(tr: Trace, k: Any) -> Optional[Value]:
+    """``k`` as an integer Value when it is an integer array (traced or captured), else None."""
+    if isinstance(k, Tracer):
+        v = tr.value(k)
+    elif isinstance(k, (np.ndarray, list)):
+        arr = np.asarray(k)
+        if arr.dtype.kind not in "iu":
+            return None
+        v = tr.value(arr)
+    else:
+        return None
+    return v if dt.is_integer(v.dtype) else None
+
+
+def _take_value(tr: Trace, a: Value, idx: Value, axis: int, mode: str) -> Value:
+    """np.take's modes on kiln's gather (which wraps negatives and clamps the rest, so that
+    ``raise`` agrees with NumPy wherever NumPy does not raise): ``clip`` clamps first (a
+    negative index reads position 0, as NumPy's clip does), ``wrap`` takes the remainder."""
+    n = a.shape[axis]
+    if mode == "clip":
+        idx = tr.b.binary("minimum", tr.b.binary("maximum", idx, tr.b.constant(0, idx.dtype)),
+                          tr.b.constant(max(n - 1, 0), idx.dtype))
+    elif mode == "wrap":
+        idx = tr.b.binary("remainder", idx, tr.b.constant(max(n, 1), idx.dtype))
+    elif mode != "raise":
+        raise ValueError(f"clipmode must be one of 'clip', 'raise', or 'wrap' (got {mode!r})")
+    return tr.b.take(a, idx, axis)
+
+
+@_implements("take")
+def _take(tr: Trace, a: Any, indices: Any, axis: Any = None, out: Any = None, mode: str = "raise") -> Tracer:
+    _no_out("numpy.take", out)
+    v = tr.value(a)
+    idx = _integer_index(tr, indices) if not dt.scalar_kind(indices) else tr.value(int(indices))
+    if idx is None:
+        raise TypeError("numpy.take: indices must be integers")
+    if axis is None:
+        v, axis = tr.b.reshape(v, (-1,)), 0
+    return tr.wrap(_take_value(tr, v, idx, normalize_axes([axis], v.ndim)[0], mode))
+
+
+@_implements("take_along_axis")
+def _take_along_axis(tr: Trace, arr: Any, indices: Any, axis: Any = -1) -> Tracer:
+    v = tr.value(arr)
+    idx = _integer_index(tr, indices)
+    if idx is None:
+        raise IndexError("`indices` must be an integer array")
+    if axis is None:
+        v, axis = tr.b.reshape(v, (-1,)), 0
+    if idx.ndim != v.ndim:
+        raise ValueError("`indices` and `arr` must have the same number of dimensions")
+    return tr.wrap(tr.b.gather(v, idx, normalize_axes([axis], v.ndim)[0]))
 
 
 @_implements("where")
