@@ -1548,3 +1548,18 @@ def test_embedding_lookups_and_gathers_run_in_kiln(client: Any, rewrites: list[t
     out = compiled(lambda i: model(i, x, rows, cols)[0], client)(ids)
     out.sum().backward()
     assert model.word.weight.grad is not None and model.word.weight.grad.abs().sum() > 0
+
+
+def test_embedding_gradient_by_index_add_matches_torch() -> None:
+    """The CUDA decomposition of an embedding's backward (a zero table and index_add) gives
+    torch's gradient: repeated ids accumulate, the padding row stays zero, any id shape."""
+    from kiln.torch import dynamo_backend as DB
+
+    torch.manual_seed(4)
+    ids = torch.tensor([[3, 0, 3, 7], [7, 7, 1, 0]])
+    grad = torch.randn(2, 4, 5, dtype=torch.float64)
+    for padding_idx in (-1, 0, 7):
+        want = torch.ops.aten.embedding_dense_backward.default(grad, ids, 9, padding_idx, False)
+        torch.testing.assert_close(DB.embedding_grad(grad, ids, 9, padding_idx), want)
+    # The decomposition itself leaves CPU tensors (and frequency scaling) to torch's op.
+    assert DB._embedding_backward_by_atomic_adds(grad, ids, 9, -1, False) is NotImplemented

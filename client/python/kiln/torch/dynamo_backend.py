@@ -737,11 +737,15 @@ def decompositions() -> Any:
         op = getattr(torch.ops.aten, name, None)
         if op is not None:
             table.pop(op.default, None)
-    # An embedding's backward stays torch's op too: decomposed, it is an index_put with
-    # accumulation, which CUDA runs as a sort and a serial scatter per duplicate index (about
-    # 1 ms for BERT-base's word embeddings at batch 16, sequence 128, on an H100/H200), where
-    # the op's own kernel takes a fraction of that. kiln cannot take a scatter either way.
-    table.pop(torch.ops.aten.embedding_dense_backward.default, None)
+    # An embedding's backward: torch's core decomposition is an index_put with accumulation,
+    # which CUDA runs as a sort and a serial scatter per duplicate index (about 1 ms for
+    # BERT-base's word embeddings at batch 16, sequence 128, on an H100/H200), and the op's own
+    # kernel sorts too (0.23 ms per BERT-base step for its three tables, H200). On CUDA it is
+    # a zero table and an index_add (atomic adds, as Inductor's kernel does: 0.03 ms),
+    # unless deterministic algorithms are asked for; elsewhere the op stays torch's.
+    table[torch.ops.aten.embedding_dense_backward.default] = _embedding_backward_by_atomic_adds
+    # (index_add itself stays an op: the core table would make it an index_put, the sort.)
+    table.pop(torch.ops.aten.index_add.default, None)
     # Splits become slices of the split tensor. Kept as one split_with_sizes, the partitioner
     # (min-cut) saves each piece's consumers for the backward rather than the tensor the
     # pieces view: the LLTM cell's forward then wrote its sigmoids and the elu's input, three
@@ -754,6 +758,31 @@ def decompositions() -> Any:
     # in torch with a clone of each running statistic and a kernel of its own per output.
     table.update(get_decompositions([torch.ops.aten._native_batch_norm_legit_functional.default]))
     return table
+
+
+def _embedding_backward_by_atomic_adds(grad_output: torch.Tensor, indices: torch.Tensor, num_weights: int,
+                                       padding_idx: int, scale_grad_by_freq: bool) -> Any:
+    """The gradient of an embedding table on CUDA: each row of ``grad_output`` added into the
+    row its index names (``index_add``, atomic adds: the order of the additions, and so the
+    last bits of a row read many times, may differ between runs, as Inductor's kernel does);
+    rows at ``padding_idx`` contribute nothing. NotImplemented (torch's op) on other devices,
+    with ``scale_grad_by_freq`` or under ``torch.use_deterministic_algorithms``."""
+    if (grad_output.device.type != "cuda" or scale_grad_by_freq or torch.are_deterministic_algorithms_enabled()):
+        return NotImplemented
+    return embedding_grad(grad_output, indices, num_weights, padding_idx)
+
+
+def embedding_grad(grad_output: torch.Tensor, indices: torch.Tensor, num_weights: int, padding_idx: int) -> torch.Tensor:
+    """An embedding table's gradient as a zero table and an ``index_add`` (any device)."""
+    aten = torch.ops.aten
+    width = grad_output.shape[-1]
+    ids = aten.reshape.default(indices, [-1])
+    rows = aten.reshape.default(grad_output, [-1, width])
+    if padding_idx >= 0:
+        keep = aten.unsqueeze.default(aten.ne.Scalar(ids, padding_idx), 1)
+        rows = aten.where.self(keep, rows, aten.scalar_tensor.default(0.0, dtype=rows.dtype, device=rows.device))
+    table = aten.zeros.default([num_weights, width], dtype=grad_output.dtype, device=grad_output.device)
+    return aten.index_add.default(table, 0, ids, rows)
 
 
 def _split_as_slices(x: torch.Tensor, split_sizes: Sequence[Any], dim: int = 0) -> list[torch.Tensor]:
