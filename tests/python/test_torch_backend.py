@@ -1563,3 +1563,23 @@ def test_embedding_gradient_by_index_add_matches_torch() -> None:
         torch.testing.assert_close(DB.embedding_grad(grad, ids, 9, padding_idx), want)
     # The decomposition itself leaves CPU tensors (and frequency scaling) to torch's op.
     assert DB._embedding_backward_by_atomic_adds(grad, ids, 9, -1, False) is NotImplemented
+
+
+def test_advanced_indexing_runs_in_kiln(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+    """x[i, j] with broadcasting index tensors (negative positions too), x[:, i] and x[i]
+    lower to kiln gathers; BERT's mask idiom (``mask[arange(B)[:, None, None, None], kv]``)
+    included; results and gradients equal eager's; no aten.index is left to torch."""
+    x = torch.randn(5, 7, 3, requires_grad=True)
+    i = torch.tensor([[0], [4], [-1]])
+    j = torch.tensor([6, -7, 2, 3])
+    mask = torch.randint(0, 2, (4, 9)).float()
+
+    def f(x_: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        kv = torch.arange(9)[None, None, None, :]
+        b = torch.arange(4)[:, None, None, None]
+        return x_[i, j] * 2.0, x_[:, j] + 1.0, x_[j.abs() % 5] - 1.0, m[b, kv] * 3.0
+
+    check_fwd_bwd(f, [x, mask], client, rtol=1e-5, atol=1e-5)
+    assert_kiln_ran()
+    code = "".join(gm.code for gm, _ in rewrites)
+    assert "aten.index.Tensor" not in code, code

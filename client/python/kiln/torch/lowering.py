@@ -31,6 +31,7 @@ import torch
 import torch.fx
 
 from ..builder import GraphBuilder, Value
+from ..dtypes import is_integer as dt_is_integer
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -959,6 +960,42 @@ def _index_select(ctx: LoweringContext, x: Value, dim: int, index: Value) -> Val
     if index.ndim == 0:  # torch keeps the dimension (size 1)
         index = ctx.b.reshape(index, (1,))
     return ctx.b.take(x, index, axis=_norm_dim(dim, x.ndim))
+
+
+@register_lowering(aten.index.Tensor)
+def _index(ctx: LoweringContext, x: Value, indices: Sequence[Any]) -> Value:
+    """Advanced indexing ``x[..., i0, i1, ...]``: integer index tensors on consecutive
+    dimensions (after any number of full slices) broadcast together, and their positions
+    (negative ones from the end) combine into one position of those dimensions flattened,
+    which a gather reads. Masks, and index tensors apart from each other (torch moves their
+    dimensions to the front), stay in torch."""
+    idx = list(indices)
+    where = [i for i, t in enumerate(idx) if t is not None]
+    if not where or where != list(range(where[0], where[-1] + 1)) or where[-1] >= x.ndim:
+        raise Unsupported("advanced indexing other than consecutive index tensors")
+    ts = [idx[i] for i in where]
+    if any(not isinstance(t, Value) or t.dtype == "bool" or not dt_is_integer(t.dtype) for t in ts):
+        raise Unsupported("indexing with a mask or a non-integer tensor")
+    p, k = where[0], len(ts)
+    if k == 1:
+        return ctx.b.take(x, ts[0], axis=p)
+    xm = node_meta(ctx.node.args[0])
+    if not isinstance(xm, torch.Tensor) or not all(_is_static_size(d) for d in xm.shape):
+        raise Unsupported("advanced indexing with several index tensors of a tensor of run-time size")
+    sizes = x.shape[p:p + k]
+    pos: Optional[Value] = None
+    stride = 1
+    for t, n in reversed(list(zip(ts, sizes))):
+        t = ctx.cast(t, "i64")
+        zero, size = ctx.b.constant(0, "i64"), ctx.b.constant(n, "i64")
+        t = ctx.b.where(ctx.b.lt(t, zero), ctx.b.binary("add", t, size), t)
+        t = ctx.b.binary("minimum", ctx.b.binary("maximum", t, zero), ctx.b.constant(max(n - 1, 0), "i64"))
+        term = t if stride == 1 else ctx.b.binary("mul", t, ctx.b.constant(stride, "i64"))
+        pos = term if pos is None else ctx.b.binary("add", pos, term)
+        stride *= n
+    flat = ctx.b.reshape(x, tuple(x.shape[:p]) + (stride,) + tuple(x.shape[p + k:]))
+    assert pos is not None
+    return ctx.b.take(flat, pos, axis=p)
 
 
 @register_lowering(aten.gather.default)
