@@ -233,6 +233,22 @@ def suite():
     g.output(g.node("gather", [x, p], axis=1), "torch.gather(x, 1, torch.where(p < 0, p + 100, p).long())",
              "take_along_axis_f16")
     gs.append(g)
+    # Gathered rows in the code generators' other loops: a short row (3), a transposing
+    # store, row sums and argmax, column sums.
+    g = Graph("gather_loops")
+    w = g.input("w", "f32", [40, 3])
+    big = g.input("big", "f32", [30, 200])
+    ids = g.input("ids", "i64", [50], gen="posint")
+    rows = g.input("rows", "i32", [64], gen="posint")
+    gw = g.node("gather", [w, g.node("unsqueeze", [ids], axes=[1])], axis=0)
+    gr = g.node("gather", [big, g.node("unsqueeze", [rows], axes=[1])], axis=0)
+    g.output(g.node("mul", [gw, g.node("full", [], shape=[], value=2.0, dtype=DT("f32"))]), "w[ids] * 2", "short_rows")
+    g.output(g.node("permute", [g.node("add", [gr, g.node("full", [], shape=[], value=1.0, dtype=DT("f32"))])],
+                    dims=[1, 0]), "(big[rows.long()] + 1).t()", "transposed")
+    g.output(g.node("sum", [gr], axes=[1]), "big[rows.long()].sum(1)", "row_sums", rtol=1e-4, atol=1e-4)
+    g.output(g.node("argmax", [gr], axis=1), "big[rows.long()].argmax(1)", "row_argmax", conv="none")
+    g.output(g.node("sum", [gr], axes=[0]), "big[rows.long()].sum(0)", "column_sums", rtol=1e-4, atol=1e-4)
+    gs.append(g)
     g = Graph("views")
     a = g.input("x", "f32", [384, 256])
     c = g.input("c", "f32", [256])

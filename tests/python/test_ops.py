@@ -952,3 +952,31 @@ def test_gather_at_symbolic_sizes(client, rng) -> None:
         mu = want.mean(-1, keepdims=True)
         ln = (want - mu) / np.sqrt(((want - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
         np.testing.assert_allclose(got[1], ln, rtol=1e-4, atol=1e-4, err_msg=f"B={bs}, T={t}")
+
+
+# Gathers inside the CPU code generator's special loops: a short innermost output loop unrolled
+# in a vector loop over rows (HWC-like [rows, 3]), a transposing kernel in tiles, row sums and
+# argmax of gathered rows (the reduction as the vector loop), column sums over gathered rows.
+def test_gather_in_special_loops(client, rng) -> None:
+    b = kiln.GraphBuilder()
+    w = b.input("w", "f32", (40, 3))
+    big = b.input("big", "f32", (30, 200))
+    ids = b.input("ids", "i64", (50,))
+    rows = b.input("rows", "i32", (64,))
+    g = b.take(w, ids, axis=0)                      # [50, 3]
+    r = b.take(big, rows, axis=0)                   # [64, 200]
+    outs = [b.mul(g, 2.0), b.permute(b.add(r, 1.0), [1, 0]), b.sum(r, axes=[1]), b.argmax(r, axis=1),
+            b.sum(r, axes=[0])]
+    compiled = client.compile(b.build(outs))
+    wh, bh = random_array(rng, "f32", (40, 3)), random_array(rng, "f32", (30, 200))
+    idh = rng.integers(-40, 40, size=(50,)).astype(np.int64)
+    rh = rng.integers(0, 30, size=(64,)).astype(np.int32)
+    gw, rw = np.take(wh, idh, axis=0), np.take(bh, rh, axis=0)
+    wants = [gw * 2, (rw + 1).T, rw.sum(1), rw.argmax(1), rw.sum(0)]
+    for threads in (1, 2):
+        got = compiled(wh, bh, idh, rh, num_threads=threads)
+        for i, (g_, w_) in enumerate(zip(got, wants)):
+            if w_.dtype.kind == "f":
+                np.testing.assert_allclose(g_, w_, rtol=1e-5, atol=1e-4, err_msg=f"output {i}")
+            else:
+                np.testing.assert_array_equal(g_, w_, err_msg=f"output {i}")
