@@ -952,6 +952,16 @@ def test_gather_at_symbolic_sizes(client, rng) -> None:
         mu = want.mean(-1, keepdims=True)
         ln = (want - mu) / np.sqrt(((want - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
         np.testing.assert_allclose(got[1], ln, rtol=1e-4, atol=1e-4, err_msg=f"B={bs}, T={t}")
+    # A table of symbolic rows and width: the stride and the clamp's bound vary with the sizes.
+    b = kiln.GraphBuilder()
+    w = b.input("w", "f32", (7, 5), dims=("V", "D"))
+    ids = b.input("ids", "i32", (4,), dims=("N",))
+    compiled = client.compile(b.build([b.take(w, ids, axis=0) * 2.0]))
+    for v, d, n in [(1, 1, 3), (9, 13, 5), (31, 4, 0), (2, 33, 17)]:
+        wh = random_array(rng, "f32", (v, d))
+        idh = rng.integers(-v - 3, v + 3, size=(n,)).astype(np.int32)
+        want = _np_gather(wh, np.broadcast_to(idh.reshape(n, 1), (n, d)), 0) * 2
+        check(compiled(wh, idh), want, "f32", f"V={v}, D={d}, N={n}")
 
 
 # Gathers inside the CPU code generator's special loops: a short innermost output loop unrolled
