@@ -1583,3 +1583,31 @@ def test_advanced_indexing_runs_in_kiln(client: Any, rewrites: list[tuple[Any, A
     assert_kiln_ran()
     code = "".join(gm.code for gm, _ in rewrites)
     assert "aten.index.Tensor" not in code, code
+
+
+def test_index_add_into_a_fresh_table_adds_in_place() -> None:
+    """fold_fresh_index_add: index_add of a zero table nothing else reads becomes index_add_
+    on it (no copy); one whose table is an input or read elsewhere keeps the functional op;
+    the results are the same."""
+    from kiln.torch import dynamo_backend as DB
+
+    aten = torch.ops.aten
+    g = torch.fx.Graph()
+    ids, rows, other = g.placeholder("ids"), g.placeholder("rows"), g.placeholder("other")
+    zeros = g.call_function(aten.zeros.default, ([6, 3],))
+    added = g.call_function(aten.index_add.default, (zeros, 0, ids, rows))
+    kept = g.call_function(aten.index_add.default, (other, 0, ids, rows))  # an input: not written
+    shared = g.call_function(aten.zeros.default, ([6, 3],))
+    read_twice = g.call_function(aten.index_add.default, (shared, 0, ids, rows))
+    g.output((added, kept, read_twice, shared))
+    assert DB.fold_fresh_index_add(g) == 1
+    assert added.target == "index_add_" and kept.target is aten.index_add.default
+    assert read_twice.target is aten.index_add.default
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    i, r, o = torch.tensor([1, 4, 1]), torch.randn(3, 3), torch.randn(6, 3)
+    a, k, t, z = gm(i, r, o.clone())
+    want = torch.zeros(6, 3).index_add(0, i, r)
+    torch.testing.assert_close(a, want)
+    torch.testing.assert_close(k, o.index_add(0, i, r))
+    torch.testing.assert_close(t, want)
+    assert not z.any()
