@@ -138,6 +138,27 @@ TEST(CudaEmulation, ConcatenatedPieces) {
   }));
 }
 
+// Gathers (positions held in a tensor; the random integers include negative and out-of-range
+// ones, which wrap and clamp): an embedding lookup read through inserted size-1 axes with a
+// layer_norm of the rows, take_along_axis in f16 along the rows, and rows gathered from a
+// computed source (stored first) feeding a row sum and an argmax.
+TEST(CudaEmulation, Gather) {
+  ExpectMatchesCpu(Make({Ty(DType::kF32, {64, 96}), Ty(DType::kI64, {5, 12})}, [](ir::Builder& b) {
+    auto table = *b.Add("unsqueeze", {0}, {{"axes", ir::IntList{1}}});
+    auto ids = *b.Add("unsqueeze", {1}, {{"axes", ir::IntList{2}}});
+    auto rows = *b.Add("gather", {table, ids}, {{"axis", int64_t{0}}});
+    return std::vector<ValueId>{rows, *b.Add("layer_norm", {rows})};
+  }));
+  ExpectMatchesCpu(Make({Ty(DType::kF16, {37, 50}), Ty(DType::kI32, {37, 9})}, [](ir::Builder& b) {
+    return std::vector<ValueId>{*b.Add("gather", {0, 1}, {{"axis", int64_t{1}}})};
+  }));
+  ExpectMatchesCpu(Make({Ty(DType::kF32, {30, 200}), Ty(DType::kI32, {64, 1})}, [](ir::Builder& b) {
+    auto rows = *b.Add("gather", {*b.Add("exp", {0}), 1}, {{"axis", int64_t{0}}});
+    return std::vector<ValueId>{*b.Add("sum", {rows}, {{"axes", ir::IntList{1}}}),
+                                *b.Add("argmax", {rows}, {{"axis", int64_t{1}}})};
+  }));
+}
+
 TEST(CudaEmulation, UnaryOpsEveryDtype) {
   for (DType t : kAllTypes) {
     SCOPED_TRACE(ir::DTypeName(t));
