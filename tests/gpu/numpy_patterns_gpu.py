@@ -17,9 +17,7 @@ when ``$OUT`` is set. Exits 1 when a result differs from NumPy.
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,8 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kiln  # noqa: E402
-import kiln.local  # noqa: E402
-from reduce_accuracy_gpu import graph_time_us, report  # noqa: E402
+from reduce_accuracy_gpu import graph_time_us, kilnd_binary, local_client, report  # noqa: E402
 
 # (name, input shape, kiln/NumPy function, torch function)
 PATTERNS: list[tuple[str, tuple[int, ...], Callable[[Any], Any], Callable[[torch.Tensor], torch.Tensor]]] = [
@@ -50,36 +47,30 @@ PATTERNS: list[tuple[str, tuple[int, ...], Callable[[Any], Any], Callable[[torch
 
 
 def main() -> int:
-    binary = os.environ.get("KILND")
-    if not binary or not Path(binary).is_file():
-        print("numpy_patterns_gpu: set KILND to a built kilnd binary", file=sys.stderr)
+    binary = kilnd_binary("numpy_patterns_gpu")
+    if binary is None:
         return 2
     rng = np.random.default_rng(0)
     rows, failures = [], []
-    with tempfile.TemporaryDirectory(prefix="kiln-patterns-gpu-") as tmp:
-        daemon = kiln.local.LocalDaemon(binary, Path(tmp), timeout=30)
-        try:
-            with kiln.Client(daemon.address, cache_dir=Path(tmp) / "client-cache") as client:
-                for name, shape, fn, tfn in PATTERNS:
-                    host = rng.standard_normal(shape).astype(np.float32)
-                    x = torch.from_numpy(host).cuda()
-                    f = kiln.jit(fn, target="cuda", client=client)
-                    got = f(x).cpu().numpy()
-                    want = np.asarray(fn(host.astype(np.float64)))
-                    if got.dtype.kind in "iu":
-                        ok = np.array_equal(got, want)
-                        err = 0.0 if ok else 1.0
-                    else:
-                        err = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
-                        ok = err < 1e-5
-                    if not ok:
-                        failures.append(f"{name}: {err:.2e}")
-                    t_kiln, t_torch = graph_time_us(lambda: f(x)), graph_time_us(lambda: tfn(x))
-                    rows.append([name, "x".join(map(str, shape)), f"{err:.1e}", f"{t_kiln:.1f}", f"{t_torch:.1f}",
-                                 f"{t_kiln / t_torch:.2f}", "ok" if ok else "FAIL"])
-                    print(" | ".join(rows[-1]), flush=True)
-        finally:
-            daemon.stop()
+    with local_client(binary, "kiln-patterns-gpu-") as client:
+        for name, shape, fn, tfn in PATTERNS:
+            host = rng.standard_normal(shape).astype(np.float32)
+            x = torch.from_numpy(host).cuda()
+            f = kiln.jit(fn, target="cuda", client=client)
+            got = f(x).cpu().numpy()
+            want = np.asarray(fn(host.astype(np.float64)))
+            if got.dtype.kind in "iu":
+                ok = np.array_equal(got, want)
+                err = 0.0 if ok else 1.0
+            else:
+                err = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+                ok = err < 1e-5
+            if not ok:
+                failures.append(f"{name}: {err:.2e}")
+            t_kiln, t_torch = graph_time_us(lambda: f(x)), graph_time_us(lambda: tfn(x))
+            rows.append([name, "x".join(map(str, shape)), f"{err:.1e}", f"{t_kiln:.1f}", f"{t_torch:.1f}",
+                         f"{t_kiln / t_torch:.2f}", "ok" if ok else "FAIL"])
+            print(" | ".join(rows[-1]), flush=True)
     head = ["function", "shape", "rel err vs NumPy", "kiln us", "torch us", "kiln / torch", "check"]
     return report("NumPy patterns under kiln.jit", head, rows, failures, "every result matches NumPy",
                   "numpy_patterns_gpu.md")

@@ -17,11 +17,12 @@ when ``$OUT`` is set. Exits 1 when a result is outside the bound.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -67,6 +68,27 @@ def report(title: str, head: list[str], rows: list[list[str]], failures: list[st
     return 1 if failures else 0
 
 
+def kilnd_binary(script: str) -> Optional[str]:
+    """$KILND when it names a file, else None (after saying so, as ``script``)."""
+    binary = os.environ.get("KILND")
+    if not binary or not Path(binary).is_file():
+        print(f"{script}: set KILND to a built kilnd binary", file=sys.stderr)
+        return None
+    return binary
+
+
+@contextlib.contextmanager
+def local_client(binary: str, prefix: str) -> Iterator[Any]:
+    """A client of a kilnd started from ``binary`` in a temporary folder, stopped on exit."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        daemon = kiln.local.LocalDaemon(binary, Path(tmp), timeout=30)
+        try:
+            with kiln.Client(daemon.address, cache_dir=Path(tmp) / "client-cache") as client:
+                yield client
+        finally:
+            daemon.stop()
+
+
 def rel_err(got: torch.Tensor, exact: np.ndarray) -> float:
     g = got.detach().double().cpu().numpy()
     return float(np.max(np.abs(g - exact) / np.maximum(np.abs(exact), 1e-30)))
@@ -92,35 +114,29 @@ WORKLOADS: list[tuple[str, tuple[int, ...], Callable[[Any], Any], Callable[[torc
 
 
 def main() -> int:
-    binary = os.environ.get("KILND")
-    if not binary or not Path(binary).is_file():
-        print("reduce_accuracy_gpu: set KILND to a built kilnd binary", file=sys.stderr)
+    binary = kilnd_binary("reduce_accuracy_gpu")
+    if binary is None:
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     rng = np.random.default_rng(0)
     rows, failures = [], []
-    with tempfile.TemporaryDirectory(prefix="kiln-reduce-gpu-") as tmp:
-        daemon = kiln.local.LocalDaemon(binary, Path(tmp), timeout=30)
-        try:
-            with kiln.Client(daemon.address, cache_dir=Path(tmp) / "client-cache") as client:
-                for name, shape, fn, tfn, exact_fn in WORKLOADS:
-                    host = (rng.standard_normal(shape) + 0.5).astype(np.float32)
-                    x = torch.from_numpy(host).cuda()
-                    exact = np.asarray(exact_fn(host.astype(np.float64)))
-                    f = kiln.jit(fn, target="cuda", client=client)
-                    got = f(x)
-                    e_kiln, e_torch = rel_err(got, exact), rel_err(tfn(x), exact)
-                    bound = max(4 * e_torch, 2e-7)
-                    ok = e_kiln <= bound
-                    if not ok:
-                        failures.append(f"{name} {shape}: kiln {e_kiln:.2e} > bound {bound:.2e}")
-                    t_kiln, t_torch = graph_time_us(lambda: f(x)), graph_time_us(lambda: tfn(x))
-                    rows.append([name, "x".join(map(str, shape)), f"{e_kiln:.1e}", f"{e_torch:.1e}",
-                                 f"{e_kiln / max(e_torch, 1e-30):.2f}", f"{t_kiln:.1f}", f"{t_torch:.1f}",
-                                 f"{t_kiln / t_torch:.2f}", "ok" if ok else "FAIL"])
-                    print(" | ".join(rows[-1]), flush=True)
-        finally:
-            daemon.stop()
+    with local_client(binary, "kiln-reduce-gpu-") as client:
+        for name, shape, fn, tfn, exact_fn in WORKLOADS:
+            host = (rng.standard_normal(shape) + 0.5).astype(np.float32)
+            x = torch.from_numpy(host).cuda()
+            exact = np.asarray(exact_fn(host.astype(np.float64)))
+            f = kiln.jit(fn, target="cuda", client=client)
+            got = f(x)
+            e_kiln, e_torch = rel_err(got, exact), rel_err(tfn(x), exact)
+            bound = max(4 * e_torch, 2e-7)
+            ok = e_kiln <= bound
+            if not ok:
+                failures.append(f"{name} {shape}: kiln {e_kiln:.2e} > bound {bound:.2e}")
+            t_kiln, t_torch = graph_time_us(lambda: f(x)), graph_time_us(lambda: tfn(x))
+            rows.append([name, "x".join(map(str, shape)), f"{e_kiln:.1e}", f"{e_torch:.1e}",
+                         f"{e_kiln / max(e_torch, 1e-30):.2f}", f"{t_kiln:.1f}", f"{t_torch:.1f}",
+                         f"{t_kiln / t_torch:.2f}", "ok" if ok else "FAIL"])
+            print(" | ".join(rows[-1]), flush=True)
     head = ["workload", "shape", "kiln rel err", "torch rel err", "kiln / torch", "kiln us", "torch us",
             "time kiln / torch", "check"]
     return report("f32 reductions", head, rows, failures, "every result within the bound", "reduce_accuracy_gpu.md")

@@ -445,11 +445,12 @@ class Tracer:
         with tr.scope("ndarray.__getitem__"):
             keys = key if isinstance(key, tuple) else (key,)
             arrays = [i for i, k in enumerate(keys) if isinstance(k, (Tracer, np.ndarray, list))]
-            if len(arrays) == 1 and _integer_index(tr, keys[arrays[0]]) is not None:
+            if len(arrays) == 1 and arrays[0] < self.ndim and all(
+                    isinstance(k, slice) and k == slice(None) for j, k in enumerate(keys) if j != arrays[0]):
                 # One integer array among full slices: np.take along that axis (a copy).
-                i = arrays[0]
-                if all(isinstance(k, slice) and k == slice(None) for j, k in enumerate(keys) if j != i) and i < self.ndim:
-                    return tr.wrap(_take_value(tr, self._v, _integer_index(tr, keys[i]), i, "raise"))
+                idx = _integer_index(tr, keys[arrays[0]])
+                if idx is not None:
+                    return tr.wrap(_take_value(tr, self._v, idx, arrays[0], "raise"))
             for k in keys:
                 if isinstance(k, (Tracer, np.ndarray, list)):
                     raise UnsupportedError("indexing with an array (advanced indexing)",
@@ -911,8 +912,7 @@ def _take_value(tr: Trace, a: Value, idx: Value, axis: int, mode: str) -> Value:
     negative index reads position 0, as NumPy's clip does), ``wrap`` takes the remainder."""
     n = a.shape[axis]
     if mode == "clip":
-        idx = tr.b.binary("minimum", tr.b.binary("maximum", idx, tr.b.constant(0, idx.dtype)),
-                          tr.b.constant(max(n - 1, 0), idx.dtype))
+        idx = tr.b.clamp(idx, 0, max(n - 1, 0))
     elif mode == "wrap":
         idx = tr.b.binary("remainder", idx, tr.b.constant(max(n, 1), idx.dtype))
     elif mode != "raise":

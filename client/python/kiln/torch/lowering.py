@@ -989,7 +989,7 @@ def _index(ctx: LoweringContext, x: Value, indices: Sequence[Any]) -> Value:
         t = ctx.cast(t, "i64")
         zero, size = ctx.b.constant(0, "i64"), ctx.b.constant(n, "i64")
         t = ctx.b.where(ctx.b.lt(t, zero), ctx.b.binary("add", t, size), t)
-        t = ctx.b.binary("minimum", ctx.b.binary("maximum", t, zero), ctx.b.constant(max(n - 1, 0), "i64"))
+        t = ctx.b.clamp(t, 0, max(n - 1, 0))
         term = t if stride == 1 else ctx.b.binary("mul", t, ctx.b.constant(stride, "i64"))
         pos = term if pos is None else ctx.b.binary("add", pos, term)
         stride *= n
@@ -1012,7 +1012,7 @@ def _gather(ctx: LoweringContext, x: Value, dim: int, index: Value, sparse_grad:
             continue
         xs, ix = xm.shape[k], im.shape[k]
         if _is_static_size(xs) and _is_static_size(ix):
-            if int(ix) > int(xs) or (int(ix) != int(xs) and int(xs) == 1):
+            if int(ix) > int(xs):
                 raise Unsupported("gather index larger than its input")
             if int(ix) < int(xs):
                 axes.append(k)
