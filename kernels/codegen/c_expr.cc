@@ -150,8 +150,14 @@ std::string PointwiseText(const lower::Expr& e, const std::vector<std::string>& 
       if (e.has_hi) return absl::StrCat("(", x, " > ", hi, " ? ", hi, " : ", x, ")");
       return x;
     }
+    case K::kRandom:
+      // Only as many bits as the dtype's significand holds, so a value never rounds up to 1.
+      if (e.dtype == DType::kF64) return absl::StrCat("kiln_uniform_f64(", args[0], ", ", args[1], ", ", e.ivalue, "u)");
+      return absl::StrCat("kiln_uniform_f32(", args[0], ", ", args[1], ", ", e.ivalue, "u, ",
+                          e.dtype == DType::kF16 ? 11 : e.dtype == DType::kBF16 ? 8 : 24, ")");
     case K::kLoad:
     case K::kGather:
+    case K::kStoreAlso:
     case K::kReduce: break;
   }
   return "/*unreachable*/0";

@@ -32,7 +32,7 @@ using ir::InSymbolicSample;
 using ir::ScopedSymbolicSample;
 
 // Text of a pointwise node (kUnary, kBinary, kWhere, kCast, kClamp, kIndexLess, kIndex,
-// kConst) given its operands' texts. `index_text` is the printed index[0] where used.
+// kRandom, kConst) given its operands' texts. `index_text` is the printed index[0] where used.
 std::string PointwiseText(const lower::Expr& e, const std::vector<std::string>& args,
                           const std::string& index_text);
 

@@ -67,6 +67,18 @@ std::string ScopedEmitter::Emit(const lower::ExprPtr& ep) {
     auto hit = scopes_[i].cache.find(&e);
     if (hit != scopes_[i].cache.end()) return hit->second;
   }
+  if (e.kind == Expr::Kind::kStoreAlso) {
+    // The value, then its store in the scope that computes it (the innermost one binding the
+    // stored element's index).
+    const std::string v = Emit(e.args[0]);
+    const schedule::Buffer& b = program_.buffers[e.buffer];
+    const std::string typed = b.dtype == ir::DType::kBool ? v : absl::StrCat("(", ComputeTypeName(b.dtype), ")(", v, ")");
+    scopes_[target].stmts.push_back(
+        absl::StrCat(buffer_names_[e.buffer], "[", Address(e.buffer, e.index), "] = ", StoreConvert(b.dtype, typed), ";"));
+    if (!std::count(stored_also_.begin(), stored_also_.end(), e.buffer)) stored_also_.push_back(e.buffer);
+    scopes_[target].cache[&e] = v;
+    return v;
+  }
   std::string ref;
   if (Hoist(ep, target, &ref)) {
     scopes_[target].cache[&e] = ref;

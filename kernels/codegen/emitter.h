@@ -54,6 +54,8 @@ class ScopedEmitter {
   // form compares and branches per element and does not vectorise. 0: the one-loop form.
   void set_two_pass_arg(int64_t n) { arg_block_ = n; }
 
+  // Buffers written by kStoreAlso nodes emitted so far (a kernel's parameters must not be const).
+  const std::vector<int>& stored_also() const { return stored_also_; }
   // The flat address text of buffer `b` at `index` (its strides applied).
   std::string Address(int buffer, const std::vector<lower::Affine>& index) const;
   const std::vector<std::string>& var_names() const { return var_names_; }
@@ -97,6 +99,7 @@ class ScopedEmitter {
   int simd_scope_ = -1;
   int64_t sum_block_ = 0;
   int64_t arg_block_ = 0;
+  std::vector<int> stored_also_;
 
  private:
   void EmitTwoPassArg(const lower::Expr& e, const std::string& result, size_t target);

@@ -376,6 +376,22 @@ absl::StatusOr<TensorType> InferIota(const Node& n, const Types&) {
   return Make(n.Dtype("dtype", DType::kI64), shape);
 }
 
+// uniform(seed, like): counter-based random numbers in [0, 1), the shape of `like` (see OPS.md).
+absl::StatusOr<TensorType> InferUniform(const Node& n, const Types& in) {
+  KILN_RETURN_IF_ERROR(NumberAttrs(n, {"stream"}));
+  const TensorType& seed = in[0];
+  if (!IsInteger(seed.dtype) || seed.NumElements() != 1)
+    return InvalidArgumentError(absl::StrCat("uniform: seed is ", DTypeName(seed.dtype), ShapeStr(seed.shape),
+                                             " (rule: the seed is an integer tensor of one element)"));
+  const DType t = n.Dtype("dtype", DType::kF32);
+  if (!IsFloat(t))
+    return InvalidArgumentError(absl::StrCat("uniform: dtype ", DTypeName(t), " (rule: uniform numbers are floats)"));
+  const int64_t stream = n.Int("stream", 0);
+  if (stream < 0 || stream > 0xFFFFFFFFll)
+    return InvalidArgumentError(absl::StrCat("uniform: stream ", stream, " (rule: a stream is in [0, 2^32))"));
+  return Make(t, in[1].shape);
+}
+
 // ---- reductions ----
 absl::StatusOr<Shape> ReducedShape(const Node& n, const TensorType& x, std::vector<int64_t>* axes_out) {
   KILN_ASSIGN_OR_RETURN(auto axes_opt, IntsAttr(n, "axes"));
@@ -525,6 +541,7 @@ void SetAttributes(std::unordered_map<std::string, OpSchema>* r) {
       {{"constant"}, {{"value", A::kTensor}}},
       {{"full"}, {{"shape", A::kInts}, {"value", A::kFloat}, {"dtype", A::kDType}}},
       {{"iota"}, {{"shape", A::kInts}, {"axis", A::kInt}, {"dtype", A::kDType}}},
+      {{"uniform"}, {{"dtype", A::kDType}, {"stream", A::kInt}}},
       {{"sum", "prod", "max", "min", "any", "all", "mean", "logsumexp"}, reduce},
       {{"var", "std"}, {{"axes", A::kInts}, {"keepdim", A::kBool}, {"correction", A::kFloat}}},
       {{"norm"}, {{"axes", A::kInts}, {"keepdim", A::kBool}, {"ord", A::kFloat}}},
@@ -611,6 +628,7 @@ std::unordered_map<std::string, OpSchema> BuildRegistry() {
   add("constant", K::kSource, 0, 0, InferConstant);
   add("full", K::kSource, 0, 0, InferFull);
   add("iota", K::kSource, 0, 0, InferIota);
+  add("uniform", K::kSource, 2, 2, InferUniform);
 
   for (const char* op : {"sum", "prod"}) add(op, K::kReduction, 1, 1, Reduce(ReduceRule::kSum));
   for (const char* op : {"max", "min"}) add(op, K::kReduction, 1, 1, Reduce(ReduceRule::kExtremum));

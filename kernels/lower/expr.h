@@ -32,6 +32,11 @@ struct Expr {
     kReduce,     // op over rvars of args[0]: sum prod max min any all argmax argmin
     kGather,     // buffers[buffer][index...] with index[ivalue] replaced by args[0] (an i64
                  // already in range for that axis): a load at a position held in a tensor
+    kRandom,     // a uniform number in [0, 1) of dtype: Philox of key args[0] (the seed, i64),
+                 // counter args[1] (the element's row-major position, i64) and stream ivalue
+    kStoreAlso,  // args[0]'s value, also stored at buffers[buffer][index...] where it is computed
+                 // (a kernel storing a pointwise value its reductions read: CUDA code generator
+                 // only, codegen/cuda/cuda_codegen.cc); every evaluation stores the same value
   };
   Kind kind = Kind::kConst;
   ir::DType dtype = ir::DType::kF32;  // result type

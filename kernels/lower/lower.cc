@@ -301,6 +301,26 @@ ExprPtr Lowerer::LowerNode(ir::ValueId v, const std::vector<Affine>& index) {
         e.index = {index[axis]};
         return MakeCast(Make(std::move(e)), out.dtype);
       }
+      if (n.op == "uniform") {
+        // The counter is the element's row-major position in the node's own shape, so views
+        // and fusion around it never change which number an element gets.
+        const ir::TensorType& seed_type = in_type(0);
+        ExprPtr seed = MakeCast(Lower(n.inputs[0], std::vector<Affine>(seed_type.shape.size(), Affine::Const(0))),
+                                DType::kI64);
+        const std::vector<int64_t> strides = ContiguousStrides(out.shape);
+        Affine linear = Affine::Const(0);
+        for (size_t d = 0; d < out.shape.size(); ++d) linear = Add(linear, Scale(index[d], strides[d]));
+        Expr position;
+        position.kind = Expr::Kind::kIndex;
+        position.dtype = DType::kI64;
+        position.index = {linear};
+        Expr e;
+        e.kind = Expr::Kind::kRandom;
+        e.dtype = out.dtype;
+        e.ivalue = n.Int("stream", 0);
+        e.args = {std::move(seed), Make(std::move(position))};
+        return Make(std::move(e));
+      }
       if (n.op == "constant") {
         const ir::Constant* c = n.Tensor("value");
         if (c->NumElements() == 0) return MakeConst(out.dtype, 0);  // never read: no elements

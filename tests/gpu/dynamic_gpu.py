@@ -16,9 +16,9 @@ in a CUDA graph, replayed, CUDA events, median of the replays (kernel time, no h
 Part 2, BERT-base (Hugging Face ``BertModel(BertConfig())``, random weights, batch 16,
 inference under ``no_grad``) with ``backend="kiln"`` and with Inductor, at sequence lengths
 128, 96, 64, 200 in that order (torch's automatic dynamic shapes: the second length makes the
-sequence dimension symbolic). Per length: first call (s), steady-state median (ms, CUDA events),
-kiln parts compiled by the daemon, kiln part calls that ran in torch, largest difference from
-eager.
+sequence dimension symbolic). Per length: first call (s), steady-state median (ms, CUDA events;
+eager, Inductor and kiln timed in interleaved rounds), kiln parts compiled by the daemon, kiln
+part calls that ran in torch, largest difference from eager.
 
 Starts its own kilnd from ``$KILND``; prints tables, writes ``$OUT/dynamic_gpu.md`` when
 ``$OUT`` is set. Exits 1 when a result does not match torch.
@@ -44,7 +44,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kiln  # noqa: E402
 import kiln.local  # noqa: E402
-from torch_backend_gpu import median_ms  # noqa: E402
 
 failures: list[str] = []
 VARIANTS = False  # --variants: also time each tuning variant of the symbolic-length kernels
@@ -222,51 +221,65 @@ def run_kernels(client: Any) -> list[list[Any]]:
 
 # ---------------------------------------------------------------------------------- BERT
 
-def run_bert(backend: str, lengths: list[int], iters: int) -> list[list[Any]]:
+def run_bert(lengths: list[int], iters: int) -> list[list[Any]]:
+    """BERT-base under kiln and Inductor (and eager), one model, the backends' compiled models
+    met in turn at each length: torch's automatic-dynamic state is per code object and shared
+    by both, so each backend compiles the first length static and the second symbolic, as it
+    would alone. Per length, the steady state is timed in interleaved rounds (one step of each
+    backend per round, the device synchronized between steps), medians of CUDA-event times."""
     from transformers import BertConfig, BertModel
 
     import kiln.torch as ktorch
+    from kiln.torch import native
 
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = BertModel(BertConfig()).cuda().eval()
-    fn = torch.compile(model, backend=backend)
+    fns = {"kiln": torch.compile(model, backend="kiln"), "inductor": torch.compile(model, backend="inductor"),
+           "eager": model}
     rows = []
     for T in lengths:
         ids = [torch.randint(0, 30522, (16, T), device="cuda") for _ in range(3)]
         mask = torch.ones(16, T, dtype=torch.long, device="cuda")
-        before = ktorch.stats() if backend == "kiln" else {}
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            out = fn(input_ids=ids[0], attention_mask=mask).last_hidden_state
-        torch.cuda.synchronize()
-        first = time.perf_counter() - t0
-        if backend == "kiln":
-            from kiln.torch import native
-
-            native.wait(600)  # time the parts' native call path, not a build running beside
         with torch.no_grad():
             ref = model(input_ids=ids[0], attention_mask=mask).last_hidden_state
-        err = float((out - ref).abs().max())
-        if err > 2e-3:
-            failures.append(f"BERT {backend} T={T}: max difference from eager {err:.2e}")
-        mid = ktorch.stats() if backend == "kiln" else {}
-
-        def step(i: int) -> Any:
+        first, err = {}, {}
+        before = ktorch.stats()
+        for backend in ("kiln", "inductor"):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
             with torch.no_grad():
-                return fn(input_ids=ids[i % 3], attention_mask=mask).last_hidden_state
-
-        ms = median_ms(step, iters, 3)
-        after = ktorch.stats() if backend == "kiln" else {}
-        row = [backend, T, f"{first:.2f}", f"{ms:.2f}", f"{err:.1e}"]
-        if backend == "kiln":
-            new = (mid["compiled"] - before["compiled"]) - (mid["cache_hits"] - before["cache_hits"]) - \
-                  (mid["memo_hits"] - before["memo_hits"])
-            row += [mid["parts"] - before["parts"], new, after["eager_calls"] - mid["eager_calls"],
-                    after["failed"] - before["failed"], after["torch_nodes"], after["kiln_nodes"]]
-            if after["eager_calls"] - mid["eager_calls"] or after["failed"] - before["failed"]:
-                failures.append(f"BERT kiln T={T}: parts ran in torch")
+                out = fns[backend](input_ids=ids[0], attention_mask=mask).last_hidden_state
+            torch.cuda.synchronize()
+            first[backend] = time.perf_counter() - t0
+            err[backend] = float((out - ref).abs().max())
+            if err[backend] > 2e-3:
+                failures.append(f"BERT {backend} T={T}: max difference from eager {err[backend]:.2e}")
+            if backend == "kiln":
+                native.wait(600)  # time the parts' native call path, not a build running beside
+        mid = ktorch.stats()
+        times: dict[str, list[float]] = {b: [] for b in fns}
+        for r in range(iters + 3):
+            for backend, fn in fns.items():
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                with torch.no_grad():
+                    fn(input_ids=ids[r % 3], attention_mask=mask)
+                end.record()
+                end.synchronize()
+                if r >= 3:
+                    times[backend].append(start.elapsed_time(end))
+        ms = {b: statistics.median(t) for b, t in times.items()}
+        after = ktorch.stats()
+        new = (mid["compiled"] - before["compiled"]) - (mid["cache_hits"] - before["cache_hits"]) - \
+              (mid["memo_hits"] - before["memo_hits"])
+        row = [T, f"{ms['eager']:.3f}", f"{ms['inductor']:.3f}", f"{ms['kiln']:.3f}",
+               f"{ms['kiln'] / ms['inductor']:.3f}", f"{first['inductor']:.2f}", f"{first['kiln']:.2f}",
+               f"{err['inductor']:.1e}", f"{err['kiln']:.1e}", mid["parts"] - before["parts"], new,
+               after["eager_calls"] - mid["eager_calls"], after["failed"] - before["failed"]]
+        if after["eager_calls"] - mid["eager_calls"] or after["failed"] - before["failed"]:
+            failures.append(f"BERT kiln T={T}: parts ran in torch")
         rows.append(row)
         print(row, flush=True)
     return rows
@@ -305,17 +318,17 @@ def main() -> int:
             if not opts.skip_bert:
                 lengths = [128, 96, 64, 200]
                 iters = 10 if opts.quick else 30
-                brows = []
-                for backend in ("kiln", "inductor"):
-                    try:
-                        brows += run_bert(backend, lengths, iters)
-                    except Exception as e:
-                        failures.append(f"BERT {backend}: {type(e).__name__}: {e}")
-                        traceback.print_exc()
-                md.append("\n## BERT-base, batch 16, inference, sequence length changing (torch automatic dynamic)\n")
-                md.append(table(["backend", "T", "first call s", "steady ms", "max diff vs eager", "parts",
-                                 "new kiln compiles", "part calls in torch", "failed parts", "torch nodes",
-                                 "kiln nodes"], brows))
+                try:
+                    brows = run_bert(lengths, iters)
+                except Exception as e:
+                    brows = []
+                    failures.append(f"BERT: {type(e).__name__}: {e}")
+                    traceback.print_exc()
+                md.append("\n## BERT-base, batch 16, inference, sequence length changing (torch automatic dynamic), "
+                          "interleaved rounds\n")
+                md.append(table(["T", "eager ms", "Inductor ms", "kiln ms", "kiln / Inductor", "Inductor first s",
+                                 "kiln first s", "Inductor max diff", "kiln max diff", "kiln parts",
+                                 "new kiln compiles", "part calls in torch", "failed parts"], brows))
         finally:
             daemon.stop()
             if failures:

@@ -186,6 +186,24 @@ def compare(got, want, rtol=None, atol=None):
     return ok, "nan %d, inf %d, out of tolerance %d, worst %.2f of tolerance" % (nan_bad, inf_bad, far, worst)
 
 
+def philox_reference():
+    """kiln's counter-based numbers computed with torch integer ops (kiln/torch/rng.py, loaded
+    from the source tree by path: it needs torch alone, not the kiln package)."""
+    global _PHILOX
+    if _PHILOX is None:
+        import importlib.util
+
+        path = Path(__file__).resolve().parents[2] / "client" / "python" / "kiln" / "torch" / "rng.py"
+        spec = importlib.util.spec_from_file_location("kiln_rng_reference", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _PHILOX = mod.philox_uniform
+    return _PHILOX
+
+
+_PHILOX = None
+
+
 def run_suite(load, manifest, seed, results, only=None):
     """`load(folder)` gives an object with .outputs (plan output buffers) and .run(inputs, outputs)."""
     gen = torch.Generator(device=DEVICE)
@@ -199,7 +217,7 @@ def run_suite(load, manifest, seed, results, only=None):
         refs, outs = [], []
         for o, spec in zip(entry["outputs"], kernel.outputs):
             env = {i["name"]: convert(t, o["conv"]) for i, t in zip(entry["inputs"], inputs)}
-            env.update(torch=torch, F=F)
+            env.update(torch=torch, F=F, philox=philox_reference())
             ref = eval(o["ref"], env).to(DTYPES[spec["dtype"]]).reshape(spec["shape"]).contiguous()
             refs.append(ref)
             outs.append(poison_like(ref))

@@ -249,6 +249,28 @@ def suite():
     g.output(g.node("argmax", [gr], axis=1), "big[rows.long()].argmax(1)", "row_argmax", conv="none")
     g.output(g.node("sum", [gr], axes=[0]), "big[rows.long()].sum(0)", "column_sums", rtol=1e-4, atol=1e-4)
     gs.append(g)
+    # Counter-based random numbers (kiln's uniform): the bits of the Philox reference (torch integer
+    # ops, kiln/torch/rng.py) in vector kernels, a transposed draw, a dropout with its mask, f16
+    # numbers, and a draw feeding a row kernel (layer_norm).
+    g = Graph("uniform")
+    seed = g.input("seed", "i64", [], gen="uint")
+    x = g.input("x", "f32", [1024, 768])
+    h = g.input("h", "f16", [512, 100])
+    keep = g.node("ge", [g.node("uniform", [seed, x], stream=2), g.node("full", [], shape=[], value=0.1, dtype=DT("f32"))])
+    u = g.node("uniform", [seed, x], stream=1)
+    g.output(u, "philox(seed, x.shape, 1, torch.float32)", "uniform_f32", rtol=0, atol=0)
+    g.output(keep, "philox(seed, x.shape, 2, torch.float32) >= 0.1", "dropout_mask", conv="none")
+    g.output(g.node("where", [keep, g.node("mul", [x, g.node("full", [], shape=[], value=1 / 0.9, dtype=DT("f32"))]),
+                              g.node("full", [], shape=[], value=0.0, dtype=DT("f32"))]),
+             "torch.where(philox(seed, x.shape, 2, torch.float32) >= 0.1, x * (1 / 0.9), 0.0)", "dropout", rtol=1e-6)
+    g.output(g.node("uniform", [seed, h], stream=3, dtype=DT("f16")), "philox(seed, h.shape, 3, torch.float16)",
+             "uniform_f16", rtol=0, atol=0)
+    g.output(g.node("permute", [g.node("uniform", [seed, g.node("permute", [x], dims=[1, 0])], stream=4)], dims=[1, 0]),
+             "philox(seed, (768, 1024), 4, torch.float32).t()", "transposed_draw", rtol=0, atol=0)
+    g.output(g.node("layer_norm", [g.node("add", [x, u])], eps=1e-5),
+             "F.layer_norm(x + philox(seed, x.shape, 1, torch.float32), (768,), eps=1e-5)", "noisy_layer_norm",
+             rtol=1e-4, atol=1e-4)
+    gs.append(g)
     g = Graph("views")
     a = g.input("x", "f32", [384, 256])
     c = g.input("c", "f32", [256])

@@ -964,6 +964,99 @@ def test_gather_at_symbolic_sizes(client, rng) -> None:
         check(compiled(wh, idh), want, "f32", f"V={v}, D={d}, N={n}")
 
 
+def _np_philox(seed: int, position: np.ndarray, stream: int) -> tuple[np.ndarray, np.ndarray]:
+    """Philox4x32-10 (Salmon et al., SC'11) in NumPy: the first two output words of key
+    ``seed`` and counters ``(position, stream, 0)``: the reference for ``uniform``."""
+    m = np.uint64(0xFFFFFFFF)
+    pos = position.astype(np.uint64)
+    c0, c1 = pos & m, pos >> np.uint64(32)
+    c2, c3 = np.full_like(pos, stream), np.zeros_like(pos)
+    seed %= 2**64
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)
+    for _ in range(10):
+        p0, p1 = c0 * np.uint64(0xD2511F53), c2 * np.uint64(0xCD9E8D57)
+        n0, n2 = (p1 >> np.uint64(32)) ^ c1 ^ k0, (p0 >> np.uint64(32)) ^ c3 ^ k1
+        c1, c3, c0, c2 = p1 & m, p0 & m, n0, n2
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m, (k1 + np.uint64(0xBB67AE85)) & m
+    return c0, c1
+
+
+def _np_uniform(seed: int, shape: tuple[int, ...], stream: int, dtype: str) -> np.ndarray:
+    x, y = _np_philox(seed, np.arange(math.prod(shape), dtype=np.uint64).reshape(shape), stream)
+    if dtype == "f64":
+        return ((x << np.uint64(21)) | (y >> np.uint64(11))).astype(np.float64) * 2.0**-53
+    bits = {"f32": 24, "f16": 11}[dtype]
+    return ((x >> np.uint64(32 - bits)).astype(np.float64) * 2.0**-bits).astype(NP[dtype])
+
+
+# uniform: counter-based random numbers, the same bits as a NumPy Philox at every element, through
+# views (a permuted draw), broadcasts (one number per row), reductions (row sums of a draw), a
+# dropout mask and the scaled kept values, any seed (negative ones too), both thread counts.
+@pytest.mark.parametrize("dtype", ["f32", "f16", "f64"])
+def test_uniform_matches_philox(client, rng, dtype: str) -> None:
+    b = kiln.GraphBuilder()
+    seed = b.input("seed", "i64", ())
+    x = b.input("x", dtype, (37, 129))
+    col = b.input("col", "f32", (37, 1))
+    xt = b.permute(x, [1, 0])
+    u = b.uniform(seed, x, stream=3, dtype=dtype)
+    keep = b.ge(b.uniform(seed, x, stream=1, dtype=dtype), 0.25)
+    outs = [
+        u,
+        b.permute(b.uniform(seed, xt, stream=3, dtype=dtype), [1, 0]),   # a draw of the transposed shape
+        b.add(b.uniform(seed, col, stream=2), b.cast(x, "f32")),         # one number per row, broadcast
+        b.sum(b.uniform(seed, x, stream=4, dtype=dtype), axes=[1]),       # row sums of a draw
+        keep,
+        b.where(keep, b.div(x, 0.75), 0.0),                               # dropout
+    ]
+    compiled = client.compile(b.build(outs))
+    for s in (12345, -7, 2**62 + 3):
+        xh = random_array(rng, dtype, (37, 129))
+        ch = random_array(rng, "f32", (37, 1))
+        keep_h = _np_uniform(s, (37, 129), 1, dtype) >= 0.25
+        wants = [_np_uniform(s, (37, 129), 3, dtype), _np_uniform(s, (129, 37), 3, dtype).T,
+                 _np_uniform(s, (37, 1), 2, "f32") + xh.astype(np.float32),
+                 _np_uniform(s, (37, 129), 4, dtype).astype(np.float64).sum(1),
+                 keep_h, np.where(keep_h, xh / NP[dtype](0.75), 0).astype(NP[dtype])]
+        for threads in (1, 2):
+            got = compiled(np.array(s, np.int64), xh, ch, num_threads=threads)
+            for i in (0, 1, 2, 4):
+                np.testing.assert_array_equal(got[i], np.ascontiguousarray(wants[i]), err_msg=f"output {i}, seed {s}")
+            np.testing.assert_allclose(got[3], wants[3], rtol=1e-3 if dtype == "f16" else 1e-5, err_msg=f"seed {s}")
+            check(got[5], wants[5], dtype, f"dropout, seed {s}")
+        # A draw is uniform: mean near 1/2, about a quarter dropped, streams and seeds apart.
+        assert abs(float(got[0].astype(np.float64).mean()) - 0.5) < 0.02
+        assert 0.2 < 1 - got[4].mean() < 0.3
+        assert (got[0] != got[1]).any() or dtype == "f16"
+        assert 0.0 <= float(got[0].min()) and float(got[0].max()) < 1.0
+    other = compiled(np.array(1, np.int64), xh, ch)[0]
+    assert (other != got[0]).mean() > 0.9
+
+
+def test_uniform_rejects_and_runs_at_symbolic_sizes(client) -> None:
+    """A float or many-element seed, an integer dtype, a stream outside 32 bits: InvalidArgument
+    naming the rule. At symbolic sizes the positions follow the sizes of the call."""
+    def graph(seed_dtype="i64", seed_shape=(), attrs=None):
+        b = kiln.GraphBuilder()
+        s = b.input("s", seed_dtype, seed_shape)
+        x = b.input("x", "f32", (4, 3))
+        return b.build([b.node("uniform", [s, x], attrs or {}, "f32", (4, 3))])
+
+    for args, rule in [(("f32",), "integer tensor of one element"), (("i32", (2,)), "integer tensor of one element"),
+                       (("i64", (), {"dtype": ("dtype", "i32")}), "floats"),
+                       (("i64", (), {"stream": ("i", 2**32)}), "[0, 2^32)")]:
+        with pytest.raises(kiln.KilnError) as e:
+            client.compile(graph(*args))
+        assert "uniform" in str(e.value) and rule in str(e.value), (args, str(e.value))
+    b = kiln.GraphBuilder()
+    s = b.input("s", "u8", (1,))
+    x = b.input("x", "f32", (2, 3), dims=("B", "T"))
+    compiled = client.compile(b.build([b.uniform(s, x, stream=9)]))
+    for bs, t in [(1, 1), (3, 17), (0, 5), (7, 31)]:
+        got = compiled(np.array([200], np.uint8), np.zeros((bs, t), np.float32))
+        np.testing.assert_array_equal(got, _np_uniform(200, (bs, t), 9, "f32"), err_msg=f"B={bs}, T={t}")
+
+
 # Gathers inside the CPU code generator's special loops: a short innermost output loop unrolled
 # in a vector loop over rows (HWC-like [rows, 3]), a transposing kernel in tiles, row sums and
 # argmax of gathered rows (the reduction as the vector loop), column sums over gathered rows.

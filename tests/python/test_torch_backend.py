@@ -773,7 +773,8 @@ def test_dynamic_fill_ops_keep_the_graph_symbolic(client) -> None:
 def test_linear_bias_joins_the_kiln_part_that_reads_it(client) -> None:
     """addmm's bias epilogue moves into the kiln part after it (gelu; residual + layer_norm):
     torch runs a plain mm, kiln adds the bias inside its fused kernel; forward and gradients
-    match eager. A linear layer whose result only torch reads keeps its addmm."""
+    match eager. A linear layer whose result only torch reads keeps its addmm, and so does one
+    whose result a training forward saves (gelu's input: the epilogue writes it for free)."""
     torch.manual_seed(3)
     lin1, lin2, lin3 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32), torch.nn.Linear(32, 8)
     ln = torch.nn.LayerNorm(32)
@@ -802,6 +803,9 @@ def test_linear_bias_joins_the_kiln_part_that_reads_it(client) -> None:
         x = torch.randn(4, 10, 32, requires_grad=True)
         xr = x.detach().clone().requires_grad_()
         got, want = cf(x), f(xr)
+        torch._dynamo.reset()
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(f, client)(x), want, rtol=1e-5, atol=1e-5)
     finally:
         P.partition = orig
         DB.partition = orig
@@ -810,14 +814,16 @@ def test_linear_bias_joins_the_kiln_part_that_reads_it(client) -> None:
     (got * w).sum().backward()
     (want * w).sum().backward()
     torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-5)
-    fwd = gm_seen[0].graph
-    targets = [n.target for n in fwd.nodes if n.op == "call_function"]
     aten = torch.ops.aten
-    # lin1, lin2 and the inner lin3 lose their bias to kiln; the matmul is an mm anyway
-    assert targets.count(aten.mm.default) == 4 and targets.count(aten.addmm.default) == 1, targets
+    fwd, inference = ([n.target for n in gm.graph.nodes if n.op == "call_function"] for gm in (gm_seen[0], gm_seen[-1]))
+    # Training: lin2 and the inner lin3 lose their bias to kiln (lin1's result is saved for
+    # gelu's backward); the matmul is an mm anyway. Inference: lin1 too.
+    assert fwd.count(aten.mm.default) == 3 and fwd.count(aten.addmm.default) == 2, fwd
+    assert inference.count(aten.mm.default) == 4 and inference.count(aten.addmm.default) == 1, inference
     forward_parts = [p for p in kt.last_graphs()[0]["parts"]]
     assert all(p["kiln"] for p in forward_parts)
-    assert any("gelu.default" in p["ops"] and "add.Tensor" in p["ops"] for p in forward_parts), forward_parts
+    inference_parts = [p for g in kt.last_graphs() if g["kind"] == "inference" for p in g["parts"]]
+    assert any("gelu.default" in p["ops"] and "add.Tensor" in p["ops"] for p in inference_parts), inference_parts
 
 
 @pytest.mark.parametrize("masked", [True, False])
@@ -935,6 +941,74 @@ def test_graphs_that_draw_random_numbers_are_not_captured() -> None:
     assert not draws_random_numbers(graph(aten._scaled_dot_product_efficient_attention.default, None, True, 0.0))
     assert not draws_random_numbers(graph(aten._scaled_dot_product_efficient_attention.default, None, True))
     assert not draws_random_numbers(graph(aten.exp.default))
+
+
+def test_dropout_draws_its_mask_inside_kiln_parts(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+    """A training dropout between a linear layer and a residual layer_norm: the mask is kiln's
+    counter-based draw (one seed from torch's generator per call), fused into the parts around
+    it (no dropout, rand or uniform left to torch). Output and gradients equal the eager
+    computation with that mask; the same torch seed repeats a step, another seed does not; with
+    ``options={"random": "torch"}`` the masks are eager's own."""
+    from kiln.torch.rng import philox_uniform
+
+    torch.manual_seed(11)
+    lin = torch.nn.Linear(48, 48)
+    p = 0.3
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(F.dropout(lin(x), p, True) + x, (48,))
+
+    x = torch.randn(40, 48, requires_grad=True)
+    cf = compiled(f, client)
+    torch.manual_seed(5)
+    got = cf(x)
+    w = torch.randn_like(got)
+    gx, gw = torch.autograd.grad((got * w).sum(), [x, lin.weight])
+    torch.manual_seed(5)
+    seed = torch.randint(2**63 - 1, (), dtype=torch.int64)  # the draw the compiled step made
+    keep = philox_uniform(seed, (40, 48), 0, torch.float32) > p
+    assert 0.6 < keep.float().mean() < 0.8
+    x_ref = x.detach().clone().requires_grad_(True)
+    want = F.layer_norm(torch.where(keep, lin(x_ref) / (1 - p), 0.0) + x_ref, (48,))
+    wx, ww = torch.autograd.grad((want * w).sum(), [x_ref, lin.weight])
+    for g_, w_ in [(got, want), (gx, wx), (gw, ww)]:
+        torch.testing.assert_close(g_, w_, rtol=1e-5, atol=1e-5)
+    s = assert_kiln_ran(graphs=2)
+    assert s["random_draws"] == 1, s
+    torch_code = "".join(gm.code for gm, _ in rewrites)
+    for op in ("native_dropout", "rand_like", "kiln.uniform"):
+        assert op not in torch_code, torch_code
+    torch.manual_seed(8)
+    a = cf(x)
+    torch.manual_seed(8)
+    assert torch.equal(cf(x), a) and not torch.equal(cf(x), a)
+    # Torch's own dropout on request: eager's masks under the same seed.
+    torch._dynamo.reset()
+    eager_rng = torch.compile(f, backend="kiln", options={"client": client, "random": "torch"})
+    torch.manual_seed(3)
+    got = eager_rng(x)
+    torch.manual_seed(3)
+    torch.testing.assert_close(got, f(x), rtol=1e-5, atol=1e-5)
+
+
+def test_uniform_op_in_torch_draws_what_kiln_draws(client: Any) -> None:
+    """torch.ops.kiln.uniform computed by torch (where a draw runs outside kiln) equals the kiln
+    kernel's numbers, for each float dtype, a permuted ``like`` keeping its strides."""
+    from kiln.torch import rng
+
+    seed = torch.tensor(2**40 + 17)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        like = torch.empty(6, 35).t()
+        in_torch = torch.ops.kiln.uniform(seed, like, 7, dtype)
+        assert in_torch.stride() == like.stride() and in_torch.dtype == dtype
+        in_kiln = compiled(lambda s, x: torch.ops.kiln.uniform(s, x, 7, dtype) * 1, client)(seed, like)
+        assert torch.equal(in_kiln, in_torch), dtype
+        assert 0 <= float(in_torch.min()) and float(in_torch.max()) < 1
+        torch._dynamo.reset()
+    s = kt.stats()
+    assert s["failed"] == 0 and s["eager_calls"] == 0 and s["kernel_calls"] >= 4, s
+    assert not torch.equal(rng.philox_uniform(seed, (64,), 0, torch.float32),
+                           rng.philox_uniform(seed, (64,), 1, torch.float32))
 
 
 # ---------------------------------------------------------------------------------- native runner

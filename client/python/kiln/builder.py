@@ -404,6 +404,21 @@ class GraphBuilder:
         ax = normalize_axes([axis], len(shp))[0]
         return self.node("iota", [], {"shape": ("ints", shp), "axis": ("i", ax), "dtype": ("dtype", dt.dtype_name(dtype))}, dtype, shp)
 
+    def uniform(self, seed: Operand, like: Value, stream: int = 0, dtype: DTypeLike = "f32") -> Value:
+        """A ``uniform`` node: random numbers in [0, 1) of ``like``'s shape (its values are not
+        read). The element at row-major position ``p`` is Philox4x32-10 of key ``seed`` (an
+        integer tensor of one element) and counter ``(p, stream)``: the same seed, stream and
+        shape give the same numbers on every backend, and different streams are independent."""
+        sd = self._tensor_operands([seed])[0]
+        if not dt.is_integer(sd.dtype) or math.prod(sd.shape) != 1:
+            raise TypeError(f"uniform: the seed must be an integer tensor of one element, not {sd.dtype}{tuple(sd.shape)}")
+        if not dt.is_float(dtype):
+            raise TypeError(f"uniform: dtype must be a float type, not {dt.dtype_name(dtype)}")
+        if not 0 <= operator.index(stream) < 2**32:
+            raise ValueError(f"uniform: stream {stream} is outside [0, 2**32)")
+        return self.node("uniform", [sd, like], {"dtype": ("dtype", dt.dtype_name(dtype)), "stream": ("i", int(stream))},
+                         dtype, tuple(like.shape))
+
     # ------------------------------------------------------------------ elementwise
 
     def unary(self, op: str, x: Operand) -> Value:

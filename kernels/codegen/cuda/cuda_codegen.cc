@@ -1,13 +1,18 @@
 #include "kernels/codegen/cuda/cuda_codegen.h"
 
 #include <algorithm>
+#include <functional>
+#include <set>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/c_expr.h"
+#include "kernels/codegen/expr_rewrite.h"
 #include "kernels/codegen/plan.h"
 #include "kernels/codegen/cuda/cuda_kernel.h"
 #include "kernels/codegen/variants.h"
+#include "kernels/lower/lower.h"
 
 namespace kiln::codegen {
 namespace {
@@ -35,6 +40,173 @@ std::string ConstArray(const Buffer& b) {
 }
 
 bool Needs(const std::string& text, const char* what) { return text.find(what) != std::string::npos; }
+
+// ---- A pointwise kernel stored from the reduction loop of the kernel after it.
+//
+// A gelu's backward and the bias gradient summed from it over the rows, a dropout's backward and
+// the bias gradient of the linear layer before it: the scheduler makes the pointwise value a
+// kernel that stores it (it is a result, or read again later) and the column sums a kernel that
+// reads it back. When every output of a pointwise kernel is read only by the next kernel's
+// reductions, each element exactly once (plain loop variables over the whole buffer), that
+// kernel computes the values from their inputs where its reductions read them and stores them
+// there (lower::Expr::Kind::kStoreAlso): one write and no read back of the values, and one
+// launch fewer. Inductor's reduction kernels store such pointwise results the same way. Half
+// types are left alone (the reductions would read the unrounded value). CUDA only: the CPU's
+// column sums walk the columns as vectors in a loop nest this does not describe.
+
+bool Overlaps(const Buffer& a, const Buffer& b) {
+  return a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+}
+
+// The buffers a kernel's trees read.
+std::set<int> ReadBuffers(const schedule::Kernel& k) {
+  std::set<int> out;
+  for (const schedule::KernelOutput& o : k.outputs)
+    for (const lower::Expr* n : Nodes(o.value))
+      if ((n->kind == lower::Expr::Kind::kLoad || n->kind == lower::Expr::Kind::kGather) && n->buffer >= 0)
+        out.insert(n->buffer);
+  return out;
+}
+
+// Whether every load of a buffer in `stored` lies inside a reduction's body, reads the whole
+// buffer through plain loop variables (one per dimension larger than 1, its extent that
+// dimension's) across the reduced loop (the innermost reduced variable is not the buffer's
+// contiguous one: a column sum, which the code generator walks as column tiles; a row
+// reduction's strategy is chosen by the contiguity of what it reads, which inlining changes),
+// and nothing reads it outside a reduction.
+bool ReadOnlyInReductions(const lower::ExprPtr& root, const std::set<int>& stored, const std::vector<Buffer>& buffers,
+                          const lower::VarExtents& ext) {
+  std::set<std::pair<const lower::Expr*, const lower::Expr*>> seen;
+  bool ok = true;
+  std::function<void(const lower::Expr*, const lower::Expr*)> walk = [&](const lower::Expr* n, const lower::Expr* in) {
+    if (!ok || !seen.insert({n, in}).second) return;
+    if ((n->kind == lower::Expr::Kind::kLoad || n->kind == lower::Expr::Kind::kGather) && stored.count(n->buffer)) {
+      if (!in || n->kind == lower::Expr::Kind::kGather ||
+          Coefficient(FlatAddress(buffers[n->buffer], n->index), in->rvars.back()) == 1) {
+        ok = false;
+        return;
+      }
+      const Buffer& b = buffers[n->buffer];
+      std::set<int> vars;
+      for (size_t d = 0; d < b.shape.size(); ++d) {
+        if (b.shape[d] == 1) continue;
+        const int v = PlainVar(n->index[d]);
+        if (v < 0 || v >= static_cast<int>(ext.size()) || ext[v] != b.shape[d] || !vars.insert(v).second) {
+          ok = false;
+          return;
+        }
+      }
+    }
+    for (const lower::ExprPtr& a : n->args)
+      walk(a.get(), n->kind == lower::Expr::Kind::kReduce && !n->rvars.empty() ? n : in);
+  };
+  walk(root.get(), nullptr);
+  return ok;
+}
+
+// Fuses kernel i into kernel i + 1 when the rule above allows; returns whether it did.
+bool FuseIntoNextReduction(schedule::Program* unit, size_t i, ExprPool* pool, std::string* report) {
+  const schedule::Kernel& a = unit->kernels[i];
+  schedule::Kernel& b = unit->kernels[i + 1];
+  if (a.extents.size() != static_cast<size_t>(a.num_loops) || a.outputs.empty()) return false;
+  std::set<int> stored;
+  for (const schedule::KernelOutput& o : a.outputs) {
+    const Buffer& buf = unit->buffers[o.buffer];
+    if (buf.dtype == ir::DType::kF16 || buf.dtype == ir::DType::kBF16 || buf.shape != a.domain) return false;
+    // Concatenated pieces stay in their pointwise kernel, which branches to one piece per
+    // vector; a reduction loop would compute every piece for every element.
+    for (const lower::Expr* n : Nodes(o.value))
+      if (n->kind == lower::Expr::Kind::kReduce || n->kind == lower::Expr::Kind::kStoreAlso ||
+          n->kind == lower::Expr::Kind::kIndexLess)
+        return false;
+    stored.insert(o.buffer);
+  }
+  // Stored where each domain dimension larger than 1 is its own loop variable, in order.
+  int loop = 0;
+  for (size_t d = 0; d < a.domain.size(); ++d) {
+    if (a.domain[d] == 1) continue;
+    if (d >= a.out_index.size() || PlainVar(a.out_index[d]) != loop) return false;
+    ++loop;
+  }
+  // The next kernel reads them in its reductions only, each element once.
+  bool read = false;
+  for (const schedule::KernelOutput& o : b.outputs) {
+    if (!ReadOnlyInReductions(o.value, stored, unit->buffers, b.extents)) return false;
+    for (const lower::Expr* n : Nodes(o.value)) read = read || (n->kind == lower::Expr::Kind::kLoad && stored.count(n->buffer));
+  }
+  if (!read) return false;
+  for (int s : stored) {
+    bool found = false;
+    for (const schedule::KernelOutput& o : b.outputs)
+      for (const lower::Expr* n : Nodes(o.value)) found = found || (n->kind == lower::Expr::Kind::kLoad && n->buffer == s);
+    if (!found) return false;  // an output the reductions do not read would never be stored
+  }
+  // The pointwise kernel's inputs now live until the reduction kernel runs: none may share
+  // workspace with what that kernel writes.
+  for (int r : ReadBuffers(a)) {
+    if (unit->buffers[r].role != Buffer::Role::kTemp) continue;
+    for (const schedule::KernelOutput& o : b.outputs)
+      if (unit->buffers[o.buffer].role == Buffer::Role::kTemp && Overlaps(unit->buffers[r], unit->buffers[o.buffer]))
+        return false;
+  }
+  // The pointwise values over the reduction kernel's variables: the pointwise kernel's loop
+  // variable k (domain dimension d) becomes the variable the load reads dimension d with. The
+  // variables are first moved past both kernels' so that renaming never meets a name in use.
+  const int shift = static_cast<int>(std::max(a.extents.size(), b.extents.size()));
+  lower::VarExtents moved(shift + a.extents.size(), 1);
+  for (size_t k = 0; k < a.extents.size(); ++k) moved[k] = moved[shift + k] = a.extents[k];
+  RewriteRules away;
+  away.affine = [&](const lower::Affine& x) {
+    lower::Affine y = x;
+    for (size_t k = 0; k < a.extents.size(); ++k)
+      y = lower::Substitute(y, static_cast<int>(k), lower::Affine::Var(shift + static_cast<int>(k)), moved);
+    return y;
+  };
+  std::unordered_map<int, lower::ExprPtr> value_of;
+  for (const schedule::KernelOutput& o : a.outputs)
+    value_of[o.buffer] = Rewrite(lower::MakeCast(o.value, unit->buffers[o.buffer].dtype), away, pool);
+  RewriteRules swap;
+  swap.load = [&](const lower::Expr& ld) -> lower::ExprPtr {
+    auto it = value_of.find(ld.buffer);
+    if (it == value_of.end()) return nullptr;
+    const Buffer& buf = unit->buffers[ld.buffer];
+    lower::VarExtents into(shift + a.extents.size(), 1);
+    for (size_t v = 0; v < b.extents.size(); ++v) into[v] = b.extents[v];
+    for (size_t k = 0; k < a.extents.size(); ++k) into[shift + k] = a.extents[k];
+    std::vector<std::pair<int, lower::Affine>> to;
+    int k = 0;
+    for (size_t d = 0; d < buf.shape.size(); ++d)
+      if (buf.shape[d] != 1) to.push_back({shift + k++, ld.index[d]});
+    RewriteRules in;
+    in.affine = [&](const lower::Affine& x) {
+      lower::Affine y = x;
+      for (const auto& [from, by] : to) y = lower::Substitute(y, from, by, into);
+      return y;
+    };
+    lower::Expr tee;
+    tee.kind = lower::Expr::Kind::kStoreAlso;
+    tee.dtype = buf.dtype;
+    tee.buffer = ld.buffer;
+    tee.index = ld.index;
+    tee.args = {Rewrite(it->second, in, pool)};
+    return pool->Intern(std::move(tee));
+  };
+  for (schedule::KernelOutput& o : b.outputs) o.value = Rewrite(o.value, swap, pool);
+  b.fused_values.insert(b.fused_values.begin(), a.fused_values.begin(), a.fused_values.end());
+  absl::StrAppend(report, "cuda: ", a.name, " is stored from ", b.name, "'s reduction loop (", b.name,
+                  " computes its values where it reads them)\n");
+  unit->kernels.erase(unit->kernels.begin() + static_cast<long>(i));
+  return true;
+}
+
+// Returns a line per fused kernel, for the fusion report.
+std::string FuseStoresIntoReductions(schedule::Program* unit) {
+  ExprPool pool;
+  std::string report;
+  for (size_t i = 0; i + 1 < unit->kernels.size();)
+    if (!FuseIntoNextReduction(unit, i, &pool, &report)) ++i;
+  return report;
+}
 
 }  // namespace
 
@@ -67,6 +239,7 @@ int SmCount(int sm) {
 absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Target& target,
                                       const CompileOptions& options, int num_symbols) {
   schedule::Program unit = program;
+  const std::string fused = FuseStoresIntoReductions(&unit);
   cuda::KernelConfig cfg;
   cfg.sm_count = SmCount(target.sm);
   cfg.pointwise_block = CudaVariantOf(options.variant).pointwise_block;
@@ -104,6 +277,7 @@ absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Ta
   }
 
   CudaUnit out;
+  out.report = fused;
   out.plan.abi_version = num_symbols > 0 ? kCudaSymbolicAbiVersion : kCudaAbiVersion;
   out.plan.index_bound = index_bound;
   out.plan.workspace_bytes = unit.workspace_bytes;

@@ -139,7 +139,9 @@ KernelFunction KernelGen::Finish(Fn& fn, const std::string& name, const std::vec
   for (size_t b = 0; b < fn.real_buffers; ++b) {
     const Buffer& buf = fn.prog.buffers[b];
     if (buf.role == Buffer::Role::kConst || !mentioned.count(BufferName(buf))) continue;
-    bool w = std::count(fn.written.begin(), fn.written.end(), static_cast<int>(b)) > 0;
+    const std::vector<int>& also = fn.em->stored_also();
+    bool w = std::count(fn.written.begin(), fn.written.end(), static_cast<int>(b)) > 0 ||
+             std::count(also.begin(), also.end(), static_cast<int>(b)) > 0;
     params.push_back(absl::StrCat(w ? "" : "const ", StorageType(buf.dtype, true), "* __restrict__ ", BufferName(buf)));
     f.buffers.push_back(static_cast<int>(b));
   }

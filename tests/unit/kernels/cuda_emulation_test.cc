@@ -159,6 +159,88 @@ TEST(CudaEmulation, Gather) {
   }));
 }
 
+// Counter-based random numbers: the CUDA kernels (vector lanes, row kernels, a transposed draw)
+// draw the numbers the CPU backend draws, bit for bit, as a dropout, a mask, row sums of an f16
+// draw and a layer_norm of a noisy input.
+TEST(CudaEmulation, Uniform) {
+  ExpectMatchesCpu(Make({Ty(DType::kI64, {}), Ty(DType::kF32, {64, 300}), Ty(DType::kF16, {33, 130})},
+                        [](ir::Builder& b) {
+    auto scalar = [&](double v) {
+      return *b.Add("full", {}, {{"shape", ir::IntList{}}, {"value", v}, {"dtype", DType::kF32}});
+    };
+    auto u = *b.Add("uniform", {0, 1}, {{"stream", int64_t{1}}});
+    auto keep = *b.Add("ge", {*b.Add("uniform", {0, 1}, {{"stream", int64_t{2}}}), scalar(0.1)});
+    auto dropped = *b.Add("where", {keep, *b.Add("mul", {1, scalar(1 / 0.9)}), scalar(0)});
+    auto u16 = *b.Add("uniform", {0, 2}, {{"stream", int64_t{3}}, {"dtype", DType::kF16}});
+    const ir::IntList swap = {1, 0};
+    auto xt = *b.Add("permute", {1}, {{"dims", swap}});
+    auto t = *b.Add("permute", {*b.Add("uniform", {0, xt})}, {{"dims", swap}});
+    auto noisy = *b.Add("add", {1, u});
+    return std::vector<ValueId>{u, keep, dropped, *b.Add("sum", {u16}, {{"axes", ir::IntList{1}}}), t,
+                                *b.Add("layer_norm", {noisy})};
+  }));
+}
+
+// A pointwise result that a column sum reads (a gelu-like backward and its bias gradient; a
+// dropout backward and the sum before it, over a 3-D activation; a split column reduction and
+// a short one): the reduction kernel computes and stores the values itself, one launch fewer,
+// every element of the pointwise result written (a later kernel reading it too sees them all).
+// Half types, row sums and concatenations keep their own kernel.
+TEST(CudaEmulation, PointwiseStoredFromColumnReduction) {
+  auto scalar = [](ir::Builder& b, double v) {
+    return *b.Add("full", {}, {{"shape", ir::IntList{}}, {"value", v}, {"dtype", DType::kF32}});
+  };
+  std::vector<ir::Graph> cases;
+  for (int64_t rows : {int64_t{2048}, int64_t{100}}) {
+    cases.push_back(Make({Ty(DType::kF32, {rows, 96}), Ty(DType::kF32, {rows, 96})}, [&](ir::Builder& b) {
+                       auto slope = *b.Add("where", {*b.Add("gt", {1, scalar(b, 0)}), scalar(b, 1.0), scalar(b, 0.1)});
+                       auto v = *b.Add("mul", {0, slope});
+                       return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{0}}})};
+                     }));
+  }
+  cases.push_back(Make({Ty(DType::kF32, {16, 40, 64}), Ty(DType::kBool, {16, 40, 64})}, [&](ir::Builder& b) {
+                     auto v = *b.Add("where", {1, *b.Add("mul", {0, scalar(b, 1.25)}), scalar(b, 0)});
+                     auto sq = *b.Add("mul", {v, v});
+                     return std::vector<ValueId>{*b.Add("sum", {v}, {{"axes", ir::IntList{0, 1}}}),
+                                                 *b.Add("sum", {sq}, {{"axes", ir::IntList{0, 1}}}), v};
+                   }));
+  for (const ir::Graph& c : cases) {
+    ExpectMatchesCpu(c);
+    auto gen = SharedPipeline().Generate(c, CudaTarget(90), CompileOptions{});
+    ASSERT_TRUE(gen.ok()) << gen.status();
+    EXPECT_NE(gen->fusion_report.find("is stored from"), std::string::npos) << gen->fusion_report;
+  }
+  // Read again by a later kernel: the reduction kernel stores every element before it runs.
+  cases.clear();
+  cases.push_back(Make({Ty(DType::kF32, {2048, 96})}, [&](ir::Builder& b) {
+                     auto v = *b.Add("exp", {0});
+                     auto s = *b.Add("sum", {v}, {{"axes", ir::IntList{0}}});
+                     return std::vector<ValueId>{v, s, *b.Add("add", {v, s})};
+                   }));
+  // f16: the sums would read values that the stored ones round; kept apart.
+  cases.push_back(Make({Ty(DType::kF16, {2048, 96})}, [&](ir::Builder& b) {
+                     auto v = *b.Add("exp", {0});
+                     return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{0}}})};
+                   }));
+  // A row sum (its strategy goes by what it reads contiguously) and concatenated pieces (their
+  // kernel branches per piece): kept apart.
+  cases.push_back(Make({Ty(DType::kF32, {2048, 96})}, [&](ir::Builder& b) {
+                     auto v = *b.Add("exp", {0});
+                     return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{1}}})};
+                   }));
+  cases.push_back(Make({Ty(DType::kF32, {2048, 32}), Ty(DType::kF32, {2048, 64})}, [&](ir::Builder& b) {
+                     auto v = *b.Add("concat", {*b.Add("exp", {0}), *b.Add("sigmoid", {1})},
+                                     {{"axis", int64_t{1}}});
+                     return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{0}}})};
+                   }));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ExpectMatchesCpu(cases[i]);
+    auto gen = SharedPipeline().Generate(cases[i], CudaTarget(90), CompileOptions{});
+    ASSERT_TRUE(gen.ok()) << gen.status();
+    EXPECT_EQ(gen->fusion_report.find("is stored from") != std::string::npos, i == 0) << gen->fusion_report;
+  }
+}
+
 TEST(CudaEmulation, UnaryOpsEveryDtype) {
   for (DType t : kAllTypes) {
     SCOPED_TRACE(ir::DTypeName(t));

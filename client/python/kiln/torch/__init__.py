@@ -9,9 +9,9 @@ Example::
         return torch.sin(x) ** 2 + torch.cos(x) ** 2
 
 Forward and backward graphs both reach kiln through AOTAutograd as ATen graphs. The ops kiln
-supports (elementwise math, reductions, views, concatenation, softmax, layer_norm, gelu...) are
-compiled on the kiln daemon in fused parts; the rest (matmul, convolution, indexing, random
-ops...) runs in torch between them. CPU tensors run the parts' shared objects, CUDA tensors
+supports (elementwise math, reductions, views, concatenation, softmax, layer_norm, gelu,
+gathers, dropout's random draws...) are compiled on the kiln daemon in fused parts; the rest
+(matmul, convolution, attention, scatters...) runs in torch between them. CPU tensors run the parts' shared objects, CUDA tensors
 their kernels on torch's current stream; ``mode="reduce-overhead"`` replays GPU graphs through
 CUDA graphs. A part kiln cannot compile runs in torch after one :class:`KilnFallbackWarning`.
 

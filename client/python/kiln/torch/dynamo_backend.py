@@ -27,7 +27,9 @@ symbolic sizes keep the default, which serves every size; the winner is recorded
 in kilnd per device model, so another process with the same GPU or CPU compiles the tuned
 variant without timing anything), ``layout`` (``"channels_last"``, the default: graphs
 with convolutions run them channels-last, the activations between them kept in that layout by
-kiln's kernels, see :mod:`.layout`; ``"keep"``: the traced layouts).
+kiln's kernels, see :mod:`.layout`; ``"keep"``: the traced layouts), ``random`` (``"kiln"``, the
+default: a dropout's mask is drawn inside kiln's kernels from one seed per call, see
+:mod:`.rng`; ``"torch"``: torch's dropout op and generator, eager's numbers).
 
 With ``options={"async": True}`` a new graph does not wait for kilnd: its parts compile in the
 background while the graph runs in torch, and the first call after they are loaded switches
@@ -63,12 +65,14 @@ from . import lowering as L
 from . import native
 from .layout import channels_last_convolutions, report_output_strides, saved_outputs, wants_channels_last
 from .partition import Segment, build_part, partition
+from .rng import dropout_decomposition, seed_draws
 from .runtime import CompileSettings, KilnFallbackWarning, KilnPart, bump, compile_parts, describe
 
 _CUDAGRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 _KNOWN_OPTIONS = frozenset({"client", "server", "cpu_target", "opt_level", "compile_options", "cudagraphs",
-                            "triton.cudagraphs", "timeout", "async", "native", "autotune", "layout"})
+                            "triton.cudagraphs", "timeout", "async", "native", "autotune", "layout", "random"})
 _LAYOUTS = frozenset({"channels_last", "keep"})
+_RANDOM = frozenset({"kiln", "torch"})
 
 
 @dataclass
@@ -85,6 +89,7 @@ class BackendConfig:
     native: bool = True
     autotune: bool = False
     layout: str = "channels_last"
+    random: str = "kiln"
 
     @staticmethod
     def from_args(mode: Optional[str] = None, options: Optional[dict[str, Any]] = None) -> "BackendConfig":
@@ -102,9 +107,12 @@ class BackendConfig:
             native=bool(opts.get("native", True)),
             autotune=bool(opts.get("autotune", mode == "max-autotune")),
             layout=str(opts.get("layout", "channels_last")),
+            random=str(opts.get("random", "kiln")),
         )
         if cfg.layout not in _LAYOUTS:
             raise ValueError(f"kiln: options['layout'] is {cfg.layout!r}; expected one of {sorted(_LAYOUTS)}")
+        if cfg.random not in _RANDOM:
+            raise ValueError(f"kiln: options['random'] is {cfg.random!r}; expected one of {sorted(_RANDOM)}")
         if opts.get("compile_options") is not None:
             cfg.compile_options = opts["compile_options"]
         elif opts.get("opt_level") is not None:
@@ -168,6 +176,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     bump(graphs=1)
     try:
         eliminate_common_subexpressions(gm)
+        if config.random == "kiln":
+            bump(random_draws=seed_draws(gm))
         if wants_channels_last(gm, config.layout):
             free = saved_outputs(gm, kind, user_outputs)
             copies = channels_last_convolutions(gm, free, example_inputs)
@@ -743,11 +753,12 @@ def _get_attr(gm: torch.nn.Module, target: str) -> Any:
     return obj
 
 
-@functools.lru_cache(maxsize=1)
-def decompositions() -> Any:
+@functools.lru_cache(maxsize=2)
+def decompositions(random_in_kiln: bool = True) -> Any:
     """The decomposition table AOTAutograd applies: torch's core ATen decompositions, which
     leave the ops kiln maps directly (softmax, layer_norm, gelu...) and break their backward
-    ops into elementwise ops and reductions."""
+    ops into elementwise ops and reductions. ``random_in_kiln``: a dropout becomes a draw and
+    a select that kiln fuses (kiln/torch/rng.py), else it stays torch's op."""
     from torch._decomp import core_aten_decompositions, get_decompositions
 
     table = core_aten_decompositions()
@@ -781,6 +792,8 @@ def decompositions() -> Any:
     # updates, which kiln fuses with the ReLU and residual add around it. Left as the op, it ran
     # in torch with a clone of each running statistic and a kernel of its own per output.
     table.update(get_decompositions([torch.ops.aten._native_batch_norm_legit_functional.default]))
+    if random_in_kiln:
+        table.update(dropout_decomposition())
     return table
 
 
@@ -846,7 +859,7 @@ def make_backend(config: BackendConfig) -> Callable[..., Any]:
                                               user_outputs=user_outputs),
                 bw_compiler=functools.partial(compile_aten_graph, config=config, kind="backward"),
                 inference_compiler=functools.partial(compile_aten_graph, config=config, kind="inference"),
-                decompositions=decompositions(),
+                decompositions=decompositions(random_in_kiln=config.random == "kiln"),
                 # Recomputes cheap pointwise ops in the backward instead of saving them, as
                 # Inductor does: fewer tensors saved, larger fusable runs.
                 partition_fn=min_cut_rematerialization_partition,

@@ -31,6 +31,7 @@ import torch
 import torch.fx
 
 from ..builder import GraphBuilder, Value
+from . import rng as _rng  # noqa: F401  (defines torch.ops.kiln.uniform, lowered below)
 from ..dtypes import is_integer as dt_is_integer
 
 aten = torch.ops.aten
@@ -936,6 +937,14 @@ def _split(ctx: LoweringContext, x: Value, split_size: int, dim: int = 0) -> tup
 def _unbind(ctx: LoweringContext, x: Value, dim: int = 0) -> tuple[Value, ...]:
     d = _norm_dim(dim, x.ndim)
     return tuple(_select(ctx, x, d, i) for i in range(x.shape[d]))
+
+
+# ---------------------------------------------------------------------------------- random
+
+@register_lowering(torch.ops.kiln.uniform.default)
+def _uniform(ctx: LoweringContext, seed: Value, like: Value, stream: int, dtype: torch.dtype) -> Value:
+    """kiln.torch's counter-based draws (:mod:`.rng`): the same numbers torch's op computes."""
+    return ctx.b.uniform(seed, like, stream=stream, dtype=kiln_dtype(dtype))
 
 
 # ---------------------------------------------------------------------------------- indexing

@@ -54,7 +54,8 @@ class Stats:
     timed on their first call (``mode="max-autotune"``, or found tuned in kilnd);
     ``retuned``: of those, parts that now run a variant other than the default.
     ``layout_copies``: channels-last copies the layout pass put before convolutions (image
-    inputs and weights; :mod:`.layout`).
+    inputs and weights; :mod:`.layout`). ``random_draws``: ``rand_like`` draws (dropout masks)
+    turned into kiln's counter-based numbers (:mod:`.rng`).
     """
 
     graphs: int = 0
@@ -73,6 +74,7 @@ class Stats:
     tuned: int = 0
     retuned: int = 0
     layout_copies: int = 0
+    random_draws: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
