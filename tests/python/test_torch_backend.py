@@ -948,7 +948,7 @@ def test_dropout_draws_its_mask_inside_kiln_parts(client: Any, rewrites: list[tu
     counter-based draw (one seed from torch's generator per call), fused into the parts around
     it (no dropout, rand or uniform left to torch). Output and gradients equal the eager
     computation with that mask; the same torch seed repeats a step, another seed does not; with
-    ``options={"random": "torch"}`` the masks are eager's own."""
+    ``options={"random": "torch"}``, and by default on the CPU, the masks are eager's own."""
     from kiln.torch.rng import philox_uniform
 
     torch.manual_seed(11)
@@ -959,7 +959,7 @@ def test_dropout_draws_its_mask_inside_kiln_parts(client: Any, rewrites: list[tu
         return F.layer_norm(F.dropout(lin(x), p, True) + x, (48,))
 
     x = torch.randn(40, 48, requires_grad=True)
-    cf = compiled(f, client)
+    cf = torch.compile(f, backend="kiln", options={"client": client, "random": "kiln"})
     torch.manual_seed(5)
     got = cf(x)
     w = torch.randn_like(got)
@@ -982,13 +982,16 @@ def test_dropout_draws_its_mask_inside_kiln_parts(client: Any, rewrites: list[tu
     a = cf(x)
     torch.manual_seed(8)
     assert torch.equal(cf(x), a) and not torch.equal(cf(x), a)
-    # Torch's own dropout on request: eager's masks under the same seed.
-    torch._dynamo.reset()
-    eager_rng = torch.compile(f, backend="kiln", options={"client": client, "random": "torch"})
-    torch.manual_seed(3)
-    got = eager_rng(x)
-    torch.manual_seed(3)
-    torch.testing.assert_close(got, f(x), rtol=1e-5, atol=1e-5)
+    # Torch's own dropout on request, and by default on the CPU: eager's masks under the same seed.
+    for options in ({"random": "torch"}, {}):
+        torch._dynamo.reset()
+        kt.reset_stats()
+        eager_rng = torch.compile(f, backend="kiln", options={"client": client, **options})
+        torch.manual_seed(3)
+        got = eager_rng(x)
+        torch.manual_seed(3)
+        torch.testing.assert_close(got, f(x), rtol=1e-5, atol=1e-5)
+        assert kt.stats()["random_draws"] == 0
 
 
 def test_uniform_op_in_torch_draws_what_kiln_draws(client: Any) -> None:

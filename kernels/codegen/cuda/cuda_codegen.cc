@@ -142,11 +142,13 @@ bool FuseIntoNextReduction(schedule::Program* unit, size_t i, ExprPool* pool, st
     if (!found) return false;  // an output the reductions do not read would never be stored
   }
   // The pointwise kernel's inputs now live until the reduction kernel runs: none may share
-  // workspace with what that kernel writes.
+  // workspace with what that kernel writes. (At a sample of a symbolic graph, offsets depend on
+  // the sample's sizes, and the choice must be the same at every sample: any two temps count.)
   for (int r : ReadBuffers(a)) {
     if (unit->buffers[r].role != Buffer::Role::kTemp) continue;
     for (const schedule::KernelOutput& o : b.outputs)
-      if (unit->buffers[o.buffer].role == Buffer::Role::kTemp && Overlaps(unit->buffers[r], unit->buffers[o.buffer]))
+      if (unit->buffers[o.buffer].role == Buffer::Role::kTemp &&
+          (InSymbolicSample() || Overlaps(unit->buffers[r], unit->buffers[o.buffer])))
         return false;
   }
   // The pointwise values over the reduction kernel's variables: the pointwise kernel's loop

@@ -286,6 +286,16 @@ TEST(CudaSymbolic, ColumnsAndWholeTensorReductions) {
                              return std::vector<ValueId>{d, *b.Add("argmax", {0}, {{"axis", int64_t{0}}})};
                            },
                            {"N"}, {{7}, {300}});
+  // A pointwise result and its column sums (a dropout's gradient and a bias gradient) over
+  // symbolic rows: stored from the sums' loop (kernels/codegen/cuda/cuda_codegen.cc).
+  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym, 96}}, {DType::kBool, {kSym, 96}}},
+                           [](ir::Builder& b) {
+                             auto s = *b.Add("full", {}, {{"shape", ir::IntList{}}, {"value", 1.25}, {"dtype", DType::kF32}});
+                             auto z = *b.Add("full", {}, {{"shape", ir::IntList{}}, {"value", 0.0}, {"dtype", DType::kF32}});
+                             auto v = *b.Add("where", {1, *b.Add("mul", {0, s}), z});
+                             return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{0}}})};
+                           },
+                           {"N"}, {{1}, {5}, {2048}, {0}});
 }
 
 // Sizes around the vector widths (2 and 4 lanes): the last vector partial or whole.
