@@ -365,9 +365,18 @@ absl::StatusOr<TensorType> InferFull(const Node& n, const Types&) {
   return Make(t, shape);
 }
 
-absl::StatusOr<TensorType> InferIota(const Node& n, const Types&) {
-  KILN_ASSIGN_OR_RETURN(IntList shape, RequiredInts(n, "shape"));
-  KILN_RETURN_IF_ERROR(CheckShape(shape));
+// iota(): `shape` ints; iota(like): `like`'s shape (symbolic sizes follow it; its values are
+// never read).
+absl::StatusOr<TensorType> InferIota(const Node& n, const Types& in) {
+  IntList shape;
+  if (in.empty()) {
+    KILN_ASSIGN_OR_RETURN(shape, RequiredInts(n, "shape"));
+    KILN_RETURN_IF_ERROR(CheckShape(shape));
+  } else if (n.Has("shape")) {
+    return InvalidArgumentError("iota: both an input and a 'shape' (rule: the shape comes from one of them)");
+  } else {
+    shape = in[0].shape;
+  }
   KILN_RETURN_IF_ERROR(NumberAttrs(n, {"axis"}));
   int64_t r = static_cast<int64_t>(shape.size());
   int64_t axis = n.Int("axis", 0);
@@ -627,7 +636,7 @@ std::unordered_map<std::string, OpSchema> BuildRegistry() {
 
   add("constant", K::kSource, 0, 0, InferConstant);
   add("full", K::kSource, 0, 0, InferFull);
-  add("iota", K::kSource, 0, 0, InferIota);
+  add("iota", K::kSource, 0, 1, InferIota);
   add("uniform", K::kSource, 2, 2, InferUniform);
 
   for (const char* op : {"sum", "prod"}) add(op, K::kReduction, 1, 1, Reduce(ReduceRule::kSum));

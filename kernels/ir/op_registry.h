@@ -14,8 +14,8 @@ namespace kiln::ir {
 enum class OpKind {
   kElementwise,  // unary/binary/ternary with broadcasting, cast
   kLayout,       // views and data movement: broadcast_to, reshape, permute, slice, concat...
-  kSource,       // constant, iota, full: no tensor inputs; uniform: a seed, and a tensor whose
-                 // shape it takes (its values are never read)
+  kSource,       // constant, iota, full: no tensor inputs (iota may take a tensor whose shape it
+                 // takes); uniform: a seed, and that shape tensor (values of neither read)
   kReduction,    // sum, max, argmin, ...: reduces `axes`
   kComposite,    // decomposed by passes/decompose before lowering
   kExtern,       // matmul, conv: a partition boundary, not compiled by kiln

@@ -1035,7 +1035,8 @@ def test_uniform_matches_philox(client, rng, dtype: str) -> None:
 
 def test_uniform_rejects_and_runs_at_symbolic_sizes(client) -> None:
     """A float or many-element seed, an integer dtype, a stream outside 32 bits: InvalidArgument
-    naming the rule. At symbolic sizes the positions follow the sizes of the call."""
+    naming the rule. At symbolic sizes the positions follow the sizes of the call, as an iota
+    shaped like a symbolic tensor does."""
     def graph(seed_dtype="i64", seed_shape=(), attrs=None):
         b = kiln.GraphBuilder()
         s = b.input("s", seed_dtype, seed_shape)
@@ -1051,10 +1052,17 @@ def test_uniform_rejects_and_runs_at_symbolic_sizes(client) -> None:
     b = kiln.GraphBuilder()
     s = b.input("s", "u8", (1,))
     x = b.input("x", "f32", (2, 3), dims=("B", "T"))
-    compiled = client.compile(b.build([b.uniform(s, x, stream=9)]))
+    # iota shaped like a tensor: positions along a symbolic axis (torch.arange of a run-time size)
+    compiled = client.compile(b.build([b.uniform(s, x, stream=9), b.iota((2, 3), 1, "i32", like=x)]))
     for bs, t in [(1, 1), (3, 17), (0, 5), (7, 31)]:
         got = compiled(np.array([200], np.uint8), np.zeros((bs, t), np.float32))
-        np.testing.assert_array_equal(got, _np_uniform(200, (bs, t), 9, "f32"), err_msg=f"B={bs}, T={t}")
+        np.testing.assert_array_equal(got[0], _np_uniform(200, (bs, t), 9, "f32"), err_msg=f"B={bs}, T={t}")
+        np.testing.assert_array_equal(got[1], np.broadcast_to(np.arange(t, dtype=np.int32), (bs, t)))
+    with pytest.raises(kiln.KilnError) as e:  # a shape from an input and an attribute
+        b = kiln.GraphBuilder()
+        x = b.input("x", "f32", (2, 3))
+        client.compile(b.build([b.node("iota", [x], {"shape": ("ints", (2, 3)), "axis": ("i", 0)}, "i64", (2, 3))]))
+    assert "iota" in str(e.value) and "one of them" in str(e.value)
 
 
 # Gathers inside the CPU code generator's special loops: a short innermost output loop unrolled

@@ -1662,6 +1662,33 @@ def test_advanced_indexing_runs_in_kiln(client: Any, rewrites: list[tuple[Any, A
     assert "aten.index.Tensor" not in code, code
 
 
+def test_arange_and_advanced_indexing_at_run_time_sizes_run_in_kiln(client: Any,
+                                                                   rewrites: list[tuple[Any, Any]]) -> None:
+    """At symbolic sizes (``dynamic=True``): ``arange`` of a run-time length becomes an iota
+    shaped like an argument's dimension, and advanced indexing with several index tensors one
+    gather per tensor (BERT's attention-mask idiom, and a 3-D tensor indexed on its last two
+    dimensions with broadcasting, negative positions included). Results equal eager's at every
+    size; neither op is left to torch, and no size recompiles."""
+    def f(m: torch.Tensor, x: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n = m.shape[1]
+        kv = torch.arange(n)[None, None, None, :]
+        b = torch.arange(m.shape[0])[:, None, None, None]
+        return m[b, kv] * 2.0, x[:, i, j] + 1.0, (torch.arange(n) * 3 + 1).float()
+
+    cf = torch.compile(f, backend="kiln", options={"client": client}, dynamic=True)
+    for bs, t in [(4, 9), (3, 5), (6, 17)]:
+        m = torch.randn(bs, t)
+        x = torch.randn(bs, t, t)
+        i = torch.randint(-t, t, (bs, 1))
+        j = torch.randint(-t, t, (t,))
+        for g_, w_ in zip(cf(m, x, i, j), f(m, x, i, j)):
+            torch.testing.assert_close(g_, w_, rtol=1e-6, atol=1e-6)
+    assert_kiln_ran()
+    assert kt.stats()["graphs"] == 1, kt.stats()
+    code = "".join(gm.code for gm, _ in rewrites)
+    assert "aten.index.Tensor" not in code and "aten.arange" not in code, code
+
+
 def test_index_add_into_a_fresh_table_adds_in_place() -> None:
     """fold_fresh_index_add: index_add of a zero table nothing else reads becomes index_add_
     on it (no copy); one whose table is an input or read elsewhere keeps the functional op;

@@ -398,11 +398,18 @@ class GraphBuilder:
         shp = tuple(operator.index(d) for d in shape)
         return self.node("full", [], {"shape": ("ints", shp), "value": ("f", float(value)), "dtype": ("dtype", dt.dtype_name(dtype))}, dtype, shp)
 
-    def iota(self, shape: Sequence[int], axis: int, dtype: DTypeLike = "i64") -> Value:
-        """An ``iota`` node: each element is its index along ``axis``."""
+    def iota(self, shape: Sequence[int], axis: int, dtype: DTypeLike = "i64", like: Optional[Value] = None) -> Value:
+        """An ``iota`` node: each element is its index along ``axis``. With ``like``, the shape is
+        ``like``'s (a symbolic size follows it; its values are not read) and ``shape`` must
+        equal it."""
         shp = tuple(operator.index(d) for d in shape)
         ax = normalize_axes([axis], len(shp))[0]
-        return self.node("iota", [], {"shape": ("ints", shp), "axis": ("i", ax), "dtype": ("dtype", dt.dtype_name(dtype))}, dtype, shp)
+        attrs = {"axis": ("i", ax), "dtype": ("dtype", dt.dtype_name(dtype))}
+        if like is not None:
+            if tuple(like.shape) != shp:
+                raise ValueError(f"iota: shape {shp} is not like's {tuple(like.shape)}")
+            return self.node("iota", [like], attrs, dtype, shp)
+        return self.node("iota", [], {"shape": ("ints", shp), **attrs}, dtype, shp)
 
     def uniform(self, seed: Operand, like: Value, stream: int = 0, dtype: DTypeLike = "f32") -> Value:
         """A ``uniform`` node: random numbers in [0, 1) of ``like``'s shape (its values are not

@@ -191,10 +191,28 @@ def is_contiguous_symbolic(v: torch.Tensor) -> bool:
 class LoweringContext:
     """What a lowering sees besides its arguments: the builder and the node's torch types."""
 
-    def __init__(self, builder: GraphBuilder, node: torch.fx.Node) -> None:
+    def __init__(self, builder: GraphBuilder, node: torch.fx.Node,
+                 symbol_dims: Optional[dict[Any, tuple[Value, int]]] = None) -> None:
         self.b = builder
         self.node = node
         self.meta = node_meta(node)
+        # A symbolic size's expression -> an argument of the part with that size and its dimension.
+        self.symbol_dims = symbol_dims or {}
+
+    def extent(self, size: "SymArg") -> Value:
+        """A 1-D Value whose length is the symbolic ``size`` (values not meant to be read): an
+        argument of the part that has that size as a dimension, read at position 0 of each other
+        dimension (a gather, which a symbolic dimension allows where a slice would not) and
+        those dimensions dropped. Nothing reads it: it only carries the size."""
+        try:
+            v, d = self.symbol_dims[size.expr]
+        except KeyError:
+            raise Unsupported(f"no argument of the part has the size {size.expr}") from None
+        for e in range(v.ndim):
+            if e != d and v.shape[e] != 1:
+                v = self.b.gather(v, self.b.full((1,) * v.ndim, 0, "i64"), e)
+        others = [e for e in range(v.ndim) if e != d]
+        return self.b.squeeze(v, others) if others else v
 
     # -- the node's output as torch types it
 
@@ -292,6 +310,7 @@ class SymArg:
 _SYM_SIZE_OPS: frozenset[Any] = frozenset({
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default,
     aten.expand.default, aten.expand_copy.default,
+    aten.arange.start_step, aten.arange.start, aten.arange.default,
 })
 
 
@@ -314,8 +333,11 @@ def _map_args(a: Any, env: Callable[[torch.fx.Node], Any], sizes_ok: bool = Fals
     return a
 
 
-def lower_node(b: GraphBuilder, node: torch.fx.Node, env: Callable[[torch.fx.Node], Any]) -> Any:
-    """Emits ``node`` into ``b``; ``env`` maps an FX node to its Value (or tuple of Values).
+def lower_node(b: GraphBuilder, node: torch.fx.Node, env: Callable[[torch.fx.Node], Any],
+               symbol_dims: Optional[dict[Any, tuple[Value, int]]] = None) -> Any:
+    """Emits ``node`` into ``b``; ``env`` maps an FX node to its Value (or tuple of Values);
+    ``symbol_dims`` maps a symbolic size's expression to an argument of the part and the
+    dimension that has it (:meth:`LoweringContext.extent`).
 
     Returns what the node produces in kiln terms, checked against its FakeTensor: dtype
     differences are cast away, shape differences with the same element count become a
@@ -345,7 +367,7 @@ def lower_node(b: GraphBuilder, node: torch.fx.Node, env: Callable[[torch.fx.Nod
     for first in ("self", "input"):
         if first in kwargs:
             args = (kwargs.pop(first),) + tuple(args)
-    ctx = LoweringContext(b, node)
+    ctx = LoweringContext(b, node, symbol_dims)
     with b.name_scope(node.name):
         try:
             out = fn(ctx, *args, **kwargs)
@@ -745,6 +767,14 @@ def _fill(ctx: LoweringContext, x: Value, value: Any) -> Value:
 @register_lowering(aten.arange.start_step, aten.arange.start, aten.arange.default)
 def _arange(ctx: LoweringContext, *args: Any, **kw: Any) -> Value:
     _check_plain_alloc(**kw)
+    if any(isinstance(a, SymArg) for a in args):
+        # arange(n) or arange(0, n) of a run-time n: an iota shaped like an argument's dimension.
+        end = args[-1] if len(args) == 1 or (len(args) == 2 and args[0] == 0) else None
+        if not isinstance(end, SymArg) or end.expr.is_number:
+            raise Unsupported("arange with run-time bounds other than arange(n)")
+        like = ctx.extent(end)
+        dt = ctx.out_dtype
+        return ctx.cast(ctx.b.iota(like.shape, 0, "i64" if dt not in ("f16", "bf16", "f32", "f64") else dt, like=like), dt)
     nums = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
     if len(nums) != len(args):
         raise Unsupported("arange bounds are not numbers")
@@ -990,7 +1020,7 @@ def _index(ctx: LoweringContext, x: Value, indices: Sequence[Any]) -> Value:
         return ctx.b.take(x, ts[0], axis=p)
     xm = node_meta(ctx.node.args[0])
     if not isinstance(xm, torch.Tensor) or not all(_is_static_size(d) for d in xm.shape):
-        raise Unsupported("advanced indexing with several index tensors of a tensor of run-time size")
+        return _index_in_steps(ctx, x, ts, p)
     sizes = x.shape[p:p + k]
     pos: Optional[Value] = None
     stride = 1
@@ -1005,6 +1035,25 @@ def _index(ctx: LoweringContext, x: Value, indices: Sequence[Any]) -> Value:
     flat = ctx.b.reshape(x, tuple(x.shape[:p]) + (stride,) + tuple(x.shape[p + k:]))
     assert pos is not None
     return ctx.b.take(flat, pos, axis=p)
+
+
+def _index_in_steps(ctx: LoweringContext, x: Value, ts: list[Value], p: int) -> Value:
+    """``x[..., i0, i1, ...]`` (index tensors on dimensions p, p+1, ...) at run-time sizes, where
+    the flattened position would need a size as a number: one gather per index tensor. The
+    first takes rows of x by ``i0`` (its dimensions replace dimension p); each next one picks,
+    in the dimension after the index dimensions so far, the position its index tensor holds,
+    broadcasting with them (the gather's rule off its axis). Each step's result but the last is
+    stored (a gather reads a computed source from memory): the size of the indices' broadcast
+    shape times the dimensions not yet indexed."""
+    r = max(t.ndim for t in ts)
+    ts = [ctx.b.unsqueeze(t, list(range(r - t.ndim))) if t.ndim < r else t for t in ts]
+    y = ctx.b.take(x, ts[0], axis=p)  # x[:p] + shape(i0) + x[p+1:]
+    for t in ts[1:]:
+        axis = p + r  # the dimension this index tensor picks in
+        rest = y.ndim - axis - 1
+        idx = ctx.b.unsqueeze(t, list(range(p)) + [axis + j for j in range(rest + 1)])
+        y = ctx.b.squeeze(ctx.b.gather(y, idx, axis), [axis])
+    return y
 
 
 @register_lowering(aten.gather.default)

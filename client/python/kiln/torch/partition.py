@@ -141,8 +141,15 @@ def node_color(node: torch.fx.Node) -> tuple[Color, str]:
             inputs[n] = v
         return v
 
+    # The symbolic sizes the node takes as arguments (arange(n)): in this trial some argument of
+    # the part has each (a part without one refuses the node when it is built).
+    extents: dict[Any, tuple[Value, int]] = {}
+    for a in node.args:
+        if isinstance(a, torch.fx.Node) and L.is_size_node(a) and isinstance(L.node_meta(a), torch.SymInt):
+            m = L.node_meta(a)
+            extents.setdefault(L.size_expr(m), (b.input(f"extent{len(extents)}", "i64", (L.size_hint(m),)), 0))
     try:
-        L.lower_node(b, node, env)
+        L.lower_node(b, node, env, extents)
     except L.Unsupported as e:
         return None, str(e)
     except Exception as e:  # a lowering bug must not take the program down
@@ -525,6 +532,7 @@ def build_part(seg: Segment) -> PartGraph:
     env: dict[torch.fx.Node, Any] = {}
     in_specs: list[TensorSpec] = []
     symbols: dict[Any, str] = {}  # a size's expression -> its kiln symbol, within this part
+    symbol_dims: dict[Any, tuple[Value, int]] = {}  # ... -> the first argument and dimension having it
     for i, n in enumerate(seg.inputs[:seg.num_tensor_inputs]):
         m = L.node_meta(n)
         if L.is_symbolic_tensor(m):
@@ -537,6 +545,9 @@ def build_part(seg: Segment) -> PartGraph:
             shape = L.example_shape(m)
             in_specs.append(TensorSpec(m.dtype, shape, None, exprs))
             env[n] = b.input(n.name, L.kiln_dtype(m.dtype), shape, dims=dims)
+            for d, e in enumerate(exprs):
+                if not e.is_number:
+                    symbol_dims.setdefault(e, (env[n], d))
             continue
         if not L.is_static_tensor(m):
             raise L.Unsupported(f"argument {n.name} is not a tensor of static shape")
@@ -553,7 +564,7 @@ def build_part(seg: Segment) -> PartGraph:
             raise L.Unsupported(f"{n.name} is used before it is computed") from None
 
     for n in seg.nodes:
-        env[n] = L.lower_node(b, n, lookup)
+        env[n] = L.lower_node(b, n, lookup, symbol_dims)
 
     input_ids = {id(v): i for i, v in enumerate(env[n] for n in seg.inputs[:seg.num_tensor_inputs])}
     kiln_outs: list[Value] = []
