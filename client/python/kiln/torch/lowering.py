@@ -31,8 +31,8 @@ import torch
 import torch.fx
 
 from ..builder import GraphBuilder, Value
-from . import rng as _rng  # noqa: F401  (defines torch.ops.kiln.uniform, lowered below)
 from ..dtypes import is_integer as dt_is_integer
+from . import rng as _rng  # noqa: F401  (defines torch.ops.kiln.uniform, lowered below)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
