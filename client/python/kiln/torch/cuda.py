@@ -215,16 +215,60 @@ class CudaGraphRunner:
         return _Instance(graph, static_in, in_place, list(outputs), rt)
 
 
-def draws_random_numbers(graph: Any) -> bool:
-    """Whether an ATen FX graph consumes the RNG: a seeded op (dropout, rand...), or attention
-    with a nonzero dropout probability. Such a graph is not captured: a replay would repeat the
-    captured random numbers, and attention's dropout seed comes out of a capture as device
-    memory that its backward, run outside a capture, reads on the host (a crash)."""
-    return any(draws_random(n) for n in graph.nodes)
+def philox_state_on_host(graph: Any) -> int:
+    """Makes a graph safe to capture in a CUDA graph when it holds attention's backward with
+    dropout: captured, the forward returns its Philox seed and offset as device memory, and the
+    backward op reads them on the host whenever it runs outside a capture (a warm-up, a call
+    while every captured instance is busy): a crash (exit -11, H200, torch 2.11,
+    ``tests/gpu/random_graphs_gpu.py``). Each op taking ``philox_seed`` and ``philox_offset``
+    is called through a wrapper that, outside a capture, copies device ones to the host first
+    (a synchronisation on that rare path); inside a capture they pass as they are, which the op
+    reads on the device (the same script: the same gradient either way). Returns how many nodes
+    it wrapped. Random draws need nothing: torch's CUDA generator advances its Philox offset at
+    every replay, so each replay draws new numbers (the same script)."""
+    wrapped = 0
+    for n in graph.nodes:
+        target = n.target
+        if n.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        names = [a.name for a in target._schema.arguments]
+        if "philox_seed" in names and "philox_offset" in names:
+            n.target = _philox_on_host(target)
+            wrapped += 1
+    return wrapped
+
+
+_PHILOX_WRAPPERS: dict[Any, Callable[..., Any]] = {}
+
+
+def _philox_on_host(op: Any) -> Callable[..., Any]:
+    """``op`` called with its Philox seed and offset on the host unless a capture is running."""
+    wrapper = _PHILOX_WRAPPERS.get(op)
+    if wrapper is not None:
+        return wrapper
+    names = [a.name for a in op._schema.arguments]
+    at = [names.index("philox_seed"), names.index("philox_offset")]
+
+    def on_device(v: Any) -> bool:
+        return isinstance(v, torch.Tensor) and v.is_cuda
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        positional = [i for i in at if i < len(args) and on_device(args[i])]
+        named = [k for k in ("philox_seed", "philox_offset") if on_device(kwargs.get(k))]
+        if (positional or named) and not torch.cuda.is_current_stream_capturing():
+            args = tuple(a.cpu() if i in positional else a for i, a in enumerate(args))
+            kwargs = {k: v.cpu() if k in named else v for k, v in kwargs.items()}
+        return op(*args, **kwargs)
+
+    call.__name__ = f"{str(op).replace('.', '_')}_philox_on_host"
+    call.__qualname__ = call.__name__
+    _PHILOX_WRAPPERS[op] = call
+    return call
 
 
 def draws_random(n: Any) -> bool:
-    """Whether one FX node consumes the RNG (see :func:`draws_random_numbers`)."""
+    """Whether one FX node consumes the RNG: a seeded op (dropout, rand...), or attention with a
+    nonzero dropout probability (the reordering passes keep such nodes in place and order)."""
     target = n.target
     if n.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return False
@@ -244,4 +288,5 @@ def wants_cuda_graphs(example_inputs: Sequence[Any]) -> bool:
     return bool(tensors) and all(t.device.type == "cuda" for t in tensors)
 
 
-__all__ = ["CudaGraphRunner", "CudaKernel", "draws_random", "draws_random_numbers", "load_kernel", "wants_cuda_graphs"]
+__all__ = ["CudaGraphRunner", "CudaKernel", "draws_random", "load_kernel", "philox_state_on_host",
+           "wants_cuda_graphs"]

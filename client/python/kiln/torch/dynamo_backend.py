@@ -192,12 +192,14 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         bump(parts=len(parts),
              kiln_nodes=sum(len(s.nodes) for s in segments if s.is_kiln),
              torch_nodes=sum(1 for s in segments if not s.is_kiln for n in s.nodes if n.op == "call_function"))
-        fn: Callable[[list[Any]], Any] = make_boxed_func(outer.forward)
         wrap_cuda_graphs = False
         if config.cudagraphs:
             from . import cuda
 
-            wrap_cuda_graphs = cuda.wants_cuda_graphs(example_inputs) and not cuda.draws_random_numbers(gm.graph)
+            wrap_cuda_graphs = cuda.wants_cuda_graphs(example_inputs)
+            if wrap_cuda_graphs and cuda.philox_state_on_host(outer.graph):
+                outer.recompile()
+        fn: Callable[[list[Any]], Any] = make_boxed_func(outer.forward)
 
         def finish() -> Callable[[list[Any]], Any]:
             if wrap_cuda_graphs:
