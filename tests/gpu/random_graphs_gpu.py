@@ -5,30 +5,32 @@
 1. ``torch.rand`` and ``torch.randint`` captured in a CUDA graph: does each replay draw new
    numbers (torch's Philox offset advanced per replay) or repeat the captured ones?
 2. Attention with dropout (``aten._scaled_dot_product_efficient_attention``) captured: its Philox
-   seed and offset come out as device tensors. Its backward op called outside a capture with
-   those tensors (in a child process, which may crash), and inside a capture after a warm-up.
-3. With ``--kiln`` (the kiln wheel, and a kilnd binary at $KILND, e.g. through with_pack.sh):
-   kiln.torch's reduce-overhead mode on a linear layer with dropout.
+   seed and offset come out as device tensors. Its backward op called with those tensors outside
+   a capture, inside one after such a warm-up (child processes: they may crash), and outside a
+   capture with the two copied to the host, then captured with the device ones.
+3. kiln.torch's reduce-overhead mode on a linear layer with dropout: replays, a new mask per
+   call, the kept fraction, the input's gradient against the one the call's mask gives.
 
-    python3 tests/gpu/random_graphs_gpu.py
-    tests/gpu/with_pack.sh PACK python3 tests/gpu/random_graphs_gpu.py --kiln
+    tests/gpu/with_pack.sh PACK python3 tests/gpu/random_graphs_gpu.py
 
-Writes $OUT/random_graphs_gpu.md when $OUT is set.
+Exits 1 when a replay repeats its numbers, the host-copied seed does not work, or kiln's check
+fails (outside-a-capture crashes are findings, not failures). Writes $OUT/random_graphs_gpu.md.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 aten = torch.ops.aten
 
 
-def replays_draw_new_numbers() -> list[str]:
-    out = []
+def replays_draw_new_numbers(rows: list[list[str]], failures: list[str]) -> None:
     for name, draw in [("rand", lambda: torch.rand(1 << 16, device="cuda")),
                        ("randint", lambda: torch.randint(2**62, (), device="cuda"))]:
         draw()  # warm up
@@ -38,9 +40,10 @@ def replays_draw_new_numbers() -> list[str]:
         g.replay()
         a = x.clone()
         g.replay()
-        b = x.clone()
-        out.append(f"| {name} in a graph: two replays {'differ' if not torch.equal(a, b) else 'are EQUAL'} |")
-    return out
+        same = torch.equal(a, x)
+        rows.append([f"{name} in a CUDA graph, two replays", "the same numbers" if same else "new numbers"])
+        if same:
+            failures.append(f"{name}: a replay repeated the captured numbers")
 
 
 def attention(mode: str) -> None:
@@ -85,7 +88,7 @@ def attention(mode: str) -> None:
         print(f"backward inside a capture: ok, |dq| {float(r[0].abs().sum()):.3f}", flush=True)
 
 
-def kiln_reduce_overhead() -> list[str]:
+def kiln_reduce_overhead(client: Any, rows: list[list[str]], failures: list[str]) -> None:
     """kiln.torch in reduce-overhead mode on a linear layer with dropout (kiln's own draws, from
     one torch ``randint`` per call): the graphs are captured and replayed, each replay draws a new
     mask, about 1 - p of the elements are kept, and the input's gradient is the one the step's
@@ -100,7 +103,7 @@ def kiln_reduce_overhead() -> list[str]:
     def f(x: torch.Tensor) -> torch.Tensor:
         return F.dropout(lin(x), p, True) * 2.0
 
-    cf = torch.compile(f, backend="kiln", mode="reduce-overhead")
+    cf = torch.compile(f, backend=kt.backend(mode="reduce-overhead", client=client))
     x = torch.randn(512, 256, device="cuda", requires_grad=True)
     g = torch.randn(512, 256, device="cuda")
     outs, worst = [], 0.0
@@ -114,42 +117,38 @@ def kiln_reduce_overhead() -> list[str]:
         outs.append(y.detach().clone())
     kept = float(sum((o != 0).float().mean() for o in outs) / len(outs))
     distinct = all(not torch.equal(outs[i], outs[i + 1]) for i in range(len(outs) - 1))
-    s = kt.stats()
-    return [f"| kiln reduce-overhead, dropout p={p}: {s['graph_replays']} replays, calls differ: {distinct}, "
-            f"kept {kept:.3f}, gradient off by {worst:.1e} (relative) |"]
+    replays = kt.stats()["graph_replays"]
+    rows.append([f"kiln reduce-overhead, linear + dropout p={p}, 6 training steps",
+                 f"{replays} replays, every call a new mask: {distinct}, kept {kept:.3f}, "
+                 f"input gradient off by {worst:.1e} (relative)"])
+    if not (replays > 0 and distinct and abs(kept - (1 - p)) < 0.01 and worst < 1e-5):
+        failures.append("kiln reduce-overhead with dropout: " + rows[-1][1])
 
 
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--attention":
         attention(sys.argv[2])
         return 0
-    if len(sys.argv) > 1 and sys.argv[1] == "--kiln":
-        import tempfile
+    from reduce_accuracy_gpu import kilnd_binary, local_client, report
 
-        import kiln.local
-
-        with tempfile.TemporaryDirectory(prefix="kiln-random-gpu-") as tmp:
-            daemon = kiln.local.LocalDaemon(os.environ["KILND"], Path(tmp), timeout=30)
-            try:
-                os.environ["KILN_SERVER"] = daemon.address
-                print("\n".join(kiln_reduce_overhead()))
-            finally:
-                daemon.stop()
-        return 0
-    lines = [f"# Random numbers in CUDA graphs on {torch.cuda.get_device_name()} (torch {torch.__version__})", "",
-             "| finding |", "| --- |"]
-    lines += replays_draw_new_numbers()
+    binary = kilnd_binary("random_graphs_gpu")
+    if binary is None:
+        return 2
+    rows: list[list[str]] = []
+    failures: list[str] = []
+    replays_draw_new_numbers(rows, failures)
     for mode in ("outside", "inside", "host-copy"):
         p = subprocess.run([sys.executable, __file__, "--attention", mode], capture_output=True, text=True,
                            timeout=300)
         tail = (p.stdout + p.stderr).strip().splitlines()[-2:]
-        lines.append(f"| attention backward {mode} a capture, device seed: exit {p.returncode}: "
-                     f"{' / '.join(t[:150] for t in tail)} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "random_graphs_gpu.md").write_text(text)
-    return 0
+        rows.append([f"attention backward with a captured forward's device seed, {mode}",
+                     f"exit {p.returncode}: {' / '.join(t[:150] for t in tail)}"])
+        if mode == "host-copy" and (p.returncode != 0 or "True" not in tail[-1]):
+            failures.append("attention backward with the seed on the host: " + rows[-1][1])
+    with local_client(binary, "kiln-random-gpu-") as client:
+        kiln_reduce_overhead(client, rows, failures)
+    return report("Random numbers in CUDA graphs", ["what", "result"], rows, failures,
+                  "every check as expected", "random_graphs_gpu.md")
 
 
 if __name__ == "__main__":
