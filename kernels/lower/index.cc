@@ -49,12 +49,19 @@ bool Affine::Uses(int var) const {
   return std::find(vs.begin(), vs.end(), var) != vs.end();
 }
 
+// Coefficients wrap (two's complement) rather than overflow (undefined behaviour): an index a
+// kernel evaluates stays inside its buffer, so only a term no loop reaches with a nonzero value
+// (a slice's huge step on an axis of one element, found by fuzzing) can leave int64.
+static int64_t WrapMul(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b)); }
+static int64_t WrapAdd(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b)); }
+
 Affine Add(const Affine& a, const Affine& b) {
   Affine r = a;
-  r.constant += b.constant;
+  r.constant = WrapAdd(r.constant, b.constant);
   for (const auto& [t, c] : b.terms) {
-    int64_t v = (r.terms[t] += c);
-    if (v == 0) r.terms.erase(t);
+    int64_t& slot = r.terms[t];
+    slot = WrapAdd(slot, c);
+    if (slot == 0) r.terms.erase(t);
   }
   return r;
 }
@@ -62,14 +69,17 @@ Affine Add(const Affine& a, const Affine& b) {
 Affine Scale(const Affine& a, int64_t k) {
   if (k == 0) return Affine::Const(0);
   Affine r;
-  r.constant = a.constant * k;
-  for (const auto& [t, c] : a.terms) r.terms[t] = c * k;
+  r.constant = WrapMul(a.constant, k);
+  for (const auto& [t, c] : a.terms) {
+    const int64_t v = WrapMul(c, k);
+    if (v != 0) r.terms[t] = v;
+  }
   return r;
 }
 
 Affine AddConst(const Affine& a, int64_t c) {
   Affine r = a;
-  r.constant += c;
+  r.constant = WrapAdd(r.constant, c);
   return r;
 }
 
