@@ -78,28 +78,23 @@ def test_worker_crash_and_hang(daemons):
 
 
 def test_worker_cpu_and_memory_limits(daemons):
+    def limited(fault: str, cpu_s: int, seed: float, needle: str, crashes: int, *flags: str) -> None:
+        d = daemons.start(f"--workers={WORKERS}", f"--fault-injection={fault}", f"--worker-cpu-s={cpu_s}",
+                          "--worker-timeout-s=120", "--negative-cache-s=0", *flags)
+        with kiln.Client(d.address, max_attempts=1) as client:
+            expect_error(client, small_graph(seed, fault), "RESOURCE_EXHAUSTED", needle)
+            expect_serving(client, d, seed + 2)
+            expect_clean_tree(d)
+            stats = client.stats()
+            assert stats.worker_crashes == crashes and stats.worker_restarts == crashes
+        assert d.stop() == 0
+
     # The wall-clock limit is far away: the CPU-time cap must be what stops the spinning worker.
-    d = daemons.start(f"--workers={WORKERS}", "--fault-injection=spin", "--worker-cpu-s=1",
-                      "--worker-timeout-s=120", "--negative-cache-s=0")
-    with kiln.Client(d.address, max_attempts=1) as client:
-        expect_error(client, small_graph(7, "spin"), "RESOURCE_EXHAUSTED", "CPU-time limit")
-        expect_serving(client, d, 9)
-        expect_clean_tree(d)
-        stats = client.stats()
-        assert stats.worker_crashes == 1 and stats.worker_restarts == 1
-    assert d.stop() == 0
+    limited("spin", 1, 7, "CPU-time limit", 1)
     # Refused allocations end the compile, not the worker. A daemon of its own, with a CPU
     # allowance the allocations never reach: touching 1 GiB on a loaded 2-core machine once took
     # past a 1-second allowance, and the CPU limit answered instead of the memory limit.
-    d = daemons.start(f"--workers={WORKERS}", "--fault-injection=oom", "--worker-cpu-s=60",
-                      "--worker-timeout-s=120", "--worker-memory=1GiB", "--negative-cache-s=0")
-    with kiln.Client(d.address, max_attempts=1) as client:
-        expect_error(client, small_graph(8, "oom"), "RESOURCE_EXHAUSTED", "memory limit")
-        expect_serving(client, d, 10)
-        expect_clean_tree(d)
-        stats = client.stats()
-        assert stats.worker_crashes == 0 and stats.worker_restarts == 0
-    assert d.stop() == 0
+    limited("oom", 60, 8, "memory limit", 0, "--worker-memory=1GiB")
 
 
 def test_cancelled_request_stops_its_worker(daemons):

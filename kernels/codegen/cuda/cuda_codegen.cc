@@ -128,19 +128,13 @@ bool FuseIntoNextReduction(schedule::Program* unit, size_t i, ExprPool* pool, st
     if (d >= a.out_index.size() || PlainVar(a.out_index[d]) != loop) return false;
     ++loop;
   }
-  // The next kernel reads them in its reductions only, each element once.
-  bool read = false;
-  for (const schedule::KernelOutput& o : b.outputs) {
+  // The next kernel reads them in its reductions only, each element once, and reads every one
+  // (an output the reductions do not read would never be stored).
+  for (const schedule::KernelOutput& o : b.outputs)
     if (!ReadOnlyInReductions(o.value, stored, unit->buffers, b.extents)) return false;
-    for (const lower::Expr* n : Nodes(o.value)) read = read || (n->kind == lower::Expr::Kind::kLoad && stored.count(n->buffer));
-  }
-  if (!read) return false;
-  for (int s : stored) {
-    bool found = false;
-    for (const schedule::KernelOutput& o : b.outputs)
-      for (const lower::Expr* n : Nodes(o.value)) found = found || (n->kind == lower::Expr::Kind::kLoad && n->buffer == s);
-    if (!found) return false;  // an output the reductions do not read would never be stored
-  }
+  const std::set<int> loaded = ReadBuffers(b);
+  for (int s : stored)
+    if (!loaded.count(s)) return false;
   // The pointwise kernel's inputs now live until the reduction kernel runs: none may share
   // workspace with what that kernel writes. (At a sample of a symbolic graph, offsets depend on
   // the sample's sizes, and the choice must be the same at every sample: any two temps count.)
@@ -167,14 +161,14 @@ bool FuseIntoNextReduction(schedule::Program* unit, size_t i, ExprPool* pool, st
   std::unordered_map<int, lower::ExprPtr> value_of;
   for (const schedule::KernelOutput& o : a.outputs)
     value_of[o.buffer] = Rewrite(lower::MakeCast(o.value, unit->buffers[o.buffer].dtype), away, pool);
+  lower::VarExtents into(shift + a.extents.size(), 1);  // the reduction kernel's, then the moved ones
+  for (size_t v = 0; v < b.extents.size(); ++v) into[v] = b.extents[v];
+  for (size_t k = 0; k < a.extents.size(); ++k) into[shift + k] = a.extents[k];
   RewriteRules swap;
   swap.load = [&](const lower::Expr& ld) -> lower::ExprPtr {
     auto it = value_of.find(ld.buffer);
     if (it == value_of.end()) return nullptr;
     const Buffer& buf = unit->buffers[ld.buffer];
-    lower::VarExtents into(shift + a.extents.size(), 1);
-    for (size_t v = 0; v < b.extents.size(); ++v) into[v] = b.extents[v];
-    for (size_t k = 0; k < a.extents.size(); ++k) into[shift + k] = a.extents[k];
     std::vector<std::pair<int, lower::Affine>> to;
     int k = 0;
     for (size_t d = 0; d < buf.shape.size(); ++d)
