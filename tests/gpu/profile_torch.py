@@ -18,7 +18,9 @@ downloaded) at batch 16, sequence 128, inference under ``no_grad`` and a trainin
 AdamW, and inference at sequence length 64, compiled for it (``bert_infer64``) or after
 lengths 128 and 96 made the length symbolic (``bert_infer_dyn64``); layer_norm -> gelu forward+backward on f32[32768, 4096];
 torch_backend_gpu.py's encoder block, LLTM cell (``encoder_infer``, ``encoder_train``,
-``lltm_infer``, ``lltm_train``) and resnet18 (inference, and ``resnet18_train``: a training step).
+``lltm_infer``, ``lltm_train``) and resnet18 (inference, and ``resnet18_train``: a training step);
+models_gpu.py's timed Hugging Face models, inference (``llama_infer``, ``gpt2_infer``,
+``t5_infer``, ``convnext_infer``).
 
 ``--interleave`` keeps every backend's compiled function side by side and times them in rounds
 of one step each (the order rotating), so that drift of a shared host falls on all columns
@@ -156,6 +158,22 @@ def resnet18_train_workload() -> tuple[Callable[[str | None], Callable[[int], An
     return make, [model]
 
 
+def hf_workload(name: str) -> tuple[Callable[[str | None], Callable[[int], Any]], list[torch.nn.Module]]:
+    """Inference under ``no_grad`` of models_gpu.py's timed configuration of ``name``."""
+    from models_gpu import timed_model
+
+    model, x = timed_model(name)
+
+    def make(backend: str | None) -> Callable[[int], Any]:
+        fn = model if backend is None else torch.compile(model, backend=backend, mode=MODE)
+
+        def step(i: int) -> Any:
+            with torch.no_grad():
+                return fn(**x)[0]
+        return step
+    return make, [model]
+
+
 # torch.compile's mode for both backends (``--mode``; None: the default mode).
 MODE: str | None = None
 
@@ -171,6 +189,11 @@ WORKLOADS = {
     "lltm_infer": lambda: example_workload("lltm", train=False),
     "resnet18": lambda: example_workload("resnet18", train=False),
     "resnet18_train": resnet18_train_workload,
+    # models_gpu.py's timed Hugging Face models (hidden 768, 4 layers, batch 8, sequence 256).
+    "llama_infer": lambda: hf_workload("llama"),
+    "gpt2_infer": lambda: hf_workload("gpt2"),
+    "t5_infer": lambda: hf_workload("t5"),
+    "convnext_infer": lambda: hf_workload("convnext"),
 }
 
 

@@ -83,7 +83,34 @@ def workloads(quick: bool) -> dict[str, dict[str, Any]]:
         out["resnet18"] = dict(fn=None, make=None, trainable=False, tol=(2e-3, 2e-3), size="batch 16, 224x224")
     except ImportError:
         pass
+    try:
+        import transformers  # noqa: F401
+
+        out["bert"] = dict(fn=bert_base, make=bert_ids, trainable=False, tol=(2e-3, 2e-3),
+                           size="BERT-base, batch 16, sequence 128")
+    except ImportError:
+        pass
     return out
+
+
+_BERT: Optional[torch.nn.Module] = None
+
+
+def bert_ids(seed: int) -> list[torch.Tensor]:
+    """Token ids for :func:`bert_base`; builds the model first (outside any timing)."""
+    global _BERT
+    if _BERT is None:
+        from transformers import BertConfig, BertModel
+
+        torch.manual_seed(0)
+        _BERT = BertModel(BertConfig()).eval().cuda()  # BERT-base, random weights
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 30522, (16, 128), generator=g).cuda()]
+
+
+def bert_base(ids: torch.Tensor) -> torch.Tensor:
+    assert _BERT is not None, "bert_ids builds the model"
+    return _BERT(input_ids=ids).last_hidden_state
 
 
 def resnet18_model() -> torch.nn.Module:

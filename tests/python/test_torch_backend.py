@@ -417,6 +417,60 @@ def test_argument_returned_in_another_layout_is_copied_into_it(client: Any) -> N
     assert_kiln_ran(min_parts=1)
 
 
+def test_result_that_a_torch_side_view_relies_on_keeps_its_traced_layout(client: Any) -> None:
+    """A kiln result whose traced layout is head-transposed (a pointwise op keeps its operand's
+    layout in eager), read by the torch side through a slice and a permute into ``view``: the
+    view is only valid in that layout, so the kernel stores the result in it (a Mistral-style
+    rotary embedding's key gradient failed the backward with "view size is not compatible")."""
+    b, t, h, d = 2, 24, 4, 16
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = x.view(b, t, h, d).transpose(1, 2)
+        z = torch.sin(y) * 2 + 1
+        return z[:, :, :t].transpose(1, 2).view(b * t, h * d) @ w
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(b, t, h * d, generator=gen, requires_grad=True)
+    w = torch.randn(h * d, 8, generator=gen, requires_grad=True)
+    check_fwd_bwd(fn, [x, w], client)
+    assert_kiln_ran(min_parts=2, graphs=2)
+
+
+def test_rotary_attention_with_an_empty_key_cache_runs_in_kiln(client: Any) -> None:
+    """A decoder layer's rotary embedding whose keys are concatenated to an empty cache (a
+    zero-size tensor): the concatenation with the empty tensor runs in torch, the rotary math
+    around it in kiln (a zero-size argument used to send the whole part to torch). The query
+    kiln hands attention is contiguous where the trace's was head-transposed, so attention's
+    output has another layout than traced and the view after it becomes a reshape."""
+    b, t, h, d = 2, 24, 4, 16
+
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)
+
+    def fn(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, wo: torch.Tensor,
+           cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q = (x @ wq).view(b, t, h, d).transpose(1, 2)
+        k = (x @ wk).view(b, t, h, d).transpose(1, 2)
+        v = (x @ wv).view(b, t, h, d).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        empty = torch.tensor([]).view(b, h, 0, d)  # the cache before the first step
+        k, v = torch.cat([empty, k], dim=-2), torch.cat([empty, v], dim=-2)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return o.transpose(1, 2).reshape(b, t, h * d) @ wo
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(b, t, h * d, generator=gen)
+    ws = [torch.randn(h * d, h * d, generator=gen) / 8 for _ in range(4)]
+    angles = torch.arange(t)[:, None] / (100 ** (torch.arange(0, d, 2) / d))[None]
+    emb = torch.cat((angles, angles), -1)
+    with torch.no_grad():
+        got, want = compiled(fn, client)(x, *ws, emb.cos(), emb.sin()), fn(x, *ws, emb.cos(), emb.sin())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert_kiln_ran(min_parts=1)
+    kiln_ops = {op for g in kt.last_graphs() for p in g["parts"] if p["kiln"] for op in p["ops"]}
+    assert {"neg.default", "cat.default", "mul.Tensor"} <= kiln_ops, kiln_ops
+
+
 def test_memory_order() -> None:
     from kiln.torch.partition import memory_order
 
@@ -768,6 +822,31 @@ def test_dynamic_fill_ops_keep_the_graph_symbolic(client) -> None:
     assert s["graphs"] - graphs0 == 2, kt.last_graphs()
     assert s["failed"] == 0
     assert any(p["kiln"] for g in kt.last_graphs() for p in g["parts"])
+
+
+def test_slices_along_a_symbolic_length_run_beside_the_part(client) -> None:
+    """A slice, select or split that cuts a symbolic dimension (a decoder's shift-right
+    ``x[:, :-1]``, the last position ``x[:, -1]``) cannot be a kiln op (the result's length is
+    an expression no argument carries; a negative position read at the example size is wrong
+    at another): the node runs in torch beside the kiln parts rather than failing the part's
+    compile on kilnd, which sent BART's whole embedding part to torch at every length."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        shifted = torch.zeros_like(x)
+        shifted[:, 1:] = torch.tanh(x[:, :-1]) * 2
+        last = torch.sigmoid(x[:, -1:]) + x.select(1, -1).unsqueeze(1)
+        head, rest = x.split([1, x.shape[1] - 1], dim=1)
+        return (shifted * 3 + last).softmax(-1) + torch.cat([rest.exp(), head], 1)
+
+    cf = compiled(f, client)
+    for bs, t in [(3, 5), (2, 7), (4, 9), (5, 13)]:
+        x = torch.randn(bs, t, 16)
+        torch.testing.assert_close(cf(x), f(x), rtol=1e-5, atol=1e-6)
+    s = kt.stats()
+    assert s["failed"] == 0, kt.last_graphs()
+    assert s["graphs"] == 2, s  # automatic dynamic: static, then symbolic for every later length
+    symbolic = kt.last_graphs()[-1]
+    assert any(p["kiln"] for p in symbolic["parts"]), symbolic
 
 
 def test_linear_bias_joins_the_kiln_part_that_reads_it(client) -> None:

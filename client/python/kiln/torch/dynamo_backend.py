@@ -67,7 +67,7 @@ import torch.fx
 from . import lowering as L
 from . import native
 from .layout import channels_last_convolutions, report_output_strides, saved_outputs, wants_channels_last
-from .partition import Segment, build_part, partition
+from .partition import NothingToCompute, Segment, build_part, partition
 from .rng import dropout_decomposition, seed_draws
 from .runtime import CompileSettings, KilnFallbackWarning, KilnPart, bump, compile_parts, describe
 
@@ -308,19 +308,25 @@ def rewrite(gm: torch.fx.GraphModule, segments: Sequence[Segment]) -> tuple[torc
             env[n] = g.node_copy(n, lambda a: env[a])
         elif n.op == "output":
             output_node = n
+    def in_torch(nodes: Sequence[torch.fx.Node]) -> None:
+        for n in nodes:
+            if n.op == "get_attr":
+                root[n.target] = _get_attr(gm, n.target)
+            elif n.op == "call_module":
+                root[n.target] = gm.get_submodule(n.target)
+            env[n] = _direct_call(g.node_copy(n, lambda a: env[a]))
+
     for seg in segments:
         if not seg.is_kiln:
-            for n in seg.nodes:
-                if n.op == "get_attr":
-                    root[n.target] = _get_attr(gm, n.target)
-                elif n.op == "call_module":
-                    root[n.target] = gm.get_submodule(n.target)
-                env[n] = _direct_call(g.node_copy(n, lambda a: env[a]))
+            in_torch(seg.nodes)
             continue
         name = f"kiln_part_{len(parts)}"
         error = None
         try:
             pg = build_part(seg)
+        except NothingToCompute:
+            in_torch(seg.nodes)
+            continue
         except L.Unsupported as e:
             pg, error = None, f"lowering: {e}"
         assert seg.color is not None
@@ -342,6 +348,7 @@ def rewrite(gm: torch.fx.GraphModule, segments: Sequence[Segment]) -> tuple[torc
     fold_views(g)
     fold_linear(g)
     fold_reinterpret(g)
+    reshape_other_views(g)
     fold_clones(g)
     fold_fresh_index_add(g)
     launch_long_kernels_first(g)
@@ -546,10 +553,19 @@ def reinterpreted_view(x: torch.Tensor, size: tuple[int, ...], stride: tuple[int
     (:func:`fold_reinterpret`); size, strides and delta are then the chain's last view's."""
     if x.stride() == in_stride:
         return _reinterpret(x, size, stride, delta)  # the offset is relative to x's
-    x = getattr(x, method)(*args)
+    # Another layout: the chain's own ops, ``view`` as ``reshape``. A kiln part may hand torch
+    # a result in another layout than the trace's (contiguous), and an op after it may follow
+    # its argument's layout (attention's output follows the query's), so a ``view`` the trace
+    # allowed may not be one here; nothing writes to these views or returns them (see
+    # :func:`fold_reinterpret`), so a copy where a view is impossible computes the same.
+    x = _apply_view(x, method, args)
     for m, a in more:
-        x = getattr(x, m)(*a)
+        x = _apply_view(x, m, a)
     return x
+
+
+def _apply_view(x: torch.Tensor, method: str, args: tuple[Any, ...]) -> torch.Tensor:
+    return x.reshape(*args) if method == "view" else getattr(x, method)(*args)
 
 
 _VIEW_METHODS = frozenset({"view", "permute", "expand", "t", "transpose", "unsqueeze", "squeeze", "select"})
@@ -595,6 +611,23 @@ def fold_reinterpret(g: torch.fx.Graph) -> int:
         g.erase_node(n)
         count += 1
     return count + _chain_reinterpreted(g)
+
+
+def reshape_other_views(g: torch.fx.Graph) -> int:
+    """The ``view`` calls left on the torch side (sizes known only at run time) become
+    ``reshape``, which is the view wherever the strides allow one and a copy elsewhere: a kiln
+    part hands torch contiguous results, and an op after one may follow its argument's layout
+    (attention's output follows the query's), so a view the trace allowed may not exist at run
+    time. As in :func:`fold_reinterpret`, views a graph output or an in-place op reads keep
+    their op. Returns how many."""
+    count = 0
+    for n in g.nodes:
+        if n.op == "call_method" and n.target == "view" and not n.kwargs and len(n.args) >= 2 \
+                and not any(isinstance(a, torch.dtype) for a in n.args[1:]) \
+                and not any(u.op == "output" or _mutates(u) for u in n.users):
+            n.target = "reshape"
+            count += 1
+    return count
 
 
 def _chain_reinterpreted(g: torch.fx.Graph) -> int:

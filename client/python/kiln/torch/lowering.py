@@ -214,6 +214,16 @@ class LoweringContext:
         others = [e for e in range(v.ndim) if e != d]
         return self.b.squeeze(v, others) if others else v
 
+    def require_static_axis(self, d: int, what: str, arg: int = 0) -> None:
+        """Refuses (Unsupported) ``what`` along dimension ``d`` of argument ``arg`` when that
+        dimension has a symbolic size: kiln slices a symbolic axis only whole or reversed (a
+        slice's bounds are clamped to the size, so its length is an expression of it that no
+        argument carries), and a position read at the example size is wrong at another. The
+        node then runs in torch beside the part instead of failing the part's compile."""
+        m = node_meta(self.node.args[arg]) if len(self.node.args) > arg else None
+        if isinstance(m, torch.Tensor) and 0 <= d < m.dim() and not _is_static_size(m.shape[d]):
+            raise Unsupported(f"{what} along dimension {d} of symbolic size {m.shape[d]}")
+
     # -- the node's output as torch types it
 
     @property
@@ -917,6 +927,9 @@ def _slice(ctx: LoweringContext, x: Value, dim: int = 0, start: Optional[int] = 
     size = x.shape[d]
     if step <= 0:
         raise Unsupported("slice step must be positive in torch")
+    if start in (None, 0) and step == 1 and (end is None or (isinstance(end, int) and end >= 1 << 62)):
+        return x  # the whole axis, at any size
+    ctx.require_static_axis(d, "a slice")
     s0, s1, st = slice(start, end, step).indices(size)
     if (s0, s1, st) == (0, size, 1):
         return x
@@ -926,6 +939,7 @@ def _slice(ctx: LoweringContext, x: Value, dim: int = 0, start: Optional[int] = 
 @register_lowering(aten.select.int)
 def _select(ctx: LoweringContext, x: Value, dim: int, index: int) -> Value:
     d = _norm_dim(dim, x.ndim)
+    ctx.require_static_axis(d, "a select")
     size = x.shape[d]
     if not -size <= index < size:
         raise Unsupported("select index out of range")
@@ -936,6 +950,8 @@ def _select(ctx: LoweringContext, x: Value, dim: int, index: int) -> Value:
 
 def _split_at(ctx: LoweringContext, x: Value, sizes: Sequence[int], dim: int) -> tuple[Value, ...]:
     d = _norm_dim(dim, x.ndim)
+    if len(sizes) > 1:
+        ctx.require_static_axis(d, "a split")
     outs: list[Value] = []
     start = 0
     for s in sizes:

@@ -15,7 +15,7 @@
    only when none is left. Maximal runs of one color in that order are the parts; as each part
    is a contiguous run of a topological order, the parts form no cycle.
 4. A kiln part that computes nothing (only views and constants, or zero-size tensors) runs in
-   torch.
+   torch; so does one found to at :func:`build_part` (:class:`NothingToCompute`).
 
 :func:`build_part` then turns a kiln part into a kiln graph plus the specs the runtime needs.
 """
@@ -126,6 +126,11 @@ def node_color(node: torch.fx.Node) -> tuple[Color, str]:
     for m in tensors:
         if _device_color(m) != color:
             return None, "outputs on several devices"
+    # A zero-size tensor (a key/value cache's empty start, concatenated with the first keys) is
+    # nothing to compute; the node runs in torch, so the part around it does not have to (a
+    # part with a zero-size argument or result runs in torch whole, step 4).
+    if any(_static_empty(L.node_meta(a)) for a in node.all_input_nodes) or any(map(_static_empty, tensors)):
+        return None, "a zero-size tensor"
     b = GraphBuilder()
     inputs: dict[torch.fx.Node, Value] = {}
 
@@ -345,6 +350,10 @@ def _views_to_torch(s: Segment) -> None:
         s.outputs.remove(o)
 
 
+def _static_empty(m: Any) -> bool:
+    return isinstance(m, torch.Tensor) and L.is_static_tensor(m) and m.numel() == 0
+
+
 def _empty(n: torch.fx.Node) -> bool:
     m = L.node_meta(n)
     return isinstance(m, torch.Tensor) and m.numel() == 0
@@ -519,10 +528,80 @@ def memory_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> Optional[t
     return order
 
 
+_VIEW_READERS: Optional[frozenset[Any]] = None  # ``view``: valid only for some strides
+_PASSING_VIEWS: Optional[frozenset[Any]] = None  # views whose strides follow their argument's
+
+
+def _view_tables() -> tuple[frozenset[Any], frozenset[Any]]:
+    global _VIEW_READERS, _PASSING_VIEWS
+    if _VIEW_READERS is None or _PASSING_VIEWS is None:
+        aten = torch.ops.aten
+        _VIEW_READERS = frozenset(getattr(aten, o).default for o in ("view", "_unsafe_view", "_reshape_alias")
+                                  if hasattr(aten, o))
+        passing = [aten.slice.Tensor, aten.permute.default, aten.transpose.int, aten.t.default,
+                   aten.expand.default, aten.select.int, aten.unsqueeze.default, aten.squeeze.dim,
+                   aten.squeeze.default, aten.alias.default, aten.narrow.default, aten.diagonal.default,
+                   aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, operator.getitem]
+        if hasattr(aten.squeeze, "dims"):
+            passing.append(aten.squeeze.dims)
+        _PASSING_VIEWS = frozenset(passing)
+    return _VIEW_READERS, _PASSING_VIEWS
+
+
 def _needs_layout(n: torch.fx.Node) -> bool:
     """Whether torch's graph relies on the strides of ``n``: a graph output, or read by a node
     that addresses raw storage."""
-    return any(u.op == "output" or u.target in (torch.ops.aten.as_strided.default,) for u in n.users)
+    return any(u.op == "output" or u.target is torch.ops.aten.as_strided.default for u in n.users)
+
+
+def _viewed_in_layout(n: torch.fx.Node, inside: frozenset[torch.fx.Node]) -> bool:
+    """Whether a ``view`` outside ``inside`` (the part's own nodes) reads ``n`` through other
+    views (slice, permute...) that keep their argument's layout: AOTAutograd writes ``view``
+    only where the traced strides allow it (a rotary embedding's add keeps its operand's
+    head-transposed layout and the backward slices, permutes and views it as [B*T, C], which
+    fails on a contiguous result). A ``view`` of ``n`` itself is valid on a contiguous result,
+    so it does not count."""
+    view_readers, passing = _view_tables()
+    seen: set[torch.fx.Node] = set()
+    todo = [u for u in n.users if u not in inside and u.op == "call_function" and u.target in passing]
+    while todo:
+        u = todo.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        for r in u.users:
+            if r.target in view_readers:
+                return True
+            if r.op == "call_function" and r.target in passing:
+                todo.append(r)
+    return False
+
+
+class NothingToCompute(L.Unsupported):
+    """A kiln part whose every result is one of its arguments or a view of one (a lone
+    ``copy`` of a tensor into a buffer of its own shape and dtype, once a neighbouring node ran
+    in torch): its nodes run in torch, with no part and no warning."""
+
+
+def _needs_layout(n: torch.fx.Node, inside: frozenset[torch.fx.Node] = frozenset()) -> bool:
+    """Whether torch's graph relies on the strides of ``n``: a graph output, or read by a node
+    outside ``inside`` (the part's own nodes) that addresses raw storage or is a ``view``
+    (AOTAutograd writes ``view`` only where the traced strides allow it: a rotary embedding's
+    add keeps its operand's head-transposed layout and the backward views it as [B*T, C]),
+    directly or through views that keep their argument's layout (slice, permute...)."""
+    readers, passing = _view_tables()
+    seen: set[torch.fx.Node] = set()
+    todo = [u for u in n.users if u not in inside]
+    while todo:
+        u = todo.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.op == "output" or u.target in readers:
+            return True
+        if u.op == "call_function" and u.target in passing:
+            todo.extend(u.users)
+    return False
 
 
 def build_part(seg: Segment) -> PartGraph:
@@ -565,6 +644,7 @@ def build_part(seg: Segment) -> PartGraph:
 
     for n in seg.nodes:
         env[n] = L.lower_node(b, n, lookup, symbol_dims)
+    inside = frozenset(seg.nodes)
 
     input_ids = {id(v): i for i, v in enumerate(env[n] for n in seg.inputs[:seg.num_tensor_inputs])}
     kiln_outs: list[Value] = []
@@ -579,7 +659,7 @@ def build_part(seg: Segment) -> PartGraph:
         if L.is_symbolic_tensor(m):
             if not symbols:
                 raise L.Unsupported(f"{n.name} has symbolic sizes but no argument of the part has")
-            if _needs_layout(n) and not L.is_contiguous_symbolic(m):
+            if (_needs_layout(n) or _viewed_in_layout(n, inside)) and not L.is_contiguous_symbolic(m):
                 raise L.Unsupported(f"{n.name} has symbolic sizes and torch relies on its strides")
             out_specs.append(TensorSpec(m.dtype, L.example_shape(m), None, tuple(L.size_expr(d) for d in m.shape)))
             v_is_input = id(v) in input_ids
@@ -599,8 +679,11 @@ def build_part(seg: Segment) -> PartGraph:
         order = None  # a dense layout the result must have, as the order of its dimensions in memory
         # A channels-last result (a convolution's, or computed from one) stays channels-last:
         # the next convolution reads it without a conversion.
-        if not contiguous and (_needs_layout(n) or is_channels_last(m)):
+        viewed = not contiguous and _viewed_in_layout(n, inside)
+        if not contiguous and (viewed or _needs_layout(n) or is_channels_last(m)):
             order = memory_order(shape, strides)
+            if order is None and viewed and id(v) not in input_ids:
+                raise L.Unsupported(f"{n.name} has strides {strides} (not a dense layout) and a view relies on them")
         if id(v) in input_ids:
             # An argument passed through: torch copies it (layout and all) where the argument's
             # layout is the result's; else the kernel copies it into the result's layout (a
@@ -625,7 +708,7 @@ def build_part(seg: Segment) -> PartGraph:
         sources.append(("kiln", k))
         out_specs.append(TensorSpec(m.dtype, shape, strides if order is not None and not contiguous else None))
     if not kiln_outs:
-        raise L.Unsupported("the part computes nothing")
+        raise NothingToCompute("the part computes nothing")
     graph = b.build(kiln_outs)
     return PartGraph(graph, in_specs, out_specs, sources, len(kiln_outs), len(graph.nodes),
                      symbolic=bool(symbols))

@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""kiln's torch.compile backend on a dozen Hugging Face model families on a CUDA GPU (the model
+zoo of tests/python/model_zoo.py: small configurations, random weights, nothing downloaded).
+
+Checks, per model, against eager on the same GPU:
+- inference outputs (f32), and the gradients of a training step (randomly weighted sum of the
+  first output, dropout off);
+- bf16 inference: kiln's error against the f32 result no more than twice eager bf16's (plus a
+  small floor);
+- ``mode="reduce-overhead"`` inference outputs;
+- three decoders at four sequence lengths with padding (one symbolic graph after the first);
+- no kiln part falls back to torch anywhere.
+
+Then times inference at a realistic size (hidden 768, 4 layers, batch 8, sequence 256 / 224x224
+images) for a few families: eager, Inductor and kiln in the same process, interleaved rounds,
+median of CUDA-event timings.
+
+    KILND=... tests/gpu/with_pack.sh PACK python3 tests/gpu/models_gpu.py [--models a,b] [--no-timing]
+
+Writes $OUT/models_gpu.md; exits 1 when a check fails.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "python"))
+
+import kiln.torch as kt  # noqa: E402
+from model_zoo import MODELS, build, inputs, tensors  # noqa: E402
+from reduce_accuracy_gpu import kilnd_binary, local_client, report  # noqa: E402
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).abs().max() / (1.0 + want.float().abs().max())).item()
+
+
+def compile_kiln(model: torch.nn.Module, client: Any, mode: str | None = None) -> Callable[..., Any]:
+    # torch.compile takes a mode or options, not both: a mode goes through kiln's backend factory.
+    if mode is not None:
+        return torch.compile(model, backend=kt.backend(mode=mode, client=client))
+    return torch.compile(model, backend="kiln", options={"client": client})
+
+
+def check_model(name: str, client: Any, failures: list[str]) -> list[str]:
+    torch._dynamo.reset()
+    kt.reset_stats()
+    model = build(name, "cuda")
+    x = inputs(name, device="cuda")
+    with torch.no_grad():
+        want = tensors(model(**x))
+        got = tensors(compile_kiln(model, client)(**x))
+    fwd = max(rel_err(g, w) for g, w in zip(got, want))
+
+    model.train()
+    torch._dynamo.reset()
+    out = tensors(compile_kiln(model, client)(**x))[0]
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).cuda()
+    (out * weights).sum().backward()
+    got_grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    (tensors(model(**x))[0] * weights).sum().backward()
+    want_grads = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
+    missing = set(want_grads) - set(got_grads)
+    grad = max(rel_err(got_grads[k], w) for k, w in want_grads.items() if k in got_grads)
+    model.zero_grad(set_to_none=True)
+    model.eval()
+
+    # bf16 inference against the f32 result.
+    torch._dynamo.reset()
+    mb = build(name, "cuda", torch.bfloat16)
+    xb = inputs(name, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = tensors(model(**x))[0]
+        eager_bf = rel_err(tensors(mb(**xb))[0], ref)
+        kiln_bf = rel_err(tensors(compile_kiln(mb, client)(**xb))[0], ref)
+
+    # reduce-overhead inference (CUDA graphs), three calls.
+    torch._dynamo.reset()
+    ro = compile_kiln(model, client, "reduce-overhead")
+    with torch.no_grad():
+        for _ in range(3):
+            got_ro = tensors(ro(**x))
+    ro_err = max(rel_err(g, w) for g, w in zip(got_ro, want))
+
+    s = kt.stats()
+    tol = 1e-4
+    if fwd > tol:
+        failures.append(f"{name}: inference error {fwd:.2e}")
+    if grad > tol or missing:
+        failures.append(f"{name}: gradient error {grad:.2e}, missing {sorted(missing)}")
+    if kiln_bf > 2 * eager_bf + 4e-3:
+        failures.append(f"{name}: bf16 error {kiln_bf:.2e} against eager bf16's {eager_bf:.2e}")
+    if ro_err > tol:
+        failures.append(f"{name}: reduce-overhead error {ro_err:.2e}")
+    if s["failed"]:
+        failures.append(f"{name}: {s['failed']} kiln parts fell back to torch")
+    return [name, f"{fwd:.1e}", f"{grad:.1e}", f"{kiln_bf:.1e} / {eager_bf:.1e}", f"{ro_err:.1e}",
+            str(s["compiled"]), str(s["failed"])]
+
+
+def check_lengths(name: str, client: Any, failures: list[str]) -> list[str]:
+    """Four lengths with padding: kiln's graphs against the graphs Dynamo alone makes (a
+    backend that runs them as traced), so a recompile kiln causes is told from one the model's
+    Python causes."""
+    model = build(name, "cuda")
+    traced = 0
+
+    def dynamo_only(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
+        nonlocal traced
+        traced += 1
+        return gm.forward
+
+    worst = 0.0
+    for backend in ("dynamo", "kiln"):
+        torch._dynamo.reset()
+        kt.reset_stats()
+        compiled = compile_kiln(model, client) if backend == "kiln" else torch.compile(model, backend=dynamo_only)
+        with torch.no_grad():
+            for length in (24, 17, 31, 9):
+                x = inputs(name, length, device="cuda")
+                mask = torch.ones_like(x["input_ids"])
+                mask[1, length // 2:] = 0
+                want = tensors(model(**x, attention_mask=mask))
+                got = tensors(compiled(**x, attention_mask=mask))
+                worst = max(worst, max(rel_err(g, w) for g, w in zip(got, want)))
+    s = kt.stats()
+    # kiln compiles an inference graph as one graph; Dynamo's count is per frame as well.
+    if worst > 1e-4 or s["failed"] or s["graphs"] > traced:
+        failures.append(f"{name} at four lengths: error {worst:.2e}, {s['graphs']} kiln graphs against "
+                        f"Dynamo's {traced}, {s['failed']} fallbacks")
+    return [f"{name}, lengths 24/17/31/9", f"{worst:.1e}", f"{s['graphs']} graphs (Dynamo alone: {traced})",
+            str(s["failed"])]
+
+
+# ------------------------------------------------------------------------------------- timing
+
+TIMED = {
+    "bert": dict(hidden_size=768, num_hidden_layers=4, num_attention_heads=12, intermediate_size=3072, vocab_size=30522),
+    "gpt2": dict(n_embd=768, n_layer=4, n_head=12, vocab_size=50257),
+    "llama": dict(hidden_size=768, num_hidden_layers=4, num_attention_heads=12, num_key_value_heads=4,
+                  intermediate_size=2048, vocab_size=32000),
+    "t5": dict(d_model=768, d_ff=3072, num_layers=4, num_heads=12, d_kv=64, vocab_size=32128),
+    "vit": dict(hidden_size=768, num_hidden_layers=4, num_attention_heads=12, intermediate_size=3072, image_size=224,
+                patch_size=16),
+    "convnext": dict(hidden_sizes=[96, 192, 384, 768], depths=[1, 1, 3, 1], image_size=224),
+}
+
+
+def timed_model(name: str) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    import transformers
+
+    model_cls, config_cls, _, kind = MODELS[name]
+    config = getattr(transformers, config_cls)(**TIMED[name])
+    for key, value in list(vars(config).items()):
+        if isinstance(value, float) and ("dropout" in key or key.endswith("_pdrop")):
+            setattr(config, key, 0.0)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).eval().cuda()
+    gen = torch.Generator().manual_seed(1)
+    if kind.startswith("image"):
+        x = {"pixel_values": torch.randn(8, 3, 224, 224, generator=gen).cuda()}
+    else:
+        x = {"input_ids": torch.randint(0, config.vocab_size, (8, 256), generator=gen).cuda()}
+        if kind == "seq2seq":
+            x["decoder_input_ids"] = torch.randint(0, config.vocab_size, (8, 64), generator=gen).cuda()
+    return model, x
+
+
+def time_models(names: list[str], client: Any, rounds: int, iters: int) -> list[list[str]]:
+    rows = []
+    for name in names:
+        torch._dynamo.reset()
+        kt.reset_stats()
+        model, x = timed_model(name)
+        fns = {"eager": model}
+        first: dict[str, float] = {}
+        with torch.no_grad():
+            for label, make in (("Inductor", lambda: torch.compile(model)), ("kiln", lambda: compile_kiln(model, client))):
+                t0 = time.perf_counter()
+                f = make()
+                f(**x)
+                torch.cuda.synchronize()
+                first[label] = time.perf_counter() - t0
+                fns[label] = f
+            for f in fns.values():  # warm
+                for _ in range(3):
+                    f(**x)
+            times: dict[str, list[float]] = {k: [] for k in fns}
+            for _ in range(rounds):
+                for label, f in fns.items():
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for _ in range(iters):
+                        f(**x)
+                    end.record()
+                    end.synchronize()
+                    times[label].append(start.elapsed_time(end) / iters)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        s = kt.stats()
+        rows.append([name, f"{med['eager']:.3f}", f"{med['Inductor']:.3f}", f"{med['kiln']:.3f}",
+                     f"{med['kiln'] / med['Inductor']:.3f}", f"{med['kiln'] / med['eager']:.3f}",
+                     f"{first['Inductor']:.1f}", f"{first['kiln']:.1f}", str(s["compiled"]), str(s["failed"])])
+        print(" | ".join(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--timed", default=",".join(TIMED))
+    ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--iters", type=int, default=10)
+    opts = ap.parse_args()
+    binary = kilnd_binary("models_gpu.py")
+    if binary is None:
+        return 2
+    failures: list[str] = []
+    rows: list[list[str]] = []
+    warnings.simplefilter("ignore", UserWarning)
+    # The checks compare f32 results: cuDNN's convolutions default to TF32 (10-bit mantissas),
+    # and a convolution kiln hands torch channels-last may take another algorithm than eager's
+    # (ViT's patch embedding differed by 2.7e-4 of the output's scale with TF32 on).
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with local_client(binary, "kiln-models-") as client:
+        for name in opts.models.split(","):
+            try:
+                rows.append(check_model(name, client, failures))
+            except Exception as e:  # a crash is a failure of that model, the others still run
+                failures.append(f"{name}: {type(e).__name__}: {str(e)[:300]}")
+                rows.append([name, "error", "", "", "", "", ""])
+            print(" | ".join(rows[-1]), flush=True)
+        length_rows = [check_lengths(n, client, failures) for n in ("gpt2", "llama", "bart")]
+        torch.backends.cudnn.allow_tf32 = True  # torch's defaults for the timings
+        timing = [] if opts.no_timing else time_models(opts.timed.split(","), client, opts.rounds, opts.iters)
+    rows += [[r[0], r[1], "", "", "", r[2], r[3]] for r in length_rows]
+    status = report("Hugging Face models through kiln",
+                    ["model", "f32 inference err", "training grad err", "bf16 err kiln / eager", "reduce-overhead err",
+                     "parts", "fallbacks"], rows, failures, "All checks passed.", "models_gpu.md")
+    if timing:
+        report("Inference at hidden 768, 4 layers, batch 8, sequence 256 / 224x224 (ms, median)",
+               ["model", "eager", "Inductor", "kiln", "kiln / Inductor", "kiln / eager", "Inductor first s",
+                "kiln first s", "parts", "fallbacks"], timing, [], "", "models_gpu_timing.md")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
