@@ -681,6 +681,39 @@ def test_async_compile_answers_in_torch_then_switches_to_kiln(client: Any) -> No
     assert s["kernel_calls"] >= before + 2, s  # forward and backward parts ran as kernels
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_async_partitions_static_graphs_in_the_background(client: Any, monkeypatch: pytest.MonkeyPatch,
+                                                         dynamic: bool) -> None:
+    """With async, a graph of static shapes is partitioned and lowered off the caller's thread
+    (its first calls run the traced ATen graph meanwhile); one with symbolic sizes is
+    partitioned on it, where a guard its lowering adds still reaches Dynamo. Both end in kiln's
+    kernels with eager's results."""
+    from kiln.torch import dynamo_backend as DB
+
+    threads: list[threading.Thread] = []
+    real = DB.partition
+
+    def spy(gm: Any) -> Any:
+        threads.append(threading.current_thread())
+        return real(gm)
+
+    monkeypatch.setattr(DB, "partition", spy)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * 2 + torch.exp(-x * x).sum(dim=-1, keepdim=True)
+
+    f = torch.compile(fn, backend="kiln", options={"client": client, "async": True}, dynamic=dynamic)
+    x = torch.randn(32, 48)
+    torch.testing.assert_close(f(x), fn(x))
+    assert kt.wait(120), "async compiles did not finish"
+    torch.testing.assert_close(f(x), fn(x), rtol=1e-5, atol=1e-5)
+    s = kt.stats()
+    assert s["failed"] == 0 and s["kernel_calls"] >= 1, (s, kt.last_graphs())
+    assert threads, "nothing was partitioned"
+    main = threading.main_thread()
+    assert all((t is main) == dynamic for t in threads), threads
+
+
 def test_async_compile_failure_falls_back_like_a_blocking_one(kilnd: Any) -> None:
     """A daemon that cannot be reached, in async mode: the program goes on in torch."""
     dead = kiln.Client("127.0.0.1:1", max_attempts=1, timeout=2, compile_timeout=2)

@@ -35,11 +35,13 @@ kiln's per-element Philox).
 
 With ``options={"async": True}`` a new graph does not wait for kilnd: its parts compile in the
 background while the graph runs in torch, and the first call after they are loaded switches
-to the kiln kernels (and, in reduce-overhead mode, to CUDA graphs). The first result of a new
-model then waits only for Dynamo's and AOTAutograd's tracing (which any torch.compile backend
-pays, and which must run on the caller's thread: Dynamo drops its record of how it fakified the
-inputs once the frame is compiled), not for kilnd; :func:`kiln.torch.wait` blocks until every
-pending compile has finished (benchmarks, tests, a warm-up step).
+to the kiln kernels (and, in reduce-overhead mode, to CUDA graphs). A graph of static shapes
+is also partitioned and lowered in the background, from the moment its first call returns
+(the first calls run the traced ATen graph). The first result of a new model then waits only
+for Dynamo's and AOTAutograd's tracing (which any torch.compile backend pays, and which must run
+on the caller's thread: Dynamo drops its record of how it fakified the inputs once the frame is
+compiled), not for kiln; :func:`kiln.torch.wait` blocks until every pending compile has
+finished (benchmarks, tests, a warm-up step).
 
 Whatever fails inside the backend (a part the daemon rejects, a daemon that cannot be reached,
 a lowering bug) makes the affected part, or at worst the whole graph, run in torch after one
@@ -173,10 +175,44 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     ``user_outputs``: how many outputs Dynamo's graph has (a training forward returns more).
 
     Never raises because of kiln: on any failure the graph runs in torch, after a warning.
+
+    With ``async``, a graph of static shapes is partitioned in the background too (its
+    partitioning and lowering cost the first call as much as the compiles, and more on a warm
+    cache); until then the ATen graph runs as traced. A graph with symbolic sizes is
+    partitioned here, since lowering may read a size and so add a guard, which only counts
+    while Dynamo is compiling the frame; a graph the layout pass rewrites too (it reports the
+    new output strides to AOTAutograd, which is compiling now).
     """
     from functorch.compile import make_boxed_func
 
     bump(graphs=1)
+    eager = make_boxed_func(gm.forward)  # the traced code, kept even if a pass recompiles gm
+    if config.async_compile and _static(example_inputs) and not wants_channels_last(gm, config.layout):
+        settings = config.settings()
+        built: list[Callable[[list[Any]], Any]] = []
+
+        def job() -> None:
+            built.append(_partition_and_compile(gm, example_inputs, config, kind, user_outputs, eager,
+                                                settings=settings))
+
+        return AsyncGraph(eager, job, lambda: built[0] if built else eager)  # starts after the first call
+    return _partition_and_compile(gm, example_inputs, config, kind, user_outputs, eager)
+
+
+def _static(example_inputs: Sequence[Any]) -> bool:
+    """Whether every input is a tensor of static shape or a plain Python number."""
+    return all(L.is_static_tensor(a) if isinstance(a, torch.Tensor) else isinstance(a, (int, float, bool))
+               and not isinstance(a, torch.SymInt) for a in example_inputs)
+
+
+def _partition_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: BackendConfig,
+                           kind: str, user_outputs: Optional[int], eager: Callable[[list[Any]], Any], *,
+                           settings: Optional[CompileSettings] = None) -> Callable[[list[Any]], Any]:
+    """Partitions ``gm`` into kiln parts and compiles them: with ``settings`` (a background job
+    of :func:`compile_aten_graph`) here and now, else in the background under ``async`` or here.
+    Any failure: ``eager``, after a warning."""
+    from functorch.compile import make_boxed_func
+
     try:
         eliminate_common_subexpressions(gm)
         if config.random == "kiln":
@@ -220,9 +256,12 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
             RECENT.append({"kind": kind, "parts": describe(parts), "segments": len(segments),
                            "_refs": [weakref.ref(p) for p in parts]})
 
+        if settings is not None:
+            compile_all(settings)
+            return finish()
         if parts and config.async_compile:
-            settings = config.settings()
-            return AsyncGraph(fn, submit_compile(lambda: compile_all(settings)), finish)
+            later = config.settings()
+            return AsyncGraph(fn, submit_compile(lambda: compile_all(later)), finish)
         compile_all(config.settings() if parts else None)
         return finish()
     except Exception as e:
@@ -230,7 +269,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
         warnings.warn(f"kiln: could not compile a {kind} graph; running it in torch: {type(e).__name__}: {e}",
                       KilnFallbackWarning, stacklevel=2)
         bump(failed=1)
-        return make_boxed_func(gm.forward)
+        return eager
 
 
 # Compiles started with options={"async": True} that have not finished, for wait().
@@ -271,25 +310,46 @@ def wait(timeout: Optional[float] = None) -> bool:
 
 
 class AsyncGraph:
-    """A compiled graph whose parts are still compiling: runs the rewritten graph with every
-    part in torch (a part without a kernel runs its nodes eagerly) until the compile is done,
-    then the final function (``finish()``: the same graph, CUDA graphs around it if asked).
+    """A compiled graph whose parts are still compiling: runs ``eager`` (the rewritten graph
+    with every part in torch, or the traced ATen graph) until the compile is done, then the
+    final function (``finish()``: CUDA graphs around it if asked).
+
+    ``work`` is either the compile's future, or a job to start once the first call returned
+    (:func:`compile_aten_graph`'s background partitioning: Python work that, started at once,
+    would hold the interpreter lock against Dynamo's guard building and the first call, and
+    delayed BERT-base's first result by ~2 s on an H200's host).
 
     The switch happens between calls, never inside one; a part loads its kernel before it is
     visible to callers (KilnPart.compile assigns it last)."""
 
-    def __init__(self, eager: Callable[[list[Any]], Any], future: concurrent.futures.Future[Any],
+    def __init__(self, eager: Callable[[list[Any]], Any],
+                 work: "concurrent.futures.Future[Any] | Callable[[], None]",
                  finish: Callable[[], Callable[[list[Any]], Any]]) -> None:
         self._boxed_call = True  # AOTAutograd calls it with one list of arguments
         self._eager = eager
-        self._future = future
+        self._future: Optional[concurrent.futures.Future[Any]] = None
+        self._job: Optional[Callable[[], None]] = None
+        if isinstance(work, concurrent.futures.Future):
+            self._future = work
+        else:
+            self._job = work
+        self._start = threading.Lock()
         self._finish = finish
         self._final: Optional[Callable[[list[Any]], Any]] = None
 
     def __call__(self, args: list[Any]) -> Any:
         final = self._final
         if final is None:
-            if not self._future.done():
+            future = self._future
+            if future is None:
+                try:
+                    return self._eager(args)
+                finally:
+                    with self._start:
+                        if self._future is None and self._job is not None:
+                            self._future = submit_compile(self._job)
+                            self._job = None
+            if not future.done():
                 return self._eager(args)
             final = self._final = self._finish()
         return final(args)
