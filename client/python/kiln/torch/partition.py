@@ -570,7 +570,7 @@ def _viewed_in_layout(n: torch.fx.Node, inside: frozenset[torch.fx.Node]) -> boo
             continue
         seen.add(u)
         for r in u.users:
-            if r.target in view_readers:
+            if r.target in view_readers or r.target is torch.ops.aten.as_strided.default:
                 return True
             if r.op == "call_function" and r.target in passing:
                 todo.append(r)
@@ -581,27 +581,6 @@ class NothingToCompute(L.Unsupported):
     """A kiln part whose every result is one of its arguments or a view of one (a lone
     ``copy`` of a tensor into a buffer of its own shape and dtype, once a neighbouring node ran
     in torch): its nodes run in torch, with no part and no warning."""
-
-
-def _needs_layout(n: torch.fx.Node, inside: frozenset[torch.fx.Node] = frozenset()) -> bool:
-    """Whether torch's graph relies on the strides of ``n``: a graph output, or read by a node
-    outside ``inside`` (the part's own nodes) that addresses raw storage or is a ``view``
-    (AOTAutograd writes ``view`` only where the traced strides allow it: a rotary embedding's
-    add keeps its operand's head-transposed layout and the backward views it as [B*T, C]),
-    directly or through views that keep their argument's layout (slice, permute...)."""
-    readers, passing = _view_tables()
-    seen: set[torch.fx.Node] = set()
-    todo = [u for u in n.users if u not in inside]
-    while todo:
-        u = todo.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u.op == "output" or u.target in readers:
-            return True
-        if u.op == "call_function" and u.target in passing:
-            todo.extend(u.users)
-    return False
 
 
 def build_part(seg: Segment) -> PartGraph:
