@@ -349,17 +349,19 @@ def test_training_batch_norm_runs_in_kiln_with_running_statistics(client: Any, r
 
 
 def test_failed_layout_pass_leaves_the_graph_as_traced(client: Any, rewrites: Any,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
     """A layout pass that fails half way (here: once it has put its copies before the
     convolutions and the copies that restore a returned feature map's layout) takes every
-    node it added back out: the graph compiles and runs with its traced layouts."""
+    node it added back out: the graph compiles and runs with its traced layouts. It says so in
+    one line per graph, whatever the error's message carries after its first line."""
     from kiln.torch import layout
 
     real = layout._restore_output_layouts
 
     def restore_then_fail(*a: Any) -> None:
         real(*a)
-        raise RuntimeError("injected")
+        raise RuntimeError("injected\n\nWhile executing %view ...\nOriginal traceback:\n  File ...")
 
     monkeypatch.setattr(layout, "_restore_output_layouts", restore_then_fail)
     net = _resnet_like().eval()
@@ -378,6 +380,8 @@ def test_failed_layout_pass_leaves_the_graph_as_traced(client: Any, rewrites: An
     outer, parts = rewrites[-1]
     assert not [n for n in outer.graph.nodes if n.kwargs.get("memory_format") is not None]
     assert all(spec.strides is None for p in parts for spec in p.part.inputs + p.part.outputs)
+    said = [r.getMessage() for r in caplog.records if "layout pass skipped" in r.getMessage()]
+    assert said and all(m.endswith("RuntimeError: injected") for m in said), said
 
 
 def test_results_in_a_traced_layout_are_stored_in_it(client: Any, rewrites: Any) -> None:

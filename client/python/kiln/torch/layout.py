@@ -172,7 +172,11 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, free_outputs: frozenset
         propagate()
         g.lint()
     except Exception as e:  # the graph goes back to what it was
-        log.warning("kiln.torch: channels-last layout pass skipped: %s: %s", type(e).__name__, e)
+        # One line: FX appends the traced source of the failing node to the message, a dozen
+        # lines per graph for a model whose views of a convolution's output (MobileViT's
+        # patches) forbid the layout, which is the pass declining, not a fault.
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        log.warning("kiln.torch: channels-last layout pass skipped: %s: %s", type(e).__name__, first)
         # Every node the pass added is a clone of its first argument: each gives its uses back.
         for n in reversed([n for n in g.nodes if n not in before]):
             n.replace_all_uses_with(n.args[0])
