@@ -202,7 +202,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
 def _static(example_inputs: Sequence[Any]) -> bool:
     """Whether every input is a tensor of static shape or a plain Python number."""
     return all(L.is_static_tensor(a) if isinstance(a, torch.Tensor) else isinstance(a, (int, float, bool))
-               and not isinstance(a, torch.SymInt) for a in example_inputs)
+               for a in example_inputs)
 
 
 def _partition_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: BackendConfig,

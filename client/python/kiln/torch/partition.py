@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -528,24 +529,21 @@ def memory_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> Optional[t
     return order
 
 
-_VIEW_READERS: Optional[frozenset[Any]] = None  # ``view``: valid only for some strides
-_PASSING_VIEWS: Optional[frozenset[Any]] = None  # views whose strides follow their argument's
-
-
+@functools.lru_cache(maxsize=None)
 def _view_tables() -> tuple[frozenset[Any], frozenset[Any]]:
-    global _VIEW_READERS, _PASSING_VIEWS
-    if _VIEW_READERS is None or _PASSING_VIEWS is None:
-        aten = torch.ops.aten
-        _VIEW_READERS = frozenset(getattr(aten, o).default for o in ("view", "_unsafe_view", "_reshape_alias")
-                                  if hasattr(aten, o))
-        passing = [aten.slice.Tensor, aten.permute.default, aten.transpose.int, aten.t.default,
-                   aten.expand.default, aten.select.int, aten.unsqueeze.default, aten.squeeze.dim,
-                   aten.squeeze.default, aten.alias.default, aten.narrow.default, aten.diagonal.default,
-                   aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, operator.getitem]
-        if hasattr(aten.squeeze, "dims"):
-            passing.append(aten.squeeze.dims)
-        _PASSING_VIEWS = frozenset(passing)
-    return _VIEW_READERS, _PASSING_VIEWS
+    """The ops whose result depends on their argument's strides (``view`` is valid for some
+    strides only; ``as_strided`` addresses raw storage), and the views whose strides follow
+    their argument's."""
+    aten = torch.ops.aten
+    readers = frozenset(getattr(aten, o).default for o in ("view", "_unsafe_view", "_reshape_alias", "as_strided")
+                        if hasattr(aten, o))
+    passing = [aten.slice.Tensor, aten.permute.default, aten.transpose.int, aten.t.default,
+               aten.expand.default, aten.select.int, aten.unsqueeze.default, aten.squeeze.dim,
+               aten.squeeze.default, aten.alias.default, aten.narrow.default, aten.diagonal.default,
+               aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, operator.getitem]
+    if hasattr(aten.squeeze, "dims"):
+        passing.append(aten.squeeze.dims)
+    return readers, frozenset(passing)
 
 
 def _needs_layout(n: torch.fx.Node) -> bool:
@@ -555,13 +553,13 @@ def _needs_layout(n: torch.fx.Node) -> bool:
 
 
 def _viewed_in_layout(n: torch.fx.Node, inside: frozenset[torch.fx.Node]) -> bool:
-    """Whether a ``view`` outside ``inside`` (the part's own nodes) reads ``n`` through other
-    views (slice, permute...) that keep their argument's layout: AOTAutograd writes ``view``
+    """Whether a ``view`` (or ``as_strided``) outside ``inside`` (the part's own nodes) reads
+    ``n`` through other views (slice, permute...) that keep their argument's layout: AOTAutograd writes ``view``
     only where the traced strides allow it (a rotary embedding's add keeps its operand's
     head-transposed layout and the backward slices, permutes and views it as [B*T, C], which
     fails on a contiguous result). A ``view`` of ``n`` itself is valid on a contiguous result,
     so it does not count."""
-    view_readers, passing = _view_tables()
+    strided_readers, passing = _view_tables()
     seen: set[torch.fx.Node] = set()
     todo = [u for u in n.users if u not in inside and u.op == "call_function" and u.target in passing]
     while todo:
@@ -570,7 +568,7 @@ def _viewed_in_layout(n: torch.fx.Node, inside: frozenset[torch.fx.Node]) -> boo
             continue
         seen.add(u)
         for r in u.users:
-            if r.target in view_readers or r.target is torch.ops.aten.as_strided.default:
+            if r.target in strided_readers:
                 return True
             if r.op == "call_function" and r.target in passing:
                 todo.append(r)
