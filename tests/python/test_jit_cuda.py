@@ -258,7 +258,7 @@ class FakeDriver:
 def fake_driver(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
     drv = FakeDriver()
     monkeypatch.setattr(kcuda.Driver, "get", classmethod(lambda cls: drv))
-    monkeypatch.setattr(kcuda, "_kernels", {})
+    monkeypatch.setattr(kcuda, "_kernels", kcuda.OncePerKey())
     return drv
 
 

@@ -4,6 +4,7 @@ the affinity mask (kiln/loader.py, kernels/runtime/kiln_threads.h); the torch ba
 
 The end-to-end checks run a real kernel in a fresh process and count the threads its OpenMP
 runtime starts: libgomp starts ``n - 1`` workers for an ``n``-thread region and keeps them.
+Last, how the client loads kernels from several threads at once (one load per result).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -114,10 +117,60 @@ def test_torch_backend_uses_torch_s_thread_count(client, monkeypatch):
     torch.set_num_threads(3)
     try:
         torch._dynamo.reset()
-        f = torch.compile(lambda t: torch.tanh(t) * 2 + 1, backend="kiln", options={"client": client})
+        # The Python path, whose thread count this checks (the native runner, when loaded,
+        # passes at::get_num_threads(), torch's own count, in C++).
+        f = torch.compile(lambda t: torch.tanh(t) * 2 + 1, backend="kiln", options={"client": client, "native": False})
         t = torch.linspace(-2, 2, 1000)
         torch.testing.assert_close(f(t), torch.tanh(t) * 2 + 1)
     finally:
         torch.set_num_threads(old)
         torch._dynamo.reset()
     assert seen and set(seen) == {3}, seen
+
+
+def test_once_per_key_makes_different_keys_concurrently():
+    """Loaded kernels are made once per key (OncePerKey): a slow load of one result does not
+    hold back another's (a global lock made a graph's parts load one at a time), callers of
+    one key share one value, and a failed make leaves the key for the next caller."""
+    from kiln._once import OncePerKey
+
+    once = OncePerKey()
+    b_done = threading.Event()
+    made: list[str] = []
+
+    def make_a():
+        # Finishes only once "b" has been made on another thread: a lock shared by all keys
+        # would make this wait forever (here: fail after the timeout).
+        assert b_done.wait(30), "b was not made while a was being made"
+        made.append("a")
+        return "A"
+
+    t = threading.Thread(target=lambda: once.get("a", make_a))
+    t.start()
+    time.sleep(0.05)
+    assert once.get("b", lambda: made.append("b") or "B") == "B"
+    b_done.set()
+    t.join(60)
+    assert once.get("a", lambda: "other") == "A" and made == ["b", "a"] and len(once) == 2
+
+    def failing():
+        raise RuntimeError("load failed")
+
+    with pytest.raises(RuntimeError):
+        once.get("c", failing)
+    assert once.peek("c") is None and once.get("c", lambda: "C") == "C"
+
+    results: list[str] = []
+    calls: list[int] = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.1)
+        return "D"
+
+    threads = [threading.Thread(target=lambda: results.append(once.get("d", slow))) for _ in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert results == ["D"] * 6 and len(calls) == 1

@@ -154,13 +154,15 @@ class ArtifactCache:
         return self.root / "handles" / f"{handle}.json"
 
     def save_manifest(self, handle: str, manifest: dict[str, Any]) -> None:
-        """Remembers ``manifest`` for ``handle`` (best effort: errors are ignored)."""
+        """Remembers ``manifest`` for ``handle`` (best effort: errors are ignored). A handle
+        whose manifest is there already keeps it: the handle fixes the graph's dtypes, shapes
+        and strides (only input names could differ), and a warm start looks up every part of a
+        model, where reading each manifest back to compare cost a third of a cache hit."""
         try:
             path = self._manifest_path(handle)
-            data = json.dumps(manifest, sort_keys=True).encode()
-            if path.is_file() and path.read_bytes() == data:
+            if path.is_file():
                 return
-            atomic_write(path, data)
+            atomic_write(path, json.dumps(manifest, sort_keys=True).encode())
         except (OSError, ValueError):
             pass
 

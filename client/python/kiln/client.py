@@ -36,6 +36,7 @@ import grpc
 import numpy as np
 
 from . import dtypes as dt
+from ._once import KeyedLocks
 from .cache import ArtifactCache
 from .errors import ArtifactError, CompileError, KilnError, NotFoundError, RpcError, VerificationError
 from .loader import CpuKernel, aligned_empty, default_num_threads, load_cpu_kernel
@@ -139,8 +140,7 @@ class Client:
         self._stub = service_pb2_grpc.KilnStub(self._channel)
         self.cache = ArtifactCache(cache_dir)
         self.recorder = recorder if recorder is not None else Recorder.from_env()
-        self._fetch_locks: dict[str, threading.Lock] = {}
-        self._fetch_locks_lock = threading.Lock()
+        self._fetch_locks = KeyedLocks()  # one download per digest at a time
 
     def close(self) -> None:
         """Closes the channel; the client is unusable afterwards."""
@@ -291,9 +291,7 @@ class Client:
         path = self.cache.get(digest)
         if path is not None:
             return path
-        with self._fetch_locks_lock:
-            lock = self._fetch_locks.setdefault(digest, threading.Lock())
-        with lock:
+        with self._fetch_locks(digest):
             path = self.cache.get(digest)
             if path is not None:
                 return path
@@ -304,8 +302,13 @@ class Client:
         absent) and hashed right here, so what the caller loads is exactly what the digest
         names. A local file changed since it was stored is deleted and VerificationError
         raised."""
-        path = self.fetch(digest, size=size, timeout=timeout)
-        data = path.read_bytes()
+        try:
+            # Present already: read and hashed once here (fetch() would hash it a first time).
+            path = self.cache.path_for(digest)
+            data = path.read_bytes()
+        except FileNotFoundError:
+            path = self.fetch(digest, size=size, timeout=timeout)
+            data = path.read_bytes()
         got = hashlib.sha256(data).hexdigest()
         if got != digest:
             try:

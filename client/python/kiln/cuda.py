@@ -37,6 +37,7 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from . import dtypes as dt
+from ._once import OncePerKey
 from .errors import KilnError
 from .v1 import service_pb2
 
@@ -475,30 +476,20 @@ class CudaKernel:
                     drv.cuCtxSetCurrent(ctypes.c_void_p(prev))
 
 
-_kernels: dict[tuple[str, int], CudaKernel] = {}
-_kernels_lock = threading.Lock()
+_kernels = OncePerKey()  # (handle, device index) -> CudaKernel
 
 
 def load_kernel(compiled: Any, device: Any = None) -> CudaKernel:
     """The kernels of ``compiled`` on ``device`` (an index, a ``torch.device``, or None for the
-    current device): fetched and loaded once per process per device."""
+    current device): fetched and loaded once per process per device; different results load
+    concurrently."""
     index = current_device() if device is None else _device_index(device)
-    key = (compiled.handle, index)
-    k = _kernels.get(key)
-    if k is not None:
-        return k
-    with _kernels_lock:
-        k = _kernels.get(key)
-        if k is None:
-            k = CudaKernel(compiled, index)
-            _kernels[key] = k
-        return k
+    return _kernels.get((compiled.handle, index), lambda: CudaKernel(compiled, index))
 
 
 def loaded_kernel_count() -> int:
     """How many (result, device) pairs this process has loaded (for tests and diagnostics)."""
-    with _kernels_lock:
-        return len(_kernels)
+    return len(_kernels)
 
 
 # ---------------------------------------------------------------------------------- arrays

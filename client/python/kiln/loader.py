@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
+from ._once import OncePerKey
 from .errors import ArtifactError
 
 #: The CPU artifact ABI this client speaks.
@@ -124,18 +124,13 @@ def _sizes(sizes: Optional[Sequence[int]]) -> Any:
     return (ctypes.c_int64 * max(len(values), 1))(*values)
 
 
-_kernels: dict[str, CpuKernel] = {}
-_kernels_lock = threading.Lock()
+_kernels = OncePerKey()  # digest -> CpuKernel
 
 
 def load_cpu_kernel(image: Union[bytes, Path], digest: str, expected_abi: int) -> CpuKernel:
     """Opens the shared object (its verified bytes, or a path) once per process per digest and
-    checks its ABI version."""
-    with _kernels_lock:
-        k = _kernels.get(digest)
-        if k is None:
-            k = CpuKernel(image, digest)
-            _kernels[digest] = k
+    checks its ABI version. Different digests open concurrently."""
+    k = _kernels.get(digest, lambda: CpuKernel(image, digest))
     if k.abi_version != expected_abi or k.abi_version not in SUPPORTED_ABI_VERSIONS:
         raise ArtifactError(
             f"artifact {digest[:12]} has ABI version {k.abi_version}; the plan says {expected_abi} "
@@ -147,8 +142,7 @@ def load_cpu_kernel(image: Union[bytes, Path], digest: str, expected_abi: int) -
 
 def loaded_kernel_count() -> int:
     """How many shared objects this process has opened (for tests and diagnostics)."""
-    with _kernels_lock:
-        return len(_kernels)
+    return len(_kernels)
 
 
 def aligned_empty(nbytes: int, alignment: int = 64) -> np.ndarray:

@@ -56,6 +56,7 @@ import dataclasses
 import functools
 import operator
 import os
+import struct
 import threading
 import time
 import warnings
@@ -214,6 +215,7 @@ def _partition_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[An
     from functorch.compile import make_boxed_func
 
     try:
+        t0 = time.perf_counter()
         eliminate_common_subexpressions(gm)
         if config.random == "kiln":
             bump(random_draws=seed_draws(gm))
@@ -236,6 +238,7 @@ def _partition_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[An
             if wrap_cuda_graphs and cuda.philox_state_on_host(outer.graph):
                 outer.recompile()
         fn: Callable[[list[Any]], Any] = make_boxed_func(outer.forward)
+        bump(partition_s=time.perf_counter() - t0)
 
         def finish() -> Callable[[list[Any]], Any]:
             if wrap_cuda_graphs:
@@ -422,23 +425,136 @@ def rewrite(gm: torch.fx.GraphModule, segments: Sequence[Segment]) -> tuple[torc
 
 
 def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> int:
-    """Merges identical pure ATen nodes (the same op on the same arguments) of ``gm``, with
-    torch's own pass (what AOTAutograd runs on a training graph's joint graph, and Inductor on
-    every graph); returns how many nodes went. Inference graphs reach the backend without it:
-    BERT at a symbolic sequence length padded its attention mask once per layer, 12 identical
-    pads (each an allocation, a fill and a copy) that are now one. Random ops and mutated
-    buffers are left alone by the pass; where it is unavailable the graph stays as it is."""
-    try:
-        from torch._functorch.compile_utils import fx_graph_cse
+    """Merges identical pure ATen nodes (the same op on the same arguments) of ``gm`` in place;
+    returns how many nodes went. Inference graphs reach the backend without this pass (AOTAutograd
+    runs one on a training graph's joint graph): BERT at a symbolic sequence length padded its
+    attention mask once per layer, 12 identical pads (each an allocation, a fill and a copy) that
+    are now one.
 
-        merged = fx_graph_cse(gm.graph)
-    except Exception:  # an internal API: absent or changed in this torch version
-        return 0
-    removed = len(gm.graph.nodes) - len(merged.nodes)
-    if removed > 0:
-        gm.graph = merged
+    kiln's own pass rather than torch's ``fx_graph_cse``: torch's imports Inductor's pattern
+    matcher, and with it most of Inductor (1.6 s of a warm start's first call on a 2-core
+    machine, for a pass that takes milliseconds). The rules are the usual ones: only functional
+    ATen ops and ``getitem``; never random ops (tagged ``nondeterministic_seeded``) nor
+    uninitialised allocations; a node whose storage a graph output shares stays (two equal
+    outputs must stay two tensors); and nodes merge only within the same mutation region (the
+    stretch between two in-place ops), since an in-place op may change what equal arguments
+    hold."""
+    g = gm.graph
+    out_node = next(n for n in reversed(g.nodes) if n.op == "output")
+    out_storages = {_storage(a) for a in out_node.all_input_nodes} - {None}
+    written = _written_nodes(g)
+    seen: dict[Any, torch.fx.Node] = {}
+    region = 0
+    removed = 0
+    for n in list(g.nodes):
+        if n.op != "call_function":
+            continue
+        target = n.target
+        if not _pure(target):
+            if _may_mutate(target):
+                region += 1
+            continue
+        if n in written or isinstance(n.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            continue  # a tensor written in place later; a size (merging could lose a symbol)
+        if out_storages and _storage(n) in out_storages:
+            continue
+        try:
+            key = (target, _cse_key(n.args), _cse_key(n.kwargs), region)
+            hash(key)
+        except TypeError:  # an argument kiln cannot compare by value
+            continue
+        kept = seen.get(key)
+        if kept is None:
+            seen[key] = n
+            continue
+        n.replace_all_uses_with(kept)
+        g.erase_node(n)
+        removed += 1
+    if removed:
         gm.recompile()
     return removed
+
+
+_UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+                            "empty_permuted"})
+
+
+def _pure(target: Any) -> bool:
+    """Whether a call of ``target`` may be merged with an identical one."""
+    if target is operator.getitem:
+        return True
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace not in ("aten", "prims"):
+        return False
+    schema = target._schema
+    if schema.is_mutable or any(r.alias_info is not None and r.alias_info.is_write for r in schema.returns):
+        return False
+    if torch.Tag.nondeterministic_seeded in target.tags:
+        return False
+    return target.overloadpacket.__name__ not in _UNINITIALISED
+
+
+def _may_mutate(target: Any) -> bool:
+    """Whether a call of ``target`` (not :func:`_pure`) may write a tensor other nodes read."""
+    if isinstance(target, torch._ops.OpOverload):
+        return bool(target._schema.is_mutable)
+    return not (target is operator.getitem or getattr(target, "__module__", "") in ("_operator", "math"))
+
+
+def _written_nodes(g: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes an in-place op of ``g`` writes, and the nodes those view: merging a fresh
+    tensor that is later written with an equal one would let the write reach both."""
+    out: set[torch.fx.Node] = set()
+    for n in g.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        schema = n.target._schema
+        if not schema.is_mutable:
+            continue
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
+            for x in value if isinstance(value, (list, tuple)) else (value,):
+                while isinstance(x, torch.fx.Node) and x not in out:
+                    out.add(x)
+                    # Through views back to the tensor they share memory with.
+                    t = x.target
+                    views = isinstance(t, torch._ops.OpOverload) and any(r.alias_info is not None
+                                                                         for r in t._schema.returns)
+                    x = x.args[0] if views and x.args else None
+    return out
+
+
+def _storage(n: Any) -> Any:
+    """The storage of a node's traced value (None when it has none to compare)."""
+    val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        return StorageWeakRef(val.untyped_storage())
+    except Exception:  # sparse or otherwise storage-less values
+        return None
+
+
+def _cse_key(a: Any) -> Any:
+    """An argument as a hashable value that equals another's only when the two mean the same:
+    nodes by identity, sequences element by element, numbers with their type (1, 1.0 and True
+    differ) and floats by their bits (0.0 and -0.0 differ, NaN equals NaN)."""
+    if isinstance(a, torch.fx.Node):
+        return a
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__,) + tuple(_cse_key(x) for x in a)
+    if isinstance(a, dict):
+        return ("dict",) + tuple((k, _cse_key(v)) for k, v in sorted(a.items()))
+    if isinstance(a, float):
+        return ("float", struct.pack("<d", a))
+    if isinstance(a, (bool, int)):
+        return (type(a).__name__, a)
+    if a is None or isinstance(a, (str, torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return (type(a).__name__, a)
+    raise TypeError(f"no CSE key for {type(a).__name__}")
 
 
 def _direct_calls() -> dict[Any, tuple[str, Any]]:
@@ -944,6 +1060,7 @@ def make_backend(config: BackendConfig) -> Callable[..., Any]:
     """A backend callable for ``config``: AOTAutograd around :func:`compile_aten_graph`."""
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable[..., Any]:
+        t0 = time.perf_counter()
         try:
             from functorch.compile import min_cut_rematerialization_partition
             from torch._dynamo.backends.common import aot_autograd
@@ -976,6 +1093,8 @@ def make_backend(config: BackendConfig) -> Callable[..., Any]:
             warnings.warn(f"kiln: AOTAutograd failed on a graph; running it in torch: {type(e).__name__}: {e}",
                           KilnFallbackWarning, stacklevel=2)
             return gm.forward
+        finally:
+            bump(backend_s=time.perf_counter() - t0)
 
     backend.__name__ = "kiln"
     return backend

@@ -33,7 +33,7 @@ from .. import service_pb2
 from ..client import _eval_size
 from ..errors import KilnError, KilnFallbackWarning, RpcError
 from . import native
-from .partition import PartGraph, Segment, effective_strides, eager_module, memory_order
+from .partition import PartGraph, Segment, eager_graph, effective_strides, memory_order
 
 log = logging.getLogger("kiln.torch")
 
@@ -48,7 +48,12 @@ class Stats:
     cache; ``memo_hits``: found in this process without asking. ``failed``: parts that fell
     back to torch. ``kiln_nodes``/``torch_nodes``: ATen nodes placed in kiln parts or left to
     torch. ``kernel_calls``/``eager_calls``: part calls that ran the kernels or torch.
-    ``compile_s``: wall time spent compiling and loading parts. ``graph_replays``: calls
+    ``compile_s``: wall time spent compiling and loading parts; ``partition_s``: in cutting
+    graphs into parts and lowering them; ``backend_s``: in the backend as a whole (AOTAutograd's
+    tracing included); ``lookup_s``/``load_s``: the parts' lookups or compiles on the daemon and
+    their kernels' loading, summed over the threads that do them; ``prepare_s``: the parts'
+    first-call preparation (the native runner's module load included). Together they tell
+    where a first call's time goes. ``graph_replays``: calls
     served by replaying a CUDA graph (reduce-overhead mode). ``native_calls``: of the kernel
     calls, those the native part runner served. ``tuned``: parts whose kernel variants were
     timed on their first call (``mode="max-autotune"``, or found tuned in kilnd);
@@ -69,6 +74,11 @@ class Stats:
     kernel_calls: int = 0
     eager_calls: int = 0
     compile_s: float = 0.0
+    partition_s: float = 0.0
+    backend_s: float = 0.0
+    lookup_s: float = 0.0
+    load_s: float = 0.0
+    prepare_s: float = 0.0
     graph_replays: int = 0
     native_calls: int = 0
     tuned: int = 0
@@ -163,7 +173,8 @@ class KilnPart(torch.nn.Module):
                  build_error: Optional[str] = None) -> None:
         super().__init__()
         self.part_name = name
-        self.eager = eager_module(segment)
+        self._eager_graph: Optional[torch.fx.Graph] = eager_graph(segment)
+        self._eager: Any = None  # the GraphModule of _eager_graph, made on the first torch run
         self.part = part
         self.device = device
         self.ops = sorted({str(n.target).replace("aten.", "") for n in segment.nodes if n.op == "call_function"})
@@ -205,12 +216,14 @@ class KilnPart(torch.nn.Module):
             if compiled is not None:
                 bump(memo_hits=1)
             else:
+                t0 = time.perf_counter()
                 compiled = _compile_remote(settings, self.part.graph, target, opts)
                 with _memo_lock:
                     _memo[key] = compiled
-                if compiled.cache_hit:
-                    bump(cache_hits=1)
+                bump(cache_hits=int(compiled.cache_hit), lookup_s=time.perf_counter() - t0)
+            t0 = time.perf_counter()
             self._load(compiled)
+            bump(load_s=time.perf_counter() - t0)
             # Parts with symbolic sizes keep the default: a variant is chosen at one size and would
             # serve every size (a block per row that wins on 4096-long rows is 10x slower on
             # 128-long ones), and the variants' timings at other sizes are unknown.
@@ -229,7 +242,17 @@ class KilnPart(torch.nn.Module):
         if self._is_cuda:
             from . import cuda
 
-            kernel = cuda.load_kernel(compiled, self.device)
+            runner = native.RUNNER if self.use_native else None
+            assert self.part is not None
+            if runner is not None and all(kind == "kiln" for kind, _ in self.part.sources):
+                # The native runner will run the part: its C++ loader's module is loaded here, in
+                # the compiling thread, rather than on the first call; the Python loader's only
+                # if the Python path is ever taken (one module load per part, not two).
+                index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+                native.cuda_module(runner, compiled, index)
+                kernel: Any = _Deferred(lambda: cuda.load_kernel(compiled, self.device))
+            else:
+                kernel = cuda.load_kernel(compiled, self.device)
         else:
             kernel = compiled.load()
         self._in_fast = None
@@ -341,6 +364,13 @@ class KilnPart(torch.nn.Module):
         bump(eager_calls=1)
         return self.eager(*args)
 
+    @property
+    def eager(self) -> torch.fx.GraphModule:
+        """The part's nodes run by torch (a GraphModule, made on first use)."""
+        if self._eager is None:
+            self._eager = torch.fx.GraphModule(torch.nn.Module(), self._eager_graph)
+        return self._eager
+
     def _kernels_failed(self, e: Exception) -> None:
         """A kernel call raised: the part runs in torch from now on (one warning)."""
         self.kernel = None
@@ -358,6 +388,7 @@ class KilnPart(torch.nn.Module):
     def _prepare_run(self) -> None:
         """What every call needs and no call changes, computed once after loading: the call
         path then costs a few comparisons per argument and one allocation per output."""
+        t0 = time.perf_counter()
         part = self.part
         assert part is not None
         dev = self.device
@@ -382,6 +413,7 @@ class KilnPart(torch.nn.Module):
         if self._is_cuda:
             self._stream = (lambda: raw(idx)) if raw is not None else (
                 lambda: torch.cuda.current_stream(dev).cuda_stream)
+        bump(prepare_s=time.perf_counter() - t0)
 
     def _attach_native(self) -> None:
         """Hands the part to the native runner (once; the runner is loaded). Parts whose
@@ -392,6 +424,7 @@ class KilnPart(torch.nn.Module):
         assert part is not None and compiled is not None
         if any(kind != "kiln" for kind, _ in part.sources):
             return
+        t0 = time.perf_counter()
         try:
             # Static parts: the strides last accepted where the graph declared a layout, else
             # any layout (contiguous copies where needed, as the Python path makes).
@@ -408,6 +441,19 @@ class KilnPart(torch.nn.Module):
         except Exception as e:  # the Python path stays; nothing is lost
             log.warning("kiln.torch: %s: the native runner cannot take this part: %s: %s", self.part_name,
                         type(e).__name__, e)
+        bump(prepare_s=time.perf_counter() - t0)
+
+    def _attach_and_call(self, args: Sequence[torch.Tensor]) -> Optional[tuple[torch.Tensor, ...]]:
+        """Hands the part to the native runner and, when it takes the part, calls it there: the
+        results, or None for the Python path."""
+        self._attach_native()
+        fast = self._native
+        if fast is None:
+            return None
+        out = fast(*args)
+        if out is not None:
+            STATS.native_calls += 1
+        return out
 
     def _run_symbolic(self, args: Sequence[torch.Tensor]) -> Optional[tuple[torch.Tensor, ...]]:
         """A part with symbolic sizes: the sizes are read from the arguments, every argument is
@@ -416,7 +462,9 @@ class KilnPart(torch.nn.Module):
         if self._in_fast is None:
             self._prepare_run()
         if self._native_pending and native.RUNNER is not None:
-            self._attach_native()
+            out = self._attach_and_call(args)
+            if out is not None:
+                return out
         compiled = self.compiled
         dev, idx = self.device, self._dev_index
         sizes = tuple([int(args[i].shape[a]) for i, a in self._sym_where])
@@ -462,7 +510,9 @@ class KilnPart(torch.nn.Module):
         if self._in_fast is None:
             self._prepare_run()
         if self._native_pending and native.RUNNER is not None:
-            self._attach_native()
+            out = self._attach_and_call(args)
+            if out is not None:
+                return out
         dev, idx = self.device, self._dev_index
         ptrs: list[int] = []
         keep: list[torch.Tensor] = []
@@ -520,6 +570,21 @@ class KilnPart(torch.nn.Module):
                       self.part_name, i, stride, spec.strides)
             return None
         return torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device).copy_(t)
+
+
+class _Deferred:
+    """A kernel object made on first use (an attribute read): the Python loader's kernels of a
+    part the native runner runs, needed only if the part ever takes the Python path."""
+
+    def __init__(self, make: Any) -> None:
+        self._make = make
+        self._made: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        made = self._made
+        if made is None:
+            made = self._made = self._make()
+        return getattr(made, name)
 
 
 def _check_symbolic_plan(compiled: Any, part: PartGraph, outs: Sequence[Any], specs: Sequence[Any]) -> None:

@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from ..._once import OncePerKey
+
 log = logging.getLogger("kiln.torch")
 
 #: The module's name; a change to runner.cc's interface changes it.
@@ -57,6 +59,9 @@ MAX_ATTEMPTS = 3
 RUNNER: Any = None
 #: Why the runner is not available, when its build failed.
 ERROR: Optional[str] = None
+#: How the last build found the runner: ``"memo"`` (the local artifact folder), else
+#: ``"built (why the memo did not serve)"`` (a build request to kilnd).
+FOUND: Optional[str] = None
 
 
 def enabled() -> bool:
@@ -86,8 +91,17 @@ def _stage(into: Path) -> list[Path]:
     return [into / "runner.cc", cpp / "cuda_plan.cc", cpp / "cuda_loader.cc"]
 
 
+_CFLAGS = ["-O2"]
+
+
 def build(client: Any) -> Any:
-    """Builds (or gets from kilnd's cache) and imports the runner; raises on failure."""
+    """Builds (or gets from kilnd's cache) and imports the runner; raises on failure.
+
+    A process that finds the runner it would build in the local artifact folder (a memo under
+    ``<cache>/runner`` names it, keyed by the runner's sources, PyTorch's version and install,
+    the Python version and the flags) imports it without asking kilnd: the request's key
+    covers PyTorch's ~10,000 headers, and walking them cost a warm start 1.5 s of a thread
+    that holds the GIL against the first call's own work."""
     from .. import extension
 
     with tempfile.TemporaryDirectory(prefix="kiln-runner-") as tmp:
@@ -95,8 +109,46 @@ def build(client: Any) -> Any:
         if os.environ.get("KILN_TORCH_NATIVE", "").strip().lower() == "local":
             import torch.utils.cpp_extension as cpp
 
-            return cpp.load(NAME, [str(s) for s in sources], extra_cflags=["-O2"], extra_include_paths=[tmp])
-        return extension.load(NAME, sources, extra_cflags=["-O2"], extra_include_paths=[tmp], client=client)
+            return cpp.load(NAME, [str(s) for s in sources], extra_cflags=_CFLAGS, extra_include_paths=[tmp])
+        global FOUND
+        memo = client.cache.root / "runner" / f"{_memo_key(sources)}.json"
+        try:
+            digest = json.loads(memo.read_text())["digest"]
+            client.read_verified(digest)  # present and intact, or an error
+            module = extension._import_module(NAME, client.cache.path_for(digest))
+            FOUND = "memo"
+            return module
+        except Exception as e:  # no memo, an artifact gone or damaged: the full build request
+            FOUND = f"built ({type(e).__name__}: {e})"
+        path = extension.build(NAME, sources, extra_cflags=_CFLAGS, extra_include_paths=[tmp], client=client)
+        module = extension._import_module(NAME, path)
+        try:
+            from ...cache import atomic_write
+
+            atomic_write(memo, json.dumps({"digest": path.name}).encode())
+        except OSError:
+            pass  # only a speed-up
+        return module
+
+
+def _memo_key(sources: list[Path]) -> str:
+    """What the runner built from ``sources`` depends on, as a digest: the sources' bytes,
+    PyTorch's version and the files a reinstall replaces (their inode and mtime), the Python
+    version and the compile flags."""
+    import hashlib
+    import sys
+
+    import torch
+
+    h = hashlib.sha256()
+    for f in sources + sorted(Path(sources[0]).parent.joinpath("client", "cpp").glob("*.h")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    root = Path(torch.__file__).parent
+    for f in [root / "version.py", root / "include", *sorted(root.glob("_C*.so"))]:
+        st = f.stat()
+        h.update(f"{f}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}\0".encode())
+    h.update(f"{NAME}\0{torch.__version__}\0{sys.version}\0{' '.join(_CFLAGS)}".encode())
+    return h.hexdigest()
 
 
 def _build_in_background(client: Any, done: threading.Event) -> None:
@@ -229,27 +281,24 @@ def part_for(compiled: Any, device_index: int, in_dtypes: list[Any], out_dtypes:
                             int(compiled.plan.workspace_bytes))
 
 
-_modules: dict[tuple[str, int], Any] = {}
-_modules_lock = threading.Lock()
+_modules = OncePerKey()  # (handle, device index) -> the C++ loader's module
 
 
 def cuda_module(runner: Any, compiled: Any, device_index: int) -> Any:
     """The compiled result's kernels loaded by the C++ loader on ``device_index``, once per
-    process (the images are the verified bytes the Python loader reads)."""
+    process (the images are the verified bytes the Python loader reads); different results
+    load concurrently."""
+    return _modules.get((compiled.handle, device_index), lambda: _load_cuda_module(runner, compiled, device_index))
+
+
+def _load_cuda_module(runner: Any, compiled: Any, device_index: int) -> Any:
     import torch
 
     from ...v1 import service_pb2
 
-    key = (compiled.handle, device_index)
-    with _modules_lock:
-        m = _modules.get(key)
-        if m is not None:
-            return m
-        images = []
-        for kind in (service_pb2.CUBIN, service_pb2.PTX):
-            art = compiled.artifact(kind)
-            images.append(compiled.client.read_verified(art.digest, size=art.size or None) if art is not None else b"")
-        with torch.cuda.device(device_index):  # the module belongs to this device's context
-            m = runner.cuda_load(images[0], images[1], plan_json(compiled.plan))
-        _modules[key] = m
-        return m
+    images = []
+    for kind in (service_pb2.CUBIN, service_pb2.PTX):
+        art = compiled.artifact(kind)
+        images.append(compiled.client.read_verified(art.digest, size=art.size or None) if art is not None else b"")
+    with torch.cuda.device(device_index):  # the module belongs to this device's context
+        return runner.cuda_load(images[0], images[1], plan_json(compiled.plan))

@@ -86,12 +86,21 @@ PyObject* CudaLoad(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "y#y#s", &cubin, &cubin_len, &ptx, &ptx_len, &json)) return nullptr;
   std::string error;
   CudaPlan plan;
-  if (!kiln::client::ParseCudaPlan(json, &plan, &error)) {
+  std::unique_ptr<CudaModule> m;
+  bool parsed = false;
+  // Without the GIL: a graph's parts load from several threads, and the driver's module load
+  // is most of the time. The buffers belong to `args`, which the caller keeps alive.
+  Py_BEGIN_ALLOW_THREADS
+  parsed = kiln::client::ParseCudaPlan(json, &plan, &error);
+  if (parsed) {
+    m = CudaModule::Load(std::string_view(cubin, cubin_len), std::string_view(ptx, ptx_len), std::move(plan),
+                         &error);
+  }
+  Py_END_ALLOW_THREADS
+  if (!parsed) {
     PyErr_SetString(PyExc_ValueError, ("plan: " + error).c_str());
     return nullptr;
   }
-  std::unique_ptr<CudaModule> m = CudaModule::Load(std::string_view(cubin, cubin_len),
-                                                   std::string_view(ptx, ptx_len), std::move(plan), &error);
   if (!m) {
     PyErr_SetString(PyExc_RuntimeError, error.c_str());
     return nullptr;

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""First result of a ``transformers`` BERT through torch.compile in a fresh process, with warm
+caches: kiln (its daemon and the local artifact folder full) against Inductor (its FX graph and
+AOTAutograd caches full), alternating fresh processes, and where kiln's time goes.
+
+Each measured process imports torch, transformers and kiln (not timed: a program pays those
+imports anyway), builds the model, then times ``torch.compile(model)`` plus the first
+inference call. kiln's processes also report the backend's own counters
+(:func:`kiln.torch.stats`): ``backend_s`` (inside the backend: AOTAutograd's trace, kiln's
+partitioning, the parts' lookups and loads), ``partition_s`` and ``compile_s``; what is left
+of the total is Dynamo's trace and the first call.
+
+    PYTHONPATH=client/python python tests/bench/torch_warm_bench.py            # own kilnd
+    ... --layers 12 --hidden 128 --repeat 5 --device cuda
+    ... --profile 25      # cProfile of one more warm kiln process: the 25 costliest functions
+    ... --site-a DIR      # also "kiln-a": kiln imported from DIR (another build), same daemon
+
+On the CPU the model is small (hidden 128 by default) so that the cold compiles stay short;
+the number of graphs and parts, which is what a warm start pays for, is BERT-base's at 12
+layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def child(opts: argparse.Namespace) -> None:
+    import warnings
+
+    import torch
+    import transformers
+
+    backend = opts.child
+    if backend == "kiln":
+        import kiln.torch  # noqa: F401
+    config = transformers.BertConfig(hidden_size=opts.hidden, num_hidden_layers=opts.layers,
+                                     num_attention_heads=max(1, opts.hidden // 64), intermediate_size=4 * opts.hidden,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval().to(opts.device)
+    ids = torch.randint(0, config.vocab_size, (opts.batch, opts.seq), device=opts.device)
+    if opts.device == "cuda":
+        torch.zeros(1, device="cuda")
+        torch.cuda.synchronize()
+    prof = None
+    if opts.profile_child:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        f = torch.compile(model, backend=backend)
+        with torch.no_grad():
+            out = f(input_ids=ids).last_hidden_state
+        if opts.device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+    if prof is not None:
+        import pstats
+
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(opts.profile_child)
+    with torch.no_grad():
+        ref = model(input_ids=ids).last_hidden_state
+    err = float((out - ref).abs().max())
+    extra: dict[str, Any] = {}
+    if backend == "kiln":
+        import kiln.torch as kt
+
+        s = kt.stats()
+        from kiln.torch import native
+
+        native.wait(60)
+        extra = {"runner": getattr(native, "FOUND", None), "runner_error": native.ERROR}
+        extra.update({k: s.get(k, float("nan")) for k in ("graphs", "parts", "compiled", "failed", "cache_hits", "memo_hits",
+                                   "backend_s", "partition_s", "compile_s", "lookup_s", "load_s", "prepare_s")})
+    print("RESULT " + json.dumps({"seconds": seconds, "max_err": err, **extra}), flush=True)
+
+
+def run_child(backend: str, env: dict[str, str], opts: argparse.Namespace, profile: int = 0) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", "kiln" if backend == "kiln-a" else backend, "--layers", str(opts.layers), "--hidden", str(opts.hidden),
+           "--seq", str(opts.seq), "--batch", str(opts.batch), "--device", opts.device]
+    if profile:
+        cmd += ["--profile-child", str(profile)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    if profile:
+        print(p.stderr[-12000:])
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if p.returncode != 0 or line is None:
+        raise SystemExit(f"{backend} process failed:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+    return json.loads(line[len("RESULT "):])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeat", type=int, default=3, help="warm processes per backend")
+    ap.add_argument("--backends", default="kiln,inductor")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile one more warm kiln process")
+    ap.add_argument("--site-a", help="a folder holding another build of the kiln package, timed as kiln-a")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--profile-child", type=int, default=0, help=argparse.SUPPRESS)
+    opts = ap.parse_args()
+    if opts.child:
+        child(opts)
+        return 0
+
+    sys.path.insert(0, str(HERE))
+    from kilnd_proc import daemon
+
+    backends = opts.backends.split(",")
+    tmp = Path(tempfile.mkdtemp(prefix="kiln-torch-warm-"))
+    try:
+        with daemon(workers=max(2, min(16, os.cpu_count() or 2))) as address:
+            envs = {
+                "kiln": dict(os.environ, KILN_SERVER=address, KILN_CACHE_DIR=str(tmp / "kiln")),
+                "inductor": dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor")),
+            }
+            if opts.site_a:
+                site = os.path.abspath(opts.site_a)
+                envs["kiln-a"] = dict(envs["kiln"], PYTHONPATH=os.pathsep.join(
+                    p for p in (site, os.environ.get("PYTHONPATH")) if p))
+                backends.append("kiln-a")  # after kiln: its caches are warm by then
+            rows: dict[str, list[dict[str, Any]]] = {b: [] for b in backends}
+            for b in backends:
+                cold = run_child(b, envs[b], opts)
+                print(f"{b} cold: {cold['seconds']:.2f} s {json.dumps(cold)}", flush=True)
+            for i in range(opts.repeat):
+                for b in backends if i % 2 == 0 else reversed(backends):
+                    r = run_child(b, envs[b], opts)
+                    rows[b].append(r)
+                    print(f"{b} warm {i}: {r['seconds']:.2f} s {json.dumps(r)}", flush=True)
+            med = {b: statistics.median(r["seconds"] for r in rows[b]) for b in backends}
+            for b in backends:
+                print(f"{b}: warm first result, median of {opts.repeat}: {med[b]:.2f} s")
+            for b in ("kiln", "kiln-a"):
+                if b in med and "inductor" in med:
+                    print(f"{b} / inductor: {med[b] / med['inductor']:.2f}")
+                if b in med:
+                    for key in ("backend_s", "partition_s", "compile_s", "lookup_s", "load_s", "prepare_s"):
+                        print(f"{b} {key}: median {statistics.median(r[key] for r in rows[b]):.2f} s")
+            if opts.profile and "kiln" in backends:
+                run_child("kiln", envs["kiln"], opts, profile=opts.profile)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
