@@ -1340,8 +1340,8 @@ def test_identical_torch_side_ops_run_once(client: Any, rewrites: list[tuple[Any
 def test_common_subexpressions_merge_only_where_it_is_safe() -> None:
     """kiln's CSE pass merges equal pure nodes and keeps apart: a fresh tensor later written in
     place and its twin, random draws, numbers that differ only in type or sign (2 and 2.0,
-    0.0 and -0.0), outputs that must stay separate tensors, and equal nodes on either side of
-    an in-place write."""
+    0.0 and -0.0), outputs that must stay separate tensors (also when they are items of a
+    tuple-valued node), and equal nodes on either side of an in-place write."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from kiln.torch.dynamo_backend import eliminate_common_subexpressions
@@ -1355,7 +1355,7 @@ def test_common_subexpressions_merge_only_where_it_is_safe() -> None:
         before = m.exp()
         m.mul_(3)  # an input written in place: exp after it is another value
         after = m.exp()
-        return pads, c, d + 0, r, nums, before + after, x.sin(), x.sin()
+        return pads, c, d + 0, r, nums, before + after, x.sin(), x.sin(), torch.var_mean(x, 1)[0], torch.var_mean(x, 1)[0].view(3, 1)
 
     x, m = torch.randn(3, 4), torch.randn(3, 4)
     gm = make_fx(f)(x.clone(), m.clone())
@@ -1363,7 +1363,8 @@ def test_common_subexpressions_merge_only_where_it_is_safe() -> None:
     count = lambda op: sum(1 for n in gm.graph.nodes if n.target == op)  # noqa: E731
     aten = torch.ops.aten
     before = {op: count(op) for op in (aten.constant_pad_nd.default, aten.clone.default, aten.rand_like.default,
-                                       aten.mul.Tensor, aten.exp.default, aten.sin.default)}
+                                       aten.mul.Tensor, aten.exp.default, aten.sin.default,
+                                       aten.var_mean.correction)}
     removed = eliminate_common_subexpressions(gm)
     after = {op: count(op) for op in before}
     assert removed == 1, gm.code
@@ -1372,9 +1373,9 @@ def test_common_subexpressions_merge_only_where_it_is_safe() -> None:
     assert after[aten.rand_like.default] == 2 and after[aten.exp.default] == 2
     assert after[aten.mul.Tensor] == before[aten.mul.Tensor]  # 2.0, 2, 0.0 and -0.0 stay apart
     assert after[aten.sin.default] == 2  # two outputs: two tensors
-    torch.manual_seed(0)
+    assert after[aten.var_mean.correction] == before[aten.var_mean.correction] == 2  # outputs through a tuple
     got = gm(x.clone(), m.clone())
-    for i in (0, 1, 2, 4, 5, 6):
+    for i in (0, 1, 2, 4, 5, 6, 8, 9):
         torch.testing.assert_close(got[i], want[i])
 
 

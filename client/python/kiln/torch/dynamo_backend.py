@@ -441,7 +441,14 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> int:
     hold."""
     g = gm.graph
     out_node = next(n for n in reversed(g.nodes) if n.op == "output")
-    out_storages = {_storage(a) for a in out_node.all_input_nodes} - {None}
+    outs = out_node.all_input_nodes
+    out_storages = {st for a in outs for st in _storages(a)}
+    # Outputs, and the tuple-valued nodes whose items an output is or views (an item's traced
+    # value is another tensor than the tuple's, so storages do not tell).
+    kept_apart = set(outs)
+    for n in g.nodes:
+        if n.target is operator.getitem and (n in kept_apart or not out_storages.isdisjoint(_storages(n))):
+            kept_apart.add(n.args[0])
     written = _written_nodes(g)
     seen: dict[Any, torch.fx.Node] = {}
     region = 0
@@ -456,7 +463,7 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> int:
             continue
         if n in written or isinstance(n.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)):
             continue  # a tensor written in place later; a size (merging could lose a symbol)
-        if out_storages and _storage(n) in out_storages:
+        if n in kept_apart or not out_storages.isdisjoint(_storages(n)):
             continue
         try:
             key = (target, _cse_key(n.args), _cse_key(n.kwargs), region)
@@ -525,17 +532,20 @@ def _written_nodes(g: torch.fx.Graph) -> set[torch.fx.Node]:
     return out
 
 
-def _storage(n: Any) -> Any:
-    """The storage of a node's traced value (None when it has none to compare)."""
+def _storages(n: Any) -> list[Any]:
+    """The storages of a node's traced value (each tensor of a tuple-valued one); empty when
+    there are none to compare."""
     val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-    if not isinstance(val, torch.Tensor):
-        return None
-    try:
-        from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.multiprocessing.reductions import StorageWeakRef
 
-        return StorageWeakRef(val.untyped_storage())
-    except Exception:  # sparse or otherwise storage-less values
-        return None
+    out = []
+    for v in val if isinstance(val, (list, tuple)) else (val,):
+        if isinstance(v, torch.Tensor):
+            try:
+                out.append(StorageWeakRef(v.untyped_storage()))
+            except Exception:  # sparse or otherwise storage-less values
+                pass
+    return out
 
 
 def _cse_key(a: Any) -> Any:
