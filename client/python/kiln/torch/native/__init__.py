@@ -145,8 +145,11 @@ def _memo_key(sources: list[Path]) -> str:
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     root = Path(torch.__file__).parent
     for f in [root / "version.py", root / "include", *sorted(root.glob("_C*.so"))]:
-        st = f.stat()
-        h.update(f"{f}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}\0".encode())
+        try:
+            st = f.stat()
+            h.update(f"{f}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}\0".encode())
+        except OSError:  # not in this install: its absence is part of the key
+            h.update(f"{f}:absent\0".encode())
     h.update(f"{NAME}\0{torch.__version__}\0{sys.version}\0{' '.join(_CFLAGS)}".encode())
     return h.hexdigest()
 
