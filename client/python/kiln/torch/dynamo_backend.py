@@ -467,10 +467,9 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> int:
             continue
         try:
             key = (target, _cse_key(n.args), _cse_key(n.kwargs), region)
-            hash(key)
+            kept = seen.get(key)
         except TypeError:  # an argument kiln cannot compare by value
             continue
-        kept = seen.get(key)
         if kept is None:
             seen[key] = n
             continue
