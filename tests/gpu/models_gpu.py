@@ -3,8 +3,9 @@
 zoo of tests/python/model_zoo.py: small configurations, random weights, nothing downloaded).
 
 Checks, per model, against eager on the same GPU:
-- inference outputs (f32), and the gradients of a training step (randomly weighted sum of the
-  first output, dropout off);
+- inference outputs (f32); the gradients of a training step (randomly weighted sum of the
+  first output, dropout off) against float64 eager's, next to eager f32's distance from them
+  (``grad_error``), and the buffers it updates (batch norms' running statistics);
 - bf16 inference: kiln's error against the f32 result no more than twice eager bf16's (plus a
   small floor);
 - ``mode="reduce-overhead"`` inference outputs;
@@ -22,12 +23,13 @@ Writes $OUT/models_gpu.md; exits 1 when a check fails.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -41,6 +43,8 @@ from reduce_accuracy_gpu import kilnd_binary, local_client, report  # noqa: E402
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    if want.numel() == 0:
+        return 0.0 if got.shape == want.shape else float("inf")
     return ((got.float() - want.float()).abs().max() / (1.0 + want.float().abs().max())).item()
 
 
@@ -51,34 +55,77 @@ def compile_kiln(model: torch.nn.Module, client: Any, mode: str | None = None) -
     return torch.compile(model, backend="kiln", options={"client": client})
 
 
-def check_model(name: str, client: Any, failures: list[str]) -> list[str]:
+Maker = Callable[[Optional[torch.dtype]], tuple[torch.nn.Module, dict[str, torch.Tensor]]]
+
+
+def zoo_maker(name: str, device: str = "cuda") -> Maker:
+    """A model of tests/python/model_zoo.py and its inputs, in f32 or the dtype asked."""
+    return lambda dtype: (build(name, device, dtype), inputs(name, device=device, dtype=dtype or torch.float32))
+
+
+def training_step(model: torch.nn.Module, fn: Callable[..., Any], x: dict[str, torch.Tensor]
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``fn(**x)`` (``model`` or a compiled form of it) and the backward of a randomly weighted
+    sum of its first output: the parameters' gradients (then cleared) and the buffers after."""
+    out = tensors(fn(**x))[0]
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(out.device, out.dtype)
+    (out * weights).sum().backward()
+    grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return grads, {k: b.detach().clone() for k, b in model.named_buffers()}
+
+
+def grad_error(grads: dict[str, torch.Tensor], exact: dict[str, torch.Tensor]) -> float:
+    """The distance of all gradients from the float64 ones, over the float64 ones' norm.
+
+    Not an element's worst error: a ReLU whose input lies within rounding of zero passes or
+    stops that element's gradient depending on the last bits of the forward, and behind a
+    batch norm of a narrow channel (its 1/std large) that one element moves the gradients of
+    every layer before it. Any two f32 computations of a deep ReLU network differ that way
+    (eager f32 against float64 eager: 1.2e-2 on a ResNeXt-50 at batch 4, 64x64, on the CPU);
+    so the check compares with eager's own distance from float64."""
+    num = sum(float(((grads[k].double() - v) ** 2).sum()) for k, v in exact.items() if k in grads)
+    den = sum(float((v ** 2).sum()) for v in exact.values())
+    return (num / den) ** 0.5 if den else 0.0
+
+
+def check_model(name: str, client: Any, failures: list[str], make: Optional[Maker] = None,
+                tol: float = 1e-4, grad_tol: float = 1e-4) -> list[str]:
+    """One model's checks (the module docstring's list but the lengths) against eager; ``make``
+    builds the model in eval mode with dropout off, and its inputs (default: the model zoo's).
+    Gradients fail above ``grad_tol`` and four times eager's distance from float64
+    (:func:`grad_error`); outputs and running statistics above ``tol`` of eager's."""
+    make = make or zoo_maker(name)
     torch._dynamo.reset()
     kt.reset_stats()
-    model = build(name, "cuda")
-    x = inputs(name, device="cuda")
+    model, x = make(None)
     with torch.no_grad():
         want = tensors(model(**x))
         got = tensors(compile_kiln(model, client)(**x))
     fwd = max(rel_err(g, w) for g, w in zip(got, want))
 
+    # A training step: kiln's and eager's gradients against float64 eager's, and the running
+    # statistics it updates against eager's. Every step starts from the weights and statistics
+    # of the start (the later checks too).
+    state = copy.deepcopy(model.state_dict())
     model.train()
     torch._dynamo.reset()
-    out = tensors(compile_kiln(model, client)(**x))[0]
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).cuda()
-    (out * weights).sum().backward()
-    got_grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    (tensors(model(**x))[0] * weights).sum().backward()
-    want_grads = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
-    missing = set(want_grads) - set(got_grads)
-    grad = max(rel_err(got_grads[k], w) for k, w in want_grads.items() if k in got_grads)
-    model.zero_grad(set_to_none=True)
+    kiln_grads, kiln_stats = training_step(model, compile_kiln(model, client), x)
+    model.load_state_dict(state)
+    eager_grads, eager_stats = training_step(model, model, x)
+    model64 = copy.deepcopy(model).double()
+    model64.load_state_dict(state)
+    exact, _ = training_step(model64, model64, {k: v.double() if v.is_floating_point() else v for k, v in x.items()})
+    del model64
+    missing = set(eager_grads) - set(kiln_grads)
+    grad, eager_grad = grad_error(kiln_grads, exact), grad_error(eager_grads, exact)
+    stats = max((rel_err(kiln_stats[k], v) for k, v in eager_stats.items()), default=0.0)
     model.eval()
+    model.load_state_dict(state)
 
     # bf16 inference against the f32 result.
     torch._dynamo.reset()
-    mb = build(name, "cuda", torch.bfloat16)
-    xb = inputs(name, device="cuda", dtype=torch.bfloat16)
+    mb, xb = make(torch.bfloat16)
     with torch.no_grad():
         ref = tensors(model(**x))[0]
         eager_bf = rel_err(tensors(mb(**xb))[0], ref)
@@ -93,19 +140,27 @@ def check_model(name: str, client: Any, failures: list[str]) -> list[str]:
     ro_err = max(rel_err(g, w) for g, w in zip(got_ro, want))
 
     s = kt.stats()
-    tol = 1e-4
     if fwd > tol:
         failures.append(f"{name}: inference error {fwd:.2e}")
-    if grad > tol or missing:
-        failures.append(f"{name}: gradient error {grad:.2e}, missing {sorted(missing)}")
+    if grad > max(4 * eager_grad, grad_tol) or missing:
+        failures.append(f"{name}: gradient error {grad:.2e} (eager's {eager_grad:.2e}), missing {sorted(missing)}")
+    if stats > tol:
+        failures.append(f"{name}: running statistics error {stats:.2e}")
     if kiln_bf > 2 * eager_bf + 4e-3:
         failures.append(f"{name}: bf16 error {kiln_bf:.2e} against eager bf16's {eager_bf:.2e}")
     if ro_err > tol:
         failures.append(f"{name}: reduce-overhead error {ro_err:.2e}")
     if s["failed"]:
         failures.append(f"{name}: {s['failed']} kiln parts fell back to torch")
-    return [name, f"{fwd:.1e}", f"{grad:.1e}", f"{kiln_bf:.1e} / {eager_bf:.1e}", f"{ro_err:.1e}",
+    return [name, f"{fwd:.1e}", f"{grad:.1e} / {eager_grad:.1e}; {stats:.1e}", f"{kiln_bf:.1e} / {eager_bf:.1e}", f"{ro_err:.1e}",
             str(s["compiled"]), str(s["failed"])]
+
+
+# The columns of check_model's rows and of time_models' rows.
+CHECK_COLUMNS = ["model", "f32 inference err", "grad err vs f64 kiln / eager; stats err", "bf16 err kiln / eager",
+                 "reduce-overhead err", "parts", "fallbacks"]
+TIMING_COLUMNS = ["model", "eager", "Inductor", "kiln", "kiln / Inductor", "kiln / eager", "Inductor first s",
+                  "kiln first s", "parts", "fallbacks"]
 
 
 def check_lengths(name: str, client: Any, failures: list[str]) -> list[str]:
@@ -176,12 +231,16 @@ def timed_model(name: str) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     return model, x
 
 
-def time_models(names: list[str], client: Any, rounds: int, iters: int) -> list[list[str]]:
+def time_models(names: list[str], client: Any, rounds: int, iters: int,
+                model_for: Callable[[str], tuple[torch.nn.Module, dict[str, torch.Tensor]]] = timed_model
+                ) -> list[list[str]]:
+    """Inference of each model (``model_for(name)``: the model in eval mode and its inputs):
+    eager, Inductor and kiln in interleaved rounds, medians of CUDA-event timings."""
     rows = []
     for name in names:
         torch._dynamo.reset()
         kt.reset_stats()
-        model, x = timed_model(name)
+        model, x = model_for(name)
         fns = {"eager": model}
         first: dict[str, float] = {}
         with torch.no_grad():
@@ -192,6 +251,10 @@ def time_models(names: list[str], client: Any, rounds: int, iters: int) -> list[
                 torch.cuda.synchronize()
                 first[label] = time.perf_counter() - t0
                 fns[label] = f
+            # The native part runner is built by kilnd on a process's first graph (its memo is
+            # per cache folder): until it is loaded, parts are called through Python, and its
+            # build competes for the host. Steady state is timed with it loaded.
+            kt.wait()
             for f in fns.values():  # warm
                 for _ in range(3):
                     f(**x)
@@ -245,13 +308,11 @@ def main() -> int:
         torch.backends.cudnn.allow_tf32 = True  # torch's defaults for the timings
         timing = [] if opts.no_timing else time_models(opts.timed.split(","), client, opts.rounds, opts.iters)
     rows += [[r[0], r[1], "", "", "", r[2], r[3]] for r in length_rows]
-    status = report("Hugging Face models through kiln",
-                    ["model", "f32 inference err", "training grad err", "bf16 err kiln / eager", "reduce-overhead err",
-                     "parts", "fallbacks"], rows, failures, "All checks passed.", "models_gpu.md")
+    status = report("Hugging Face models through kiln", CHECK_COLUMNS, rows, failures, "All checks passed.",
+                    "models_gpu.md")
     if timing:
-        report("Inference at hidden 768, 4 layers, batch 8, sequence 256 / 224x224 (ms, median)",
-               ["model", "eager", "Inductor", "kiln", "kiln / Inductor", "kiln / eager", "Inductor first s",
-                "kiln first s", "parts", "fallbacks"], timing, [], "", "models_gpu_timing.md")
+        report("Inference at hidden 768, 4 layers, batch 8, sequence 256 / 224x224 (ms, median)", TIMING_COLUMNS,
+               timing, [], "", "models_gpu_timing.md")
     return status
 
 

@@ -174,6 +174,24 @@ def hf_workload(name: str) -> tuple[Callable[[str | None], Callable[[int], Any]]
     return make, [model]
 
 
+def vision_workload(name: str) -> tuple[Callable[[str | None], Callable[[int], Any]], list[torch.nn.Module]]:
+    """Inference under ``no_grad`` of vision_gpu.py's torchvision model ``name`` at batch 16,
+    224x224 (``--workloads tv_NAME``)."""
+    from vision_gpu import build, images
+
+    model = build(name, "cuda", side=224)
+    x = images(name, "cuda", 16, 224)["x"]
+
+    def make(backend: str | None) -> Callable[[int], Any]:
+        fn = model if backend is None else torch.compile(model, backend=backend, mode=MODE)
+
+        def step(i: int) -> Any:
+            with torch.no_grad():
+                return fn(x)
+        return step
+    return make, [model]
+
+
 # torch.compile's mode for both backends (``--mode``; None: the default mode).
 MODE: str | None = None
 
@@ -448,7 +466,7 @@ def main() -> int:
     lines = [f"# kiln.torch profile on {results['device']}, torch {torch.__version__}, mode {MODE or 'default'}", ""]
     try:
         for name in opts.workloads.split(","):
-            make, _ = WORKLOADS[name]()
+            make, _ = vision_workload(name[3:]) if name.startswith("tv_") else WORKLOADS[name]()
             row: dict[str, Any] = {}
             labels = (("eager", "inductor", "kiln") + (() if opts.no_py else ("kiln-py",))
                       + (("kiln-tuned",) if opts.tuned else ()))

@@ -57,7 +57,8 @@ def graph_time_us(fn: Callable[[], Any], calls: int = 20, replays: int = 15) -> 
 def report(title: str, head: list[str], rows: list[list[str]], failures: list[str], all_ok: str, name: str) -> int:
     """Prints a markdown table of `rows` under `title` (and writes it to $OUT/`name` when OUT is
     set), then the failures or `all_ok`; returns the exit status (1 when something failed)."""
-    md = [f"# {title} on {torch.cuda.get_device_name()} (torch {torch.__version__})\n",
+    where = torch.cuda.get_device_name() if torch.cuda.is_available() else "the CPU"
+    md = [f"# {title} on {where} (torch {torch.__version__})\n",
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     md += ["| " + " | ".join(r) + " |" for r in rows]
     md.append("\n" + ("FAILURES:\n" + "\n".join(failures) if failures else all_ok))

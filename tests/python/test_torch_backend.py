@@ -597,6 +597,18 @@ def test_unreachable_daemon_falls_back(kilnd: Any) -> None:
         dead.close()
 
 
+def test_a_limit_the_daemon_reports_is_not_an_unreachable_daemon() -> None:
+    # A host compiler past its time limit comes back as DEADLINE_EXCEEDED with kilnd's message:
+    # that part falls back, the graph's other parts are still asked for. A call that got no
+    # answer in time (gRPC's own message) or no connection marks the daemon for a while.
+    from kiln.errors import RpcError
+
+    assert not RpcError("Compile", "DEADLINE_EXCEEDED", "g++ ran past its 60 s limit").unreachable
+    assert not RpcError("Compile", "RESOURCE_EXHAUSTED", "queue full").unreachable
+    assert RpcError("Compile", "DEADLINE_EXCEEDED", "Deadline Exceeded").unreachable
+    assert RpcError("Compile", "UNAVAILABLE", "failed to connect to all addresses").unreachable
+
+
 # ---------------------------------------------------------------------------------- caching and modes
 
 def test_recompile_hits_caches(client: Any) -> None:

@@ -39,6 +39,15 @@ class RpcError(KilnError):
         self.details = details
         super().__init__(f"{method}: {code}: {details}")
 
+    @property
+    def unreachable(self) -> bool:
+        """Whether the daemon could not be reached or gave no answer in time. Not when it
+        answered with a limit of its own: a host compiler past its time limit is
+        DEADLINE_EXCEEDED too, with the daemon's message, and the daemon is fine."""
+        if self.code == "UNAVAILABLE":
+            return True
+        return self.code == "DEADLINE_EXCEEDED" and self.details.strip().lower() in ("", "deadline exceeded")
+
 
 class CompileError(RpcError):
     """The daemon refused or failed to compile a graph (INVALID_ARGUMENT, INTERNAL...)."""

@@ -593,8 +593,10 @@ class JitFunction:
             self._unreachable_until = time.monotonic() + _FALLBACK_RETRY_S
             if not self._warned:
                 self._warned = True
+                why = "cannot be reached" if e.unreachable else "ran past a time limit"
                 warnings.warn(f"kiln.jit: {getattr(self.fn, '__qualname__', self.fn)} runs in NumPy: the kiln daemon at "
-                              f"{self.client.address} cannot be reached ({e.code}); trying again in {_FALLBACK_RETRY_S:.0f} s",
+                              f"{self.client.address} {why} ({e.code}: {e.details}); trying again in "
+                              f"{_FALLBACK_RETRY_S:.0f} s",
                               KilnFallbackWarning, stacklevel=2)
             return self.fn(*args, **kwargs)
         self._remember(key, entry)
@@ -621,8 +623,8 @@ def _parse_target(target: Union[str, Target, Any]) -> Union[Target, str]:
     return Target.parse(target)
 
 
-# Codes that mean "no daemon to talk to", for kiln.jit(fallback=True); and how long a function
-# then runs in NumPy before trying the daemon again.
+# Codes after which kiln.jit(fallback=True) runs the function in NumPy (no daemon to talk to, or
+# one whose compile ran past a time limit); and how long before the daemon is tried again.
 _UNREACHABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
 _FALLBACK_RETRY_S = 30.0
 

@@ -145,7 +145,8 @@ def _compile_remote(settings: "CompileSettings", graph: Any, target: str, option
     try:
         return client.compile(graph, target=target, options=options, timeout=settings.timeout)
     except RpcError as e:
-        if e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+        # A limit the daemon reported (a compiler past its time) fails this part only.
+        if e.unreachable:
             _unreachable[client.address] = time.monotonic() + UNREACHABLE_BACKOFF_S
         raise
 
