@@ -86,9 +86,13 @@ compile::Withdraw CompileWithinLimit(compile::CompileService* compile,
     done(std::move(reply));
     return [] {};
   }
-  // The slot is held until the callback has run (and been released).
+  // The slot is held while the compile runs, and given back before the reply goes out: a
+  // caller at its limit that got its answer may send its next compile at once (holding the
+  // slot until the callback was destroyed refused that one, now and then, once the compile
+  // service dropped its callback after the reply had left).
   return compile->Compile(request, priority, deadline,
-                          [slot = std::move(slot), done = std::move(done)](CompileReply reply) {
+                          [slot = std::move(slot), done = std::move(done)](CompileReply reply) mutable {
+                            slot.reset();
                             done(std::move(reply));
                           });
 }

@@ -1349,6 +1349,66 @@ def test_identical_torch_side_ops_run_once(client: Any, rewrites: list[tuple[Any
     assert_kiln_ran(min_parts=1)
 
 
+def _window_scores(s: torch.Tensor) -> torch.Tensor:
+    """Swin's shifted-window attention mask, built in every call from zeros by slice
+    assignments (its values depend on the shapes only), added to scores ``s`` [4, 16, 16]."""
+    mask = s.new_zeros((8, 8))
+    count = 0
+    for h in ((0, -4), (-4, -2), (-2, None)):
+        for w in ((0, -4), (-4, -2), (-2, None)):
+            mask[h[0]:h[1], w[0]:w[1]] = count
+            count += 1
+    m = mask.view(2, 4, 2, 4).permute(0, 2, 1, 3).reshape(4, 16)
+    m = m.unsqueeze(1) - m.unsqueeze(2)
+    m = m.masked_fill(m != 0, -100.0).masked_fill(m == 0, 0.0)
+    return torch.softmax(s + m, -1)
+
+
+def test_values_of_no_input_are_computed_once(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+    # The mask becomes a constant of the graph: its slice_scatters, clones and copies run
+    # once, not in every call; the scores' gradients flow as before.
+    f = compiled(_window_scores, client)
+    for seed in (0, 1):
+        s = torch.randn(4, 16, 16, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+        s2 = s.detach().clone().requires_grad_()
+        y, want = f(s), _window_scores(s2)
+        torch.testing.assert_close(y, want)
+        w = torch.randn(4, 16, 16)
+        (y * w).sum().backward()
+        (want * w).sum().backward()
+        torch.testing.assert_close(s.grad, s2.grad)
+    assert kt.stats()["constants"] >= 1
+    outer, _ = rewrites[0]
+    left = [n.target for n in outer.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.slice_scatter.default not in left and torch.ops.aten.full.default not in left
+
+
+def _returns_fresh_zeros(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    z = torch.zeros(3)
+    return x * 2, z + 1
+
+
+def test_a_returned_value_of_no_input_is_made_per_call(client: Any) -> None:
+    # A result the caller owns: folding it would hand every call the same tensor.
+    f = compiled(_returns_fresh_zeros, client)
+    _, ones = f(torch.randn(5))
+    ones.add_(10.0)
+    _, again = f(torch.randn(5))
+    torch.testing.assert_close(again, torch.ones(3))
+    assert again.data_ptr() != ones.data_ptr()
+
+
+def _plus_a_fill(x: torch.Tensor) -> torch.Tensor:
+    return x + torch.full((5,), 3.0).expand(4, 5)
+
+
+def test_a_plain_fill_is_left_to_the_part(client: Any) -> None:
+    # A fill (seen through views) costs a kiln part nothing; as a buffer it would be read.
+    x = torch.randn(4, 5)
+    torch.testing.assert_close(compiled(_plus_a_fill, client)(x), _plus_a_fill(x))
+    assert kt.stats()["constants"] == 0 and kt.stats()["compiled"] == 1
+
+
 def test_common_subexpressions_merge_only_where_it_is_safe() -> None:
     """kiln's CSE pass merges equal pure nodes and keeps apart: a fresh tensor later written in
     place and its twin, random draws, numbers that differ only in type or sign (2 and 2.0,

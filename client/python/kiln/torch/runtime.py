@@ -60,7 +60,9 @@ class Stats:
     ``retuned``: of those, parts that now run a variant other than the default.
     ``layout_copies``: channels-last copies the layout pass put before convolutions (image
     inputs and weights; :mod:`.layout`). ``random_draws``: ``rand_like`` draws (dropout masks)
-    turned into kiln's counter-based numbers (:mod:`.rng`).
+    turned into kiln's counter-based numbers (:mod:`.rng`). ``constants``: values that depend
+    on no input of their graph, computed once when it was compiled
+    (``fold_constant_subgraphs``).
     """
 
     graphs: int = 0
@@ -85,6 +87,7 @@ class Stats:
     retuned: int = 0
     layout_copies: int = 0
     random_draws: int = 0
+    constants: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
