@@ -538,10 +538,19 @@ def fold_constant_subgraphs(gm: torch.fx.GraphModule) -> int:
         return 0
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    # Only what the folded values are made of (a large fill a part reads is left alone, not
+    # allocated here).
+    needed: set[torch.fx.Node] = set()
+    stack = list(frontier)
+    while stack:
+        n = stack.pop()
+        if n not in needed:
+            needed.add(n)
+            stack.extend(a for a in n.all_input_nodes if a in const)
     values: dict[torch.fx.Node, Any] = {}
     with unset_fake_temporarily(), torch.no_grad():
         for n in g.nodes:
-            if n not in const:
+            if n not in needed:
                 continue
             args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: values[a])
             values[n] = n.target(*args, **kwargs)
