@@ -163,13 +163,18 @@ def hf_workload(name: str) -> tuple[Callable[[str | None], Callable[[int], Any]]
     from models_gpu import timed_model
 
     model, x = timed_model(name)
+    return inference_workload(model, lambda fn: fn(**x)[0])
 
+
+def inference_workload(model: torch.nn.Module, run: Callable[[Callable[..., Any]], Any]
+                       ) -> tuple[Callable[[str | None], Callable[[int], Any]], list[torch.nn.Module]]:
+    """Steps of ``run(fn)`` under ``no_grad``, ``fn`` being ``model`` or its compiled form."""
     def make(backend: str | None) -> Callable[[int], Any]:
         fn = model if backend is None else torch.compile(model, backend=backend, mode=MODE)
 
         def step(i: int) -> Any:
             with torch.no_grad():
-                return fn(**x)[0]
+                return run(fn)
         return step
     return make, [model]
 
@@ -179,17 +184,8 @@ def vision_workload(name: str) -> tuple[Callable[[str | None], Callable[[int], A
     224x224 (``--workloads tv_NAME``)."""
     from vision_gpu import build, images
 
-    model = build(name, "cuda", side=224)
     x = images(name, "cuda", 16, 224)["x"]
-
-    def make(backend: str | None) -> Callable[[int], Any]:
-        fn = model if backend is None else torch.compile(model, backend=backend, mode=MODE)
-
-        def step(i: int) -> Any:
-            with torch.no_grad():
-                return fn(x)
-        return step
-    return make, [model]
+    return inference_workload(build(name, "cuda", side=224), lambda fn: fn(x))
 
 
 # torch.compile's mode for both backends (``--mode``; None: the default mode).

@@ -525,9 +525,8 @@ def fold_constant_subgraphs(gm: torch.fx.GraphModule) -> int:
         vals = val if isinstance(val, (list, tuple)) else (val,)
         if leaves_ok and all(isinstance(v, torch.Tensor) and L.is_static_tensor(v) for v in vals):
             const.add(n)
-            fill_or_view = isinstance(n.target, torch._ops.OpOverload) and (
-                n.target.overloadpacket.__name__ in _FILLS
-                or any(r.alias_info is not None for r in n.target._schema.returns))
+            fill_or_view = _returns_alias(n.target) or (isinstance(n.target, torch._ops.OpOverload)
+                                                        and n.target.overloadpacket.__name__ in _FILLS)
             if not fill_or_view or any(v in computed for v in flat if isinstance(v, torch.fx.Node)):
                 computed.add(n)
     frontier = [n for n in g.nodes if n in computed and any(u not in const for u in n.users)
@@ -575,11 +574,16 @@ def fold_constant_subgraphs(gm: torch.fx.GraphModule) -> int:
 def _is_view_of(n: torch.fx.Node, base: torch.fx.Node) -> bool:
     """Whether ``n`` is ``base`` seen through a chain of view ops."""
     while isinstance(n, torch.fx.Node) and n is not base:
-        t = n.target
-        if not (isinstance(t, torch._ops.OpOverload) and any(r.alias_info is not None for r in t._schema.returns)):
+        if not _returns_alias(n.target):
             return False
         n = n.args[0] if n.args else None
     return n is base
+
+
+def _returns_alias(target: Any) -> bool:
+    """Whether ``target`` is an ATen op whose result shares memory with an argument (a view)."""
+    return isinstance(target, torch._ops.OpOverload) and any(r.alias_info is not None
+                                                             for r in target._schema.returns)
 
 
 def _pure(target: Any) -> bool:
@@ -621,10 +625,7 @@ def _written_nodes(g: torch.fx.Graph) -> set[torch.fx.Node]:
                 while isinstance(x, torch.fx.Node) and x not in out:
                     out.add(x)
                     # Through views back to the tensor they share memory with.
-                    t = x.target
-                    views = isinstance(t, torch._ops.OpOverload) and any(r.alias_info is not None
-                                                                         for r in t._schema.returns)
-                    x = x.args[0] if views and x.args else None
+                    x = x.args[0] if _returns_alias(x.target) and x.args else None
     return out
 
 
