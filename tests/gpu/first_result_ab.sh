@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Time to the first result of torch.compile(..., options={"async": True}) in fresh processes,
+# Time to the first result of torch.compile(..., options={"async": True}) in fresh processes
+# ($BACKENDS, default "kiln-async-tc eager"; kiln-async is kiln.torch.compile's eager first call),
 # for two builds of the kiln wheel side by side: the pack's (B) and another one (A, e.g. the
 # previous commit's), in alternating rounds against one kilnd (an async first call never waits
 # for kilnd, so its cache does not matter). Uses torch_backend_gpu.py's --child runs.
@@ -20,7 +21,7 @@ export KILN_SERVER=127.0.0.1:50778 KILN_CACHE_DIR="$work/client"
 for r in $(seq "$rounds"); do
   for build in A B; do
     if [ "$build" = A ]; then pp="$work/site-a:$PYTHONPATH"; else pp="$PYTHONPATH"; fi
-    for backend in kiln-async eager; do
+    for backend in ${BACKENDS:-kiln-async-tc eager}; do
       line="$(PYTHONPATH="$pp" python3 torch_backend_gpu.py --child "$workload" "$backend" | grep '^RESULT')"
       echo "round $r build $build $backend ${line#RESULT }"
     done

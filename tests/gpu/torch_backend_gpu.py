@@ -430,7 +430,9 @@ def first_result_child(name: str, backend: str, quick: bool) -> None:
         t0 = time.perf_counter()
         if backend == "eager":
             f = fn
-        elif backend == "kiln-async":
+        elif backend == "kiln-async":  # the first call in eager, traced in the background
+            f = kiln.torch.compile(fn, options={"async": True})
+        elif backend == "kiln-async-tc":  # torch.compile's own: Dynamo traces on this thread
             f = torch.compile(fn, backend="kiln", options={"async": True})
         else:
             f = torch.compile(fn, backend=backend)
@@ -439,16 +441,25 @@ def first_result_child(name: str, backend: str, quick: bool) -> None:
         torch.cuda.synchronize()
         t1 = time.perf_counter()
     extra: dict[str, Any] = {}
-    if backend == "kiln-async":
+    if backend.startswith("kiln-async"):
         import kiln.torch as kt
 
-        kt.wait()
+        # Until the trace and the compiles are done, calls run in torch: count how many a
+        # program calling in a loop makes before the kernels take over.
+        eager_calls, ready = 0, getattr(f, "wait", kt.wait)
         with torch.no_grad():
+            while not ready(0) and eager_calls < 10000:
+                f(*args)
+                eager_calls += 1
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            ready()
             f(*args)
             f(*args)
         torch.cuda.synchronize()
         s = kt.stats()
-        extra = {"compiled": s["compiled"], "failed": s["failed"], "kernel_calls": s["kernel_calls"]}
+        extra = {"compiled": s["compiled"], "failed": s["failed"], "kernel_calls": s["kernel_calls"],
+                 "calls_before_kernels": eager_calls, "kernels_after_s": t2 - t0}
     elif backend == "kiln":
         import kiln.torch as kt
 
@@ -486,6 +497,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer iterations")
     ap.add_argument("--checks-only", action="store_true")
     ap.add_argument("--no-first-result", action="store_true", help="skip the fresh-process first-result timings")
+    ap.add_argument("--first-result-only", action="store_true",
+                    help="only the fresh-process first-result timings (no checks, no steady state)")
     ap.add_argument("--allow-fallback", action="store_true",
                     help="pass a check where kiln fell back to torch for some or all parts")
     ap.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)  # the default now
@@ -531,9 +544,9 @@ def main() -> int:
             wanted = opts.workloads.split(",")
             work_items = {k: v for k, v in work_items.items() if k in wanted}
         # ------------------------------------------------------------------ checks
-        checks = [run_check(n, w) for n, w in work_items.items()]
+        checks = [] if opts.first_result_only else [run_check(n, w) for n, w in work_items.items()]
         for n in ("sin2+cos2", "encoder", "resnet18"):
-            if n in work_items:
+            if n in work_items and not opts.first_result_only:
                 checks.append(run_check(n, work_items[n], mode="reduce-overhead"))
                 checks.append(run_held_results_check(n, work_items[n]))
         rows = [(c["check"], c["status"], f"{c.get('compiled', 0)}/{c.get('parts', 0)}", c["detail"]) for c in checks]
@@ -560,13 +573,16 @@ def main() -> int:
                     k_warm = time_to_first_result(n, "kiln", env_k, opts.quick)  # caches now full
                 finally:
                     cold_d.stop()
-                async_d = kiln.local.LocalDaemon(binary, work / f"kilnd-async-{n}")
-                try:
-                    env_a = dict(os.environ)
-                    env_a.update(KILN_SERVER=async_d.address, KILN_CACHE_DIR=str(work / f"client-async-{n}"))
-                    k_async = time_to_first_result(n, "kiln-async", env_a, opts.quick)
-                finally:
-                    async_d.stop()
+                cold_async = {}  # each async variant against a daemon of its own, caches empty
+                for be in ("kiln-async", "kiln-async-tc"):
+                    async_d = kiln.local.LocalDaemon(binary, work / f"kilnd-{be}-{n}")
+                    try:
+                        env_a = dict(os.environ)
+                        env_a.update(KILN_SERVER=async_d.address, KILN_CACHE_DIR=str(work / f"client-{be}-{n}"))
+                        cold_async[be] = time_to_first_result(n, be, env_a, opts.quick)
+                    finally:
+                        async_d.stop()
+                k_async, k_async_tc = cold_async["kiln-async"], cold_async["kiln-async-tc"]
                 eager_first = time_to_first_result(n, "eager", dict(os.environ), opts.quick)
                 env_i = dict(os.environ)
                 d = ind_dir / n
@@ -575,7 +591,7 @@ def main() -> int:
                 i_cold = time_to_first_result(n, "inductor", env_i, opts.quick)
                 i_warm = time_to_first_result(n, "inductor", env_i, opts.quick)
                 note = ""
-                for r in (k_cold, k_warm, i_cold, i_warm, k_async, eager_first):
+                for r in (k_cold, k_warm, i_cold, i_warm, k_async, k_async_tc, eager_first):
                     if "error" in r:
                         note = r["error"].strip().splitlines()[-1][:120] if r["error"].strip() else "error"
                 if not note and k_cold.get("failed"):
@@ -583,21 +599,28 @@ def main() -> int:
                 if not note and (k_async.get("failed") or not k_async.get("kernel_calls")):
                     note = f"kiln async: {k_async.get('failed')} fallback(s), {k_async.get('kernel_calls')} kernel calls after wait()"
                 cold_rows.append((n, f"{eager_first['seconds']:.2f}", f"{k_async['seconds']:.2f}",
-                                  f"{k_cold['seconds']:.2f}", f"{k_warm['seconds']:.2f}",
+                                  f"{k_async.get('kernels_after_s', float('nan')):.2f} "
+                                  f"({k_async.get('calls_before_kernels')} calls)",
+                                  f"{k_async_tc['seconds']:.2f}", f"{k_cold['seconds']:.2f}", f"{k_warm['seconds']:.2f}",
                                   f"{i_cold['seconds']:.2f}", f"{i_warm['seconds']:.2f}", note))
                 print(cold_rows[-1], flush=True)
-            t = table(["workload", "eager s", "kiln async cold s", "kiln cold s", "kiln warm s", "inductor cold s",
+            t = table(["workload", "eager s", "kiln async cold s", "kiln async: kernels from s",
+                       "torch.compile async cold s", "kiln cold s", "kiln warm s", "inductor cold s",
                        "inductor warm s", "note"], cold_rows)
             print(t, flush=True)
             report += [] if opts.no_first_result else ["## Time to first result (fresh process, inference)", "",
-                       "Eager: the first eager call in a fresh process. Kiln async: options={\"async\": True}, "
-                       "cold caches (the first call runs in torch while kilnd compiles). "
+                       "Eager: the first eager call in a fresh process. Kiln async: kiln.torch.compile with "
+                       "options={\"async\": True}, cold caches (the first call runs eagerly; Dynamo traces "
+                       "and kilnd compiles in the background); then the time until the kernels took over "
+                       "and how many calls ran in torch before, calling in a loop. torch.compile async: "
+                       "torch.compile(backend=\"kiln\", options={\"async\": True}) (Dynamo traces on "
+                       "the caller's thread). "
                        "Cold: empty kiln daemon and artifact caches / empty Inductor caches. Warm: a new "
                        "process with kiln's caches full / Inductor's caches warm. From torch.compile to the "
                        "first result on the host, CUDA already initialised.", "", t, ""]
             # ------------------------------------------------------------------ steady state
             ss_rows = []
-            for n, w in work_items.items():
+            for n, w in ({} if opts.first_result_only else work_items).items():
                 for train in ([False, True] if w["trainable"] else [False]):
                     res = {}
                     for be in ("eager", "inductor", "kiln", "inductor-ro", "kiln-ro") + (("kiln-tuned",) if opts.tuned else ()):

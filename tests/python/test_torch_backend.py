@@ -8,6 +8,7 @@ pass by falling back to torch everywhere.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import operator
@@ -747,6 +748,116 @@ def test_async_compile_failure_falls_back_like_a_blocking_one(kilnd: Any) -> Non
         assert s["failed"] >= 1 and s["kernel_calls"] == 0, s
     finally:
         dead.close()
+
+
+class TracingThreads:
+    """A kiln backend that records the thread Dynamo called it on (where the model was traced)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.threads: list[threading.Thread] = []
+
+    def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        self.threads.append(threading.current_thread())
+        options = dict(kwargs.pop("options", None) or {}, client=self.client)
+        return kt.kiln_backend(gm, example_inputs, options=options, **kwargs)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, norm: torch.nn.Module, drop: float = 0.0) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(24, 24)
+        self.norm = norm
+        self.drop = torch.nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(torch.nn.functional.gelu(self.norm(self.lin(x)))) * 2 + x
+
+
+def test_kiln_compile_async_first_call_is_eager_and_the_trace_runs_in_the_background(
+        client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kiln.torch.compile with async: the first call returns eager's result without Dynamo
+    tracing on the caller's thread; a background thread traces once the model is called again;
+    later calls run kiln's kernels."""
+    from kiln.torch import first_call
+
+    monkeypatch.setattr(first_call, "QUIET_S", 600.0)
+    torch.manual_seed(3)
+    model = Block(torch.nn.LayerNorm(24)).eval()
+    tracer = TracingThreads(client)
+    f = kt.compile(model, backend=tracer, options={"async": True})
+    x = torch.randn(16, 24)
+    with torch.no_grad():
+        want = model(x)
+        torch.testing.assert_close(f(x), want)
+        time.sleep(0.5)
+        assert tracer.threads == [] and not f.traced, "traced before the model was called again"
+        torch.testing.assert_close(f(x), want)  # eager again; the trace starts now
+        deadline = time.monotonic() + 120
+        while not f.traced and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert f.wait(120), "the background trace did not finish"
+        assert f.traced and f.error is None and f.traced_here is None
+        assert tracer.threads and all(t is not threading.main_thread() for t in tracer.threads), tracer.threads
+        before = kt.stats()["kernel_calls"]
+        torch.testing.assert_close(f(x), want, rtol=1e-5, atol=1e-5)
+    assert len(tracer.threads) == 1, "the caller's call after the trace recompiled"
+    s = kt.stats()
+    assert s["failed"] == 0 and s["kernel_calls"] > before, (s, kt.last_graphs())
+    assert f.training is False  # attributes reach the model
+
+
+@pytest.mark.parametrize("what", ["buffers", "random"])
+def test_kiln_compile_async_does_not_repeat_a_call_with_effects(client: Any, what: str) -> None:
+    """A first call that wrote the model's state (a training batch norm's running statistics) or
+    drew random numbers (dropout) is not run again in the background: the second call traces on
+    the caller's thread, and the running statistics are eager's after two calls."""
+    torch.manual_seed(4)
+    norm = torch.nn.BatchNorm1d(24) if what == "buffers" else torch.nn.LayerNorm(24)
+    model = Block(norm, drop=0.5 if what == "random" else 0.0).train()
+    ref = copy.deepcopy(model)
+    tracer = TracingThreads(client)
+    f = kt.compile(model, backend=tracer, options={"async": True})
+    x = torch.randn(16, 24)
+    f(x)
+    ref(x)
+    assert f.traced_here is not None and f.wait(120)
+    assert tracer.threads == [], "the model was run again in the background"
+    got = f(x)
+    ref_out = ref(x)
+    assert tracer.threads == [threading.main_thread()]
+    if what == "buffers":
+        torch.testing.assert_close(got, ref_out, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model.norm.running_mean, ref.norm.running_mean)
+        torch.testing.assert_close(model.norm.running_var, ref.norm.running_var)
+        assert int(model.norm.num_batches_tracked) == 2
+
+
+def test_kiln_compile_async_writes_the_callers_arguments_once(client: Any) -> None:
+    """The background trace runs on copies: an argument the function writes is written once."""
+    def bump_and_mix(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return torch.tanh(x) * 3
+
+    tracer = TracingThreads(client)
+    f = kt.compile(bump_and_mix, backend=tracer, options={"async": True})
+    x0 = torch.randn(8, 32)
+    x = x0.clone()
+    torch.testing.assert_close(f(x), torch.tanh(x0 + 1) * 3)
+    assert f.wait(120)
+    torch.testing.assert_close(x, x0 + 1)
+    assert tracer.threads and tracer.threads[0] is not threading.main_thread()
+    torch.testing.assert_close(f(x), torch.tanh(x0 + 2) * 3, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x, x0 + 2)
+
+
+def test_kiln_compile_without_async_is_torch_compile(client: Any) -> None:
+    tracer = TracingThreads(client)
+    f = kt.compile(E.sin_cos_mix, backend=tracer)
+    (x,) = E.make_sin(64, requires_grad=False)
+    torch.testing.assert_close(f(x), E.sin_cos_mix(x))
+    assert tracer.threads == [threading.main_thread()]
+    assert not isinstance(f, kt.EagerFirst)
 
 
 def test_backend_factory_with_options(client: Any) -> None:

@@ -17,6 +17,8 @@ CUDA graphs. A part kiln cannot compile runs in torch after one :class:`KilnFall
 
 - :func:`kiln_backend`: the backend function (what ``backend="kiln"`` resolves to).
 - :func:`backend`: a backend with options bound (``backend=kiln.torch.backend(server=...)``).
+- :func:`compile`: ``torch.compile`` with ``backend="kiln"``; with ``options={"async": True}``
+  the first call runs eagerly and the model is traced in the background (:mod:`.first_call`).
 - :func:`wait`: blocks until compiles started with ``options={"async": True}`` are done.
 - :func:`stats`, :func:`reset_stats`, :func:`last_graphs`: what the backend did, for tests and
   diagnostics. :func:`register_lowering` extends the ATen-to-kiln mapping table.
@@ -29,6 +31,7 @@ from typing import Any
 import torch  # noqa: F401  (a clear ImportError when PyTorch is absent)
 
 from .extension import build, load, load_inline
+from .first_call import EagerFirst, compile
 from .dynamo_backend import BackendConfig, backend, compile_aten_graph, kiln_backend, make_backend, wait
 from .lowering import Unsupported, lowered_ops, register_lowering, unregister_lowering
 from .runtime import KilnFallbackWarning, KilnPart, clear_memo
@@ -109,12 +112,14 @@ register()
 __all__ = [
     "BACKEND_NAME",
     "BackendConfig",
+    "EagerFirst",
     "KilnFallbackWarning",
     "KilnPart",
     "Unsupported",
     "backend",
     "build",
     "clear_memo",
+    "compile",
     "compile_aten_graph",
     "kiln_backend",
     "last_graphs",

@@ -41,7 +41,9 @@ is also partitioned and lowered in the background, from the moment its first cal
 for Dynamo's and AOTAutograd's tracing (which any torch.compile backend pays, and which must run
 on the caller's thread: Dynamo drops its record of how it fakified the inputs once the frame is
 compiled), not for kiln; :func:`kiln.torch.wait` blocks until every pending compile has
-finished (benchmarks, tests, a warm-up step).
+finished (benchmarks, tests, a warm-up step). :func:`kiln.torch.compile` (:mod:`.first_call`)
+takes the trace off the first call too: the first call runs eagerly, the model is traced in a
+background thread.
 
 Whatever fails inside the backend (a part the daemon rejects, a daemon that cannot be reached,
 a lowering bug) makes the affected part, or at worst the whole graph, run in torch after one
