@@ -1438,9 +1438,15 @@ def test_native_graph_replay_helpers() -> None:
     assert rt.graph_key([b]) is None and rt.graph_key([1]) is None
 
 
-def test_identical_torch_side_ops_run_once(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+def test_identical_torch_side_ops_run_once(client: Any, rewrites: list[tuple[Any, Any]],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """An inference graph with the same torch-side op on the same arguments several times (BERT
     at a symbolic length pads its attention mask once per layer) runs it once; results match."""
+    from kiln.torch import dynamo_backend as DB
+
+    partitioned: list[Any] = []
+    real = DB.partition
+    monkeypatch.setattr(DB, "partition", lambda gm: partitioned.append(gm) or real(gm))
 
     def fn(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         out = x
@@ -1455,7 +1461,8 @@ def test_identical_torch_side_ops_run_once(client: Any, rewrites: list[tuple[Any
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     graph = rewrites[0][0].graph
     targets = [n.target for n in graph.nodes if n.op == "call_function"]
-    assert targets.count(torch.ops.aten.constant_pad_nd.default) == 1, graph
+    pads = [n for n in partitioned[0].graph.nodes if n.target is torch.ops.aten.constant_pad_nd.default]
+    assert len(pads) == 1, partitioned[0].graph  # (run by a kiln part)
     assert targets.count(torch.ops.aten.cumsum.default) == 1, graph
     assert_kiln_ran(min_parts=1)
 
@@ -1494,6 +1501,34 @@ def test_values_of_no_input_are_computed_once(client: Any, rewrites: list[tuple[
     assert torch.ops.aten.slice_scatter.default not in left and torch.ops.aten.full.default not in left
 
 
+def _window_scores_of_tensors(s: torch.Tensor) -> torch.Tensor:
+    """:func:`_window_scores` with each window's number assigned as a 0-d tensor, as the trace
+    of a CUDA tensor's slice assignment has it (a tensor constant, copied in every call)."""
+    mask = s.new_zeros((8, 8))
+    count = 0
+    for h in ((0, -4), (-4, -2), (-2, None)):
+        for w in ((0, -4), (-4, -2), (-2, None)):
+            mask[h[0]:h[1], w[0]:w[1]] = torch.tensor(count)
+            count += 1
+    m = mask.view(2, 4, 2, 4).permute(0, 2, 1, 3).reshape(4, 16)
+    m = m.unsqueeze(1) - m.unsqueeze(2)
+    return torch.softmax(s + m.masked_fill(m != 0, -100.0), -1)
+
+
+def test_values_made_of_tensor_constants_are_computed_once(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+    f = compiled(_window_scores_of_tensors, client)
+    s = torch.randn(4, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(f(s), _window_scores_of_tensors(s))
+        copies = _torch_copies(f, s)
+    assert kt.stats()["constants"] >= 1
+    outer, _ = rewrites[0]
+    left = {n.target for n in outer.graph.nodes if n.op == "call_function"}
+    aten = torch.ops.aten
+    assert not left & {aten.slice_scatter.default, aten.lift_fresh_copy.default, aten.copy.default}, outer.graph
+    assert copies["clone"] == copies["copy_"] == 0, copies
+
+
 def _returns_fresh_zeros(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     z = torch.zeros(3)
     return x * 2, z + 1
@@ -1518,6 +1553,102 @@ def test_a_plain_fill_is_left_to_the_part(client: Any) -> None:
     x = torch.randn(4, 5)
     torch.testing.assert_close(compiled(_plus_a_fill, client)(x), _plus_a_fill(x))
     assert kt.stats()["constants"] == 0 and kt.stats()["compiled"] == 1
+
+
+def _torch_copies(f: Callable[..., Any], *args: Any) -> dict[str, int]:
+    """How many pads, clones and copies torch runs in one call of ``f``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        f(*args)
+    names = [e.name for e in prof.events()]
+    return {k: names.count(f"aten::{k}") for k in ("constant_pad_nd", "clone", "copy_")}
+
+
+class _Windows(torch.nn.Module):
+    """Swin's block around its attention, on [B, H, W, C]: layer norm, a pad up to a multiple
+    of the window (zero widths when H and W are multiples already), the window partition
+    (view, permute, reshape) before a linear layer and its reverse after it; then, on the
+    whole map, a layer norm and another zero-width pad before a linear layer (Swin's last
+    stage, where one window covers the map)."""
+
+    def __init__(self, c: int = 16, win: int = 4) -> None:
+        super().__init__()
+        self.win = win
+        self.proj = torch.nn.Linear(c, c, bias=False)
+        self.head = torch.nn.Linear(c, c, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, h, w, c = x.shape
+        k = self.win
+        y = F.pad(F.layer_norm(x, (c,)), (0, 0, 0, (k - w % k) % k, 0, (k - h % k) % k))
+        y = y.view(b, h // k, k, w // k, k, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, k * k, c)
+        y = self.proj(y).view(b, h // k, w // k, k, k, c).permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+        x = x + y
+        return self.head(F.pad(F.layer_norm(x, (c,)), (0, 0, 0, 0, 0, 0)).view(b, h * w, c))
+
+
+def test_zero_width_pads_cost_no_copy(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+    """A pad of zero widths copies nothing: between kiln's parts it joins them (a part reads
+    its argument as it is), before a torch op it goes (nothing can tell it from its argument);
+    the window partition is written by the part in the order the linear layer reads it."""
+    torch.manual_seed(5)
+    model = _Windows().eval()
+    x = torch.randn(2, 8, 8, 16)
+    f = compiled(model, client)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), model(x), rtol=1e-5, atol=1e-5)
+        copies = _torch_copies(f, x)
+        eager = _torch_copies(model, x)
+    assert eager["constant_pad_nd"] == 2 and eager["clone"] >= 2, eager  # what the kiln step no longer runs
+    assert copies == {"constant_pad_nd": 0, "clone": 0, "copy_": 0}, copies
+    outer, _ = rewrites[0]
+    left = [n.target for n in outer.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.constant_pad_nd.default not in left, outer.graph
+    assert_kiln_ran(min_parts=2)
+
+
+def _pad_twice(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y = x * 2
+    return y, F.pad(y, (0, 0)), F.pad(x, (0, 0, 0, 0)) + 1
+
+
+def _pad_then_write(x: torch.Tensor) -> torch.Tensor:
+    p = F.pad(x, (0, 0))
+    x.add_(1)
+    return p * 2
+
+
+def test_a_zero_width_pad_stays_a_tensor_of_its_own_where_that_shows(client: Any) -> None:
+    # Returned beside its argument: two tensors, as in eager; an argument written in place
+    # after the pad: the pad keeps the value from before the write.
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        y, p, q = compiled(_pad_twice, client)(x)
+    torch.testing.assert_close((y, p, q), _pad_twice(x))
+    assert p.data_ptr() != y.data_ptr()
+    p.add_(1)
+    torch.testing.assert_close(y, x * 2)
+    x1, x2 = torch.randn(4, 8), None
+    x2 = x1.clone()
+    with torch.no_grad():
+        got = compiled(_pad_then_write, client)(x1)
+    torch.testing.assert_close(got, _pad_then_write(x2))
+    torch.testing.assert_close(x1, x2)
+
+
+@pytest.mark.parametrize("pad, value", [((1, 2), 0.0), ((2, 0, 0, 3), 1.5), ((-1, 2, 1, -2), -3.0),
+                                        ((0, 0, 1, 1, 0, 0), 0.0)])
+def test_pads_run_in_kiln(client: Any, pad: tuple[int, ...], value: float) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(F.pad(x * 2, pad, value=value)) + 1
+
+    x = torch.randn(2, 5, 6, 7)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(fn, client)(x), fn(x))
+    assert_kiln_ran(min_parts=1)
+    (part,) = kt.last_graphs()[-1]["parts"]
+    assert "constant_pad_nd.default" in part["ops"], part
 
 
 def test_common_subexpressions_merge_only_where_it_is_safe() -> None:

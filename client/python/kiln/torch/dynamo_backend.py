@@ -497,12 +497,13 @@ _FILLS = frozenset({"full", "zeros", "ones", "scalar_tensor", "full_like", "zero
 
 
 def fold_constant_subgraphs(gm: torch.fx.GraphModule) -> int:
-    """Computes once, now, the values of ``gm`` that read no graph input, parameter or
-    constant: a tensor made by ``full``/``arange`` and changed by functional ops, such as the
-    shifted-window attention mask Swin builds in every forward from zeros by nine slice
-    assignments (functional ``slice_scatter``s, run by torch: a clone and a copy each) or a
-    roll's index arithmetic. Each such value read by the rest of the graph becomes a buffer
-    of ``gm``; returns how many.
+    """Computes once, now, the values of ``gm`` that read no graph input or parameter: a
+    tensor made by ``full``/``arange`` and the trace's tensor constants and changed by
+    functional ops, such as the shifted-window attention mask Swin builds in every forward
+    from zeros by nine slice assignments (functional ``slice_scatter``s, run by torch: a clone
+    and a copy each; on CUDA each assigned number is a 0-d tensor constant, copied once more)
+    or a roll's index arithmetic. Each such value read by the rest of the graph becomes a
+    buffer of ``gm``; returns how many.
 
     Only static shapes, ops :func:`_pure` accepts (no random draws, no uninitialised memory),
     values nothing writes in place, never a graph output or a value an output views (the
@@ -516,6 +517,9 @@ def fold_constant_subgraphs(gm: torch.fx.GraphModule) -> int:
     const: set[torch.fx.Node] = set()
     computed: set[torch.fx.Node] = set()  # const values that are more than a fill seen through views
     for n in g.nodes:
+        if n.op == "get_attr" and n not in written and _tensor_constant(gm, n) is not None:
+            const.add(n)  # a leaf, like a fill: folding it alone would gain nothing
+            continue
         if n.op != "call_function" or not _pure(n.target) or n in written:
             continue
         flat: list[Any] = []
@@ -553,6 +557,9 @@ def fold_constant_subgraphs(gm: torch.fx.GraphModule) -> int:
         for n in g.nodes:
             if n not in needed:
                 continue
+            if n.op == "get_attr":
+                values[n] = _tensor_constant(gm, n)
+                continue
             args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: values[a])
             values[n] = n.target(*args, **kwargs)
     for i, n in enumerate(frontier):
@@ -571,6 +578,22 @@ def fold_constant_subgraphs(gm: torch.fx.GraphModule) -> int:
     g.eliminate_dead_code()
     gm.recompile()
     return len(frontier)
+
+
+def _tensor_constant(gm: torch.fx.GraphModule, n: torch.fx.Node) -> Optional[torch.Tensor]:
+    """The value of a ``get_attr`` node that is a tensor constant of the trace (a tensor the
+    traced code made, such as the 0-d tensor a Python number becomes when it is assigned into
+    a CUDA tensor's slice), or None: parameters, tensors of symbolic or fake values, tensors
+    that require gradients and other attributes are not constants."""
+    try:
+        v = _get_attr(gm, n.target)
+    except AttributeError:
+        return None
+    if not isinstance(v, torch.Tensor) or isinstance(v, torch.nn.Parameter) or v.requires_grad:
+        return None
+    from torch._subclasses.fake_tensor import is_fake
+
+    return v if not is_fake(v) and L.is_static_tensor(v) else None
 
 
 def _is_view_of(n: torch.fx.Node, base: torch.fx.Node) -> bool:

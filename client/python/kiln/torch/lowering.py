@@ -1118,6 +1118,43 @@ def _flip(ctx: LoweringContext, x: Value, dims: Sequence[int]) -> Value:
     return ctx.b.slice(x, axes, [-1] * len(axes), [-x.shape[a] - 1 for a in axes], [-1] * len(axes))
 
 
+@register_lowering(aten.constant_pad_nd.default)
+def _constant_pad_nd(ctx: LoweringContext, x: Value, pad: Sequence[int], value: Any = 0) -> Value:
+    """``F.pad(x, pad, value=value)``: (before, after) amounts per dimension from the last one
+    back; a negative amount cuts. A pad of zero widths is ``x`` itself, at any size (Swin pads
+    every feature map up to a multiple of its window, which at 224x224 each one is already: in
+    torch a copy, in a part nothing). Widening concatenates fills (static shapes only)."""
+    if not all(isinstance(p, int) and not isinstance(p, bool) for p in pad) or len(pad) % 2 or len(pad) > 2 * x.ndim:
+        raise Unsupported(f"pad amounts {list(pad)}")
+    if not isinstance(value, (bool, int, float)) or (isinstance(value, int) and abs(value) > 1 << 53):
+        raise Unsupported(f"pad value {value!r}")  # a fill's value is a double
+    if ctx.node.meta.get(DISTINCT) and not any(pad):
+        raise Unsupported("a copy that must stay a tensor of its own")
+    dt = ctx.out_dtype
+    out = ctx.cast(x, dt)
+    for i in range(len(pad) // 2):
+        d = x.ndim - 1 - i
+        lo, hi = pad[2 * i], pad[2 * i + 1]
+        if lo == 0 and hi == 0:
+            continue
+        ctx.require_static_axis(d, "a pad")
+        if lo < 0 or hi < 0:
+            start, stop = max(-lo, 0), out.shape[d] - max(-hi, 0)
+            if stop < start:
+                raise Unsupported(f"a pad that cuts more than dimension {d} holds")
+            out = ctx.b.slice(out, [d], [start], [stop], [1])
+        if lo <= 0 and hi <= 0:
+            continue
+        if ctx.out_symbolic:
+            raise Unsupported("a widening pad of a tensor of symbolic sizes")
+
+        def fill(w: int) -> list[Value]:
+            return [ctx.b.full(out.shape[:d] + (w,) + out.shape[d + 1:], value, dt)] if w > 0 else []
+
+        out = ctx.b.concat(fill(lo) + [out] + fill(hi), axis=d)
+    return out
+
+
 # ---------------------------------------------------------------------------------- reductions
 
 def _reduce(kop: str) -> LoweringFn:
@@ -1288,6 +1325,11 @@ def _batch_norm_inference(ctx: LoweringContext, x: Value, weight: Optional[Value
         out = ctx.b.add(out, chan(bias))
     return (out, None, None)  # type: ignore[return-value]
 
+
+#: Marks a node whose result equals its argument but must stay a tensor of its own (the graph
+#: returns it, or something writes one of the two in place): it runs in torch, which copies,
+#: where a part would hand out one buffer for both (:func:`.partition.drop_empty_pads`).
+DISTINCT = "kiln_distinct"
 
 #: Ops whose output is a rearrangement of one input (free in torch, index math in kiln).
 VIEW_OPS: frozenset[Any] = frozenset({

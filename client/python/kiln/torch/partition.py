@@ -1,7 +1,8 @@
 """Partitioning an ATen FX graph into kiln parts and torch parts.
 
 0. **Bias epilogues move to kiln.** ``addmm`` whose result a kiln node reads becomes ``mm``
-   plus an ``add`` that joins that node's part (:func:`unfuse_addmm_epilogues`).
+   plus an ``add`` that joins that node's part (:func:`unfuse_addmm_epilogues`). A pad of zero
+   widths becomes its argument where no one can tell (:func:`drop_empty_pads`).
 1. **Support.** Every call node is tried against the mapping table (:mod:`.lowering`) on its own,
    with graph inputs made from its arguments' FakeTensors. A node is supported when it lowers,
    its tensors have static shapes and kiln dtypes, and all of them live on one CPU or CUDA
@@ -28,7 +29,7 @@ import itertools
 import logging
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
@@ -362,9 +363,86 @@ def _empty(n: torch.fx.Node) -> bool:
 
 def partition(gm: torch.fx.GraphModule) -> list[Segment]:
     """Colors, schedules and cuts ``gm``'s graph; see the module docstring."""
-    if unfuse_addmm_epilogues(gm.graph):
+    if drop_empty_pads(gm.graph) + unfuse_addmm_epilogues(gm.graph):
         gm.recompile()
     return schedule(gm.graph, color_nodes(gm.graph))
+
+
+def drop_empty_pads(graph: torch.fx.Graph) -> int:
+    """Step 0 of the module docstring: a ``constant_pad_nd`` whose widths are all zero is
+    replaced by its argument, where nothing can tell the two apart; returns how many went.
+
+    Torch computes such a pad as a copy (Swin pads every feature map up to a multiple of its
+    window: at 224x224 fifteen copies per inference step). The graph is functional, so the
+    copy is needed only where the result and its argument could be seen as two tensors: the
+    pad stays when an in-place op writes either of them or a tensor they share memory with,
+    when the graph returns the result (directly or through views: the caller's tensor would
+    share memory with the argument), and when the two are not laid out alike (a ``view`` of
+    the result relies on its traced strides). A pad kept for its layout lowers into a part
+    like any other op (:func:`.lowering._constant_pad_nd`: nothing to compute); one kept as a
+    tensor of its own (:data:`.lowering.DISTINCT`) stays in torch."""
+    from .dynamo_backend import _returns_alias, _written_nodes
+
+    pads = [n for n in graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.constant_pad_nd.default
+            and len(n.args) >= 2 and isinstance(n.args[0], torch.fx.Node) and isinstance(n.args[1], (list, tuple))
+            and all(isinstance(p, int) and p == 0 for p in n.args[1])]
+    if not pads:
+        return 0
+
+    def root(n: torch.fx.Node) -> torch.fx.Node:  # the tensor whose memory ``n`` views
+        while n.op == "call_function" and _returns_alias(n.target) and n.args and isinstance(n.args[0], torch.fx.Node):
+            n = n.args[0]
+        return n
+
+    written = {root(n) for n in _written_nodes(graph)}
+    done = 0
+    for pad in pads:
+        x = pad.args[0]
+        if root(x) in written or root(pad) in written or _returned_through_views(pad, _returns_alias):
+            pad.meta[L.DISTINCT] = True  # torch's copy, not a part's alias of its argument
+            continue
+        if not _same_layout(L.node_meta(pad), L.node_meta(x)):
+            continue
+        pad.replace_all_uses_with(x)
+        graph.erase_node(pad)
+        done += 1
+    return done
+
+
+def _returned_through_views(n: torch.fx.Node, returns_alias: Any) -> bool:
+    """Whether the graph returns ``n`` or a tensor that views it."""
+    return _reached([n], lambda r: r.op == "output",
+                    lambda r: r.op == "call_function" and (r.target is operator.getitem or returns_alias(r.target)))
+
+
+def _reached(start: list[torch.fx.Node], found: Callable[[torch.fx.Node], bool],
+             through: Callable[[torch.fx.Node], bool]) -> bool:
+    """Whether a user of ``start``'s nodes, or of the users ``through`` lets the walk pass
+    (transitively), is one ``found`` accepts."""
+    todo, seen = list(start), set()
+    while todo:
+        u = todo.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        for r in u.users:
+            if found(r):
+                return True
+            if through(r):
+                todo.append(r)
+    return False
+
+
+def _same_layout(a: Any, b: Any) -> bool:
+    """Whether two traced tensors have the same dtype, device, sizes and strides (symbolic
+    ones compared as expressions, which installs no guard)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.layout != torch.strided \
+            or b.layout != torch.strided or a.dtype != b.dtype or a.device != b.device or a.dim() != b.dim():
+        return False
+    try:
+        return all(L.size_expr(p) == L.size_expr(q) for p, q in zip((*a.shape, *a.stride()), (*b.shape, *b.stride())))
+    except Exception:  # sizes the trace cannot express
+        return False
 
 
 def unfuse_addmm_epilogues(graph: torch.fx.Graph) -> int:
@@ -560,19 +638,9 @@ def _viewed_in_layout(n: torch.fx.Node, inside: frozenset[torch.fx.Node]) -> boo
     fails on a contiguous result). A ``view`` of ``n`` itself is valid on a contiguous result,
     so it does not count."""
     strided_readers, passing = _view_tables()
-    seen: set[torch.fx.Node] = set()
-    todo = [u for u in n.users if u not in inside and u.op == "call_function" and u.target in passing]
-    while todo:
-        u = todo.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        for r in u.users:
-            if r.target in strided_readers:
-                return True
-            if r.op == "call_function" and r.target in passing:
-                todo.append(r)
-    return False
+    return _reached([u for u in n.users if u not in inside and u.op == "call_function" and u.target in passing],
+                    lambda r: r.target in strided_readers,
+                    lambda r: r.op == "call_function" and r.target in passing)
 
 
 class NothingToCompute(L.Unsupported):
