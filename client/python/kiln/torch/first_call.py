@@ -88,7 +88,8 @@ class EagerFirst:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._traced.is_set():
-            return self._compiled_model()(*args, **kwargs)
+            compiled = self._compiled  # no lock once it exists (truth of a module: its len())
+            return (compiled if compiled is not None else self._compiled_model())(*args, **kwargs)
         with self._lock:
             first = self._thread is None and self.traced_here is None
             if first:
