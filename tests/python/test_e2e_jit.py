@@ -148,11 +148,43 @@ def test_take_and_integer_array_indexing_match_numpy(client, rng):
         want = f(table, ids)
         assert_same(got, want, rtol=1e-12)
     assert jf.compile_count <= 2
-    # Positions NumPy would reject read the nearest end in mode "raise" (kernels cannot
-    # raise); "clip" and "wrap" are NumPy's exactly, out of range too.
+    # "clip" and "wrap" are NumPy's exactly, out of range too.
     g = kiln.jit(lambda x, i: (np.take(x, i, axis=0, mode="clip"), np.take(x, i, axis=0, mode="wrap")),
                  client=client)
     wild = np.array([-50, -1, 0, 39, 41, 1000])
     assert_same(g(table, wild), (np.take(table, wild, axis=0, mode="clip"), np.take(table, wild, axis=0, mode="wrap")))
     with pytest.raises(kiln.UnsupportedError, match="advanced indexing"):
         kiln.jit(lambda x, i: x[i, i], client=client)(table, np.array([1, 2]))
+
+
+def test_out_of_bounds_indices_raise_numpys_index_error(client, rng):
+    """An index argument outside [-n, n) raises NumPy's IndexError before anything runs (the
+    kernels' gathers would clamp it), through x[ids], x[:, ids], np.take and take_along_axis,
+    for exact and symbolic-size compiles alike; a captured index array is checked when traced.
+    The function keeps working for in-range calls afterwards."""
+    def f(x, ids, cols, along):
+        return x[ids] * 2.0, x[:, cols], np.take(x, ids, axis=0), np.take_along_axis(x, along, axis=1)
+
+    jf = kiln.jit(f, client=client)
+    for rows in (40, 57, 23):  # the second size compiles with symbolic sizes
+        table = rng.standard_normal((rows, 6))
+        ids = np.array([0, -rows, rows - 1, 3])
+        cols = np.array([5, -6, 0])
+        along = rng.integers(-6, 6, size=(rows, 2))
+        assert_same(jf(table, ids, cols, along), f(table, ids, cols, along), rtol=1e-12)
+        for bad_ids, bad_cols, bad_along, axis, size, index in (  # shapes as above: no new compile
+                (np.array([0, rows, 1, 2]), cols, along, 0, rows, rows),
+                (np.array([-rows - 1, 2, 1, 0]), cols, along, 0, rows, -rows - 1),
+                (ids, np.array([5, 6, 0]), along, 1, 6, 6),
+                (ids, cols, np.full((rows, 2), -7), 1, 6, -7)):
+            with pytest.raises(IndexError, match=f"index {index} is out of bounds for axis {axis} with size {size}"):
+                f(table, bad_ids, bad_cols, bad_along)  # NumPy's own error, for reference
+            with pytest.raises(IndexError, match=f"index {index} is out of bounds for axis {axis} with size {size}"):
+                jf(table, bad_ids, bad_cols, bad_along)
+        assert_same(jf(table, ids, cols, along), f(table, ids, cols, along), rtol=1e-12)
+    assert jf.compile_count <= 2
+
+    with pytest.raises(IndexError, match="index 9 is out of bounds for axis 0 with size 4"):
+        kiln.jit(lambda x: x[np.array([1, 9])], client=client)(np.zeros(4))
+    with pytest.raises(IndexError, match="index 4 is out of bounds for axis 0 with size 4"):
+        kiln.jit(lambda x: np.take(x, 4), client=client)(np.zeros(4))

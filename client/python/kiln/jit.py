@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -49,7 +49,7 @@ from . import dtypes as dt
 from .autotune import autotune as tune
 from .errors import CompileError, KilnError, KilnFallbackWarning, RpcError
 from .target import Target
-from .tracer import Trace, Tracer
+from .tracer import IndexCheck, Trace, Tracer
 
 _default_client: Any = None
 _default_client_lock = threading.Lock()
@@ -229,19 +229,25 @@ class Traced:
     (dtype, shape) of each graph output as traced.
     """
 
-    def __init__(self, graph: Any, input_names: list[str], output_types: list[tuple[str, tuple[int, ...]]], result_desc: Any) -> None:
+    def __init__(self, graph: Any, input_names: list[str], output_types: list[tuple[str, tuple[int, ...]]], result_desc: Any,
+                 index_checks: Sequence[IndexCheck] = ()) -> None:
         self.graph = graph
         self.input_names = input_names
         self.output_types = output_types
         self.result_desc = result_desc
+        #: Index arguments checked against their axis before each run (NumPy's IndexError).
+        self.index_checks = list(index_checks)
 
 
 class _Entry:
     """One compiled signature."""
 
-    def __init__(self, traced: Traced, compiled: Any) -> None:
+    def __init__(self, traced: Traced, compiled: Any, symbolic: bool = False) -> None:
         self.traced = traced
         self.compiled = compiled
+        # With symbolic sizes, a bound read off the traced shapes holds only when the indexed
+        # array is an argument (its size read at run time); other indices are clamped.
+        self.index_checks = [c for c in traced.index_checks if c.source is not None or not symbolic]
 
     def accepts(self, shapes: list[tuple[int, ...]]) -> bool:
         """Whether a symbolic entry's kernel takes inputs of these shapes (its symbols bound
@@ -257,6 +263,8 @@ class _Entry:
             return False
 
     def run(self, arrays: list[Any], num_threads: Optional[int]) -> Any:
+        for check in self.index_checks:
+            check.check(arrays)
         outs: tuple[Any, ...] = ()
         if self.compiled is not None:
             r = self.compiled(*arrays, num_threads=num_threads)
@@ -419,7 +427,7 @@ class JitFunction:
         outputs: list[Any] = []
         rdesc = _flatten_result(result, trace, outputs)
         graph = trace.b.build(outputs) if outputs else None
-        return Traced(graph, list(found.names), [(v.dtype, v.shape) for v in outputs], rdesc)
+        return Traced(graph, list(found.names), [(v.dtype, v.shape) for v in outputs], rdesc, trace.index_checks)
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
         """Traces the function for these arguments without compiling; see :class:`Traced`.
@@ -540,7 +548,7 @@ class JitFunction:
                               f"cannot compile it for every size ({e})", KilnFallbackWarning, stacklevel=4)
             return None
         self.compile_count += 1
-        return _Entry(traced, compiled)
+        return _Entry(traced, compiled, symbolic=True)
 
     def compiled_for(self, *args: Any, **kwargs: Any) -> Any:
         """The :class:`kiln.Compiled` for these arguments' signature (compiling if needed);

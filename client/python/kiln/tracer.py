@@ -29,6 +29,7 @@ import operator
 import os
 import sys
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
@@ -63,18 +64,67 @@ def _call_site() -> str:
     return "?"
 
 
+@dataclass(frozen=True)
+class IndexCheck:
+    """Argument ``index`` holds indices into an axis of ``size`` elements (``axis``, for the
+    message); ``source`` (argument, axis): where that size is read at run time when the indexed
+    array is an argument itself (a function compiled for symbolic sizes serves many)."""
+
+    index: int
+    size: int
+    axis: int
+    source: Optional[tuple[int, int]] = None
+
+    def check(self, arrays: Sequence[Any]) -> None:
+        idx = arrays[self.index]
+        if not isinstance(idx, np.ndarray):
+            return  # a device array: not read back to the host for this
+        n = self.size if self.source is None else arrays[self.source[0]].shape[self.source[1]]
+        raise_if_out_of_bounds(idx, n, self.axis)
+
+
+def raise_if_out_of_bounds(idx: np.ndarray, n: int, axis: int) -> None:
+    """NumPy's IndexError for an integer index array with an element outside [-n, n)."""
+    if idx.size == 0 or idx.dtype.kind not in "iu":
+        return
+    lo, hi = idx.min(), idx.max()
+    bad = int(lo) if lo < -n else int(hi) if hi >= n else None
+    if bad is not None:
+        raise IndexError(f"index {bad} is out of bounds for axis {axis} with size {n}")
+
+
 class Trace:
     """One tracing session: the graph builder plus NumPy-semantics helpers. Not thread-safe."""
 
     def __init__(self, builder: Optional[GraphBuilder] = None) -> None:
         self.b = builder or GraphBuilder()
+        self._inputs: dict[int, int] = {}  # id of an input's Value -> its position
+        #: Bounds the caller's index arrays must keep, checked before each run (kiln's gather
+        #: clamps; NumPy raises): see :meth:`check_index`.
+        self.index_checks: list[IndexCheck] = []
 
     # ------------------------------------------------------------------ wrapping
 
     def input(self, name: str, dtype: Any, shape: Sequence[int]) -> "Tracer":
-        t = Tracer(self, self.b.input(name, dt.dtype_name(dtype), shape))
+        v = self.b.input(name, dt.dtype_name(dtype), shape)
+        self._inputs[id(v)] = len(self._inputs)
+        t = Tracer(self, v)
         t._is_input = True
         return t
+
+    def check_index(self, key: Any, idx: Value, a: Value, axis: int) -> None:
+        """``idx`` indexes axis ``axis`` of ``a`` where NumPy raises IndexError for an index
+        out of bounds. A captured array (``key``) is checked now; an argument of the traced
+        function is checked before every run (:attr:`index_checks`). An index computed inside
+        the function cannot be checked on the host: kiln's gather clamps it."""
+        n = a.shape[axis]
+        if isinstance(key, (np.ndarray, list, int, np.integer)):
+            raise_if_out_of_bounds(np.asarray(key), n, axis)
+            return
+        pos = self._inputs.get(id(idx))
+        if pos is not None:
+            src = self._inputs.get(id(a))
+            self.index_checks.append(IndexCheck(pos, n, axis, None if src is None else (src, axis)))
 
     def wrap(self, v: Value, base: Optional["Tracer"] = None) -> "Tracer":
         """A tracer for ``v``; ``base`` makes it a view of that tracer (for write checks)."""
@@ -450,6 +500,7 @@ class Tracer:
                 # One integer array among full slices: np.take along that axis (a copy).
                 idx = _integer_index(tr, keys[arrays[0]])
                 if idx is not None:
+                    tr.check_index(keys[arrays[0]], idx, self._v, arrays[0])
                     return tr.wrap(_take_value(tr, self._v, idx, arrays[0], "raise"))
             for k in keys:
                 if isinstance(k, (Tracer, np.ndarray, list)):
@@ -907,8 +958,8 @@ def _integer_index(tr: Trace, k: Any) -> Optional[Value]:
 
 
 def _take_value(tr: Trace, a: Value, idx: Value, axis: int, mode: str) -> Value:
-    """np.take's modes on kiln's gather (which wraps negatives and clamps the rest, so that
-    ``raise`` agrees with NumPy wherever NumPy does not raise): ``clip`` clamps first (a
+    """np.take's modes on kiln's gather (which wraps negatives and clamps the rest; for
+    ``raise``, :meth:`Trace.check_index` raises where NumPy does): ``clip`` clamps first (a
     negative index reads position 0, as NumPy's clip does), ``wrap`` takes the remainder."""
     n = a.shape[axis]
     if mode == "clip":
@@ -929,7 +980,10 @@ def _take(tr: Trace, a: Any, indices: Any, axis: Any = None, out: Any = None, mo
         raise TypeError("numpy.take: indices must be integers")
     if axis is None:
         v, axis = tr.b.reshape(v, (-1,)), 0
-    return tr.wrap(_take_value(tr, v, idx, normalize_axes([axis], v.ndim)[0], mode))
+    axis = normalize_axes([axis], v.ndim)[0]
+    if mode == "raise":
+        tr.check_index(indices, idx, v, axis)
+    return tr.wrap(_take_value(tr, v, idx, axis, mode))
 
 
 @_implements("take_along_axis")
@@ -942,7 +996,9 @@ def _take_along_axis(tr: Trace, arr: Any, indices: Any, axis: Any = -1) -> Trace
         v, axis = tr.b.reshape(v, (-1,)), 0
     if idx.ndim != v.ndim:
         raise ValueError("`indices` and `arr` must have the same number of dimensions")
-    return tr.wrap(tr.b.gather(v, idx, normalize_axes([axis], v.ndim)[0]))
+    axis = normalize_axes([axis], v.ndim)[0]
+    tr.check_index(indices, idx, v, axis)
+    return tr.wrap(tr.b.gather(v, idx, axis))
 
 
 @_implements("where")
