@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -133,13 +134,14 @@ class EagerFirst:
         (:func:`kiln.torch.wait`); False if ``timeout`` seconds passed first. Before the first
         call there is nothing to wait for."""
         self._go.set()
+        t0 = time.monotonic()
         with self._lock:
             thread = self._thread
         if thread is not None and thread.ident is not None:
             thread.join(timeout)
             if thread.is_alive():
                 return False
-        return wait_for_compiles(timeout)
+        return wait_for_compiles(None if timeout is None else max(0.0, timeout - (time.monotonic() - t0)))
 
     def _compiled_model(self) -> Callable[..., Any]:
         with self._make_lock:
