@@ -1386,8 +1386,7 @@ def _basic_assign(tr: Trace, target: Tracer, key: Any, value: Any) -> Value:
             region_shape.append(stop - start)
         else:
             i = operator.index(k)
-            if not -dim <= i < dim:
-                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {dim}")
+            raise_if_out_of_bounds(np.asarray(i), dim, axis)
             start, stop = i % dim, i % dim + 1
             int_axes.append(axis)
         if (start, stop) != (0, dim):
