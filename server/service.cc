@@ -447,6 +447,61 @@ grpc::ServerUnaryReactor* KilnService::LookupTuning(grpc::CallbackServerContext*
   return reactor;
 }
 
+grpc::ServerUnaryReactor* KilnService::PutModel(grpc::CallbackServerContext* context,
+                                                const v1::PutModelRequest* request,
+                                                v1::PutModelResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kCompile, "PutModel");
+  if (!caller.ok()) return Refuse(reactor, "PutModel", caller.status());
+  absl::StatusOr<v1::PutModelResponse> put = compile_->PutModel(*request);
+  if (put.ok()) {
+    *response = *std::move(put);
+    spdlog::info("PutModel {} {} ({}, {} parts, {} bytes)", caller->name, request->model_key().substr(0, 12),
+                 request->format(), request->parts_size(), request->record().size());
+  }
+  reactor->Finish(ToGrpcStatus(put.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KilnService::GetModel(grpc::CallbackServerContext* context,
+                                                const v1::GetModelRequest* request,
+                                                v1::GetModelResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kRead, "GetModel");
+  if (!caller.ok()) return Refuse(reactor, "GetModel", caller.status());
+  absl::StatusOr<v1::GetModelResponse> got = compile_->GetModel(*request);
+  if (got.ok()) *response = *std::move(got);
+  spdlog::debug("GetModel {} {} {} {:.3f} ms", caller->name, request->model_key().substr(0, 12),
+                got.ok() ? "hit" : absl::StatusCodeToString(got.status().code()), MsSince(start));
+  reactor->Finish(ToGrpcStatus(got.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KilnService::GetBlobs(grpc::CallbackServerContext* context,
+                                                const v1::GetBlobsRequest* request,
+                                                v1::GetBlobsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kRead, "GetBlobs");
+  if (!caller.ok()) return Refuse(reactor, "GetBlobs", caller.status());
+  size_t bytes = 0;
+  for (const std::string& digest : request->digests()) {
+    absl::StatusOr<std::optional<std::string>> blob = store_->GetBlob(digest);
+    absl::Status status = blob.status();
+    if (status.ok() && !blob->has_value())
+      status = absl::NotFoundError(absl::StrCat("artifact ", digest, " is not in the cache"));
+    if (!status.ok()) {
+      reactor->Finish(ToGrpcStatus(status));
+      return reactor;
+    }
+    if (response->blobs_size() > 0 && bytes + (*blob)->size() > options_.blobs_reply_bytes) break;
+    bytes += (*blob)->size();
+    response->add_blobs(**std::move(blob));
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* KilnService::GetResult(grpc::CallbackServerContext* context,
                                                  const v1::GetResultRequest* request,
                                                  v1::CompileResponse* response) {

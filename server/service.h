@@ -7,9 +7,9 @@
 // Each Compile logs one line: method, caller (token name), key prefix, outcome (hit / miss /
 // joined / error), ms.
 // Every call is authorized first (auth::Authorizer): Lookup, GetResult, FetchArtifact,
-// GetSource, GetStats and LookupTuning need role read; Compile, Prewarm, RecordTuning and the
-// custom-kernel calls (FindMissingBlobs, UploadBlobs, BuildExtension, CompileRawKernel) role
-// compile. Compiles count
+// GetSource, GetStats, LookupTuning, GetModel and GetBlobs need role read; Compile, Prewarm,
+// RecordTuning, PutModel and the custom-kernel calls (FindMissingBlobs, UploadBlobs,
+// BuildExtension, CompileRawKernel) role compile. Compiles count
 // against the caller's in-flight limit; a caller at its limit is still answered from the cache
 // and gets RESOURCE_EXHAUSTED for a miss. The health service is not this service: it stays
 // open to everyone.
@@ -30,6 +30,7 @@ namespace kiln::server {
 
 struct ServiceOptions {
   size_t fetch_chunk_bytes = size_t{1} << 20;  // FetchArtifact chunk size
+  size_t blobs_reply_bytes = size_t{32} << 20;  // GetBlobs: bytes of one reply (past its first blob)
   int prewarm_concurrency = 8;                 // requests of one Prewarm stream in flight at once
   // Who may call what; null lets everyone call everything. Must outlive the service.
   const auth::Authorizer* authorizer = nullptr;
@@ -82,6 +83,12 @@ class KilnService final : public v1::Kiln::CallbackService {
                                          v1::TuningResponse* response) override;
   grpc::ServerUnaryReactor* LookupTuning(grpc::CallbackServerContext* context, const v1::TuningRequest* request,
                                          v1::TuningResponse* response) override;
+  grpc::ServerUnaryReactor* PutModel(grpc::CallbackServerContext* context, const v1::PutModelRequest* request,
+                                     v1::PutModelResponse* response) override;
+  grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* context, const v1::GetModelRequest* request,
+                                     v1::GetModelResponse* response) override;
+  grpc::ServerUnaryReactor* GetBlobs(grpc::CallbackServerContext* context, const v1::GetBlobsRequest* request,
+                                     v1::GetBlobsResponse* response) override;
 
  private:
   // The caller of `context` when it holds `needed`; otherwise the status to finish with.

@@ -678,4 +678,117 @@ absl::StatusOr<v1::TuningResponse> CompileService::LookupTuning(const v1::Tuning
   return out;
 }
 
+// ---------------------------------------------------------------------------- compiled models
+
+namespace {
+
+constexpr size_t kMaxModelRecordBytes = size_t{32} << 20;
+constexpr int kMaxModelParts = 4096;
+
+absl::Status CheckModelKey(const std::string& model_key, const std::string& format) {
+  if (!IsHexKey(model_key))
+    return absl::InvalidArgumentError(absl::StrCat("model key '", model_key.substr(0, 80),
+                                                   "' (rule: a 64-digit lowercase hex SHA-256)"));
+  const bool format_ok =
+      !format.empty() && format.size() <= 64 && std::all_of(format.begin(), format.end(), [](char c) {
+        return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-' || c == '/';
+      });
+  if (!format_ok)
+    return absl::InvalidArgumentError(absl::StrCat("model format '", format.substr(0, 80),
+                                                   "' (rule: 1 to 64 of [A-Za-z0-9._/-])"));
+  return absl::OkStatus();
+}
+
+// The store key of a model record: apart from every action key (its own labelled input).
+std::string ModelStoreKey(const std::string& format, const std::string& model_key) {
+  return key::Sha256Hex(absl::StrCat("kiln.model.v1\n", format, "\n", model_key));
+}
+
+std::string FieldOf(const v1::ActionResult& result, absl::string_view label) {
+  for (const v1::KeyField& f : result.key_fields())
+    if (f.label() == label) return f.value();
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<v1::PutModelResponse> CompileService::PutModel(const v1::PutModelRequest& request) {
+  KILN_RETURN_IF_ERROR(CheckModelKey(request.model_key(), request.format()));
+  if (request.record().empty() || request.record().size() > kMaxModelRecordBytes)
+    return absl::InvalidArgumentError(absl::StrCat("model record of ", request.record().size(),
+                                                   " bytes (rule: 1 byte to ", kMaxModelRecordBytes, ")"));
+  if (request.parts_size() > kMaxModelParts)
+    return absl::InvalidArgumentError(absl::StrCat("model record names ", request.parts_size(),
+                                                   " parts (rule: at most ", kMaxModelParts, ")"));
+  const absl::Time now = absl::Now();
+  for (int i = 0; i < request.parts_size(); ++i) {
+    const std::string& part = request.parts(i);
+    if (!IsHexKey(part))
+      return absl::InvalidArgumentError(absl::StrCat("model record part ", i, " '", part.substr(0, 80),
+                                                     "' (rule: a 64-digit lowercase hex handle)"));
+    KILN_ASSIGN_OR_RETURN(std::shared_ptr<const v1::ActionResult> cached, LookupCached(part, now));
+    if (cached == nullptr)
+      return absl::FailedPreconditionError(
+          absl::StrCat("model record part ", i, " (", part, ") is not a cached result (rule: compile parts first)"));
+  }
+  const std::string store_key = ModelStoreKey(request.format(), request.model_key());
+  v1::ActionResult record;
+  v1::Artifact* artifact = record.add_artifacts();
+  artifact->set_kind(v1::MODEL_RECORD);
+  artifact->set_digest(key::Sha256Hex(request.record()));
+  artifact->set_size(static_cast<int64_t>(request.record().size()));
+  record.set_key_debug(absl::StrCat("model record ", request.model_key(), " (", request.format(), ", ",
+                                    request.parts_size(), " parts)"));
+  for (const auto& [label, value] : std::vector<std::pair<std::string, std::string>>{
+           {"model_key", request.model_key()},
+           {"format", request.format()},
+           {"parts", absl::StrJoin(request.parts(), ",")}}) {
+    v1::KeyField* f = record.add_key_fields();
+    f->set_label(label);
+    f->set_value(value);
+  }
+  if (options_.sign) KILN_RETURN_IF_ERROR(options_.sign(store_key, &record));
+  KILN_RETURN_IF_ERROR(store_->PutResult(store_key, record, {request.record()}));
+  memory_.Put(store_key, std::make_shared<const v1::ActionResult>(record), now);
+  v1::PutModelResponse out;
+  out.set_handle(store_key);
+  return out;
+}
+
+absl::StatusOr<v1::GetModelResponse> CompileService::GetModel(const v1::GetModelRequest& request) {
+  KILN_RETURN_IF_ERROR(CheckModelKey(request.model_key(), request.format()));
+  const std::string store_key = ModelStoreKey(request.format(), request.model_key());
+  const absl::Time now = absl::Now();
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const v1::ActionResult> record, LookupCached(store_key, now));
+  auto gone = [&](absl::string_view what) {
+    return absl::NotFoundError(absl::StrCat("no cached model record ", request.model_key().substr(0, 12), " (",
+                                            request.format(), "): ", what));
+  };
+  if (record == nullptr) return gone("never stored, or evicted");
+  // A record whose entry names another key (a store that mixed entries up) is no record of this one.
+  if (FieldOf(*record, "model_key") != request.model_key() || FieldOf(*record, "format") != request.format())
+    return gone("the stored entry names another key");
+  const v1::Artifact* artifact = FindArtifact(*record, v1::MODEL_RECORD);
+  if (artifact == nullptr) return gone("the stored entry has no record");
+  KILN_ASSIGN_OR_RETURN(std::optional<std::string> bytes, store_->GetBlob(artifact->digest()));
+  if (!bytes.has_value()) return gone("its bytes were evicted");
+  v1::GetModelResponse out;
+  out.set_handle(store_key);
+  *out.mutable_record_result() = *record;
+  out.set_record(*std::move(bytes));
+  const std::string parts = FieldOf(*record, "parts");
+  if (!parts.empty()) {
+    for (absl::string_view part : absl::StrSplit(parts, ',')) {
+      KILN_ASSIGN_OR_RETURN(std::shared_ptr<const v1::ActionResult> result, LookupCached(std::string(part), now));
+      if (result == nullptr) return gone(absl::StrCat("its part ", part.substr(0, 12), " is no longer cached"));
+      v1::CompileResponse* p = out.add_parts();
+      p->set_handle(std::string(part));
+      *p->mutable_result() = *result;
+      p->set_cache_hit(true);
+    }
+  }
+  cache_hits_.fetch_add(1, std::memory_order_relaxed);
+  return out;
+}
+
 }  // namespace kiln::compile

@@ -128,6 +128,16 @@ class CompileService {
   absl::StatusOr<v1::TuningResponse> RecordTuning(const v1::TuningRequest& request);
   absl::StatusOr<v1::TuningResponse> LookupTuning(const v1::TuningRequest& request);
 
+  // Compiled models (kiln.v1.PutModel / GetModel; service.proto says what a record is). A
+  // record is stored like a result: its bytes as a MODEL_RECORD blob, the entry under
+  // ModelStoreKey(format, model_key) with the record's key, format and parts as key fields,
+  // signed, in every tier. PutModel refuses (FailedPrecondition) a record naming a part that is
+  // not a cached result, and InvalidArgument a malformed key, format or part handle, or a
+  // record past the limits. GetModel answers the record, its bytes and each part's result;
+  // NotFound when the record or any part is gone (evicted, refused on verification).
+  absl::StatusOr<v1::PutModelResponse> PutModel(const v1::PutModelRequest& request);
+  absl::StatusOr<v1::GetModelResponse> GetModel(const v1::GetModelRequest& request);
+
   // Counters for GetStats (store counters included).
   v1::GetStatsResponse Stats() const;
 

@@ -56,10 +56,15 @@ def stop_kilnd(d: Daemon) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A private local artifact cache for the whole session (and its subprocesses)."""
+    """A private local artifact cache for the whole session (and its subprocesses).
+
+    kiln.torch's program records are off here: the backend tests inspect what partitioning
+    makes of each graph, and a graph another test compiled before would be rebuilt from its
+    record instead. test_torch_records.py turns them on where it tests them."""
     d = tmp_path_factory.mktemp("kiln-client-cache")
-    old = {k: os.environ.get(k) for k in ("KILN_CACHE_DIR", "KILN_RECORD_DIR")}
+    old = {k: os.environ.get(k) for k in ("KILN_CACHE_DIR", "KILN_RECORD_DIR", "KILN_TORCH_RECORDS")}
     os.environ["KILN_CACHE_DIR"] = str(d)
+    os.environ["KILN_TORCH_RECORDS"] = "0"
     os.environ.pop("KILN_RECORD_DIR", None)
     yield d
     for k, v in old.items():

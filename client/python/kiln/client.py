@@ -280,6 +280,52 @@ class Client:
         """The daemon's counters: a kiln.v1.GetStatsResponse."""
         return self._call("GetStats", service_pb2.GetStatsRequest(), timeout)
 
+    # ------------------------------------------------------------------ compiled models
+
+    def put_model(self, model_key: str, fmt: str, record: bytes, parts: Sequence[str], *,
+                  timeout: Optional[float] = None) -> str:
+        """Stores a front end's compiled-model ``record`` (format ``fmt``) under ``model_key``
+        (a hex SHA-256 the front end computed); ``parts`` are the handles of the cached results
+        it runs. Returns the record's store handle. See kiln.v1.PutModelRequest."""
+        req = service_pb2.PutModelRequest(model_key=model_key, format=fmt, record=record, parts=list(parts))
+        return self._call("PutModel", req, timeout).handle
+
+    def get_model(self, model_key: str, fmt: str, *,
+                  timeout: Optional[float] = None) -> Optional[tuple[bytes, list[Any]]]:
+        """The record stored under ``model_key`` and the daemon's answers (kiln.v1.CompileResponse)
+        for the parts it names, in one call, or None when the daemon has no complete one. The
+        record's signature and digest are checked like a result's (VerificationError when they
+        fail); each part's is checked when it becomes a :class:`Compiled`."""
+        try:
+            resp = self._call("GetModel", service_pb2.GetModelRequest(model_key=model_key, format=fmt), timeout)
+        except NotFoundError:
+            return None
+        self.trust.check(resp.handle, resp.record_result)
+        arts = [a for a in resp.record_result.artifacts if a.kind == service_pb2.MODEL_RECORD]
+        if len(arts) != 1:
+            raise VerificationError(f"model record {resp.handle[:12]} names {len(arts)} record artifacts")
+        got = hashlib.sha256(resp.record).hexdigest()
+        if got != arts[0].digest:
+            raise VerificationError(f"model record {resp.handle[:12]} does not match its signed digest "
+                                    f"{arts[0].digest[:12]} (it hashes to {got[:12]})", digest=arts[0].digest)
+        return resp.record, list(resp.parts)
+
+    def fetch_many(self, digests: Sequence[str], *, timeout: Optional[float] = None) -> None:
+        """Brings every artifact of ``digests`` the local folder lacks, in as few calls as the
+        daemon's reply size allows (GetBlobs); each is verified against its digest before it
+        is stored. Loads read them back from the folder (:meth:`read_verified`)."""
+        missing = [d for d in dict.fromkeys(digests) if self.cache.get(d) is None]
+        while missing:
+            resp = self._call("GetBlobs", service_pb2.GetBlobsRequest(digests=missing), timeout)
+            if not resp.blobs:
+                raise ArtifactError(f"the daemon sent none of {len(missing)} artifacts", missing[0])
+            for digest, blob in zip(missing, resp.blobs):
+                try:
+                    self.cache.put_chunks(digest, [blob], len(blob))  # verified there
+                except ValueError as e:
+                    raise ArtifactError(str(e), digest) from None
+            missing = missing[len(resp.blobs):]
+
     # ------------------------------------------------------------------ artifacts
 
     def fetch(self, digest: str, *, size: Optional[int] = None, timeout: Optional[float] = None) -> Path:

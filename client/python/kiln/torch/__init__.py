@@ -32,7 +32,8 @@ import torch  # noqa: F401  (a clear ImportError when PyTorch is absent)
 
 from .extension import build, load, load_inline
 from .first_call import EagerFirst, compile
-from .dynamo_backend import BackendConfig, backend, compile_aten_graph, kiln_backend, make_backend, wait
+from .dynamo_backend import (BackendConfig, SealedError, backend, compile_aten_graph, kiln_backend, make_backend, seal,
+                             unseal, wait)
 from .lowering import Unsupported, lowered_ops, register_lowering, unregister_lowering
 from .runtime import KilnFallbackWarning, KilnPart, clear_memo
 from .runtime import reset_stats as _reset_stats
@@ -115,6 +116,7 @@ __all__ = [
     "EagerFirst",
     "KilnFallbackWarning",
     "KilnPart",
+    "SealedError",
     "Unsupported",
     "backend",
     "build",
@@ -127,6 +129,8 @@ __all__ = [
     "load_inline",
     "lowered_ops",
     "make_backend",
+    "seal",
+    "unseal",
     "register",
     "register_lowering",
     "reset_stats",

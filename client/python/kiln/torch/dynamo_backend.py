@@ -32,6 +32,10 @@ dropout's mask is drawn inside kiln's kernels from one seed per call, see :mod:`
 ``"torch"``: torch's dropout op and generator, eager's numbers; ``"auto"``, the default: kiln
 for graphs on CUDA, torch on the CPU, where torch's vectorised generator is faster than
 kiln's per-element Philox).
+``records`` (bool, default on; ``$KILN_TORCH_RECORDS=0`` turns them off process-wide): what
+the backend makes of a graph is stored in kilnd as a program record, and a later process that
+traces the same graph rebuilds it from there in one lookup, without partitioning (:mod:`.program`).
+:func:`seal` (or ``$KILN_SEALED``) reports every graph that is not rebuilt so.
 
 With ``options={"async": True}`` a new graph does not wait for kilnd: its parts compile in the
 background while the graph runs in torch, and the first call after they are loaded switches
@@ -52,10 +56,12 @@ warning; the user's program goes on.
 
 from __future__ import annotations
 
+import base64
 import collections
 import concurrent.futures
 import dataclasses
 import functools
+import logging
 import operator
 import os
 import struct
@@ -74,11 +80,19 @@ from . import native
 from .layout import channels_last_convolutions, report_output_strides, saved_outputs, wants_channels_last
 from .partition import NothingToCompute, Segment, build_part, partition
 from .rng import dropout_decomposition, seed_draws
-from .runtime import CompileSettings, KilnFallbackWarning, KilnPart, bump, compile_parts, describe
+from . import program
+from .program import direct_calls, get_attr
+from .. import graph_pb2, service_pb2
+from ..client import Compiled
+from ..errors import KilnError
+from .runtime import CompileSettings, KilnFallbackWarning, KilnPart, bump, compile_parts, describe, run_parts
+
+log = logging.getLogger("kiln.torch")
 
 _CUDAGRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 _KNOWN_OPTIONS = frozenset({"client", "server", "cpu_target", "opt_level", "compile_options", "cudagraphs",
-                            "triton.cudagraphs", "timeout", "async", "native", "autotune", "layout", "random"})
+                            "triton.cudagraphs", "timeout", "async", "native", "autotune", "layout", "random",
+                            "records"})
 _LAYOUTS = frozenset({"channels_last", "keep"})
 _RANDOM = frozenset({"auto", "kiln", "torch"})
 
@@ -98,6 +112,7 @@ class BackendConfig:
     autotune: bool = False
     layout: str = "channels_last"
     random: str = "auto"
+    records: bool = True
 
     @staticmethod
     def from_args(mode: Optional[str] = None, options: Optional[dict[str, Any]] = None) -> "BackendConfig":
@@ -116,6 +131,7 @@ class BackendConfig:
             autotune=bool(opts.get("autotune", mode == "max-autotune")),
             layout=str(opts.get("layout", "channels_last")),
             random=str(opts.get("random", "auto")),
+            records=bool(opts.get("records", True)),
         )
         if cfg.layout not in _LAYOUTS:
             raise ValueError(f"kiln: options['layout'] is {cfg.layout!r}; expected one of {sorted(_LAYOUTS)}")
@@ -218,6 +234,14 @@ def _partition_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[An
 
     try:
         t0 = time.perf_counter()
+        record_key = _record_key(gm, example_inputs, config, kind, user_outputs)
+        if record_key is not None:
+            warm = _from_record(record_key, config, settings, kind, example_inputs)
+            if warm is not None:
+                return warm
+        check_sealed(f"a {kind} graph of {len(gm.graph.nodes)} nodes has no program record in kilnd"
+                     + (f" (key {record_key[:12]})" if record_key else " (not recordable)"))
+        strides_before = _reported_strides()
         eliminate_common_subexpressions(gm)
         if config.random == "kiln":
             bump(random_draws=seed_draws(gm))
@@ -256,11 +280,16 @@ def _partition_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[An
         for p in parts:
             p.use_native = p._native_pending = use_native
 
+        reported = _reported_strides()
+        output_strides = reported[len(strides_before):] if reported is not None and strides_before is not None else None
+
         def compile_all(settings: Any) -> None:
             if parts:
                 if use_native:
                     native.start(settings.client)  # in the background; parts switch once it is loaded
                 compile_parts(parts, settings)
+            if record_key is not None and settings is not None:
+                _store_record(record_key, settings, outer, parts, output_strides, wrap_cuda_graphs)
             RECENT.append({"kind": kind, "parts": describe(parts), "segments": len(segments),
                            "_refs": [weakref.ref(p) for p in parts]})
 
@@ -270,14 +299,184 @@ def _partition_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[An
         if parts and config.async_compile:
             later = config.settings()
             return AsyncGraph(fn, submit_compile(lambda: compile_all(later)), finish)
-        compile_all(config.settings() if parts else None)
+        compile_all(config.settings() if parts or record_key is not None else None)
         return finish()
     except Exception as e:
         _reraise_if_dynamo_control(e)
+        if isinstance(e, SealedError):
+            raise
         warnings.warn(f"kiln: could not compile a {kind} graph; running it in torch: {type(e).__name__}: {e}",
                       KilnFallbackWarning, stacklevel=2)
         bump(failed=1)
         return eager
+
+
+# ------------------------------------------------------------------------- program records
+
+
+# What happened to this process's program records, newest last (diagnostics, benchmarks).
+RECORD_EVENTS: collections.deque[str] = collections.deque(maxlen=64)
+
+
+def _record_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: BackendConfig, kind: str,
+                user_outputs: Optional[int]) -> Optional[str]:
+    """The program record key of ``gm`` (:mod:`.program`), or None when records are off or the
+    graph cannot have one (symbolic sizes, autotuning, a target a record cannot name)."""
+    if not (config.records and program.enabled()) or config.autotune:
+        return None
+    opts = config.compile_options
+    settings = [f"kind={kind}", f"user_outputs={user_outputs}", f"cpu_target={config.cpu_target}",
+                f"cudagraphs={config.cudagraphs}", f"layout={config.layout}", f"random={config.random}",
+                f"native={config.native}", f"torch_threads={torch.get_num_threads()}",
+                "options=" + (opts.SerializeToString(deterministic=True).hex() if opts is not None else "")]
+    try:
+        with _real_tensors():
+            return program.model_key(gm, example_inputs, settings)
+    except program.NotRecordable:
+        return None
+    except Exception as e:  # a key that cannot be computed costs the record, nothing else
+        log.debug("kiln.torch: no record key: %s: %s", type(e).__name__, e)
+        return None
+
+
+def _reported_strides() -> Optional[list[Any]]:
+    tc = torch._guards.TracingContext.try_get()
+    return list(tc.output_strides) if tc is not None and tc.output_strides is not None else None
+
+
+def _from_record(key: str, config: BackendConfig, settings: Optional[CompileSettings], kind: str,
+                 example_inputs: Sequence[Any]) -> Optional[Callable[[list[Any]], Any]]:
+    """The compiled graph rebuilt from kilnd's record under ``key``, or None on a miss (or any
+    failure, which costs only the time it took: the graph is then compiled as usual)."""
+    from functorch.compile import make_boxed_func
+
+    t0 = time.perf_counter()
+    try:
+        with _real_tensors():
+            return _rebuild_from_record(key, config, settings, kind)
+    except Exception as e:
+        _reraise_if_dynamo_control(e)
+        log.warning("kiln.torch: program record %s not used: %s: %s", key[:12], type(e).__name__, e)
+        RECORD_EVENTS.append(f"{key[:12]} not used: {type(e).__name__}: {e}")
+        bump(record_misses=1)
+        return None
+    finally:
+        bump(record_s=time.perf_counter() - t0)
+
+
+def _real_tensors() -> Any:
+    """Leaves the fake tensor mode AOTAutograd compiles under: a record's constants are real
+    tensors, read (to store them) and made (to rebuild them) as such."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
+def _rebuild_from_record(key: str, config: BackendConfig, settings: Optional[CompileSettings],
+                         kind: str) -> Optional[Callable[[list[Any]], Any]]:
+    from functorch.compile import make_boxed_func
+
+    settings = settings or config.settings()
+    client = settings.client
+    got = client.get_model(key, program.FORMAT)
+    if got is None:
+        bump(record_misses=1)
+        RECORD_EVENTS.append(f"{key[:12]} missed")
+        return None
+    record, responses = got
+    header, data = program.decode(record)
+    if len(responses) != len(header["parts"]):
+        raise KilnError(f"the record names {len(header['parts'])} parts, the daemon sent {len(responses)}")
+    graphs = []
+    for rec in header["parts"]:
+        g = graph_pb2.Graph()
+        g.ParseFromString(base64.b64decode(rec["graph"]))
+        graphs.append(g)
+    compiled = [Compiled(client, r, graph=g) for r, g in zip(responses, graphs)]
+    # Every artifact a part loads, brought in one call where the local folder lacks any.
+    client.fetch_many([a.digest for c in compiled for a in c.result.artifacts
+                       if a.kind in (service_pb2.SHARED_OBJECT, service_pb2.CUBIN)])
+    use_native = config.native and native.enabled()
+
+    def make_part(rec: dict[str, Any], pg: Any, eager_g: torch.fx.Graph, c: Any) -> KilnPart:
+        part = KilnPart(rec["name"], None, pg, torch.device(rec["device"]), eager=eager_g, ops=rec["ops"])
+        part.use_native = part._native_pending = use_native
+        return part
+
+    outer, parts = program.rebuild(header, data, compiled, make_part)
+    if parts and use_native:
+        native.start(client)
+    result_of = {id(p): c for p, c in zip(parts, compiled)}
+    run_parts(parts, settings, lambda p: p.adopt(result_of[id(p)], settings))
+    tc = torch._guards.TracingContext.try_get()
+    if header.get("output_strides") is not None and tc is not None and tc.output_strides is not None:
+        tc.output_strides.extend(tuple(s) if s is not None else None for s in header["output_strides"])
+    fn: Callable[[list[Any]], Any] = make_boxed_func(outer.forward)
+    bump(record_hits=1, parts=len(parts))
+    RECORD_EVENTS.append(f"{key[:12]} rebuilt: {len(parts)} parts")
+    RECENT.append({"kind": kind, "parts": describe(parts), "segments": None, "record": key,
+                   "_refs": [weakref.ref(p) for p in parts]})
+    if header.get("cudagraphs"):
+        from . import cuda
+
+        return cuda.CudaGraphRunner(fn, name=f"{kind} graph")
+    return fn
+
+
+def _store_record(key: str, settings: CompileSettings, outer: torch.fx.GraphModule, parts: Sequence[KilnPart],
+                  output_strides: Optional[list[Any]], cudagraphs: bool) -> None:
+    """Writes the program record of a freshly compiled graph to kilnd; only when every part
+    compiled (a part left to torch by a passing failure must not be frozen into the record)."""
+    failed = [p.part_name for p in parts if p.compiled is None or p.error]
+    if failed:
+        RECORD_EVENTS.append(f"{key[:12]} not stored: parts {failed[:4]} did not compile")
+        return
+    try:
+        with _real_tensors():
+            record, handles = program.encode(outer, parts, output_strides=output_strides, cudagraphs=cudagraphs)
+        settings.client.put_model(key, program.FORMAT, record, handles)
+        bump(records_stored=1)
+        RECORD_EVENTS.append(f"{key[:12]} stored: {len(record)} bytes, {len(handles)} parts")
+    except program.NotRecordable as e:
+        log.debug("kiln.torch: graph not recorded: %s", e)
+        RECORD_EVENTS.append(f"{key[:12]} not recordable: {e}")
+    except Exception as e:
+        log.warning("kiln.torch: storing program record %s failed: %s: %s", key[:12], type(e).__name__, e)
+        RECORD_EVENTS.append(f"{key[:12]} not stored: {type(e).__name__}: {e}")
+
+
+# ------------------------------------------------------------------------------ sealed mode
+
+class SealedError(KilnError):
+    """A graph had to be compiled while kiln.torch was sealed with ``raise_on_miss``."""
+
+
+_SEALED: dict[str, bool] = {"on": os.environ.get("KILN_SEALED", "0") not in ("", "0"),
+                            "raise": os.environ.get("KILN_SEALED", "0") == "raise"}
+
+
+def seal(raise_on_miss: bool = False) -> None:
+    """From now on every graph that is not rebuilt from a program record (a new model, shape,
+    dtype, option, or a record kilnd lost) is a *sealed miss*: counted in
+    ``kiln.torch.stats()["sealed_misses"]``, reported in one warning with its reason, and, with
+    ``raise_on_miss``, raised as :class:`SealedError` instead of compiled. A deployment warms up
+    (or prewarms its cluster), seals, and so proves it never compiles in production.
+    ``$KILN_SEALED=1`` seals from the start, ``$KILN_SEALED=raise`` with ``raise_on_miss``."""
+    _SEALED["on"], _SEALED["raise"] = True, bool(raise_on_miss)
+
+
+def unseal() -> None:
+    _SEALED["on"] = _SEALED["raise"] = False
+
+
+def check_sealed(reason: str) -> None:
+    """Counts (and reports, or raises) a sealed miss for ``reason`` when sealed."""
+    if not _SEALED["on"]:
+        return
+    bump(sealed_misses=1)
+    if _SEALED["raise"]:
+        raise SealedError(f"kiln.torch is sealed: {reason}")
+    warnings.warn(f"kiln: sealed miss: {reason}; compiling it", KilnFallbackWarning, stacklevel=3)
 
 
 # Compiles started with options={"async": True} that have not finished, for wait().
@@ -379,7 +578,7 @@ def rewrite(gm: torch.fx.GraphModule, segments: Sequence[Segment]) -> tuple[torc
     def in_torch(nodes: Sequence[torch.fx.Node]) -> None:
         for n in nodes:
             if n.op == "get_attr":
-                root[n.target] = _get_attr(gm, n.target)
+                root[n.target] = get_attr(gm, n.target)
             elif n.op == "call_module":
                 root[n.target] = gm.get_submodule(n.target)
             env[n] = _direct_call(g.node_copy(n, lambda a: env[a]))
@@ -586,7 +785,7 @@ def _tensor_constant(gm: torch.fx.GraphModule, n: torch.fx.Node) -> Optional[tor
     a CUDA tensor's slice), or None: parameters, tensors of symbolic or fake values, tensors
     that require gradients and other attributes are not constants."""
     try:
-        v = _get_attr(gm, n.target)
+        v = get_attr(gm, n.target)
     except AttributeError:
         return None
     if not isinstance(v, torch.Tensor) or isinstance(v, torch.nn.Parameter) or v.requires_grad:
@@ -689,35 +888,6 @@ def _cse_key(a: Any) -> Any:
     raise TypeError(f"no CSE key for {type(a).__name__}")
 
 
-def _direct_calls() -> dict[Any, tuple[str, Any]]:
-    """ATen ops the torch side of a rewritten graph calls as Tensor methods or ``torch``
-    functions of the same schema instead of through ``torch.ops.aten.X.default``: the
-    OpOverload's Python ``__call__`` costs about as much as the view itself (2.5 µs against
-    0.8 µs for a view on a desktop CPU), and a BERT-base forward runs hundreds of such nodes."""
-    aten = torch.ops.aten
-    method = {
-        aten.view.default: "view", aten._unsafe_view.default: "view", aten.permute.default: "permute",
-        aten.expand.default: "expand", aten.t.default: "t", aten.transpose.int: "transpose",
-        aten.unsqueeze.default: "unsqueeze", aten.squeeze.dim: "squeeze", aten.select.int: "select",
-        aten.clone.default: "clone",
-    }
-    function = {aten.mm.default: torch.mm, aten.bmm.default: torch.bmm, aten.addmm.default: torch.addmm,
-                aten.gather.default: torch.gather, aten.embedding.default: torch.embedding}
-    # Attention: the OpOverload's Python call cost 29 µs of host time on an H200's host where
-    # F.scaled_dot_product_attention, reaching the same kernel through torch's bindings, cost
-    # 18 (tests/gpu/host_calls.py); the bindings of the ATen ops themselves are called here.
-    # Only calls that draw no random numbers (_direct_call), so the graph's random ops stay
-    # recognisable.
-    for name in ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
-                 "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention"):
-        op, fn = getattr(aten, name, None), getattr(torch, name, None)
-        if op is not None and fn is not None:
-            function[op.default] = fn
-    table: dict[Any, tuple[str, Any]] = {k: ("call_method", v) for k, v in method.items()}
-    table.update({k: ("call_function", v) for k, v in function.items()})
-    return table
-
-
 _DIRECT: Optional[dict[Any, tuple[str, Any]]] = None
 
 
@@ -727,7 +897,7 @@ def _direct_call(n: torch.fx.Node) -> torch.fx.Node:
     if n.op != "call_function":
         return n
     if _DIRECT is None:
-        _DIRECT = _direct_calls()
+        _DIRECT = direct_calls()
     hit = _DIRECT.get(n.target)
     if hit is None or not n.args or not isinstance(n.args[0], torch.fx.Node):
         return n
@@ -1092,13 +1262,6 @@ def fold_fresh_index_add(g: torch.fx.Graph) -> int:
     return count
 
 
-def _get_attr(gm: torch.nn.Module, target: str) -> Any:
-    obj: Any = gm
-    for atom in target.split("."):
-        obj = getattr(obj, atom)
-    return obj
-
-
 @functools.lru_cache(maxsize=2)
 def decompositions(random_in_kiln: bool = True) -> Any:
     """The decomposition table AOTAutograd applies: torch's core ATen decompositions, which
@@ -1222,6 +1385,8 @@ def make_backend(config: BackendConfig) -> Callable[..., Any]:
             return aot(gm, example_inputs)
         except Exception as e:
             _reraise_if_dynamo_control(e)
+            if isinstance(e, SealedError):
+                raise
             warnings.warn(f"kiln: AOTAutograd failed on a graph; running it in torch: {type(e).__name__}: {e}",
                           KilnFallbackWarning, stacklevel=2)
             return gm.forward
@@ -1241,7 +1406,7 @@ def backend(**options: Any) -> Callable[..., Any]:
     return make_backend(BackendConfig.from_args(mode, options))
 
 
-__all__ = ["AsyncGraph", "BackendConfig", "backend", "compile_aten_graph", "decompositions",
+__all__ = ["AsyncGraph", "BackendConfig", "SealedError", "backend", "check_sealed", "seal", "unseal", "compile_aten_graph", "decompositions",
            "eliminate_common_subexpressions", "fold_clones", "fold_reinterpret",
            "kiln_backend", "make_backend", "reinterpreted_view", "rewrite", "wait"]
 

@@ -62,7 +62,11 @@ class Stats:
     inputs and weights; :mod:`.layout`). ``random_draws``: ``rand_like`` draws (dropout masks)
     turned into kiln's counter-based numbers (:mod:`.rng`). ``constants``: values that depend
     on no input of their graph, computed once when it was compiled
-    (``fold_constant_subgraphs``).
+    (``fold_constant_subgraphs``). ``record_hits``: graphs rebuilt from a program record
+    (:mod:`.program`: no partitioning, one lookup for all their parts); ``record_misses``:
+    graphs whose record kilnd did not have; ``records_stored``: records this process wrote;
+    ``record_s``: time spent asking for and rebuilding records. ``sealed_misses``: graphs
+    compiled while sealed (:func:`kiln.torch.seal`).
     """
 
     graphs: int = 0
@@ -88,6 +92,11 @@ class Stats:
     layout_copies: int = 0
     random_draws: int = 0
     constants: int = 0
+    record_hits: int = 0
+    record_misses: int = 0
+    records_stored: int = 0
+    record_s: float = 0.0
+    sealed_misses: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -173,15 +182,19 @@ class KilnPart(torch.nn.Module):
     when building one failed; ``device`` the device it runs on.
     """
 
-    def __init__(self, name: str, segment: Segment, part: Optional[PartGraph], device: torch.device,
-                 build_error: Optional[str] = None) -> None:
+    def __init__(self, name: str, segment: Optional[Segment], part: Optional[PartGraph], device: torch.device,
+                 build_error: Optional[str] = None, *, eager: Optional[torch.fx.Graph] = None,
+                 ops: Optional[list[str]] = None) -> None:
         super().__init__()
         self.part_name = name
-        self._eager_graph: Optional[torch.fx.Graph] = eager_graph(segment)
+        # A part rebuilt from a program record (.program) has no segment: its nodes come as
+        # ``eager`` and their names as ``ops``.
+        self._eager_graph: Optional[torch.fx.Graph] = eager_graph(segment) if segment is not None else eager
         self._eager: Any = None  # the GraphModule of _eager_graph, made on the first torch run
         self.part = part
         self.device = device
-        self.ops = sorted({str(n.target).replace("aten.", "") for n in segment.nodes if n.op == "call_function"})
+        self.ops = (sorted({str(n.target).replace("aten.", "") for n in segment.nodes if n.op == "call_function"})
+                    if segment is not None else list(ops or []))
         self.kernel: Any = None
         self.compiled: Any = None
         self.error: Optional[str] = build_error
@@ -225,6 +238,17 @@ class KilnPart(torch.nn.Module):
                 with _memo_lock:
                     _memo[key] = compiled
                 bump(cache_hits=int(compiled.cache_hit), lookup_s=time.perf_counter() - t0)
+            return self.adopt(compiled, settings)
+        except Exception as e:  # compile errors, daemon down, load failures: all fall back
+            self.kernel = None
+            self.error = f"{type(e).__name__}: {e}"
+            return self.error
+
+    def adopt(self, compiled: Any, settings: CompileSettings) -> Optional[str]:
+        """Loads ``compiled`` (this part's result, from the daemon or a program record) as the
+        part's kernels; returns None on success, else the reason. Never raises."""
+        assert self.part is not None
+        try:
             t0 = time.perf_counter()
             self._load(compiled)
             bump(load_s=time.perf_counter() - t0)
@@ -234,7 +258,7 @@ class KilnPart(torch.nn.Module):
             if settings.autotune and not self.part.symbolic:
                 self._tune_with = settings
             return None
-        except Exception as e:  # compile errors, daemon down, load failures: all fall back
+        except Exception as e:  # load failures fall back
             self.kernel = None
             self.error = f"{type(e).__name__}: {e}"
             return self.error
@@ -629,13 +653,21 @@ def compile_parts(parts: Sequence[KilnPart], settings: CompileSettings) -> None:
     the calling thread, once for each part that falls back to torch."""
     if not parts:
         return
+    run_parts(parts, settings, lambda p: p.compile(settings))
+
+
+def run_parts(parts: Sequence[KilnPart], settings: CompileSettings, job: Any) -> None:
+    """Runs ``job(part)`` (a compile or a load, returning None or the reason it failed) on the
+    parts concurrently, then warns once for each part that falls back to torch."""
+    if not parts:
+        return
     t0 = time.perf_counter()
     workers = max(1, min(8, len(parts)))
     if workers == 1:
-        errors = [p.compile(settings) for p in parts]
+        errors = [job(p) for p in parts]
     else:
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kiln-compile") as ex:
-            errors = list(ex.map(lambda p: p.compile(settings), parts))
+            errors = list(ex.map(job, parts))
     bump(compile_s=time.perf_counter() - t0)
     for p, err in zip(parts, errors):
         if err is None:
@@ -674,6 +706,7 @@ __all__ = [
     "clear_memo",
     "compile_parts",
     "describe",
+    "run_parts",
     "reset_stats",
     "target_for",
 ]

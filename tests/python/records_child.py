@@ -1,0 +1,80 @@
+"""One fresh process of the program-record tests (test_torch_records.py): compiles a small model
+with the kiln backend, runs it once, and writes its outputs (and gradients) and kiln.torch's
+counters to files. Arguments: MODE (infer | train | conv), OUT_DIR, then KEY=VALUE settings:
+batch, dtype, sealed (0, 1, raise), records (0 or 1)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import kiln
+import kiln.torch as kt
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+        # A value of no input (as a transformer's attention mask): folded into a constant of
+        # the compiled graph, which its record carries.
+        bias = torch.triu(torch.full((x.shape[-1], x.shape[-1]), -0.5, dtype=x.dtype, device=x.device), 1).sum(0)
+        return torch.softmax((x + h) * self.scale + bias, dim=-1)
+
+
+class Conv(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3))
+
+
+def main() -> None:
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    opts = dict(a.split("=", 1) for a in sys.argv[3:])
+    dtype = getattr(torch, opts.get("dtype", "float32"))
+    batch = int(opts.get("batch", "4"))
+    torch.manual_seed(0)
+    if mode == "conv":
+        model: torch.nn.Module = Conv().eval().to(dtype)
+        x = torch.randn(batch, 3, 8, 8, dtype=dtype)
+    else:
+        model = Block().to(dtype)
+        x = torch.randn(batch, 16, 32, dtype=dtype)
+    if opts.get("sealed", "0") != "0":
+        kt.seal(raise_on_miss=opts["sealed"] == "raise")
+    client = kiln.Client()
+    fn = torch.compile(model, backend="kiln", options={"client": client, "records": opts.get("records", "1") == "1"})
+    result: dict[str, object] = {}
+    try:
+        if mode == "train":
+            y = fn(x)
+            (y * torch.arange(y.numel(), dtype=dtype).reshape(y.shape)).sum().backward()
+            tensors = {"y": y.detach(), **{f"grad.{k}": p.grad for k, p in model.named_parameters()}}
+        else:
+            with torch.no_grad():
+                tensors = {"y": fn(x)}
+        torch.save(tensors, out / "tensors.pt")
+    except Exception as e:  # torch.compile wraps the backend's SealedError in its own error
+        if "kiln.torch is sealed" not in str(e):
+            raise
+        result["sealed_error"] = str(e)
+    result["stats"] = kt.stats()
+    result["graphs"] = [{k: v for k, v in g.items() if not k.startswith("_")} for g in kt.last_graphs()]
+    (out / "result.json").write_text(json.dumps(result, default=str))
+
+
+if __name__ == "__main__":
+    main()
