@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""First result of a ``transformers`` BERT through torch.compile in a fresh process, with warm
-caches: kiln (its daemon and the local artifact folder full) against Inductor (its FX graph and
-AOTAutograd caches full), alternating fresh processes, and where kiln's time goes.
+"""First compiled result of a model through torch.compile in a fresh process, with warm caches:
+kiln against Inductor (its FX graph and AOTAutograd caches full), alternating fresh processes,
+and where kiln's time goes. Workloads (``--workload``): a ``transformers`` BERT's inference
+(``bert``) or training step with AdamW (``bert-train``), torchvision's resnet18 inference.
+kiln runs as ``kiln`` (kilnd and the local artifact folder full), ``kiln-new`` (kilnd full, an
+empty local folder per process: another machine of the cluster) and ``kiln-norec`` (program
+records off). Every kiln process's output is compared with kiln's cold run's by digest.
 
 Each measured process imports torch, transformers and kiln (not timed: a program pays those
 imports anyway), builds the model, then times ``torch.compile(model)`` plus the first
-inference call. kiln's processes also report the backend's own counters
+compiled call (or training step). kiln's processes also report the backend's own counters
 (:func:`kiln.torch.stats`): ``backend_s`` (inside the backend: AOTAutograd's trace, kiln's
 partitioning, the parts' lookups and loads), ``partition_s`` and ``compile_s``; what is left
 of the total is Dynamo's trace and the first call.

@@ -6,6 +6,7 @@
 # (tests/bench/torch_warm_bench.py). Logs go to $OUT when it is set.
 #
 #   tests/gpu/with_pack.sh PACK bash tests/gpu/warm_start_gpu.sh [REPEAT] [WORKLOADS]
+# $BACKENDS overrides torch_warm_bench.py's backend list.
 set -euo pipefail
 repeat="${1:-3}"
 workloads="${2:-bert bert-train resnet18}"
@@ -18,5 +19,6 @@ for w in $workloads; do
   esac
   echo "== $w"
   python3 tests/bench/torch_warm_bench.py --device cuda --workload "$w" "${size[@]}" --repeat "$repeat" \
+    ${BACKENDS:+--backends "$BACKENDS"} \
     2>&1 | tee "$out/warm_$w.log" | grep -v '^kiln.* warm [0-9]*: \|^inductor warm [0-9]*: ' || true
 done

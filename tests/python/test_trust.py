@@ -523,3 +523,30 @@ def test_a_client_that_trusts_no_key_needs_no_cryptography():
                        env=dict(os.environ, KILN_TRUSTED_KEYS=""))
     assert r.returncode == 0, r.stderr
     assert "needs it for keys" in r.stdout
+
+
+def test_model_records_are_signed_and_need_their_roles(secure, pki, tmp_path):
+    """A compiled-model record (kiln.torch's warm start) is written with role compile, read with
+    role read, signed by kilnd and refused by a client when its signed fields or bytes change."""
+    with client(secure, pki, "compiler") as compiler, \
+            client(secure, pki, "reader", cache_dir=tmp_path / "empty") as reader:
+        part = compiler.compile(graph(4.5), "cpu", FAST).handle
+        key, fmt = "9" * 64, "test.records/1"
+        with pytest.raises(kiln.RpcError) as e:
+            reader.put_model(key, fmt, b"record", [part])
+        assert rpc_code(e) == "PERMISSION_DENIED"
+        compiler.put_model(key, fmt, b"record", [part])
+        record, parts = reader.get_model(key, fmt)
+        assert record == b"record" and [p.handle for p in parts] == [part]
+        resp = reader._call("GetModel", kiln.v1.service_pb2.GetModelRequest(model_key=key, format=fmt), 20)
+        assert resp.record_result.signature.key_id in reader.trust.key_ids
+        resp.record_result.key_fields[0].value = "8" * 64  # another model's key
+        with pytest.raises(VerificationError):
+            reader.trust.check(resp.handle, resp.record_result)
+        digests = [a.digest for a in parts[0].result.artifacts]
+        assert digests and all(reader.cache.get(d) is None for d in digests)
+        reader.fetch_many(digests)  # one GetBlobs call, each blob verified before it is kept
+        assert all(reader.cache.get(d) is not None for d in digests)
+    with client(secure, pki, "compiler", trusted_keys=[pki.other_signing[1]]) as untrusting:
+        with pytest.raises(VerificationError, match="not trusted"):
+            untrusting.get_model(key, fmt)
