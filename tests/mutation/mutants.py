@@ -173,6 +173,23 @@ MUTANTS: list[Mutant] = [
         replace="  if (false && entry.role < needed) {",
         tests=("gtest:auth_test:Authorizer.*",),
     ),
+    Mutant(
+        name="token-in-flight-reported-zero",
+        what="GetStats reports every token's compiles in flight as 0",
+        file="server/auth/tokens.cc",
+        find="    t->set_compiles_in_flight(c.compiles_in_flight.load(std::memory_order_relaxed));",
+        replace="    t->set_compiles_in_flight(0);",
+        tests=_daemon("tests/python/test_trust.py::test_per_token_compile_limit_refuses_misses_but_serves_hits"),
+        build=("kilnd",),
+    ),
+    Mutant(
+        name="model-record-digest-unchecked",
+        what="the Python client uses a compiled-model record without comparing it with its signed digest",
+        file="client/python/kiln/client.py",
+        find="        if got != arts[0].digest:",
+        replace="        if False and got != arts[0].digest:",
+        tests=_daemon("tests/python/test_torch_records.py::test_tampered_record_is_refused"),
+    ),
 ]
 
 # The small sample deploy/test.sh runs on every CI run: one compiler bug, one cache bug.
