@@ -1,7 +1,8 @@
 """One fresh process of the program-record tests (test_torch_records.py): compiles a small model
 with the kiln backend, runs it once, and writes its outputs (and gradients) and kiln.torch's
 counters to files. Arguments: MODE (infer | train | conv), OUT_DIR, then KEY=VALUE settings:
-batch, dtype, sealed (0, 1, raise), records (0 or 1)."""
+batch, dtype, sealed (0, 1, raise), records (0 or 1), device (cpu, cuda), compile_mode
+(torch.compile's mode, e.g. reduce-overhead). tests/gpu/records_gpu.sh runs it on a GPU."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def main() -> None:
     opts = dict(a.split("=", 1) for a in sys.argv[3:])
     dtype = getattr(torch, opts.get("dtype", "float32"))
     batch = int(opts.get("batch", "4"))
+    device = opts.get("device", "cpu")
     torch.manual_seed(0)
     if mode == "conv":
         model: torch.nn.Module = Conv().eval().to(dtype)
@@ -53,19 +55,26 @@ def main() -> None:
     else:
         model = Block().to(dtype)
         x = torch.randn(batch, 16, 32, dtype=dtype)
+    model, x = model.to(device), x.to(device)
     if opts.get("sealed", "0") != "0":
         kt.seal(raise_on_miss=opts["sealed"] == "raise")
     client = kiln.Client()
-    fn = torch.compile(model, backend="kiln", options={"client": client, "records": opts.get("records", "1") == "1"})
+    fn = torch.compile(model, backend="kiln", mode=opts.get("compile_mode"),
+                       options=None if opts.get("compile_mode") else
+                       {"client": client, "records": opts.get("records", "1") == "1"})
+    calls = 3 if opts.get("compile_mode") else 1  # a CUDA graph is captured after a warm-up call
     result: dict[str, object] = {}
     try:
-        if mode == "train":
-            y = fn(x)
-            (y * torch.arange(y.numel(), dtype=dtype).reshape(y.shape)).sum().backward()
-            tensors = {"y": y.detach(), **{f"grad.{k}": p.grad for k, p in model.named_parameters()}}
-        else:
-            with torch.no_grad():
-                tensors = {"y": fn(x)}
+        for _ in range(calls):
+            if mode == "train":
+                model.zero_grad(set_to_none=True)
+                y = fn(x)
+                (y * torch.arange(y.numel(), dtype=dtype, device=device).reshape(y.shape)).sum().backward()
+                tensors = {"y": y.detach().clone(), **{f"grad.{k}": p.grad for k, p in model.named_parameters()}}
+            else:
+                with torch.no_grad():
+                    tensors = {"y": fn(x).clone()}
+        tensors = {k: v.cpu() for k, v in tensors.items()}
         torch.save(tensors, out / "tensors.pt")
     except Exception as e:  # torch.compile wraps the backend's SealedError in its own error
         if "kiln.torch is sealed" not in str(e):
