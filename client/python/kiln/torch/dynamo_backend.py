@@ -56,7 +56,6 @@ warning; the user's program goes on.
 
 from __future__ import annotations
 
-import base64
 import collections
 import concurrent.futures
 import dataclasses
@@ -82,7 +81,7 @@ from .partition import NothingToCompute, Segment, build_part, partition
 from .rng import dropout_decomposition, seed_draws
 from . import program
 from .program import direct_calls, get_attr
-from .. import graph_pb2, service_pb2
+from .. import service_pb2
 from ..client import Compiled
 from ..errors import KilnError
 from .runtime import CompileSettings, KilnFallbackWarning, KilnPart, bump, compile_parts, describe, run_parts
@@ -236,7 +235,7 @@ def _partition_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[An
         t0 = time.perf_counter()
         record_key = _record_key(gm, example_inputs, config, kind, user_outputs)
         if record_key is not None:
-            warm = _from_record(record_key, config, settings, kind, example_inputs)
+            warm = _from_record(record_key, config, settings, kind)
             if warm is not None:
                 return warm
         check_sealed(f"a {kind} graph of {len(gm.graph.nodes)} nodes has no program record in kilnd"
@@ -344,12 +343,10 @@ def _reported_strides() -> Optional[list[Any]]:
     return list(tc.output_strides) if tc is not None and tc.output_strides is not None else None
 
 
-def _from_record(key: str, config: BackendConfig, settings: Optional[CompileSettings], kind: str,
-                 example_inputs: Sequence[Any]) -> Optional[Callable[[list[Any]], Any]]:
+def _from_record(key: str, config: BackendConfig, settings: Optional[CompileSettings],
+                 kind: str) -> Optional[Callable[[list[Any]], Any]]:
     """The compiled graph rebuilt from kilnd's record under ``key``, or None on a miss (or any
     failure, which costs only the time it took: the graph is then compiled as usual)."""
-    from functorch.compile import make_boxed_func
-
     t0 = time.perf_counter()
     try:
         with _real_tensors():
@@ -387,11 +384,7 @@ def _rebuild_from_record(key: str, config: BackendConfig, settings: Optional[Com
     header, data = program.decode(record)
     if len(responses) != len(header["parts"]):
         raise KilnError(f"the record names {len(header['parts'])} parts, the daemon sent {len(responses)}")
-    graphs = []
-    for rec in header["parts"]:
-        g = graph_pb2.Graph()
-        g.ParseFromString(base64.b64decode(rec["graph"]))
-        graphs.append(g)
+    graphs = program.part_graphs(header)
     compiled = [Compiled(client, r, graph=g) for r, g in zip(responses, graphs)]
     # Every artifact a part loads, brought in one call where the local folder lacks any.
     client.fetch_many([a.digest for c in compiled for a in c.result.artifacts
@@ -403,7 +396,7 @@ def _rebuild_from_record(key: str, config: BackendConfig, settings: Optional[Com
         part.use_native = part._native_pending = use_native
         return part
 
-    outer, parts = program.rebuild(header, data, compiled, make_part)
+    outer, parts = program.rebuild(header, data, graphs, compiled, make_part)
     if parts and use_native:
         native.start(client)
     result_of = {id(p): c for p, c in zip(parts, compiled)}

@@ -446,19 +446,28 @@ def _constant(c: dict[str, Any], data: memoryview) -> torch.Tensor:
     return t.requires_grad_(c["requires_grad"]) if c["requires_grad"] and t.is_floating_point() else t
 
 
-def rebuild(header: dict[str, Any], data: memoryview, compiled: Sequence[Any],
+def part_graphs(header: dict[str, Any]) -> list[Any]:
+    """The kiln graph (kiln.v1.Graph) of each part a record names, in its order."""
+    out = []
+    for rec in header["parts"]:
+        g = graph_pb2.Graph()
+        g.ParseFromString(base64.b64decode(rec["graph"]))
+        out.append(g)
+    return out
+
+
+def rebuild(header: dict[str, Any], data: memoryview, graphs: Sequence[Any], compiled: Sequence[Any],
             make_part: Callable[[dict[str, Any], PartGraph, torch.fx.Graph, Any], Any]) -> tuple[torch.fx.GraphModule, list[Any]]:
     """The rewritten graph of a record, its parts made by ``make_part(record, part graph,
-    eager graph, compiled)`` from the results ``compiled`` (in the record's order)."""
+    eager graph, compiled)`` from their kiln graphs ``graphs`` (:func:`part_graphs`) and the
+    results ``compiled`` (in the record's order)."""
     if len(compiled) != len(header["parts"]):
         raise KilnError(f"the record names {len(header['parts'])} parts, the daemon sent {len(compiled)}")
     root = torch.nn.Module()
     parts = []
-    for rec, c in zip(header["parts"], compiled):
+    for rec, g, c in zip(header["parts"], graphs, compiled):
         if c.handle != rec["handle"]:
             raise KilnError(f"part {rec['name']}: the daemon sent {c.handle[:12]}, the record names {rec['handle'][:12]}")
-        g = graph_pb2.Graph()
-        g.ParseFromString(base64.b64decode(rec["graph"]))
         pg = PartGraph(graph=g, inputs=[_unspec(s) for s in rec["inputs"]], outputs=[_unspec(s) for s in rec["outputs"]],
                        sources=[(str(k), int(i)) for k, i in rec["sources"]],
                        num_kiln_outputs=int(rec["num_kiln_outputs"]), num_nodes=int(rec["num_nodes"]))
@@ -480,5 +489,5 @@ def rebuild(header: dict[str, Any], data: memoryview, compiled: Sequence[Any],
 
 
 __all__ = ["FORMAT", "NotRecordable", "decode", "decode_graph", "direct_calls", "encode", "encode_graph", "enabled",
-           "get_attr", "model_key",
+           "get_attr", "model_key", "part_graphs",
            "rebuild", "sources_digest"]
