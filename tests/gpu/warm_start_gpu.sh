@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Warm start on a GPU machine: the first compiled result of BERT-base inference, a BERT-base
 # training step (AdamW) and resnet18 inference in fresh processes, kiln (warm kilnd and local
-# folder; warm kilnd and an empty local folder, as on another machine; and without program
-# records) against Inductor with its caches warm, alternating rounds
+# folder; warm kilnd and an empty local folder, as on another machine; without program records;
+# precompiled models, with a full and an empty local folder) against Inductor with its caches
+# warm and PyTorch's own AOT precompile loaded from its file, alternating rounds
 # (tests/bench/torch_warm_bench.py). Logs go to $OUT when it is set.
 #
 #   tests/gpu/with_pack.sh PACK bash tests/gpu/warm_start_gpu.sh [REPEAT] [WORKLOADS]
@@ -20,5 +21,5 @@ for w in $workloads; do
   echo "== $w"
   python3 tests/bench/torch_warm_bench.py --device cuda --workload "$w" "${size[@]}" --repeat "$repeat" \
     ${BACKENDS:+--backends "$BACKENDS"} \
-    2>&1 | tee "$out/warm_$w.log" | grep -v '^kiln.* warm [0-9]*: \|^inductor warm [0-9]*: ' || true
+    2>&1 | tee "$out/warm_$w.log" | grep -v '^kiln.* warm [0-9]*: \|^inductor warm [0-9]*: \|^torch-aot warm [0-9]*: ' || true
 done

@@ -1,8 +1,12 @@
 """One fresh process of the program-record tests (test_torch_records.py): compiles a small model
 with the kiln backend, runs it once, and writes its outputs (and gradients) and kiln.torch's
-counters to files. Arguments: MODE (infer | train | conv), OUT_DIR, then KEY=VALUE settings:
-batch, dtype, sealed (0, 1, raise), records (0 or 1), device (cpu, cuda), compile_mode
-(torch.compile's mode, e.g. reduce-overhead). tests/gpu/records_gpu.sh runs it on a GPU."""
+counters to files. Arguments: MODE (infer | train | conv | helper), OUT_DIR, then KEY=VALUE
+settings: batch, dtype, sealed (0, 1, raise), records (0 or 1), device (cpu, cuda), compile_mode
+(torch.compile's mode, e.g. reduce-overhead), precompile (1: kiln.torch.compile's precompiled
+models, test_torch_precompile.py), seed (the weights), eps (the LayerNorm's).
+``helper`` is ``infer`` with a function from the module ``kiln_test_helper`` (found on
+PYTHONPATH) applied to the output. The result holds the largest difference from eager.
+tests/gpu/records_gpu.sh runs it on a GPU."""
 
 from __future__ import annotations
 
@@ -17,9 +21,10 @@ import kiln.torch as kt
 
 
 class Block(torch.nn.Module):
-    def __init__(self, width: int = 32) -> None:
+    def __init__(self, width: int = 32, eps: float = 1e-5, helper: object = None) -> None:
         super().__init__()
-        self.norm = torch.nn.LayerNorm(width)
+        self.norm = torch.nn.LayerNorm(width, eps=eps)
+        self.helper = helper
         self.up = torch.nn.Linear(width, 4 * width)
         self.down = torch.nn.Linear(4 * width, width)
         self.register_buffer("scale", torch.linspace(0.5, 1.5, width))
@@ -29,7 +34,8 @@ class Block(torch.nn.Module):
         # A value of no input (as a transformer's attention mask): folded into a constant of
         # the compiled graph, which its record carries.
         bias = torch.triu(torch.full((x.shape[-1], x.shape[-1]), -0.5, dtype=x.dtype, device=x.device), 1).sum(0)
-        return torch.softmax((x + h) * self.scale + bias, dim=-1)
+        y = torch.softmax((x + h) * self.scale + bias, dim=-1)
+        return self.helper.shift(y) if self.helper is not None else y
 
 
 class Conv(torch.nn.Module):
@@ -48,20 +54,26 @@ def main() -> None:
     dtype = getattr(torch, opts.get("dtype", "float32"))
     batch = int(opts.get("batch", "4"))
     device = opts.get("device", "cpu")
-    torch.manual_seed(0)
+    torch.manual_seed(int(opts.get("seed", "0")))
     if mode == "conv":
         model: torch.nn.Module = Conv().eval().to(dtype)
         x = torch.randn(batch, 3, 8, 8, dtype=dtype)
     else:
-        model = Block().to(dtype)
+        helper = None
+        if mode == "helper":
+            import kiln_test_helper as helper  # type: ignore[import-not-found, no-redef]
+        model = Block(eps=float(opts.get("eps", "1e-5")), helper=helper).to(dtype)
         x = torch.randn(batch, 16, 32, dtype=dtype)
     model, x = model.to(device), x.to(device)
     if opts.get("sealed", "0") != "0":
         kt.seal(raise_on_miss=opts["sealed"] == "raise")
     client = kiln.Client()
-    fn = torch.compile(model, backend="kiln", mode=opts.get("compile_mode"),
-                       options=None if opts.get("compile_mode") else
-                       {"client": client, "records": opts.get("records", "1") == "1"})
+    if opts.get("precompile") == "1":
+        fn = kt.compile(model, mode=opts.get("compile_mode"), options={"client": client, "precompile": True})
+    else:
+        fn = torch.compile(model, backend="kiln", mode=opts.get("compile_mode"),
+                           options=None if opts.get("compile_mode") else
+                           {"client": client, "records": opts.get("records", "1") == "1"})
     calls = 3 if opts.get("compile_mode") else 1  # a CUDA graph is captured after a warm-up call
     result: dict[str, object] = {}
     try:
@@ -76,12 +88,17 @@ def main() -> None:
                     tensors = {"y": fn(x).clone()}
         tensors = {k: v.cpu() for k, v in tensors.items()}
         torch.save(tensors, out / "tensors.pt")
+        with torch.no_grad():
+            result["max_err"] = float((model(x).cpu() - tensors["y"]).abs().max())
     except Exception as e:  # torch.compile wraps the backend's SealedError in its own error
         if "kiln.torch is sealed" not in str(e):
             raise
         result["sealed_error"] = str(e)
     result["stats"] = kt.stats()
     result["graphs"] = [{k: v for k, v in g.items() if not k.startswith("_")} for g in kt.last_graphs()]
+    from kiln.torch.dynamo_backend import RECORD_EVENTS
+
+    result["events"] = list(RECORD_EVENTS)
     (out / "result.json").write_text(json.dumps(result, default=str))
 
 

@@ -84,14 +84,14 @@ from .program import direct_calls, get_attr
 from .. import service_pb2
 from ..client import Compiled
 from ..errors import KilnError
-from .runtime import CompileSettings, KilnFallbackWarning, KilnPart, bump, compile_parts, describe, run_parts
+from .runtime import CompileSettings, KilnFallbackWarning, KilnPart, boxed, bump, compile_parts, describe, run_parts
 
 log = logging.getLogger("kiln.torch")
 
 _CUDAGRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 _KNOWN_OPTIONS = frozenset({"client", "server", "cpu_target", "opt_level", "compile_options", "cudagraphs",
                             "triton.cudagraphs", "timeout", "async", "native", "autotune", "layout", "random",
-                            "records"})
+                            "records", "precompile"})
 _LAYOUTS = frozenset({"channels_last", "keep"})
 _RANDOM = frozenset({"auto", "kiln", "torch"})
 
@@ -201,10 +201,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], 
     while Dynamo is compiling the frame; a graph the layout pass rewrites too (it reports the
     new output strides to AOTAutograd, which is compiling now).
     """
-    from functorch.compile import make_boxed_func
-
     bump(graphs=1)
-    eager = make_boxed_func(gm.forward)  # the traced code, kept even if a pass recompiles gm
+    eager = boxed(gm.forward)  # the traced code, kept even if a pass recompiles gm
     if config.async_compile and _static(example_inputs) and not wants_channels_last(gm, config.layout):
         settings = config.settings()
         built: list[Callable[[list[Any]], Any]] = []
@@ -229,8 +227,6 @@ def _partition_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[An
     """Partitions ``gm`` into kiln parts and compiles them: with ``settings`` (a background job
     of :func:`compile_aten_graph`) here and now, else in the background under ``async`` or here.
     Any failure: ``eager``, after a warning."""
-    from functorch.compile import make_boxed_func
-
     try:
         t0 = time.perf_counter()
         record_key = _record_key(gm, example_inputs, config, kind, user_outputs)
@@ -265,7 +261,7 @@ def _partition_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[An
             wrap_cuda_graphs = cuda.wants_cuda_graphs(example_inputs)
             if wrap_cuda_graphs and cuda.philox_state_on_host(outer.graph):
                 outer.recompile()
-        fn: Callable[[list[Any]], Any] = make_boxed_func(outer.forward)
+        fn: Callable[[list[Any]], Any] = boxed(outer.forward)
         bump(partition_s=time.perf_counter() - t0)
 
         def finish() -> Callable[[list[Any]], Any]:
@@ -282,13 +278,15 @@ def _partition_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[An
         reported = _reported_strides()
         output_strides = reported[len(strides_before):] if reported is not None and strides_before is not None else None
 
+        stored: list[Optional[StoredRecord]] = [None]
+
         def compile_all(settings: Any) -> None:
             if parts:
                 if use_native:
                     native.start(settings.client)  # in the background; parts switch once it is loaded
                 compile_parts(parts, settings)
             if record_key is not None and settings is not None:
-                _store_record(record_key, settings, outer, parts, output_strides, wrap_cuda_graphs)
+                stored[0] = _store_record(record_key, settings, outer, parts, output_strides, wrap_cuda_graphs)
             RECENT.append({"kind": kind, "parts": describe(parts), "segments": len(segments),
                            "_refs": [weakref.ref(p) for p in parts]})
 
@@ -299,7 +297,7 @@ def _partition_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[An
             later = config.settings()
             return AsyncGraph(fn, submit_compile(lambda: compile_all(later)), finish)
         compile_all(config.settings() if parts or record_key is not None else None)
-        return finish()
+        return _with_record(finish(), stored[0])
     except Exception as e:
         _reraise_if_dynamo_control(e)
         if isinstance(e, SealedError):
@@ -353,12 +351,18 @@ def _from_record(key: str, config: BackendConfig, settings: Optional[CompileSett
             return _rebuild_from_record(key, config, settings, kind)
     except Exception as e:
         _reraise_if_dynamo_control(e)
-        log.warning("kiln.torch: program record %s not used: %s: %s", key[:12], type(e).__name__, e)
-        RECORD_EVENTS.append(f"{key[:12]} not used: {type(e).__name__}: {e}")
-        bump(record_misses=1)
+        record_not_used(key[:12], e, "record_misses")
         return None
     finally:
         bump(record_s=time.perf_counter() - t0)
+
+
+def record_not_used(label: str, e: BaseException, counter: str) -> None:
+    """Reports a record that was found but could not be used (logged, in RECORD_EVENTS, counted
+    as a miss under ``counter``): the graph or model is then compiled as if it had none."""
+    log.warning("kiln.torch: %s not used: %s: %s", label, type(e).__name__, e)
+    RECORD_EVENTS.append(f"{label} not used: {type(e).__name__}: {e}")
+    bump(**{counter: 1})
 
 
 def _real_tensors() -> Any:
@@ -371,17 +375,43 @@ def _real_tensors() -> Any:
 
 def _rebuild_from_record(key: str, config: BackendConfig, settings: Optional[CompileSettings],
                          kind: str) -> Optional[Callable[[list[Any]], Any]]:
-    from functorch.compile import make_boxed_func
-
     settings = settings or config.settings()
-    client = settings.client
-    got = client.get_model(key, program.FORMAT)
+    got = settings.client.get_model(key, program.FORMAT)
     if got is None:
         bump(record_misses=1)
         RECORD_EVENTS.append(f"{key[:12]} missed")
         return None
     record, responses = got
-    header, data = program.decode(record)
+    return rebuild_record(StoredRecord(key, record, [r.handle for r in responses]), responses, config, settings, kind)
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """A program record kilnd holds: its key, its bytes and its parts' handles (what a
+    precompiled model, :mod:`.precompile`, carries of each graph)."""
+
+    key: str
+    record: bytes
+    handles: list[str]
+
+
+def _with_record(fn: Callable[[list[Any]], Any], stored: Optional[StoredRecord]) -> Callable[[list[Any]], Any]:
+    """``fn`` (a compiled graph) marked with the program record it was stored as or rebuilt
+    from, if any: :mod:`.precompile` keeps that record in place of the graph."""
+    if stored is not None:
+        fn.kiln_record = stored  # type: ignore[attr-defined]
+    return fn
+
+
+def rebuild_record(stored: StoredRecord, responses: Sequence[Any], config: BackendConfig,
+                   settings: Optional[CompileSettings], kind: str) -> Callable[[list[Any]], Any]:
+    """The compiled graph of a program record, given the daemon's answers for its parts (as
+    GetModel returns them): parts adopt their results without any lookup; artifacts the local
+    folder lacks are fetched in one call."""
+    settings = settings or config.settings()
+    client = settings.client
+    key = stored.key
+    header, data = program.decode(stored.record)
     if len(responses) != len(header["parts"]):
         raise KilnError(f"the record names {len(header['parts'])} parts, the daemon sent {len(responses)}")
     graphs = program.part_graphs(header)
@@ -404,7 +434,7 @@ def _rebuild_from_record(key: str, config: BackendConfig, settings: Optional[Com
     tc = torch._guards.TracingContext.try_get()
     if header.get("output_strides") is not None and tc is not None and tc.output_strides is not None:
         tc.output_strides.extend(tuple(s) if s is not None else None for s in header["output_strides"])
-    fn: Callable[[list[Any]], Any] = make_boxed_func(outer.forward)
+    fn: Callable[[list[Any]], Any] = boxed(outer.forward)
     bump(record_hits=1, parts=len(parts))
     RECORD_EVENTS.append(f"{key[:12]} rebuilt: {len(parts)} parts")
     RECENT.append({"kind": kind, "parts": describe(parts), "segments": None, "record": key,
@@ -412,30 +442,33 @@ def _rebuild_from_record(key: str, config: BackendConfig, settings: Optional[Com
     if header.get("cudagraphs"):
         from . import cuda
 
-        return cuda.CudaGraphRunner(fn, name=f"{kind} graph")
-    return fn
+        fn = cuda.CudaGraphRunner(fn, name=f"{kind} graph")
+    return _with_record(fn, stored)
 
 
 def _store_record(key: str, settings: CompileSettings, outer: torch.fx.GraphModule, parts: Sequence[KilnPart],
-                  output_strides: Optional[list[Any]], cudagraphs: bool) -> None:
+                  output_strides: Optional[list[Any]], cudagraphs: bool) -> Optional[StoredRecord]:
     """Writes the program record of a freshly compiled graph to kilnd; only when every part
-    compiled (a part left to torch by a passing failure must not be frozen into the record)."""
+    compiled (a part left to torch by a passing failure must not be frozen into the record).
+    Returns what was stored, or None."""
     failed = [p.part_name for p in parts if p.compiled is None or p.error]
     if failed:
         RECORD_EVENTS.append(f"{key[:12]} not stored: parts {failed[:4]} did not compile")
-        return
+        return None
     try:
         with _real_tensors():
             record, handles = program.encode(outer, parts, output_strides=output_strides, cudagraphs=cudagraphs)
         settings.client.put_model(key, program.FORMAT, record, handles)
         bump(records_stored=1)
         RECORD_EVENTS.append(f"{key[:12]} stored: {len(record)} bytes, {len(handles)} parts")
+        return StoredRecord(key, record, list(handles))
     except program.NotRecordable as e:
         log.debug("kiln.torch: graph not recorded: %s", e)
         RECORD_EVENTS.append(f"{key[:12]} not recordable: {e}")
     except Exception as e:
         log.warning("kiln.torch: storing program record %s failed: %s: %s", key[:12], type(e).__name__, e)
         RECORD_EVENTS.append(f"{key[:12]} not stored: {type(e).__name__}: {e}")
+    return None
 
 
 # ------------------------------------------------------------------------------ sealed mode
@@ -1344,11 +1377,25 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mod
     return make_backend(config)(gm, example_inputs)
 
 
-def make_backend(config: BackendConfig) -> Callable[..., Any]:
-    """A backend callable for ``config``: AOTAutograd around :func:`compile_aten_graph`."""
+def make_backend(config: BackendConfig, *,
+                 wrap: Optional[Callable[[Callable[[list[Any]], Any], str], Any]] = None) -> Callable[..., Any]:
+    """A backend callable for ``config``: AOTAutograd around :func:`compile_aten_graph`.
+
+    ``wrap(compiled, kind)``, if given, replaces what each ATen graph compiled to
+    (:mod:`.precompile`: an OutputCode that torch can serialize). After a call the backend's
+    ``compiler_fn`` is the AOTAutograd it used (torch's AOT compile reads it), or None when the
+    graph fell back to torch."""
+
+    def compiler(kind: str, **fixed: Any) -> Callable[..., Any]:
+        def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw: Any) -> Any:
+            fn = compile_aten_graph(gm, example_inputs, **fixed, kind=kind, **kw)
+            return wrap(fn, kind) if wrap is not None else fn
+
+        return compile_graph
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable[..., Any]:
         t0 = time.perf_counter()
+        backend.compiler_fn = None  # type: ignore[attr-defined]
         try:
             from functorch.compile import min_cut_rematerialization_partition
             from torch._dynamo.backends.common import aot_autograd
@@ -1365,17 +1412,18 @@ def make_backend(config: BackendConfig) -> Callable[..., Any]:
             outs = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
             user_outputs = len(pytree.tree_leaves(outs.args))
             aot = aot_autograd(
-                fw_compiler=functools.partial(compile_aten_graph, config=graph_config, kind="forward",
-                                              user_outputs=user_outputs),
-                bw_compiler=functools.partial(compile_aten_graph, config=graph_config, kind="backward"),
-                inference_compiler=functools.partial(compile_aten_graph, config=graph_config, kind="inference"),
+                fw_compiler=compiler("forward", config=graph_config, user_outputs=user_outputs),
+                bw_compiler=compiler("backward", config=graph_config),
+                inference_compiler=compiler("inference", config=graph_config),
                 decompositions=decompositions(random_in_kiln=graph_config.random == "kiln"),
                 # Recomputes cheap pointwise ops in the backward instead of saving them, as
                 # Inductor does: fewer tensors saved, larger fusable runs.
                 partition_fn=min_cut_rematerialization_partition,
                 keep_inference_input_mutations=True,
             )
-            return aot(gm, example_inputs)
+            compiled = aot(gm, example_inputs)
+            backend.compiler_fn = aot  # type: ignore[attr-defined]
+            return compiled
         except Exception as e:
             _reraise_if_dynamo_control(e)
             if isinstance(e, SealedError):
@@ -1387,6 +1435,8 @@ def make_backend(config: BackendConfig) -> Callable[..., Any]:
             bump(backend_s=time.perf_counter() - t0)
 
     backend.__name__ = "kiln"
+    backend.compiler_name = "kiln"  # type: ignore[attr-defined]
+    backend.compiler_fn = None  # type: ignore[attr-defined]
     return backend
 
 

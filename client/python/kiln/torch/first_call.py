@@ -23,14 +23,19 @@ as plain torch.compile does. Arguments are copied, so a model that writes its in
 the caller's once. A plain function's globals are not checked: a function that writes global
 tensors should use torch.compile directly.
 
-Without ``async`` (or with ``disable=True``), :func:`compile` is ``torch.compile`` with
-``backend="kiln"``. A shape or setting the trace's guards do not cover later recompiles on the
+With ``options={"precompile": True}`` (or ``$KILN_TORCH_PRECOMPILE=1``), a module is compiled
+through kilnd's precompiled models instead (:mod:`.precompile`): on a warm cluster a fresh
+process loads the compiled model without Dynamo or AOTAutograd tracing it.
+
+Without ``async`` or ``precompile`` (or with ``disable=True``), :func:`compile` is
+``torch.compile`` with ``backend="kiln"``. A shape or setting the trace's guards do not cover later recompiles on the
 caller's thread, as with torch.compile.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -60,9 +65,22 @@ def compile(model: Optional[Callable[..., Any]] = None, *, fullgraph: bool = Fal
         return torch.compile(model, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
                              options=options, disable=disable, **kwargs)
 
+    if not disable and (options or {}).get("precompile", _precompile_default(model)) and backend == "kiln":
+        from .dynamo_backend import BackendConfig, make_backend
+        from .precompile import Precompiled
+
+        opts = {k: v for k, v in (options or {}).items() if k != "precompile"}
+        config = BackendConfig.from_args(mode, opts)
+        return Precompiled(model, config, lambda: torch.compile(
+            model, fullgraph=fullgraph, dynamic=dynamic, backend=make_backend(config), disable=disable, **kwargs))
     if disable or not (options or {}).get("async"):
         return make()
     return EagerFirst(model, make)
+
+
+def _precompile_default(model: Any) -> bool:
+    """``$KILN_TORCH_PRECOMPILE=1`` precompiles every module (not plain functions)."""
+    return isinstance(model, torch.nn.Module) and os.environ.get("KILN_TORCH_PRECOMPILE", "0") not in ("", "0")
 
 
 class EagerFirst:

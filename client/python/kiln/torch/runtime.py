@@ -25,7 +25,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, fields
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -66,7 +66,10 @@ class Stats:
     (:mod:`.program`: no partitioning, one lookup for all their parts); ``record_misses``:
     graphs whose record kilnd did not have; ``records_stored``: records this process wrote;
     ``record_s``: time spent asking for and rebuilding records. ``sealed_misses``: graphs
-    compiled while sealed (:func:`kiln.torch.seal`).
+    compiled while sealed (:func:`kiln.torch.seal`). ``precompile_hits``: models (one per
+    input signature) that :mod:`.precompile` loaded from kilnd without tracing;
+    ``precompile_misses``: those it had to trace and compile; ``precompiles_stored``: those it
+    stored; ``precompile_s``: time spent asking for and loading precompiled models.
     """
 
     graphs: int = 0
@@ -97,6 +100,10 @@ class Stats:
     records_stored: int = 0
     record_s: float = 0.0
     sealed_misses: int = 0
+    precompile_hits: int = 0
+    precompile_misses: int = 0
+    precompiles_stored: int = 0
+    precompile_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -104,6 +111,17 @@ class Stats:
 
 STATS = Stats()
 _stats_lock = threading.Lock()
+
+
+def boxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:
+    """``fn`` called AOTAutograd's boxed way, with one list of arguments (functorch's
+    ``make_boxed_func``, without importing functorch.compile and its partitioners: a warm start
+    loading a precompiled model pays for nothing it does not use)."""
+    def call(args: list[Any]) -> Any:
+        return fn(*args)
+
+    call._boxed_call = True  # type: ignore[attr-defined]
+    return call
 
 
 def bump(**deltas: Any) -> None:
