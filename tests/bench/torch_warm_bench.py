@@ -220,6 +220,7 @@ def main() -> int:
                          "precompile; inductor: torch.compile, warm FX graph and AOTAutograd caches; "
                          "torch-aot: PyTorch's AOT precompile (Inductor), loaded from its saved file")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile one more warm kiln process")
+    ap.add_argument("--profile-backend", help="the backend --profile runs (default kiln-pre, else kiln)")
     ap.add_argument("--site-a", help="a folder holding another build of the kiln package, timed as kiln-a")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--aot-file", default="", help=argparse.SUPPRESS)
@@ -279,7 +280,7 @@ def main() -> int:
                     for key in ("backend_s", "partition_s", "compile_s", "lookup_s", "load_s", "prepare_s", "record_s",
                                 "precompile_s"):
                         print(f"{b} {key}: median {statistics.median(r[key] for r in rows[b]):.2f} s")
-            profiled = next((b for b in ("kiln-pre", "kiln") if b in backends), None)
+            profiled = opts.profile_backend or next((b for b in ("kiln-pre", "kiln") if b in backends), None)
             if opts.profile and profiled:
                 run_child(profiled, envs[profiled], opts, profile=opts.profile)
     finally:

@@ -11,6 +11,7 @@ batch sizes are this file's own, so no other test's program records serve these 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ import kiln  # noqa: E402
 import kiln.torch as kt  # noqa: E402
 from kiln.torch import precompile  # noqa: E402
 from kiln.torch.dynamo_backend import RECORD_EVENTS, BackendConfig  # noqa: E402
+from conftest import find_kilnd  # noqa: E402
+from test_shared_cache import redis  # noqa: E402,F401  (the fixture)
 from test_torch_records import assert_same, run_child  # noqa: E402
 
 
@@ -186,3 +189,26 @@ def test_records_off_falls_back(client: Any, monkeypatch: pytest.MonkeyPatch) ->
     with pytest.warns(kt.KilnFallbackWarning, match="program records are off"):
         with torch.no_grad():
             assert torch.allclose(f(x), m(x), atol=1e-5)
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_precompiled_model_reaches_another_replica_through_redis(subprocess_env: dict[str, str], tmp_path: Path,
+                                                                 redis: Any) -> None:
+    """Replica A compiles a training step; a process on another machine asks replica B, whose
+    own store is empty: it loads the whole model from what Redis holds, without tracing."""
+    binary = find_kilnd()
+    if binary is None:
+        pytest.skip("kilnd is not built")
+    args = ["--shared-cache", redis[0]]
+    with kiln.local.LocalDaemon(binary, tmp_path / "a", args=args) as a, \
+            kiln.local.LocalDaemon(binary, tmp_path / "b", args=args) as b:
+        cold = run_child(dict(subprocess_env, KILN_SERVER=a.address), tmp_path, "cold", "train", "batch=30",
+                         "precompile=1")
+        assert cold["stats"]["precompiles_stored"] == 1, cold["stats"]
+        warm = run_child(dict(subprocess_env, KILN_SERVER=b.address), tmp_path, "warm", "train", "batch=30",
+                         "precompile=1")
+        assert warm["stats"]["precompile_hits"] == 1 and warm["stats"]["graphs"] == 0, warm["stats"]
+        assert_same(cold["tensors"], warm["tensors"])
+        with kiln.Client(b.address) as cb:
+            s = cb.stats()
+            assert s.compiles == 0 and s.shared.hits >= 1, s
