@@ -190,6 +190,23 @@ MUTANTS: list[Mutant] = [
         replace="        if False and got != arts[0].digest:",
         tests=_daemon("tests/python/test_torch_records.py::test_tampered_record_is_refused"),
     ),
+    Mutant(
+        name="build-extension-role-read",
+        what="BuildExtension asks only for role read (a read-only token could run server-side builds)",
+        file="server/service.cc",
+        find='Authorize(context, auth::Role::kCompile, "BuildExtension")',
+        replace='Authorize(context, auth::Role::kRead, "BuildExtension")',
+        tests=_daemon("tests/python/test_trust.py::test_every_rpc_needs_its_role"),
+        build=("kilnd",),
+    ),
+    Mutant(
+        name="precompile-source-unchecked",
+        what="a precompiled model is loaded without checking the sources Dynamo traced",
+        file="client/python/kiln/torch/precompile.py",
+        find="            changed = _changed_source(entry)",
+        replace="            changed = None",
+        tests=_daemon("tests/python/test_torch_precompile.py::test_changed_source_is_compiled_again"),
+    ),
 ]
 
 # The small sample deploy/test.sh runs on every CI run: one compiler bug, one cache bug.

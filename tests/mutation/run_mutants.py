@@ -74,6 +74,8 @@ def targets_of(m: Mutant) -> list[str]:
         kind, _, rest = spec.partition(":")
         if kind == "gtest":
             t.append(rest.split(":", 1)[0])
+        elif kind == "pytest":
+            t.append("kilnd")  # the Python tests run against the copy's own daemon
     return t
 
 
@@ -106,7 +108,7 @@ def run_test(root: Path, spec: str) -> tuple[bool, str]:
         cmd = ["ctest", "--test-dir", str(root / "build"), "-R", f"^{target}$", "--output-on-failure",
                "--timeout", str(TEST_TIMEOUT_S)]
     elif kind == "pytest":
-        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *shlex.split(rest)]
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rs", "-p", "no:cacheprovider", *shlex.split(rest)]
     else:
         raise ValueError(f"unknown test spec {spec!r}")
     try:
@@ -118,6 +120,8 @@ def run_test(root: Path, spec: str) -> tuple[bool, str]:
         return False, out[-3000:]  # a misspelt target must not read as a pass
     if kind == "pytest" and r.returncode == 5:
         return False, "pytest collected no tests:\n" + out[-3000:]
+    if kind == "pytest" and "SKIPPED" in out:
+        return False, "a test was skipped (a skip is not a pass):\n" + out[-3000:]
     return r.returncode == 0, out[-3000:]
 
 

@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
@@ -210,6 +211,56 @@ def test_each_role_gets_its_calls_and_no_more(secure, pki, rng):
     log = wait_for_log(secure, "Compile compiler", "Compile refused: PERMISSION_DENIED")
     for token in pki.tokens.values():
         assert token not in log, "the log names tokens, never the token itself"
+
+
+# Every RPC of kiln.v1.Kiln and the least role that may call it (README's list of roles).
+REQUIRED_ROLE = {
+    "Compile": "compile", "Prewarm": "compile", "FindMissingBlobs": "compile", "UploadBlobs": "compile",
+    "BuildExtension": "compile", "CompileRawKernel": "compile", "RecordTuning": "compile", "PutModel": "compile",
+    "Lookup": "read", "GetResult": "read", "FetchArtifact": "read", "GetSource": "read", "GetStats": "read",
+    "Explain": "read", "LookupTuning": "read", "GetModel": "read", "GetBlobs": "read",
+}
+ROLE_RANK = {"read": 0, "compile": 1, "admin": 2}
+
+
+def call_with_empty_request(c: kiln.Client, method) -> str:
+    """Calls ``method`` (a method descriptor) with an empty request through ``c``'s channel (its
+    TLS and token); the status code's name."""
+    from google.protobuf import message_factory
+
+    request = message_factory.GetMessageClass(method.input_type)()
+    reply = message_factory.GetMessageClass(method.output_type)
+    path = f"/{method.containing_service.full_name}/{method.name}"
+    kind = {(False, False): "unary_unary", (False, True): "unary_stream", (True, False): "stream_unary",
+            (True, True): "stream_stream"}[(method.client_streaming, method.server_streaming)]
+    stub = getattr(c._channel, kind)(path, request_serializer=type(request).SerializeToString,
+                                     response_deserializer=reply.FromString)
+    try:
+        out = stub(iter([request]) if method.client_streaming else request, timeout=20)
+        if method.server_streaming:
+            list(out)
+    except grpc.RpcError as e:
+        return e.code().name
+    return "OK"
+
+
+def test_every_rpc_needs_its_role(secure, pki):
+    """Every RPC called with every role: refused below its role, not refused at or above it
+    (an empty request then fails its own validation, or succeeds). A new RPC fails this test
+    until it is in the table."""
+    methods = service_pb2.DESCRIPTOR.services_by_name["Kiln"].methods
+    assert {m.name for m in methods} == set(REQUIRED_ROLE)
+    seen = {}
+    for token, role in (("reader", "read"), ("compiler", "compile"), ("admin", "admin")):
+        with client(secure, pki, token, max_attempts=1) as c:
+            for m in methods:
+                code = call_with_empty_request(c, m)
+                seen[token, m.name] = code
+                if ROLE_RANK[role] >= ROLE_RANK[REQUIRED_ROLE[m.name]]:
+                    assert code not in ("PERMISSION_DENIED", "UNAUTHENTICATED"), (token, m.name, code)
+                else:
+                    assert code == "PERMISSION_DENIED", (token, m.name, code)
+    assert sum(code == "PERMISSION_DENIED" for code in seen.values()) == 8  # the reader, once per compile RPC
 
 
 def test_per_token_compile_limit_refuses_misses_but_serves_hits(secure, pki, rng):
