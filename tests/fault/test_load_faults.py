@@ -121,14 +121,27 @@ def test_sigterm_under_load_exits_cleanly(daemons):
         with kiln.Client(d.address, max_attempts=1) as client:
             client.compile(small_graph(9000 + i), "cpu", timeout=90)
 
-    with ThreadPoolExecutor(max_workers=16) as pool:
+    late = Outcomes()
+    with ThreadPoolExecutor(max_workers=20) as pool, kiln.Client(d.address, max_attempts=1) as watcher:
+        before = watcher.stats().requests
         futures = [pool.submit(outcomes.run, lambda i=i: compile_one(i)) for i in range(16)]
-        time.sleep(1.0)
+        # Every compile request arrived (and, 50 ms later, was prepared and queued), then the signal.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and watcher.stats().requests - before < 16:
+            time.sleep(0.005)
+        time.sleep(0.05)
+        s = watcher.stats()
+        accepted = s.queue_depth + s.in_flight
+        assert accepted >= 2, "no compile was queued or running when the signal came"
         d.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        # Compiles asked for while kilnd drains are refused as retryable.
+        late_futures = [pool.submit(late.run, lambda i=i: compile_one(100 + i)) for i in range(4)]
         code = d.proc.wait(timeout=60)
-        for f in futures:
+        for f in futures + late_futures:
             f.result(timeout=90)
     assert code == 0, d.log(4000)
     assert not any(alive(p) for p in workers), workers
-    # Compiles already queued were let finish; later ones were refused as retryable.
-    assert set(outcomes.counts) <= {"OK", "UNAVAILABLE"}, outcomes.counts
+    # Every compile accepted before the signal finished within the grace period.
+    assert outcomes.counts == {"OK": 16}, (outcomes.counts, accepted)
+    assert late.counts == {"UNAVAILABLE": 4}, late.counts

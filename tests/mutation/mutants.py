@@ -191,6 +191,31 @@ MUTANTS: list[Mutant] = [
         tests=_daemon("tests/python/test_torch_records.py::test_tampered_record_is_refused"),
     ),
     Mutant(
+        name="lease-release-any-holder",
+        what="releasing a lease deletes it whoever holds it now (a holder whose lease ran out and was taken over)",
+        file="server/shared/lease_manager.cc",
+        find="""    "if redis.call('get', KEYS[1]) == ARGV[1] then "\n    "return redis.call('del', KEYS[1])""",
+        replace="""    "if true then "\n    "return redis.call('del', KEYS[1])""",
+        tests=("gtest:shared_tier_test:SharedTierTest.AHolderThatLostItsLease*",),
+    ),
+    Mutant(
+        name="lease-renew-any-holder",
+        what="renewing a lease extends it whoever holds it now, and the old holder never notices the loss",
+        file="server/shared/lease_manager.cc",
+        find="""    "if redis.call('get', KEYS[1]) == ARGV[1] then "\n    "return redis.call('pexpire'""",
+        replace="""    "if true then "\n    "return redis.call('pexpire'""",
+        tests=("gtest:shared_tier_test:SharedTierTest.AHolderThatLostItsLease*",),
+    ),
+    Mutant(
+        name="sigterm-grace-dropped",
+        what="on SIGTERM kilnd drops the compiles already queued instead of letting them finish",
+        file="server/main.cc",
+        find="  const absl::Time drain_deadline = absl::Now() + grace;",
+        replace="  const absl::Time drain_deadline = absl::Now();",
+        tests=_daemon("tests/fault/test_load_faults.py -k sigterm"),
+        build=("kilnd",),
+    ),
+    Mutant(
         name="build-extension-role-read",
         what="BuildExtension asks only for role read (a read-only token could run server-side builds)",
         file="server/service.cc",
@@ -209,5 +234,6 @@ MUTANTS: list[Mutant] = [
     ),
 ]
 
-# The small sample deploy/test.sh runs on every CI run: one compiler bug, one cache bug.
+# A quick sample (KILN_MUTATIONS=sample deploy/test.sh; CI runs every mutant): one compiler
+# bug, one cache bug.
 CI_SAMPLE = ["cpu-sin-cos-swapped", "store-blob-digest-unchecked"]

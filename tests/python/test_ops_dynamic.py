@@ -5,6 +5,7 @@ width), every result compared with NumPy as in test_ops.py. One compile serves e
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 
@@ -278,25 +279,38 @@ _SYM_SEEDS = os.environ.get("KILN_SYMBOLIC_SEEDS", "0:60")
 _SYM_FIRST, _SYM_COUNT = (int(x) for x in _SYM_SEEDS.split(":"))
 
 
-@pytest.mark.parametrize("seed", range(_SYM_FIRST, _SYM_FIRST + _SYM_COUNT))
-def test_random_graphs_at_symbolic_sizes(client, seed) -> None:
+def test_random_graphs_at_symbolic_sizes(client) -> None:
     """Random valid graphs (test_property's generator) with their input sizes made symbolic:
     either kilnd refuses the graph with INVALID_ARGUMENT naming a rule, or the one kernel it
-    compiles matches the NumPy evaluation of the graph at other sizes, 1 among them."""
+    compiles matches the NumPy evaluation of the graph at other sizes, 1 among them. Most of
+    the graphs must compile and run: a generaliser that refused every graph would otherwise
+    pass."""
+    outcomes = collections.Counter(_symbolic_outcome(client, seed)
+                                   for seed in range(_SYM_FIRST, _SYM_FIRST + _SYM_COUNT))
+    eligible = outcomes["ran"] + outcomes["refused"] + outcomes["not evaluable"]
+    # Measured on seeds 0-59: 36 ran and 9 were refused, of 45 eligible (the other 15: bf16, or
+    # nothing left symbolic).
+    assert eligible >= _SYM_COUNT // 2, outcomes
+    assert outcomes["ran"] >= 0.7 * eligible, outcomes
+
+
+def _symbolic_outcome(client, seed: int) -> str:
+    """Checks one random graph at symbolic sizes; what happened to it."""
     from graph_eval import evaluate
     from random_graphs import _random_array, make_graph
 
     rg = make_graph(seed)
     if rg.uses_bf16:
-        return
+        return "bf16"
     sym, names = _symbolize(rg.graph)
     if sym is None:
-        return
+        return "static"
     try:
         compiled = client.compile(sym)
     except CompileError as e:
-        assert e.code == "INVALID_ARGUMENT" and "node " in str(e), e  # names the node and what it breaks
-        return
+        assert e.code == "INVALID_ARGUMENT" and "node " in str(e), (seed, e)  # names the node and what it breaks
+        return "refused"
+    ran = False
     r = np.random.default_rng(seed)
     for trial in range(3):
         new = {size: (1 if trial == 0 else int(r.integers(2, 12))) for size in names}
@@ -314,6 +328,7 @@ def test_random_graphs_at_symbolic_sizes(client, seed) -> None:
         except Exception:  # the graph means nothing at these sizes (NumPy refuses it too)
             continue
         got = compiled(*inputs)
+        ran = True
         got = got if isinstance(got, tuple) else (got,)
         for g, w in zip(got, want):
             assert g.shape == w.shape, (seed, new, g.shape, w.shape)
@@ -327,6 +342,7 @@ def test_random_graphs_at_symbolic_sizes(client, seed) -> None:
                 np.testing.assert_allclose(g, w, rtol=tol, atol=tol, equal_nan=True, err_msg=f"seed {seed} sizes {new}")
             else:
                 np.testing.assert_array_equal(g, w, err_msg=f"seed {seed} sizes {new}")
+    return "ran" if ran else "not evaluable"
 
 
 def test_jit_static_and_dynamic_dims(client, rng) -> None:

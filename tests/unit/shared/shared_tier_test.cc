@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "kernels/key/digest.h"
 #include "server/shared/l2_records.h"
@@ -246,6 +247,62 @@ TEST_F(SharedTierTest, LeasesExcludeAndAreTakenOverWhenTheHolderStopsRenewing) {
 
   redis_.Stop();
   EXPECT_EQ(second.Acquire(key, absl::InfiniteFuture(), never), Claim::kUncoordinated);
+}
+
+// A holder whose lease ran out and was taken over by another replica: its release must not
+// delete the new holder's lease, and its renewal must not extend it (it notices the loss).
+TEST_F(SharedTierTest, AHolderThatLostItsLeaseNeitherReleasesNorRenewsTheNewOne) {
+  const auto never = [] { return false; };
+  auto lease_value = [&](const std::string& key) -> std::string {
+    kiln::testing::RedisReplyPtr r = RedisCall(redis_.port(), {"GET", LeaseKey(key)});
+    return r != nullptr && r->type == REDIS_REPLY_STRING ? std::string(r->str, r->len) : "";
+  };
+  LeaseOptions options;
+  options.ttl = absl::Seconds(60);  // no renewal during the release case
+  options.owner_id = "old";
+  LeaseManager old_holder(client_.get(), options);
+  options.owner_id = "new";
+  LeaseManager new_holder(client_.get(), options);
+
+  // Release: the old holder's lease "expires" (deleted, as the ttl would), the new one takes it.
+  const std::string released(64, 'a');
+  ASSERT_EQ(old_holder.Acquire(released, absl::InfiniteFuture(), never), Claim::kOwner);
+  ASSERT_EQ(RedisCall(redis_.port(), {"DEL", LeaseKey(released)})->integer, 1);
+  ASSERT_EQ(new_holder.Acquire(released, absl::InfiniteFuture(), never), Claim::kOwner);
+  const std::string theirs = lease_value(released);
+  ASSERT_TRUE(absl::StartsWith(theirs, "new:")) << theirs;
+  old_holder.Release(released);
+  EXPECT_EQ(lease_value(released), theirs) << "the old holder deleted the new holder's lease";
+  new_holder.Release(released);
+  EXPECT_EQ(RedisCall(redis_.port(), {"EXISTS", LeaseKey(released)})->integer, 0);
+
+  // Renewal: with a short ttl the old holder's renewer runs, finds another token and gives the
+  // lease up (counted as a lease error) without touching its expiry.
+  options.ttl = absl::Milliseconds(600);
+  options.owner_id = "old-short";
+  LeaseManager renewing(client_.get(), options);
+  const std::string renewed(64, 'b');
+  ASSERT_EQ(renewing.Acquire(renewed, absl::InfiniteFuture(), never), Claim::kOwner);
+  ASSERT_EQ(RedisCall(redis_.port(), {"DEL", LeaseKey(renewed)})->integer, 1);
+  ASSERT_EQ(RedisCall(redis_.port(), {"SET", LeaseKey(renewed), "someone-else", "PX", "5000"})->type,
+            REDIS_REPLY_STATUS);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  v1::GetStatsResponse stats;
+  while (absl::Now() < deadline) {
+    stats.Clear();
+    renewing.AddStats(&stats);
+    if (stats.shared().lease_errors() > 0) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(stats.shared().lease_errors(), 1) << "the renewer never noticed that it lost the lease";
+  kiln::testing::RedisReplyPtr ttl = RedisCall(redis_.port(), {"PTTL", LeaseKey(renewed)});
+  ASSERT_NE(ttl, nullptr);
+  EXPECT_LE(ttl->integer, 5000);
+  EXPECT_GT(ttl->integer, 600) << "someone else's lease lost its expiry";
+  // Renewal would have set it to the 600 ms ttl: it kept the other holder's 5 s.
+  EXPECT_EQ(lease_value(renewed), "someone-else");
+  renewing.Release(renewed);  // already given up: nothing is deleted
+  EXPECT_EQ(lease_value(renewed), "someone-else");
 }
 
 // Which of the cluster's nodes serves `slot`, from node 0's CLUSTER SLOTS.
