@@ -152,6 +152,8 @@ def check_model(name: str, client: Any, failures: list[str], make: Optional[Make
         failures.append(f"{name}: reduce-overhead error {ro_err:.2e}")
     if s["failed"]:
         failures.append(f"{name}: {s['failed']} kiln parts fell back to torch")
+    if s["compiled"] == 0 or s["kernel_calls"] + s["graph_replays"] == 0:
+        failures.append(f"{name}: no kiln part compiled and ran (the checks above compared eager with eager)")
     return [name, f"{fwd:.1e}", f"{grad:.1e} / {eager_grad:.1e}; {stats:.1e}", f"{kiln_bf:.1e} / {eager_bf:.1e}", f"{ro_err:.1e}",
             str(s["compiled"]), str(s["failed"])]
 
