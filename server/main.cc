@@ -119,9 +119,12 @@ ABSL_FLAG(std::string, fault_injection, "",
           "graph with a node named kiln-fault:KIND then triggers it in its compile worker.");
 ABSL_FLAG(int, compile_worker_fd, -1,
           "Internal: run as a compile worker serving the socket on this descriptor.");
-ABSL_FLAG(std::string, shared_cache, "",
-          "Shared cache tier behind the local one, for replicas that share compiles: "
-          "redis://HOST:PORT[/DB] or redis-cluster://H1:P1,H2:P2,...; empty: local only.");
+ABSL_FLAG(
+    std::string, shared_cache, "",
+    "Shared cache tier behind the local one, for replicas that share compiles: "
+    "redis://[[USER]:PASSWORD@]HOST:PORT[/DB] or redis-cluster://[[USER]:PASSWORD@]H1:P1,...; "
+    "empty: local only. $KILN_REDIS_PASSWORD (and $KILN_REDIS_USER) supply the credentials "
+    "when the URL has none, keeping them out of the process list.");
 ABSL_FLAG(int, shared_cache_timeout_ms, 250,
           "Limit on each connect and call to the shared cache, in milliseconds.");
 ABSL_FLAG(double, shared_cache_ttl_s, 0,
@@ -414,6 +417,12 @@ int Run() {
   if (const std::string url = absl::GetFlag(FLAGS_shared_cache); !url.empty()) {
     absl::StatusOr<shared::RedisOptions> redis_options = shared::ParseRedisUrl(url);
     if (!redis_options.ok()) return Fail(redis_options.status().ToString());
+    if (const char* password = std::getenv("KILN_REDIS_PASSWORD");
+        redis_options->password.empty() && password != nullptr && *password != '\0') {
+      redis_options->password = password;
+      if (const char* user = std::getenv("KILN_REDIS_USER"); user != nullptr)
+        redis_options->username = user;
+    }
     const absl::Duration timeout =
         absl::Milliseconds(std::max(1, absl::GetFlag(FLAGS_shared_cache_timeout_ms)));
     redis_options->connect_timeout = timeout;

@@ -5,6 +5,7 @@
 
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -84,6 +85,13 @@ absl::StatusOr<RedisEndpoint> ParseEndpoint(absl::string_view text, absl::string
   return e;
 }
 
+// An error reply that says the server will not serve this client at all.
+bool Refused(absl::string_view message) {
+  return absl::StartsWith(message, "NOAUTH") || absl::StartsWith(message, "WRONGPASS") ||
+         absl::StartsWith(message, "NOPERM") || absl::StartsWith(message, "ERR AUTH") ||
+         absl::StartsWith(message, "ERR invalid password");
+}
+
 // "MOVED 3999 127.0.0.1:6381" / "ASK 3999 127.0.0.1:6381" -> the endpoint.
 bool ParseRedirect(absl::string_view message, absl::string_view kind, RedisEndpoint* to) {
   if (!absl::ConsumePrefix(&message, kind)) return false;
@@ -95,18 +103,95 @@ bool ParseRedirect(absl::string_view message, absl::string_view kind, RedisEndpo
   return true;
 }
 
+// "%41" -> "A"; false on a malformed escape.
+bool PercentDecode(absl::string_view in, std::string* out) {
+  out->clear();
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != '%') {
+      out->push_back(in[i]);
+      continue;
+    }
+    int value = 0;
+    if (i + 2 >= in.size()) return false;  // "%" or "%4" at the end
+    for (int k = 1; k <= 2; ++k) {
+      const char c = in[i + k];
+      const int d = absl::ascii_isdigit(c)   ? c - '0'
+                    : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+                    : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+                                             : -1;
+      if (d < 0) return false;
+      value = value * 16 + d;
+    }
+    out->push_back(static_cast<char>(value));
+    i += 2;
+  }
+  return true;
+}
+
+// Where the user information of a URL ends ('@' before the host list), or npos.
+size_t UserInfoEnd(absl::string_view rest) {
+  const size_t at = rest.rfind('@');
+  const size_t slash = rest.find('/');
+  return at != absl::string_view::npos && (slash == absl::string_view::npos || at < slash)
+             ? at
+             : absl::string_view::npos;
+}
+
+}  // namespace
+
+std::string RedactRedisUrl(absl::string_view url) {
+  const size_t scheme = url.find("://");
+  if (scheme == absl::string_view::npos) return std::string(url);
+  absl::string_view rest = url.substr(scheme + 3);
+  const size_t at = UserInfoEnd(rest);
+  if (at == absl::string_view::npos) return std::string(url);
+  absl::string_view info = rest.substr(0, at);
+  const size_t colon = info.find(':');
+  return absl::StrCat(url.substr(0, scheme + 3),
+                      colon == absl::string_view::npos ? info : info.substr(0, colon), ":***",
+                      rest.substr(at));
+}
+
+namespace {
+
+absl::Status ParseUserInfo(absl::string_view info, absl::string_view url, RedisOptions* options) {
+  const size_t colon = info.find(':');
+  if (colon == absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared cache URL '", RedactRedisUrl(url),
+                     "' names a user but no password (USER:PASSWORD@)"));
+  }
+  if (!PercentDecode(info.substr(0, colon), &options->username) ||
+      !PercentDecode(info.substr(colon + 1), &options->password)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared cache URL '", RedactRedisUrl(url),
+                     "': a malformed %-escape in the user or password"));
+  }
+  if (options->password.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared cache URL '", RedactRedisUrl(url), "' has an empty password"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string RedisEndpoint::ToString() const { return absl::StrCat(host, ":", port); }
 
-absl::StatusOr<RedisOptions> ParseRedisUrl(absl::string_view url) {
+absl::StatusOr<RedisOptions> ParseRedisUrl(absl::string_view full_url) {
   RedisOptions options;
-  absl::string_view rest = url;
+  const std::string redacted = RedactRedisUrl(full_url);
+  const absl::string_view url = redacted;  // every message below quotes the redacted form
+  absl::string_view rest = full_url;
   if (absl::ConsumePrefix(&rest, "redis-cluster://")) {
     options.cluster = true;
   } else if (!absl::ConsumePrefix(&rest, "redis://")) {
     return absl::InvalidArgumentError(
         absl::StrCat("shared cache URL '", url, "' must start with redis:// or redis-cluster://"));
+  }
+  if (const size_t at = UserInfoEnd(rest); at != absl::string_view::npos) {
+    if (absl::Status s = ParseUserInfo(rest.substr(0, at), full_url, &options); !s.ok()) return s;
+    rest = rest.substr(at + 1);
   }
   if (!options.cluster) {
     const size_t slash = rest.find('/');
@@ -171,12 +256,13 @@ struct RedisClient::Node {
 
 RedisClient::RedisClient(RedisOptions options)
     : options_(std::move(options)),
-      description_(absl::StrCat(options_.cluster ? "redis-cluster://" : "redis://",
-                                absl::StrJoin(options_.seeds, ",",
-                                              [](std::string* out, const RedisEndpoint& e) {
-                                                absl::StrAppend(out, e.ToString());
-                                              }),
-                                options_.db != 0 ? absl::StrCat("/", options_.db) : "")) {
+      description_(absl::StrCat(
+          options_.cluster ? "redis-cluster://" : "redis://",
+          options_.password.empty() ? "" : absl::StrCat(options_.username, ":***@"),
+          absl::StrJoin(
+              options_.seeds, ",",
+              [](std::string* out, const RedisEndpoint& e) { absl::StrAppend(out, e.ToString()); }),
+          options_.db != 0 ? absl::StrCat("/", options_.db) : "")) {
   absl::MutexLock lock(&mu_);
   if (options_.cluster) slots_.assign(kSlots, nullptr);
 }
@@ -271,6 +357,13 @@ absl::StatusOr<RedisReply> RedisClient::RunOn(Node* node,
       return absl::UnavailableError(absl::StrCat("cannot connect to ", e.ToString(), ": ", why));
     }
     redisSetTimeout(conn->ctx, absl::ToTimeval(options_.command_timeout));
+    if (!options_.password.empty()) {
+      absl::StatusOr<RedisReply> authed =
+          options_.username.empty()
+              ? Execute(conn->ctx, e, {"AUTH", options_.password})
+              : Execute(conn->ctx, e, {"AUTH", options_.username, options_.password});
+      if (!authed.ok()) return authed.status();
+    }
     if (!options_.cluster && options_.db != 0) {
       const std::string db = absl::StrCat(options_.db);
       absl::StatusOr<RedisReply> selected = Execute(conn->ctx, e, {"SELECT", db});
@@ -327,6 +420,12 @@ absl::StatusOr<RedisReply> RedisClient::Command(const std::vector<absl::string_v
     } else {
       break;
     }
+  }
+  if (absl::IsFailedPrecondition(reply.status()) && Refused(reply.status().message())) {
+    // The server is there but will not serve kilnd (no password, a wrong one, an ACL that
+    // forbids the command): as useless as an unreachable one, and logged as such.
+    reply = absl::UnavailableError(
+        absl::StrCat("the server refuses kilnd: ", reply.status().message()));
   }
   if (absl::IsUnavailable(reply.status())) {
     MarkDown(std::string(reply.status().message()));

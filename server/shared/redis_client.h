@@ -1,17 +1,23 @@
 // RedisClient: kilnd's connection to the shared cache tier, a thin layer over hiredis.
 //
-// It speaks to one standalone Redis (redis://HOST:PORT[/DB]) or to a Redis Cluster
-// (redis-cluster://H1:P1,H2:P2,...). In cluster mode it keeps the slot map (CLUSTER SLOTS),
-// routes each command by the hash slot of its key (CRC16 of the key, or of the part between
-// the first "{" and the next "}" when that part is non-empty), follows MOVED (updating the
-// map) and ASK (one ASKING + retry on the named node) redirections, up to a few hops.
+// It speaks to one standalone Redis (redis://[[USER]:PASSWORD@]HOST:PORT[/DB]) or to a Redis
+// Cluster (redis-cluster://[[USER]:PASSWORD@]H1:P1,H2:P2,...). With a password every new
+// connection authenticates first (AUTH, with the ACL user when one is named); the password
+// never appears in logs, errors or stats (`description()` shows it as ***). A server that
+// refuses the client (NOAUTH, WRONGPASS, NOPERM) counts as down, with its reason logged: a
+// shared tier that takes no writes must not report itself as serving.
+//
+// In cluster mode it keeps the slot map (CLUSTER SLOTS), routes each command by the hash slot
+// of its key (CRC16 of the key, or of the part between the first "{" and the next "}" when
+// that part is non-empty), follows MOVED (updating the map) and ASK (one ASKING + retry on the
+// named node) redirections, up to a few hops.
 //
 // Every call is bounded: connects and commands time out (`connect_timeout`,
 // `command_timeout`). After an I/O failure (refused, reset, timed out) the client is "down"
 // for `retry_interval`: calls fail at once with Unavailable instead of waiting on a dead
 // server, and the first call after the interval probes again. The change from up to down and
-// back is logged once each, not per call. Error replies from a reachable server ("-OOM ...",
-// "-ERR ...") are FailedPrecondition and do not mark it down.
+// back is logged once each, not per call. Other error replies from a reachable server
+// ("-OOM ...", "-ERR ...") are FailedPrecondition and do not mark it down.
 //
 // Connections are pooled per server node; a connection that saw an error is closed.
 // Thread-safety: all methods may be called concurrently.
@@ -46,15 +52,21 @@ struct RedisOptions {
   bool cluster = false;
   std::vector<RedisEndpoint> seeds;  // one for standalone; any known nodes for a cluster
   int db = 0;                        // standalone only (a cluster has just db 0)
+  std::string username;              // ACL user; empty: the default user
+  std::string password;              // empty: no AUTH
   absl::Duration connect_timeout = absl::Milliseconds(250);
   absl::Duration command_timeout = absl::Milliseconds(250);
   absl::Duration retry_interval = absl::Seconds(1);
   int max_idle_connections = 32;  // per node
 };
 
-// "redis://HOST:PORT[/DB]" or "redis-cluster://H1:P1,H2:P2,..." -> options with default
-// timeouts. InvalidArgument naming the part that is wrong.
+// "redis://[[USER]:PASSWORD@]HOST:PORT[/DB]" or "redis-cluster://[[USER]:PASSWORD@]H1:P1,..."
+// (user and password percent-encoded where needed) -> options with default timeouts.
+// InvalidArgument naming the part that is wrong, the password never quoted.
 absl::StatusOr<RedisOptions> ParseRedisUrl(absl::string_view url);
+
+// `url` with its password replaced by ***, for messages.
+std::string RedactRedisUrl(absl::string_view url);
 
 // The hash slot (0..16383) Redis Cluster assigns `key`, hash tags included.
 uint16_t KeySlot(absl::string_view key);

@@ -216,6 +216,14 @@ MUTANTS: list[Mutant] = [
         build=("kilnd",),
     ),
     Mutant(
+        name="redis-auth-skipped",
+        what="kilnd never sends its Redis password (a password-protected shared tier refuses every call)",
+        file="server/shared/redis_client.cc",
+        find="    if (!options_.password.empty()) {",
+        replace="    if (false) {",
+        tests=("gtest:shared_tier_test:SharedTierTest.PasswordsAuthenticate*",),
+    ),
+    Mutant(
         name="build-extension-role-read",
         what="BuildExtension asks only for role read (a read-only token could run server-side builds)",
         file="server/service.cc",

@@ -149,3 +149,43 @@ def test_local_cluster_script_shares_compiles(tmp_path):
             out, _ = script.communicate()
     for port in (redis_port, p1, p2):
         assert not _wait_port(port, 0.2), f"port {port} still open after SIGTERM\n{out}"
+
+
+def test_password_protected_redis(tmp_path, redis, monkeypatch):
+    """A Redis that requires a password: without it kilnd reports the shared tier down with
+    the reason (it used to report SERVING and silently write nothing); with it, given in the
+    URL or through $KILN_REDIS_PASSWORD, replicas share compiles, and the password appears in
+    no log line and no stats answer."""
+    redis_url, _ = redis
+    port = redis_url.rsplit(":", 1)[1]
+    secret = "hunter2-s3cret"
+    subprocess.run(["redis-cli", "-p", port, "CONFIG", "SET", "requirepass", secret], check=True,
+                   capture_output=True, timeout=10)
+    binary = find_kilnd()
+    if binary is None:
+        pytest.skip("kilnd is not built")
+    with kiln.local.LocalDaemon(binary, tmp_path / "none", args=["--shared-cache", redis_url]) as d:
+        with kiln.Client(d.address) as c:
+            assert not c.compile(_graph(5.0), "cpu").cache_hit  # served, from the local tier
+            end = time.monotonic() + 10
+            while c.health("kiln.SharedCache") == "SERVING" and time.monotonic() < end:
+                time.sleep(0.1)
+            assert c.health("kiln.SharedCache") == "NOT_SERVING"
+            assert not c.stats().shared.available
+        assert "NOAUTH" in d.log(), d.log(2000)
+
+    with_password = f"redis://:{secret}@127.0.0.1:{port}"
+    monkeypatch.setenv("KILN_REDIS_PASSWORD", secret)
+    with kiln.local.LocalDaemon(binary, tmp_path / "a", args=["--shared-cache", with_password]) as a, \
+            kiln.local.LocalDaemon(binary, tmp_path / "b", args=["--shared-cache", redis_url]) as b:
+        g = _graph(5.5)
+        with kiln.Client(a.address) as ca:
+            assert not ca.compile(g, "cpu").cache_hit
+        with kiln.Client(b.address) as cb:  # the password from the environment
+            assert cb.compile(g, "cpu").cache_hit
+            s = cb.stats()
+            assert s.shared.available and s.shared.hits == 1 and s.compiles == 0
+            assert s.shared.address == f"redis://:***@127.0.0.1:{port}"
+            assert cb.health("kiln.SharedCache") == "SERVING"
+        for daemon in (a, b):
+            assert secret not in daemon.log(), "the password reached kilnd's log"

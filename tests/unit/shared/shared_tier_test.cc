@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/key/digest.h"
 #include "server/shared/l2_records.h"
@@ -54,6 +55,28 @@ TEST(ParseRedisUrlTest, AcceptsStandaloneAndCluster) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->cluster);
   EXPECT_EQ(o->seeds.size(), 2u);
+}
+
+TEST(ParseRedisUrlTest, ReadsCredentialsAndNeverQuotesThePassword) {
+  absl::StatusOr<RedisOptions> o = ParseRedisUrl("redis://:s3cr%3At%40x@cache.example:6380/1");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->username, "");
+  EXPECT_EQ(o->password, "s3cr:t@x");
+  EXPECT_EQ(o->seeds[0].host, "cache.example");
+  EXPECT_EQ(o->db, 1);
+  o = ParseRedisUrl("redis-cluster://kiln:pw@10.0.0.1:7000,10.0.0.2:7001");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->username, "kiln");
+  EXPECT_EQ(o->password, "pw");
+  EXPECT_EQ(o->seeds.size(), 2u);
+  EXPECT_EQ(RedactRedisUrl("redis://kiln:hunter2@h:1/0"), "redis://kiln:***@h:1/0");
+  EXPECT_EQ(RedactRedisUrl("redis://h:1"), "redis://h:1");
+  for (const char* bad : {"redis://user@h:1", "redis://:@h:1", "redis://:hunter2%zz@h:1",
+                          "redis://:hunter2@h", "ftp://:hunter2@h:1"}) {
+    absl::StatusOr<RedisOptions> r = ParseRedisUrl(bad);
+    ASSERT_TRUE(absl::IsInvalidArgument(r.status())) << bad;
+    EXPECT_EQ(r.status().message().find("hunter2"), absl::string_view::npos) << r.status();
+  }
 }
 
 TEST(ParseRedisUrlTest, RejectsMalformedUrlsNamingThePart) {
@@ -247,6 +270,40 @@ TEST_F(SharedTierTest, LeasesExcludeAndAreTakenOverWhenTheHolderStopsRenewing) {
 
   redis_.Stop();
   EXPECT_EQ(second.Acquire(key, absl::InfiniteFuture(), never), Claim::kUncoordinated);
+}
+
+// A Redis that requires a password: the right one works (percent-encoded, and through an ACL
+// user), none or a wrong one is a refusal that marks the tier down with its reason, and the
+// password never shows in the client's description.
+TEST_F(SharedTierTest, PasswordsAuthenticateAndRefusalsCountAsDown) {
+  ASSERT_NE(RedisCall(redis_.port(), {"CONFIG", "SET", "requirepass", "s3cr:t@x"}), nullptr);
+  const std::string where = absl::StrCat("127.0.0.1:", redis_.port());
+  absl::StatusOr<RedisOptions> options =
+      ParseRedisUrl(absl::StrCat("redis://:s3cr%3At%40x@", where));
+  ASSERT_TRUE(options.ok()) << options.status();
+  RedisClient good(*options);
+  ASSERT_TRUE(good.Command({"SET", "k", "v"}).ok());
+  absl::StatusOr<RedisReply> got = good.Command({"GET", "k"});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->str, "v");
+  EXPECT_TRUE(good.available());
+  EXPECT_EQ(good.description(), absl::StrCat("redis://:***@", where));
+
+  for (const std::string url :
+       {absl::StrCat("redis://", where), absl::StrCat("redis://:wrong@", where)}) {
+    RedisClient refused(*ParseRedisUrl(url));
+    absl::StatusOr<RedisReply> r = refused.Command({"GET", "k"});
+    EXPECT_TRUE(absl::IsUnavailable(r.status())) << url << ": " << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "refuses")) << r.status();
+    EXPECT_FALSE(refused.available()) << url;
+    EXPECT_EQ(refused.outages(), 1);
+  }
+
+  ASSERT_TRUE(good.Command({"ACL", "SETUSER", "kiln", "on", ">pw2", "~*", "+@all"}, 0).ok());
+  RedisClient user(*ParseRedisUrl(absl::StrCat("redis://kiln:pw2@", where)));
+  got = user.Command({"GET", "k"});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->str, "v");
 }
 
 // A holder whose lease ran out and was taken over by another replica: its release must not
