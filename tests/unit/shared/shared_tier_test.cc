@@ -289,7 +289,7 @@ TEST_F(SharedTierTest, PasswordsAuthenticateAndRefusalsCountAsDown) {
   EXPECT_TRUE(good.available());
   EXPECT_EQ(good.description(), absl::StrCat("redis://:***@", where));
 
-  for (const std::string url :
+  for (const std::string& url :
        {absl::StrCat("redis://", where), absl::StrCat("redis://:wrong@", where)}) {
     RedisClient refused(*ParseRedisUrl(url));
     absl::StatusOr<RedisReply> r = refused.Command({"GET", "k"});
