@@ -7,6 +7,7 @@ compiles, and takes them all down again on SIGTERM.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import os
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -65,6 +67,19 @@ def redis(tmp_path):
         proc.wait()
 
 
+@contextlib.contextmanager
+def replicas_sharing(redis_url: str,
+                     tmp_path: Path) -> Iterator[tuple[kiln.local.LocalDaemon, kiln.local.LocalDaemon]]:
+    """Two kilnd replicas, A and B, each with its own store, sharing ``redis_url``."""
+    binary = find_kilnd()
+    if binary is None:
+        pytest.skip("kilnd is not built")
+    args = ["--shared-cache", redis_url]
+    with kiln.local.LocalDaemon(binary, tmp_path / "a", args=args) as a, \
+            kiln.local.LocalDaemon(binary, tmp_path / "b", args=args) as b:
+        yield a, b
+
+
 def _probe(address: str, *service: str) -> subprocess.CompletedProcess:
     probe = Path(os.environ.get("KILN_BINARY_DIR", REPO / "build")) / "server" / "kiln_health_probe"
     if not probe.exists():
@@ -74,12 +89,7 @@ def _probe(address: str, *service: str) -> subprocess.CompletedProcess:
 
 def test_kiln_stats_shows_the_shared_tier(tmp_path, redis):
     redis_url, redis_proc = redis
-    binary = find_kilnd()
-    if binary is None:
-        pytest.skip("kilnd is not built")
-    args = ["--shared-cache", redis_url]
-    with kiln.local.LocalDaemon(binary, tmp_path / "a", args=args) as a, \
-            kiln.local.LocalDaemon(binary, tmp_path / "b", args=args) as b:
+    with replicas_sharing(redis_url, tmp_path) as (a, b):
         g = _graph(3.0)
         with kiln.Client(a.address) as ca:
             assert not ca.compile(g, "cpu").cache_hit

@@ -24,8 +24,7 @@ import kiln  # noqa: E402
 import kiln.torch as kt  # noqa: E402
 from kiln.torch import precompile  # noqa: E402
 from kiln.torch.dynamo_backend import RECORD_EVENTS, BackendConfig  # noqa: E402
-from conftest import find_kilnd  # noqa: E402
-from test_shared_cache import redis  # noqa: E402,F401  (the fixture)
+from test_shared_cache import redis, replicas_sharing  # noqa: E402,F401  (redis: the fixture)
 from test_torch_records import assert_same, run_child  # noqa: E402
 
 
@@ -196,12 +195,7 @@ def test_precompiled_model_reaches_another_replica_through_redis(subprocess_env:
                                                                  redis: Any) -> None:
     """Replica A compiles a training step; a process on another machine asks replica B, whose
     own store is empty: it loads the whole model from what Redis holds, without tracing."""
-    binary = find_kilnd()
-    if binary is None:
-        pytest.skip("kilnd is not built")
-    args = ["--shared-cache", redis[0]]
-    with kiln.local.LocalDaemon(binary, tmp_path / "a", args=args) as a, \
-            kiln.local.LocalDaemon(binary, tmp_path / "b", args=args) as b:
+    with replicas_sharing(redis[0], tmp_path) as (a, b):
         cold = run_child(dict(subprocess_env, KILN_SERVER=a.address), tmp_path, "cold", "train", "batch=30",
                          "precompile=1")
         assert cold["stats"]["precompiles_stored"] == 1, cold["stats"]

@@ -24,7 +24,7 @@ import kiln.torch as kt  # noqa: E402
 from kiln.errors import VerificationError  # noqa: E402
 from kiln.torch import program  # noqa: E402
 from conftest import find_kilnd  # noqa: E402
-from test_shared_cache import redis  # noqa: E402,F401  (the fixture)
+from test_shared_cache import redis, replicas_sharing  # noqa: E402,F401  (redis: the fixture)
 
 CHILD = Path(__file__).resolve().parent / "records_child.py"
 
@@ -213,12 +213,7 @@ def test_record_reaches_another_replica_through_redis(subprocess_env: dict[str, 
                                                       redis: Any) -> None:
     """Replica A compiles and records; a process on another machine asks replica B, whose own
     cache is empty: one lookup there rebuilds the model from what Redis holds."""
-    binary = find_kilnd()
-    if binary is None:
-        pytest.skip("kilnd is not built")
-    args = ["--shared-cache", redis[0]]
-    with kiln.local.LocalDaemon(binary, tmp_path / "a", args=args) as a, \
-            kiln.local.LocalDaemon(binary, tmp_path / "b", args=args) as b:
+    with replicas_sharing(redis[0], tmp_path) as (a, b):
         cold = run_child(dict(subprocess_env, KILN_SERVER=a.address), tmp_path, "cold", "train", "batch=2")
         assert cold["stats"]["records_stored"] == 2, cold["stats"]
         warm = run_child(dict(subprocess_env, KILN_SERVER=b.address), tmp_path, "warm", "train", "batch=2")

@@ -403,6 +403,13 @@ def _with_record(fn: Callable[[list[Any]], Any], stored: Optional[StoredRecord])
     return fn
 
 
+def fetch_loadables(client: Any, responses: Sequence[Any]) -> None:
+    """Every artifact the parts of ``responses`` (kiln.v1.CompileResponse) load, brought in one
+    call where the local folder lacks any."""
+    client.fetch_many([a.digest for r in responses for a in r.result.artifacts
+                       if a.kind in (service_pb2.SHARED_OBJECT, service_pb2.CUBIN)])
+
+
 def rebuild_record(stored: StoredRecord, responses: Sequence[Any], config: BackendConfig,
                    settings: Optional[CompileSettings], kind: str) -> Callable[[list[Any]], Any]:
     """The compiled graph of a program record, given the daemon's answers for its parts (as
@@ -416,9 +423,7 @@ def rebuild_record(stored: StoredRecord, responses: Sequence[Any], config: Backe
         raise KilnError(f"the record names {len(header['parts'])} parts, the daemon sent {len(responses)}")
     graphs = program.part_graphs(header)
     compiled = [Compiled(client, r, graph=g) for r, g in zip(responses, graphs)]
-    # Every artifact a part loads, brought in one call where the local folder lacks any.
-    client.fetch_many([a.digest for c in compiled for a in c.result.artifacts
-                       if a.kind in (service_pb2.SHARED_OBJECT, service_pb2.CUBIN)])
+    fetch_loadables(client, responses)
     use_native = config.native and native.enabled()
 
     def make_part(rec: dict[str, Any], pg: Any, eager_g: torch.fx.Graph, c: Any) -> KilnPart:

@@ -28,8 +28,8 @@ through kilnd's precompiled models instead (:mod:`.precompile`): on a warm clust
 process loads the compiled model without Dynamo or AOTAutograd tracing it.
 
 Without ``async`` or ``precompile`` (or with ``disable=True``), :func:`compile` is
-``torch.compile`` with ``backend="kiln"``. A shape or setting the trace's guards do not cover later recompiles on the
-caller's thread, as with torch.compile.
+``torch.compile`` with ``backend="kiln"``. A shape or setting the trace's guards do not cover
+later recompiles on the caller's thread, as with torch.compile.
 """
 
 from __future__ import annotations

@@ -63,11 +63,11 @@ import torch._inductor.config
 import torch.utils._pytree as pytree
 from torch._inductor.output_code import OutputCode
 
-from .. import __version__, service_pb2
+from .. import __version__
 from ..errors import KilnError
 from . import program
-from .dynamo_backend import (RECORD_EVENTS, BackendConfig, StoredRecord, check_sealed, make_backend,
-                             rebuild_record, record_not_used)
+from .dynamo_backend import (RECORD_EVENTS, BackendConfig, StoredRecord, check_sealed, fetch_loadables,
+                             make_backend, rebuild_record, record_not_used)
 from .runtime import CompileSettings, KilnFallbackWarning, bump
 
 log = logging.getLogger("kiln.torch")
@@ -374,9 +374,7 @@ class Precompiled:
             header, data = decode(record)
             scope = {**vars(builtins), **self._globals()}
             scope.update({name: _resolve(*where) for name, where in header.get("installed", {}).items()})
-            # Every artifact the parts load, in one call where the local folder lacks any.
-            settings.client.fetch_many([a.digest for r in responses for a in r.result.artifacts
-                                        if a.kind in (service_pb2.SHARED_OBJECT, service_pb2.CUBIN)])
+            fetch_loadables(settings.client, responses)  # all graphs' artifacts in one call
             token = _LOADING.set(_Loading(self._config, settings, {r.handle: r for r in responses}))
             try:
                 entry = _deserialize(data, scope, self._closure())
@@ -418,8 +416,8 @@ class Precompiled:
             # from torch's local AOTAutograd cache, where no kiln settings are part of the key.
             with torch._inductor.config.patch(fx_graph_cache=False), _grads_set_aside(self._model), \
                     _builtins_visible(self._globals()):
-                entry = aot_compile_fullgraph(self._model.forward, (args, kwargs), Hooks(guard_filter_fn=_guard_filter), backend,
-                                              dynamic=False)
+                entry = aot_compile_fullgraph(self._model.forward, (args, kwargs),
+                                              Hooks(guard_filter_fn=_guard_filter), backend, dynamic=False)
         except Exception as e:
             return self._give_up(f"torch's AOT compile failed: {type(e).__name__}: {str(e)[:400]}")
         try:
