@@ -502,6 +502,37 @@ grpc::ServerUnaryReactor* KilnService::GetBlobs(grpc::CallbackServerContext* con
   return reactor;
 }
 
+grpc::ServerUnaryReactor* KilnService::ExportEntries(grpc::CallbackServerContext* context,
+                                                     const v1::ExportEntriesRequest* request,
+                                                     v1::ExportEntriesResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kAdmin, "ExportEntries");
+  if (!caller.ok()) return Refuse(reactor, "ExportEntries", caller.status());
+  absl::StatusOr<v1::ExportEntriesResponse> page = compile_->ExportEntries(*request, options_.blobs_reply_bytes);
+  if (page.ok()) *response = *std::move(page);
+  reactor->Finish(ToGrpcStatus(page.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KilnService::ImportEntries(grpc::CallbackServerContext* context,
+                                                     const v1::ImportEntriesRequest* request,
+                                                     v1::ImportEntriesResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kAdmin, "ImportEntries");
+  if (!caller.ok()) return Refuse(reactor, "ImportEntries", caller.status());
+  absl::StatusOr<v1::ImportEntriesResponse> done = compile_->ImportEntries(*request);
+  if (done.ok()) {
+    *response = *std::move(done);
+    spdlog::info("ImportEntries {}: {} entries, {} stored, {} already present{}", caller->name,
+                 request->entries_size(), response->stored(), response->present(),
+                 request->resign() ? ", signed again" : "");
+  } else {
+    spdlog::warn("ImportEntries {}: refused: {}", caller->name, done.status().ToString());
+  }
+  reactor->Finish(ToGrpcStatus(done.status()));
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* KilnService::GetResult(grpc::CallbackServerContext* context,
                                                  const v1::GetResultRequest* request,
                                                  v1::CompileResponse* response) {

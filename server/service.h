@@ -9,7 +9,8 @@
 // Every call is authorized first (auth::Authorizer): Lookup, GetResult, FetchArtifact,
 // GetSource, GetStats, LookupTuning, GetModel and GetBlobs need role read; Compile, Prewarm,
 // RecordTuning, PutModel and the custom-kernel calls (FindMissingBlobs, UploadBlobs,
-// BuildExtension, CompileRawKernel) role compile. Compiles count
+// BuildExtension, CompileRawKernel) role compile; ExportEntries and ImportEntries (bundles)
+// role admin. Compiles count
 // against the caller's in-flight limit; a caller at its limit is still answered from the cache
 // and gets RESOURCE_EXHAUSTED for a miss. The health service is not this service: it stays
 // open to everyone.
@@ -89,6 +90,12 @@ class KilnService final : public v1::Kiln::CallbackService {
                                      v1::GetModelResponse* response) override;
   grpc::ServerUnaryReactor* GetBlobs(grpc::CallbackServerContext* context, const v1::GetBlobsRequest* request,
                                      v1::GetBlobsResponse* response) override;
+  grpc::ServerUnaryReactor* ExportEntries(grpc::CallbackServerContext* context,
+                                          const v1::ExportEntriesRequest* request,
+                                          v1::ExportEntriesResponse* response) override;
+  grpc::ServerUnaryReactor* ImportEntries(grpc::CallbackServerContext* context,
+                                          const v1::ImportEntriesRequest* request,
+                                          v1::ImportEntriesResponse* response) override;
 
  private:
   // The caller of `context` when it holds `needed`; otherwise the status to finish with.

@@ -791,4 +791,98 @@ absl::StatusOr<v1::GetModelResponse> CompileService::GetModel(const v1::GetModel
   return out;
 }
 
+// ---------------------------------------------------------------------------- bundles
+
+namespace {
+
+constexpr size_t kExportScanEntries = 256;  // entries read from the store per scan
+
+}  // namespace
+
+absl::StatusOr<v1::ExportEntriesResponse> CompileService::ExportEntries(const v1::ExportEntriesRequest& request,
+                                                                        size_t reply_bytes) {
+  v1::ExportEntriesResponse out;
+  std::string after = request.after_key();
+  size_t bytes = 0;
+  while (true) {
+    KILN_ASSIGN_OR_RETURN(auto page, store_->ListResults(after, kExportScanEntries));
+    for (auto& [key, result] : page) {
+      after = key;
+      if (options_.verify_stored && !options_.verify_stored(key, result).ok()) {
+        unverified_.fetch_add(1, std::memory_order_relaxed);
+        continue;  // not this kilnd's to vouch for; GetResult drops it when asked
+      }
+      v1::BundleEntry entry;
+      entry.set_key(key);
+      bool complete = true;
+      for (const v1::Artifact& artifact : result.artifacts()) {
+        KILN_ASSIGN_OR_RETURN(std::optional<std::string> blob, store_->GetBlob(artifact.digest()));
+        if (!blob.has_value()) {
+          complete = false;  // evicted (or refused as corrupt) since the scan
+          break;
+        }
+        entry.add_blobs(*std::move(blob));
+      }
+      if (!complete) continue;
+      *entry.mutable_result() = std::move(result);
+      const size_t size = entry.ByteSizeLong();
+      if (out.entries_size() > 0 && bytes + size > reply_bytes) {
+        out.set_next_key(out.entries(out.entries_size() - 1).key());
+        return out;
+      }
+      bytes += size;
+      *out.add_entries() = std::move(entry);
+    }
+    if (page.size() < kExportScanEntries) return out;  // the last page: next_key stays ""
+  }
+}
+
+absl::StatusOr<v1::ImportEntriesResponse> CompileService::ImportEntries(const v1::ImportEntriesRequest& request) {
+  std::vector<v1::ActionResult> results;
+  results.reserve(request.entries_size());
+  for (int i = 0; i < request.entries_size(); ++i) {
+    const v1::BundleEntry& entry = request.entries(i);
+    auto refuse = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bundle entry ", i, " (", entry.key().substr(0, 64), "): ", why));
+    };
+    if (!IsHexKey(entry.key())) return refuse("bad key (rule: a 64-digit lowercase hex key)");
+    const v1::ActionResult& result = entry.result();
+    if (entry.blobs_size() != result.artifacts_size())
+      return refuse(absl::StrCat(entry.blobs_size(), " blobs for ", result.artifacts_size(),
+                                 " artifacts (rule: one blob per artifact, in artifact order)"));
+    for (int a = 0; a < result.artifacts_size(); ++a) {
+      if (key::Sha256Hex(entry.blobs(a)) != result.artifacts(a).digest())
+        return refuse(absl::StrCat("blob ", a, " does not hash to its artifact's digest ",
+                                   result.artifacts(a).digest().substr(0, 16),
+                                   " (rule: every blob is the bytes its digest names)"));
+    }
+    v1::ActionResult checked = result;
+    if (options_.sign && request.resign()) {
+      KILN_RETURN_IF_ERROR(options_.sign(entry.key(), &checked));
+    } else if (options_.verify_stored) {
+      if (absl::Status v = options_.verify_stored(entry.key(), checked); !v.ok())
+        return refuse(absl::StrCat("its signature is not one this kilnd trusts: ", v.message(),
+                                   " (rule: import into a kilnd signing with the exporter's key, or "
+                                   "pass resign to vouch for the bundle)"));
+    }
+    results.push_back(std::move(checked));
+  }
+  v1::ImportEntriesResponse out;
+  const absl::Time now = absl::Now();
+  for (int i = 0; i < request.entries_size(); ++i) {
+    const std::string& key = request.entries(i).key();
+    KILN_ASSIGN_OR_RETURN(std::optional<v1::ActionResult> stored, store_->GetResult(key));
+    if (stored.has_value() && stored->SerializeAsString() == results[i].SerializeAsString()) {
+      out.set_present(out.present() + 1);
+      continue;
+    }
+    const auto& blobs = request.entries(i).blobs();
+    KILN_RETURN_IF_ERROR(store_->PutResult(key, results[i], std::vector<std::string>(blobs.begin(), blobs.end())));
+    memory_.Put(key, std::make_shared<const v1::ActionResult>(std::move(results[i])), now);
+    out.set_stored(out.stored() + 1);
+  }
+  return out;
+}
+
 }  // namespace kiln::compile

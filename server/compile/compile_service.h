@@ -138,6 +138,17 @@ class CompileService {
   absl::StatusOr<v1::PutModelResponse> PutModel(const v1::PutModelRequest& request);
   absl::StatusOr<v1::GetModelResponse> GetModel(const v1::GetModelRequest& request);
 
+  // Bundles (kiln.v1.ExportEntries / ImportEntries; kiln export / kiln import). Export pages
+  // through the store's entries in key order, each with its blobs, as many as fit in
+  // `reply_bytes` (at least one); entries that fail verify_stored, or whose blobs are gone, are
+  // left out. Import checks every entry before it stores any: a 64-hex key, one blob per
+  // artifact hashing to its digest, and, on a kilnd that signs, a signature this kilnd trusts
+  // (or, with `resign`, none needed: the entry is signed again with this kilnd's key).
+  // InvalidArgument naming the entry and the rule otherwise, with nothing stored.
+  absl::StatusOr<v1::ExportEntriesResponse> ExportEntries(const v1::ExportEntriesRequest& request,
+                                                          size_t reply_bytes);
+  absl::StatusOr<v1::ImportEntriesResponse> ImportEntries(const v1::ImportEntriesRequest& request);
+
   // Counters for GetStats (store counters included).
   v1::GetStatsResponse Stats() const;
 

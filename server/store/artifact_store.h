@@ -62,6 +62,17 @@ class ArtifactStore {
     return std::vector<std::pair<std::string, v1::ActionResult>>{};
   }
 
+  // Stored results in key byte order, starting after `after_key` ("" = from the first), at
+  // most `limit`: what a bundle exports (kiln export). Reads neither count as hits nor refresh
+  // recency; damaged records are skipped. Stores that cannot list their entries answer
+  // Unimplemented.
+  virtual absl::StatusOr<std::vector<std::pair<std::string, v1::ActionResult>>> ListResults(
+      const std::string& after_key, size_t limit) {
+    (void)after_key;
+    (void)limit;
+    return absl::UnimplementedError("this store cannot list its entries");
+  }
+
   // False when the result under `key` was accepted by PutResult but is held only in memory
   // (the disk refused the write); it is still served until evicted or written out later.
   virtual bool IsPersisted(const std::string& key) const {

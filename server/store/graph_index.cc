@@ -1,5 +1,7 @@
-// RocksDbStore's graphs.v1 family: which action keys were stored for a graph, so that a miss
-// can be explained against its nearest stored neighbours (FORMAT.md, "graphs.v1").
+// RocksDbStore's scans that serve no request path: the graphs.v1 family (which action keys
+// were stored for a graph, so that a miss can be explained against its nearest stored
+// neighbours; FORMAT.md, "graphs.v1") and the listing of ac.v1 that a bundle export pages
+// through.
 //
 // Index records are written in the same batch as the AC entry they name and never read on the
 // serving path. They are not deleted with the entry: a reader finds the entry gone and deletes
@@ -76,6 +78,32 @@ absl::StatusOr<std::vector<std::pair<std::string, v1::ActionResult>>> RocksDbSto
       spdlog::debug("store {}: stale graph index record not deleted: {}", options_.path,
                     del.ToString());
     }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, v1::ActionResult>>> RocksDbStore::ListResults(
+    const std::string& after_key, size_t limit) {
+  std::vector<std::pair<std::string, v1::ActionResult>> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), ac_));
+  if (after_key.empty()) {
+    it->SeekToFirst();
+  } else {
+    it->Seek(after_key);
+    if (it->Valid() && it->key() == rocksdb::Slice(after_key)) it->Next();
+  }
+  for (; it->Valid() && out.size() < limit; it->Next()) {
+    const std::string value = it->value().ToString();  // the record's payload views into it
+    absl::StatusOr<AcRecord> record = DecodeAcRecord(value);
+    v1::ActionResult result;
+    if (!record.ok() || !result.ParseFromArray(record->payload.data(),
+                                               static_cast<int>(record->payload.size()))) {
+      continue;  // a damaged entry is GetResult's to drop; a bundle does not carry it
+    }
+    out.emplace_back(it->key().ToString(), std::move(result));
+  }
+  if (!it->status().ok()) {
+    return absl::UnavailableError(absl::StrCat("scan ac.v1: ", it->status().ToString()));
   }
   return out;
 }

@@ -106,6 +106,9 @@ class RocksDbStore : public ArtifactStore {
   // From graphs.v1 (graph_index.cc). Index records whose entry is gone are deleted on the way.
   absl::StatusOr<std::vector<std::pair<std::string, v1::ActionResult>>> ResultsForGraph(
       const std::string& graph_digest, size_t limit) override;
+  // From ac.v1 on disk (graph_index.cc); results held only in memory are not listed.
+  absl::StatusOr<std::vector<std::pair<std::string, v1::ActionResult>>> ListResults(
+      const std::string& after_key, size_t limit) override;
 
  private:
   // A result accepted while writes are suspended.

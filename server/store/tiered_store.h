@@ -14,8 +14,10 @@
 // Thread-safety: as its tiers (all methods may be called concurrently).
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "server/store/artifact_store.h"
@@ -31,6 +33,18 @@ class TieredStore : public ArtifactStore {
                          const std::vector<std::string>& blobs) override;
   absl::StatusOr<std::optional<v1::ActionResult>> GetResult(const std::string& key) override;
   absl::StatusOr<std::optional<std::string>> GetBlob(const std::string& digest) override;
+
+  // Explain and export read the local tier: it holds every entry this replica wrote or
+  // served, and the shared tier has no index by graph and no ordered listing.
+  absl::StatusOr<std::vector<std::pair<std::string, v1::ActionResult>>> ResultsForGraph(
+      const std::string& graph_digest, size_t limit) override {
+    return l1_->ResultsForGraph(graph_digest, limit);
+  }
+  absl::StatusOr<std::vector<std::pair<std::string, v1::ActionResult>>> ListResults(
+      const std::string& after_key, size_t limit) override {
+    return l1_->ListResults(after_key, limit);
+  }
+  bool IsPersisted(const std::string& key) const override { return l1_->IsPersisted(key); }
 
   // L1's counters (the local cache); the L2's come through AddTierStats.
   StoreStats Stats() const override { return l1_->Stats(); }

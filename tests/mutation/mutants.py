@@ -233,6 +233,15 @@ MUTANTS: list[Mutant] = [
         build=("kilnd",),
     ),
     Mutant(
+        name="bundle-import-signature-unchecked",
+        what="a signing kilnd imports bundle entries signed by a key it does not trust",
+        file="server/compile/compile_service.cc",
+        find="    } else if (options_.verify_stored) {\n      if (absl::Status v = options_.verify_stored(entry.key(), checked); !v.ok())",
+        replace="    } else if (options_.verify_stored) {\n      if (absl::Status v = absl::OkStatus(); !v.ok())",
+        tests=_daemon("tests/python/test_bundle.py::test_a_signing_daemon_takes_only_entries_it_trusts"),
+        build=("kilnd",),
+    ),
+    Mutant(
         name="precompile-source-unchecked",
         what="a precompiled model is loaded without checking the sources Dynamo traced",
         file="client/python/kiln/torch/precompile.py",

@@ -124,6 +124,23 @@ def test_kiln_stats_shows_the_shared_tier(tmp_path, redis):
     assert _probe(f"127.0.0.1:{_free_port()}", "--timeout-s=1").returncode == 2
 
 
+def test_explain_sees_what_a_replica_stored(tmp_path, redis):
+    """kiln explain on a replica with a shared tier reads that replica's own store: the entry it
+    compiled, and the one it was served from Redis, are explained, not reported missing."""
+    redis_url, _ = redis
+    with replicas_sharing(redis_url, tmp_path) as (a, b):
+        g = _graph(7.0)
+        with kiln.Client(a.address) as ca, kiln.Client(b.address) as cb:
+            compiled = ca.compile(g, "cpu")
+            assert cb.compile(g, "cpu").cache_hit
+            for c in (ca, cb):
+                r = c.explain(g, "cpu")
+                assert r.cached and r.handle == compiled.handle
+                other = c.explain(g, "cpu", {"opt_level": 1})
+                assert not other.cached
+                assert [e.handle for e in other.nearest] == [compiled.handle]
+
+
 def test_local_cluster_script_shares_compiles(tmp_path):
     if find_kilnd() is None:
         pytest.skip("kilnd is not built")

@@ -219,6 +219,7 @@ REQUIRED_ROLE = {
     "BuildExtension": "compile", "CompileRawKernel": "compile", "RecordTuning": "compile", "PutModel": "compile",
     "Lookup": "read", "GetResult": "read", "FetchArtifact": "read", "GetSource": "read", "GetStats": "read",
     "Explain": "read", "LookupTuning": "read", "GetModel": "read", "GetBlobs": "read",
+    "ExportEntries": "admin", "ImportEntries": "admin",
 }
 ROLE_RANK = {"read": 0, "compile": 1, "admin": 2}
 

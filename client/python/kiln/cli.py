@@ -26,6 +26,8 @@ from typing import Any, Optional, Sequence
 import grpc
 import numpy as np
 
+from .bundle import export_bundle, import_bundle
+
 _CODE_NAMES = {sc.value[0]: sc.name for sc in grpc.StatusCode}
 
 
@@ -498,6 +500,32 @@ def _stat_text(name: str, value: Any) -> str:
     return str(value)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    def progress(st: Any) -> None:
+        if not args.quiet:
+            print(f"\rexported {st.entries} entries ({st.blobs} blobs)", end="", file=sys.stderr, flush=True)
+
+    with _client(args) as client:
+        st = export_bundle(client, args.bundle, progress=progress)
+    if not args.quiet:
+        print(file=sys.stderr)
+    print(f"{args.bundle}: {st.entries} entries, {st.blobs} blobs, {human_size(st.bytes)}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    def progress(st: Any) -> None:
+        if not args.quiet:
+            print(f"\rimported {st.entries} entries", end="", file=sys.stderr, flush=True)
+
+    with _client(args) as client:
+        st = import_bundle(client, args.bundle, resign=args.resign, progress=progress)
+    if not args.quiet:
+        print(file=sys.stderr)
+    print(f"{args.bundle}: {st.entries} entries, {st.stored} stored, {st.present} already present")
+    return 0
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     from .graphio import load_request
 
@@ -646,6 +674,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-entries", type=int, default=0, help="at most this many stored entries (default: the daemon's, 16)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_explain)
+
+    s = sub.add_parser("export", parents=[common], help="write the daemon's cache to a bundle file",
+                       description="Write every entry the daemon stores (results with their artifacts, model records, "
+                                   "tunings) to BUNDLE, for `kiln import` into another daemon. Needs role admin.")
+    s.add_argument("bundle", metavar="BUNDLE", help="the file to write")
+    s.add_argument("--quiet", "-q", action="store_true", help="no progress")
+    s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("import", parents=[common], help="store a bundle file's entries in the daemon",
+                       description="Check BUNDLE whole, then store its entries in the daemon, which checks each one "
+                                   "(digests; signatures when it signs). Needs role admin.")
+    s.add_argument("bundle", metavar="BUNDLE", help="a file written by `kiln export`")
+    s.add_argument("--resign", action="store_true",
+                   help="a daemon that signs signs the entries with its own key instead of requiring a key it trusts")
+    s.add_argument("--quiet", "-q", action="store_true", help="no progress")
+    s.set_defaults(func=cmd_import)
 
     s = sub.add_parser("stats", parents=[common], help="print the daemon's counters", description="Print the daemon's cache and compile counters.")
     s.add_argument("--json", action="store_true", help="print JSON")

@@ -310,6 +310,22 @@ class Client:
                                     f"{arts[0].digest[:12]} (it hashes to {got[:12]})", digest=arts[0].digest)
         return resp.record, list(resp.parts)
 
+    def export_entries(self, after_key: str = "", *, timeout: Optional[float] = None) -> tuple[list[Any], str]:
+        """One page of the daemon's stored entries (kiln.v1.BundleEntry: key, result, blobs) in
+        key order after ``after_key``, and the key to ask after next ("" when this page was the
+        last). Needs role admin. :mod:`kiln.bundle` writes the pages to a file."""
+        resp = self._call("ExportEntries", service_pb2.ExportEntriesRequest(after_key=after_key), timeout)
+        return list(resp.entries), resp.next_key
+
+    def import_entries(self, entries: Sequence[Any], *, resign: bool = False,
+                       timeout: Optional[float] = None) -> tuple[int, int]:
+        """Stores bundle entries in the daemon (checked there: keys, blob digests, signatures;
+        one bad entry refuses the call and stores none of it). Returns (stored, already
+        present). Needs role admin."""
+        resp = self._call("ImportEntries", service_pb2.ImportEntriesRequest(entries=list(entries), resign=resign),
+                          timeout)
+        return resp.stored, resp.present
+
     def fetch_many(self, digests: Sequence[str], *, timeout: Optional[float] = None) -> None:
         """Brings every artifact of ``digests`` the local folder lacks, in as few calls as the
         daemon's reply size allows (GetBlobs); each is verified against its digest before it

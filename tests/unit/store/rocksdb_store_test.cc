@@ -261,6 +261,28 @@ TEST_F(RocksDbStoreTest, DamagedAcRecordIsDroppedAtOpen) {
   EXPECT_TRUE(Has("good"));
 }
 
+TEST_F(RocksDbStoreTest, ListResultsPagesInKeyOrderWithoutCountingUse) {
+  Reopen();
+  for (const char* key : {"c", "a", "d", "b"}) Put(key, {MakeBlob(key[0], 200)});
+  auto keys = [&](const std::string& after, size_t limit) {
+    std::vector<std::string> out;
+    auto page = store_->ListResults(after, limit);
+    EXPECT_TRUE(page.ok()) << page.status();
+    if (!page.ok()) return out;
+    for (const auto& [key, result] : *page) {
+      EXPECT_EQ(result.compile_log(), "log of " + key);  // each key with its own result
+      out.push_back(key);
+    }
+    return out;
+  };
+  EXPECT_EQ(keys("", 3), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(keys("c", 3), (std::vector<std::string>{"d"}));
+  EXPECT_EQ(keys("bb", 10), (std::vector<std::string>{"c", "d"}));  // after a key that is not stored
+  EXPECT_TRUE(keys("d", 10).empty());
+  EXPECT_EQ(store_->Stats().hits, 0);
+  EXPECT_EQ(store_->Stats().misses, 0);
+}
+
 TEST_F(RocksDbStoreTest, ScrubFindsCorruptBlobs) {
   Reopen();
   const std::string blob = MakeBlob(1, 8000);
