@@ -3,10 +3,11 @@
 process on the same inputs: each result is checked against a float64 NumPy run, then both are
 timed (median of ``--runs`` calls).
 
-The patterns are ones that once ran far slower than they should (each fixed, BENCHMARKS.md says
-how): transposes and permutes, concatenation along the last axis, row and whole-tensor argmax,
-row statistics over rows of a few thousand elements, `any` over bool rows, a row sum of values
-compared with column means, an HWC image normalisation, pooling written as a reshape.
+The patterns are ones that once ran far slower than they should (each fixed; BENCHMARKS.md,
+"CPU kernels against NumPy", has their figures): transposes and permutes, concatenation along
+the last axis, row and whole-tensor argmax, row statistics over rows of a few thousand
+elements, `any` over bool rows, a row sum of values compared with column means, an HWC image
+normalisation, pooling written as a reshape.
 
     PYTHONPATH=client/python python3 tests/bench/numpy_patterns_bench.py [--runs 9] [--only NAME,...]
 """

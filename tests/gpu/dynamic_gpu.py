@@ -3,15 +3,15 @@
 graphs compiled per shape and against PyTorch; then BERT-base under ``torch.compile`` at several
 sequence lengths.
 
-Part 1, kernels (``kiln.jit`` on torch CUDA tensors, f32): the memory-bound workloads of
-BENCHMARKS.md's CUDA table (sin²+cos² and x+y over a symbolic length, the k-means assignment
-over a symbolic point count, row softmax and layer_norm→gelu over symbolic rows, the LLTM cell
-tail over a symbolic batch), then row softmax with the row length symbolic too (long and short
-rows), column sums (rows symbolic) and a whole-tensor sum (both symbolic). Each is compiled
-once with symbolic sizes and checked against torch at several sizes (1, primes, sizes no
-vector width divides, the benchmark size); then the
-dynamic and the static kernel are timed at the benchmark size, side by side: 20 calls captured
-in a CUDA graph, replayed, CUDA events, median of the replays (kernel time, no host overhead).
+Part 1, kernels (``kiln.jit`` on torch CUDA tensors, f32): the memory-bound workloads of the
+kernel table in BENCHMARKS.md, "GPU kernels" (sin²+cos² and x+y over a symbolic length, the
+k-means assignment over a symbolic point count, row softmax and layer_norm→gelu over symbolic
+rows, the LLTM cell tail over a symbolic batch), then row softmax with the row length symbolic
+too (long and short rows), column sums (rows symbolic) and a whole-tensor sum (both symbolic).
+Each is compiled once with symbolic sizes and checked against torch at several sizes (1,
+primes, sizes no vector width divides, the benchmark size); then the dynamic and the static
+kernel are timed at the benchmark size, side by side: 20 calls captured in a CUDA graph,
+replayed, CUDA events, median of the replays (kernel time, no host overhead).
 
 Part 2, BERT-base (Hugging Face ``BertModel(BertConfig())``, random weights, batch 16,
 inference under ``no_grad``) with ``backend="kiln"`` and with Inductor, at sequence lengths
@@ -109,7 +109,8 @@ def t_kmeans(X: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
 F = torch.nn.functional
 # name: (function, torch reference, inputs for a size n (and m), symbolic axes per argument,
 #        sizes checked, the benchmark size). The benchmark sizes are the memory-bound workloads
-#        of BENCHMARKS.md's CUDA table, plus short rows (attention scores) and two reductions.
+#        of BENCHMARKS.md's "GPU kernels" table, plus short rows (attention scores) and two
+#        reductions.
 KERNELS: dict[str, tuple[Any, ...]] = {
     "sin2+cos2": (sin2cos2, lambda x: torch.sin(x) ** 2 + torch.cos(x) ** 2, lambda n, m: [(n,)], {"x": (0,)},
                   [(1, 0), (7, 0), (1031, 0)], (64 << 20, 0)),

@@ -213,7 +213,7 @@ def test_each_role_gets_its_calls_and_no_more(secure, pki, rng):
         assert token not in log, "the log names tokens, never the token itself"
 
 
-# Every RPC of kiln.v1.Kiln and the least role that may call it (README's list of roles).
+# Every RPC of kiln.v1.Kiln and the least role that may call it (the roles table in docs/trust.md).
 REQUIRED_ROLE = {
     "Compile": "compile", "Prewarm": "compile", "FindMissingBlobs": "compile", "UploadBlobs": "compile",
     "BuildExtension": "compile", "CompileRawKernel": "compile", "RecordTuning": "compile", "PutModel": "compile",
