@@ -1,15 +1,10 @@
 # kilnd and the gRPC layer it serves (included from server/CMakeLists.txt).
 
-# The one absl <-> gRPC status mapping, shared by the server and the C++ client.
-kiln_cc_library(kiln_status_map
-  SRCS ${CMAKE_CURRENT_LIST_DIR}/status_map.cc
-  DEPS PkgConfig::GRPCPP absl::status absl::strings)
-
 kiln_cc_library(kiln_server
   SRCS
     ${CMAKE_CURRENT_LIST_DIR}/service.cc
   DEPS
-    kiln_status_map
+    kiln_wire
     kiln_auth
     kiln_compile_service
     kiln_ext

@@ -15,7 +15,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/compile/result_convert.h"
-#include "server/status_map.h"
+#include "wire/wire.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::server {
@@ -155,7 +155,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::ArtifactChunk> {
       : blob_(std::move(blob)), chunk_bytes_(std::max<size_t>(1, chunk_bytes)) {
     WriteNext();
   }
-  explicit FetchReactor(const absl::Status& error) { Finish(ToGrpcStatus(error)); }
+  explicit FetchReactor(const absl::Status& error) { Finish(wire::ToGrpcStatus(error)); }
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
@@ -289,8 +289,8 @@ class PrewarmReactor final : public grpc::ServerBidiReactor<v1::CompileRequest, 
         event.set_index(index);
         event.set_handle(reply.handle);
         event.set_cache_hit(reply.cache_hit);
-        event.set_code(WireCode(reply.status));
-        event.set_message(ToGrpcStatus(reply.status).error_message());
+        event.set_code(wire::WireCode(reply.status));
+        event.set_message(wire::ToGrpcStatus(reply.status).error_message());
         event.set_ms(ms);
         if (!writing_) {
           writing_ = true;
@@ -347,7 +347,7 @@ grpc::ServerUnaryReactor* Refuse(grpc::ServerUnaryReactor* reactor, std::string_
                                  const absl::Status& status) {
   spdlog::info("{} refused: {} {}", method, absl::StatusCodeToString(status.code()),
                std::string(status.message()));
-  reactor->Finish(ToGrpcStatus(status));
+  reactor->Finish(wire::ToGrpcStatus(status));
   return reactor;
 }
 
@@ -386,7 +386,7 @@ grpc::ServerUnaryReactor* KilnService::Compile(grpc::CallbackServerContext* cont
         FillResponse(reply, start, response);
         LogReply("Compile", name, reply, MsSince(start));
         AddRetryAfter(reply.status, context);
-        reactor->Finish(ToGrpcStatus(reply.status));
+        reactor->Finish(wire::ToGrpcStatus(reply.status));
       }));
   return reactor;
 }
@@ -403,7 +403,7 @@ grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* conte
   spdlog::debug("Lookup {} {} {} {:.3f} ms", caller->name, reply.handle.substr(0, 12),
                 reply.status.ok() ? "hit" : absl::StatusCodeToString(reply.status.code()),
                 MsSince(start));
-  reactor->Finish(ToGrpcStatus(reply.status));
+  reactor->Finish(wire::ToGrpcStatus(reply.status));
   return reactor;
 }
 
@@ -415,7 +415,7 @@ grpc::ServerUnaryReactor* KilnService::Explain(grpc::CallbackServerContext* cont
   if (!caller.ok()) return Refuse(reactor, "Explain", caller.status());
   absl::StatusOr<v1::ExplainResponse> explained = compile_->Explain(*request);
   if (explained.ok()) *response = *std::move(explained);
-  reactor->Finish(ToGrpcStatus(explained.status()));
+  reactor->Finish(wire::ToGrpcStatus(explained.status()));
   return reactor;
 }
 
@@ -431,7 +431,7 @@ grpc::ServerUnaryReactor* KilnService::RecordTuning(grpc::CallbackServerContext*
     spdlog::info("RecordTuning {} {} on '{}': variant {}", caller->name, response->handle().substr(0, 12),
                  request->device(), response->variant());
   }
-  reactor->Finish(ToGrpcStatus(recorded.status()));
+  reactor->Finish(wire::ToGrpcStatus(recorded.status()));
   return reactor;
 }
 
@@ -443,7 +443,7 @@ grpc::ServerUnaryReactor* KilnService::LookupTuning(grpc::CallbackServerContext*
   if (!caller.ok()) return Refuse(reactor, "LookupTuning", caller.status());
   absl::StatusOr<v1::TuningResponse> found = compile_->LookupTuning(*request);
   if (found.ok()) *response = *std::move(found);
-  reactor->Finish(ToGrpcStatus(found.status()));
+  reactor->Finish(wire::ToGrpcStatus(found.status()));
   return reactor;
 }
 
@@ -459,7 +459,7 @@ grpc::ServerUnaryReactor* KilnService::PutModel(grpc::CallbackServerContext* con
     spdlog::info("PutModel {} {} ({}, {} parts, {} bytes)", caller->name, request->model_key().substr(0, 12),
                  request->format(), request->parts_size(), request->record().size());
   }
-  reactor->Finish(ToGrpcStatus(put.status()));
+  reactor->Finish(wire::ToGrpcStatus(put.status()));
   return reactor;
 }
 
@@ -474,7 +474,7 @@ grpc::ServerUnaryReactor* KilnService::GetModel(grpc::CallbackServerContext* con
   if (got.ok()) *response = *std::move(got);
   spdlog::debug("GetModel {} {} {} {:.3f} ms", caller->name, request->model_key().substr(0, 12),
                 got.ok() ? "hit" : absl::StatusCodeToString(got.status().code()), MsSince(start));
-  reactor->Finish(ToGrpcStatus(got.status()));
+  reactor->Finish(wire::ToGrpcStatus(got.status()));
   return reactor;
 }
 
@@ -491,7 +491,7 @@ grpc::ServerUnaryReactor* KilnService::GetBlobs(grpc::CallbackServerContext* con
     if (status.ok() && !blob->has_value())
       status = absl::NotFoundError(absl::StrCat("artifact ", digest, " is not in the cache"));
     if (!status.ok()) {
-      reactor->Finish(ToGrpcStatus(status));
+      reactor->Finish(wire::ToGrpcStatus(status));
       return reactor;
     }
     if (response->blobs_size() > 0 && bytes + (*blob)->size() > options_.blobs_reply_bytes) break;
@@ -510,7 +510,7 @@ grpc::ServerUnaryReactor* KilnService::ExportEntries(grpc::CallbackServerContext
   if (!caller.ok()) return Refuse(reactor, "ExportEntries", caller.status());
   absl::StatusOr<v1::ExportEntriesResponse> page = compile_->ExportEntries(*request, options_.blobs_reply_bytes);
   if (page.ok()) *response = *std::move(page);
-  reactor->Finish(ToGrpcStatus(page.status()));
+  reactor->Finish(wire::ToGrpcStatus(page.status()));
   return reactor;
 }
 
@@ -529,7 +529,7 @@ grpc::ServerUnaryReactor* KilnService::ImportEntries(grpc::CallbackServerContext
   } else {
     spdlog::warn("ImportEntries {}: refused: {}", caller->name, done.status().ToString());
   }
-  reactor->Finish(ToGrpcStatus(done.status()));
+  reactor->Finish(wire::ToGrpcStatus(done.status()));
   return reactor;
 }
 
@@ -548,7 +548,7 @@ grpc::ServerUnaryReactor* KilnService::GetResult(grpc::CallbackServerContext* co
     response->set_cache_hit(true);
     response->set_server_ms(MsSince(start));
   }
-  reactor->Finish(ToGrpcStatus(result.status()));
+  reactor->Finish(wire::ToGrpcStatus(result.status()));
   return reactor;
 }
 
@@ -576,7 +576,7 @@ grpc::ServerUnaryReactor* KilnService::GetSource(grpc::CallbackServerContext* co
   absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kRead, "GetSource");
   if (!caller.ok()) return Refuse(reactor, "GetSource", caller.status());
   auto finish = [&](const absl::Status& status) {
-    reactor->Finish(ToGrpcStatus(status));
+    reactor->Finish(wire::ToGrpcStatus(status));
     return reactor;
   };
   absl::StatusOr<std::shared_ptr<const v1::ActionResult>> result =
@@ -621,7 +621,7 @@ grpc::ServerBidiReactor<v1::CompileRequest, v1::PrewarmEvent>* KilnService::Prew
     // Refused before any request is read: a reactor that only finishes.
     class Refused final : public grpc::ServerBidiReactor<v1::CompileRequest, v1::PrewarmEvent> {
      public:
-      explicit Refused(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+      explicit Refused(const absl::Status& status) { Finish(wire::ToGrpcStatus(status)); }
       void OnDone() override { delete this; }
     };
     spdlog::info("Prewarm refused: {}", std::string(caller.status().message()));
@@ -686,7 +686,7 @@ grpc::ServerUnaryReactor* KilnService::UploadBlobs(grpc::CallbackServerContext* 
   if (options_.ext == nullptr) return Refuse(reactor, "UploadBlobs", kNoExt);
   absl::StatusOr<v1::UploadBlobsResponse> stored = options_.ext->Upload(*request);
   if (stored.ok()) *response = *std::move(stored);
-  reactor->Finish(ToGrpcStatus(stored.status()));
+  reactor->Finish(wire::ToGrpcStatus(stored.status()));
   return reactor;
 }
 
@@ -704,7 +704,7 @@ grpc::ServerUnaryReactor* KilnService::BuildExtension(grpc::CallbackServerContex
     LogExt("BuildExtension", name, reply.handle(), status,
            reply.missing_size() > 0 ? "missing-inputs" : reply.cache_hit() ? "hit" : "built", start);
     if (status.ok()) *response = std::move(reply);
-    reactor->Finish(ToGrpcStatus(status));
+    reactor->Finish(wire::ToGrpcStatus(status));
   });
   return reactor;
 }
@@ -721,7 +721,7 @@ grpc::ServerUnaryReactor* KilnService::CompileRawKernel(grpc::CallbackServerCont
                                          absl::Status status, v1::CompileRawKernelResponse reply) {
     LogExt("CompileRawKernel", name, reply.handle(), status, reply.cache_hit() ? "hit" : "built", start);
     if (status.ok()) *response = std::move(reply);
-    reactor->Finish(ToGrpcStatus(status));
+    reactor->Finish(wire::ToGrpcStatus(status));
   });
   return reactor;
 }

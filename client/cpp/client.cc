@@ -8,8 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/key/digest.h"
 #include "kernels/util/status_macros.h"
-#include "server/auth/auth.h"
-#include "server/status_map.h"
+#include "wire/wire.h"
 
 namespace kiln::client {
 namespace {
@@ -72,11 +71,11 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Client::CredentialsFor
   }
   grpc::SslCredentialsOptions ssl;
   if (!ca.empty()) {
-    KILN_ASSIGN_OR_RETURN(ssl.pem_root_certs, auth::ReadSecretFile(ca, "TLS CA"));
+    KILN_ASSIGN_OR_RETURN(ssl.pem_root_certs, wire::ReadSecretFile(ca, "TLS CA"));
   }
   if (!cert.empty()) {
-    KILN_ASSIGN_OR_RETURN(ssl.pem_cert_chain, auth::ReadSecretFile(cert, "TLS certificate"));
-    KILN_ASSIGN_OR_RETURN(ssl.pem_private_key, auth::ReadSecretFile(key, "TLS key"));
+    KILN_ASSIGN_OR_RETURN(ssl.pem_cert_chain, wire::ReadSecretFile(cert, "TLS certificate"));
+    KILN_ASSIGN_OR_RETURN(ssl.pem_private_key, wire::ReadSecretFile(key, "TLS key"));
   }
   return grpc::SslCredentials(ssl);
 }
@@ -147,7 +146,7 @@ absl::StatusOr<Response> Client::CallUnary(
     const Request& request, absl::Time deadline) {
   Response response;
   absl::Status status = WithRetries(deadline, [&](grpc::ClientContext& context) {
-    return server::FromGrpcStatus(((*stub_).*method)(&context, request, &response));
+    return wire::FromGrpcStatus(((*stub_).*method)(&context, request, &response));
   });
   if (!status.ok()) return status;
   return response;
@@ -229,7 +228,7 @@ absl::StatusOr<std::string> Client::FetchArtifact(const std::string& digest,
           }
           bytes.append(chunk.data());
         }
-        absl::Status finished = server::FromGrpcStatus(reader->Finish());
+        absl::Status finished = wire::FromGrpcStatus(reader->Finish());
         if (!finished.ok()) return finished;
         if (!framing.ok()) return framing;
         if (total >= 0 && static_cast<int64_t>(bytes.size()) != total) {
@@ -280,7 +279,7 @@ absl::Status Client::Prewarm(const std::vector<v1::CompileRequest>& requests,
           if (on_event) on_event(event);
         }
         writer.join();
-        return server::FromGrpcStatus(stream->Finish());
+        return wire::FromGrpcStatus(stream->Finish());
       },
       // Once outcomes have been reported, replaying the stream would report them twice.
       [&] { return !any_event; });

@@ -186,7 +186,7 @@ absl::StatusOr<TrustPolicy> TrustPolicy::Create(std::vector<std::string> trusted
     }
   }
   TrustPolicy policy;
-  KILN_ASSIGN_OR_RETURN(policy.keys_, auth::TrustedKeys::FromPemFiles(trusted_key_files));
+  KILN_ASSIGN_OR_RETURN(policy.keys_, wire::TrustedKeys::FromPemFiles(trusted_key_files));
   policy.allow_unsigned_ = allow_unsigned.value_or(policy.keys_.empty());
   policy.memo_ = std::make_shared<Memo>();
   if (policy.keys_.empty() && !policy.allow_unsigned_) {

@@ -42,7 +42,7 @@
 #include "client/cpp/client.h"
 #include "client/cpp/cpu_loader.h"
 #include "client/cpp/cuda_loader.h"
-#include "server/auth/auth.h"
+#include "wire/wire.h"
 #include "kiln/v1/service.pb.h"
 
 namespace kiln::client {
@@ -126,7 +126,7 @@ class TrustPolicy {
 
  private:
   struct Memo;
-  auth::TrustedKeys keys_;
+  wire::TrustedKeys keys_;
   bool allow_unsigned_ = true;
   std::shared_ptr<Memo> memo_;
 };

@@ -22,7 +22,7 @@
 //    file everyone is an admin named "anonymous".
 //
 // 3. Integrity. kilnd signs each action result it produces with an Ed25519 key: the signature
-//    covers a canonical byte encoding (FORMAT.md beside this file; never serialized protobuf)
+//    covers a canonical byte encoding (wire/FORMAT.md; never serialized protobuf)
 //    of the handle, the target, every artifact's kind, digest and size, the launch plan and
 //    the printed key. Clients verify it against the public keys they trust, and every
 //    artifact's digest, before loading any code. TrustedKeys holds several keys at once, so a
@@ -46,30 +46,29 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "kiln/v1/service.pb.h"
+#include "wire/openssl.h"
+#include "wire/wire.h"
 
 namespace grpc {
 class ServerCredentials;
 class ServerContextBase;
 }  // namespace grpc
 struct ssl_ctx_st;   // OpenSSL's SSL_CTX
-struct evp_pkey_st;  // OpenSSL's EVP_PKEY
 
 namespace kiln::auth {
 
-namespace internal {
-// A unique_ptr deleter calling an OpenSSL free function (for the .cc files of this module).
-template <auto kFree>
-struct OpenSslFree {
-  template <typename T>
-  void operator()(T* p) const {
-    kFree(p);
-  }
-};
-}  // namespace internal
+// Shared with clients (wire/wire.h): reading key files, and the verification half of signed
+// results, used here under auth's names.
+using wire::CanonicalResultBytes;
+using wire::KeyIdOf;
+using wire::kSignatureAlgorithm;
+using wire::ReadSecretFile;
+using wire::TrustedKeys;
 
-// The bytes of a key, certificate or token file: NotFound naming `what` and `path` when it
-// cannot be read.
-absl::StatusOr<std::string> ReadSecretFile(const std::string& path, absl::string_view what);
+namespace internal {
+template <auto kFree>
+using OpenSslFree = wire::internal::OpenSslFree<kFree>;
+}  // namespace internal
 
 // ------------------------------------------------------------------------------------------
 // Transport
@@ -216,15 +215,6 @@ class Authorizer {
 // ------------------------------------------------------------------------------------------
 // Integrity
 
-inline constexpr char kSignatureAlgorithm[] = "ed25519";
-
-// The bytes a result's signature covers (FORMAT.md). Deterministic: equal inputs give equal
-// bytes on every machine and version of protobuf.
-std::string CanonicalResultBytes(absl::string_view handle, const v1::ActionResult& result);
-
-// The id of an Ed25519 public key: the first 16 hex digits of the SHA-256 of its 32 raw bytes.
-std::string KeyIdOf(absl::string_view raw_public_key);
-
 class SigningKey {
  public:
   // Reads a PEM Ed25519 private key (PKCS#8, as `openssl genpkey -algorithm ed25519` or
@@ -243,29 +233,6 @@ class SigningKey {
   ::evp_pkey_st* pkey_ = nullptr;
   std::string key_id_;
   std::string raw_public_key_;
-};
-
-class TrustedKeys {
- public:
-  TrustedKeys() = default;
-  // Reads PEM Ed25519 public keys (`openssl pkey -pubout` form). InvalidArgument naming the
-  // file when one is not such a key.
-  static absl::StatusOr<TrustedKeys> FromPemFiles(const std::vector<std::string>& paths);
-  absl::Status AddPemFile(const std::string& path);
-  absl::Status AddRawPublicKey(absl::string_view raw_public_key);
-
-  bool empty() const { return keys_.empty(); }
-  size_t size() const { return keys_.size(); }
-
-  // OK when `result` carries an Ed25519 signature by one of these keys over
-  // CanonicalResultBytes(handle, result). FailedPrecondition for an unsigned result or one
-  // signed by a key not trusted here; DataLoss when the signature does not match the bytes
-  // (the record was changed after signing). Messages name the handle and the key id.
-  absl::Status VerifyResult(absl::string_view handle, const v1::ActionResult& result) const;
-
- private:
-  // Key id -> the parsed public key (kept parsed: verification is on every client's hit path).
-  absl::flat_hash_map<std::string, std::shared_ptr<::evp_pkey_st>> keys_;
 };
 
 // kilnd's side of integrity: the signing key plus the keys whose signatures it accepts on

@@ -155,7 +155,7 @@ int Main(int argc, char** argv) {
   // Verification alone, on one real signed response: the full check (canonical bytes and
   // Ed25519, what every new record costs) and the client's check of a record it has verified
   // before (one hash), in thread CPU time, which the load of other processes does not inflate.
-  absl::StatusOr<auth::TrustedKeys> keys = auth::TrustedKeys::FromPemFiles({path("sign.pem.pub")});
+  absl::StatusOr<wire::TrustedKeys> keys = wire::TrustedKeys::FromPemFiles({path("sign.pem.pub")});
   absl::StatusOr<client::TrustPolicy> trust =
       client::TrustPolicy::Create({path("sign.pem.pub")}, false);
   if (!keys.ok() || !trust.ok()) return 1;
@@ -182,7 +182,7 @@ int Main(int argc, char** argv) {
       "verification CPU time per result: full %.1f us (Ed25519 over %zu canonical bytes), "
       "repeat of a verified record %.1f us\n",
       full_us,
-      auth::CanonicalResultBytes(signed_response.handle(), signed_response.result()).size(),
+      wire::CanonicalResultBytes(signed_response.handle(), signed_response.result()).size(),
       repeat_us);
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);

@@ -143,7 +143,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         name="cpp-signature-unchecked",
         what="the C++ trust policy accepts a signed result without verifying the signature",
-        file="server/auth/signing.cc",
+        file="wire/signatures.cc",
         find="  if (!VerifyEd25519(it->second.get(), CanonicalResultBytes(handle, result), sig.signature())) {",
         replace="  if (false && !VerifyEd25519(it->second.get(), CanonicalResultBytes(handle, result), sig.signature())) {",
         tests=("gtest:auth_test:Signing.*",),

@@ -1,7 +1,7 @@
 """Which results this client accepts: kilnd's Ed25519 signatures, checked before any code loads.
 
 kilnd started with ``--signing-key`` signs every action result it produces. The signature covers
-a canonical byte encoding (server/auth/FORMAT.md in the repository) of the handle, the target,
+a canonical byte encoding (wire/FORMAT.md in the repository) of the handle, the target,
 every artifact's kind, digest and size, the launch plan and the printed key; so once it checks
 out, an artifact whose bytes hash to the signed digest is exactly what kilnd built.
 
@@ -87,7 +87,7 @@ def canonical_result_bytes(handle: str, result: Any) -> bytes:
         _ints(out, s.args)
     _int(out, plan.workspace_bytes)
     _int(out, plan.abi_version)
-    if plan.symbols:  # symbolic plans only (server/auth/FORMAT.md)
+    if plan.symbols:  # symbolic plans only (wire/FORMAT.md)
         def expr(e: Any) -> None:
             _int(out, len(e.terms))
             for t in e.terms:

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kernels/key/digest.h"
-#include "server/status_map.h"
+#include "wire/wire.h"
 #include "client/cpp/kiln.h"
 #include "gtest/gtest.h"
 #include "kernels/ir/builder.h"
@@ -303,7 +303,7 @@ TEST_F(ClientDaemonTest, PrewarmReportsOneEventPerRequest) {
   ASSERT_TRUE(status.ok()) << status;
   ASSERT_EQ(events.size(), 3u);
   for (const v1::PrewarmEvent& e : events) {
-    const absl::Status outcome = server::FromWireCode(e.code(), e.message());
+    const absl::Status outcome = wire::FromWireCode(e.code(), e.message());
     if (e.index() == 2) {
       EXPECT_EQ(outcome.code(), absl::StatusCode::kInvalidArgument);
     } else {

@@ -1,11 +1,12 @@
-#include "server/status_map.h"
+// The absl <-> gRPC status mapping (wire.h).
+#include "wire/wire.h"
 
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
-namespace kiln::server {
+namespace kiln::wire {
 namespace {
 
 std::string BoundMessage(absl::string_view message) {
@@ -45,4 +46,4 @@ int WireCode(const absl::Status& status) {
   return IsCanonical(code) ? code : static_cast<int>(absl::StatusCode::kUnknown);
 }
 
-}  // namespace kiln::server
+}  // namespace kiln::wire
