@@ -1281,34 +1281,52 @@ def test_native_runner_serves_parts_after_their_first_call(client: Any) -> None:
     assert s["failed"] == 0 and s["eager_calls"] == 0, s
 
 
-def test_native_runner_is_found_through_its_memo(client: Any, monkeypatch: pytest.MonkeyPatch,
-                                                 tmp_path: Path) -> None:
+def test_native_runner_is_found_through_its_memo_then_kilnd(client: Any, monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path: Path, subprocess_env: dict) -> None:
     """A process that built (or fetched) the runner once finds it again through the memo in
     the local artifact folder, without a build request (which digests PyTorch's headers); a
-    memo naming a missing artifact falls back to the request and is rewritten; the key follows
-    the runner's sources."""
+    memo naming a missing artifact falls back to kilnd's record of the runner built for this
+    PyTorch, and is rewritten; a process with an empty local folder (another machine) gets it
+    from that record too. Only a process that finds neither prepares a build request. The
+    keys follow the runner's sources."""
     from kiln.torch import extension
 
     assert native.RUNNER is not None, native.ERROR
     memos = list((client.cache.root / "runner").glob("*.json"))
     assert len(memos) == 1, memos
     requests: list[str] = []
-    real_build = extension.build
+    real_prepare = extension.prepare
 
     def counted(name: str, *a: Any, **k: Any) -> Any:
         requests.append(name)
-        return real_build(name, *a, **k)
+        return real_prepare(name, *a, **k)
 
-    monkeypatch.setattr(extension, "build", counted)
-    assert native.build(client) is native.RUNNER and requests == []
+    monkeypatch.setattr(extension, "prepare", counted)
+    assert native.build(client) is native.RUNNER and requests == [] and native.FOUND == "memo"
     good = memos[0].read_text()
     memos[0].write_text(json.dumps({"digest": "0" * 64}))
-    assert native.build(client) is native.RUNNER and requests == [native.NAME]
+    assert native.build(client) is native.RUNNER and requests == [] and native.FOUND == "cluster"
     assert memos[0].read_text() == good
+
+    # Another machine: an empty local folder, the same kilnd.
+    script = (
+        "import json, kiln\n"
+        "from kiln.torch import extension, native\n"
+        "calls = []\n"
+        "real = extension.prepare\n"
+        "extension.prepare = lambda *a, **k: calls.append(1) or real(*a, **k)\n"
+        "with kiln.Client() as c:\n"
+        "    m = native.build(c)\n"
+        "    print(json.dumps({'found': native.FOUND, 'prepared': len(calls), 'module': m.__name__}))\n")
+    env = dict(subprocess_env, KILN_CACHE_DIR=str(tmp_path / "elsewhere"))
+    out = _python(script, env)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"found": "cluster", "prepared": 0,
+                                                               "module": native.NAME}
+
     staged = native._stage(tmp_path / "a")
-    key = native._memo_key(staged)
+    keys = native._memo_key(staged), native._cluster_key(staged)
     staged[0].write_text(staged[0].read_text() + "\n// changed\n")
-    assert native._memo_key(staged) != key
+    assert native._memo_key(staged) != keys[0] and native._cluster_key(staged) != keys[1]
 
 
 def test_native_runner_is_off_when_asked(client: Any) -> None:

@@ -94,14 +94,27 @@ def _stage(into: Path) -> list[Path]:
 _CFLAGS = ["-O2"]
 
 
+#: The format of the cluster-wide record naming the runner built for one PyTorch build.
+RECORD_FORMAT = "kiln.torch.runner/1"
+
+
 def build(client: Any) -> Any:
     """Builds (or gets from kilnd's cache) and imports the runner; raises on failure.
 
-    A process that finds the runner it would build in the local artifact folder (a memo under
-    ``<cache>/runner`` names it, keyed by the runner's sources, PyTorch's version and install,
-    the Python version and the flags) imports it without asking kilnd: the request's key
-    covers PyTorch's ~10,000 headers, and walking them cost a warm start 1.5 s of a thread
-    that holds the GIL against the first call's own work."""
+    Three ways to the runner, cheapest first:
+
+    1. the memo in the local artifact folder (``<cache>/runner``, keyed by :func:`_memo_key`:
+       the runner's sources, PyTorch's version and install, the Python version and the flags)
+       names an artifact already here;
+    2. kilnd holds a record (:data:`RECORD_FORMAT`, keyed by :func:`_cluster_key`: the same
+       inputs, PyTorch named by its build rather than by this machine's files) naming the
+       runner another machine built for this PyTorch build: one GetModel and one download;
+    3. the build request, whose key covers PyTorch's ~10,000 headers: walking them costs a
+       thread that holds the GIL against the first call's own work 1 to 1.5 s, which is what
+       (1) and (2) spare every process but the cluster's first.
+
+    A module from (1) or (2) that does not import (a PyTorch the key could not tell apart)
+    falls through to the next way."""
     from .. import extension
 
     with tempfile.TemporaryDirectory(prefix="kiln-runner-") as tmp:
@@ -112,23 +125,66 @@ def build(client: Any) -> Any:
             return cpp.load(NAME, [str(s) for s in sources], extra_cflags=_CFLAGS, extra_include_paths=[tmp])
         global FOUND
         memo = client.cache.root / "runner" / f"{_memo_key(sources)}.json"
+        misses = []
         try:
             digest = json.loads(memo.read_text())["digest"]
             client.read_verified(digest)  # present and intact, or an error
             module = extension._import_module(NAME, client.cache.path_for(digest))
             FOUND = "memo"
             return module
-        except Exception as e:  # no memo, an artifact gone or damaged: the full build request
-            FOUND = f"built ({type(e).__name__}: {e})"
-        path = extension.build(NAME, sources, extra_cflags=_CFLAGS, extra_include_paths=[tmp], client=client)
-        module = extension._import_module(NAME, path)
+        except Exception as e:  # no memo, an artifact gone or damaged
+            misses.append(f"memo: {type(e).__name__}: {e}")
+        key = _cluster_key(sources)
         try:
-            from ...cache import atomic_write
-
-            atomic_write(memo, json.dumps({"digest": path.name}).encode())
-        except OSError:
-            pass  # only a speed-up
+            digest = _from_cluster(client, key)
+            module = extension._import_module(NAME, client.cache.path_for(digest))
+            _write_memo(memo, digest)
+            FOUND = "cluster"
+            return module
+        except Exception as e:  # no record (the cluster's first build), or one that failed
+            misses.append(f"cluster: {type(e).__name__}: {e}")
+        FOUND = f"built ({'; '.join(misses)})"
+        prepared = extension.prepare(NAME, sources, _CFLAGS, extra_include_paths=[tmp], cache_dir=client.cache.root)
+        path, outcome = extension.build_prepared(prepared, client)
+        module = extension._import_module(NAME, path)
+        _write_memo(memo, path.name)
+        try:
+            client.put_model(key, RECORD_FORMAT, json.dumps({"name": NAME, "digest": path.name}).encode(),
+                             [outcome.handle])
+        except Exception as e:  # only a speed-up for the cluster's other machines
+            log.debug("kiln.torch: the runner's cluster record was not stored: %s", e)
         return module
+
+
+def _write_memo(memo: Path, digest: str) -> None:
+    from ...cache import atomic_write
+
+    try:
+        atomic_write(memo, json.dumps({"digest": digest}).encode())
+    except OSError:
+        pass  # only a speed-up
+
+
+def _from_cluster(client: Any, key: str) -> str:
+    """The digest of the runner kilnd's record names for ``key``, fetched into the local folder
+    and verified (the record's signature and digest by :meth:`~kiln.Client.get_model`, the
+    build result's signature here, the module's bytes against the digest that result names)."""
+    from ...v1 import service_pb2
+
+    got = client.get_model(key, RECORD_FORMAT)
+    if got is None:
+        raise FileNotFoundError("kilnd holds no runner for this PyTorch build")
+    record, parts = got
+    digest = json.loads(record)["digest"]
+    if len(parts) != 1:
+        raise ValueError(f"the runner's record names {len(parts)} builds")
+    client.trust.check(parts[0].handle, parts[0].result)
+    modules = [a for a in parts[0].result.artifacts if a.kind == service_pb2.SHARED_OBJECT]
+    if [a.digest for a in modules] != [digest]:
+        raise ValueError("the runner's record names a module its build result does not hold")
+    client.fetch_many([digest])
+    client.read_verified(digest, size=modules[0].size or None)
+    return digest
 
 
 def _memo_key(sources: list[Path]) -> str:
@@ -140,9 +196,7 @@ def _memo_key(sources: list[Path]) -> str:
 
     import torch
 
-    h = hashlib.sha256()
-    for f in sources + sorted(Path(sources[0]).parent.joinpath("client", "cpp").glob("*.h")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    h = _sources_digest(sources)
     root = Path(torch.__file__).parent
     for f in [root / "version.py", root / "include", *sorted(root.glob("_C*.so"))]:
         try:
@@ -152,6 +206,39 @@ def _memo_key(sources: list[Path]) -> str:
             h.update(f"{f}:absent\0".encode())
     h.update(f"{NAME}\0{torch.__version__}\0{sys.version}\0{' '.join(_CFLAGS)}".encode())
     return h.hexdigest()
+
+
+def _cluster_key(sources: list[Path]) -> str:
+    """The key of the runner's cluster-wide record: the sources' bytes, the Python version, the
+    flags, and PyTorch named by its build (version, git revision, CUDA or ROCm version, C++
+    ABI) and by the sizes of its native libraries (two installs of one wheel agree on all of
+    these; a rebuilt PyTorch with the same version string rarely does). A machine-independent
+    stand-in for the build request's digest of every header."""
+    import platform
+    import sys
+
+    import torch
+
+    h = _sources_digest(sources)
+    root = Path(torch.__file__).parent
+    for f in sorted([*root.glob("_C*.so"), *(root / "lib").glob("lib*.so*")]):
+        try:
+            h.update(f"{f.name}:{f.stat().st_size}\0".encode())
+        except OSError:
+            h.update(f"{f.name}:absent\0".encode())
+    v = torch.version
+    h.update(f"{NAME}\0{torch.__version__}\0{getattr(v, 'git_version', '')}\0{v.cuda}\0{getattr(v, 'hip', None)}"
+             f"\0{torch.compiled_with_cxx11_abi()}\0{sys.version}\0{platform.machine()}\0{' '.join(_CFLAGS)}".encode())
+    return h.hexdigest()
+
+
+def _sources_digest(sources: list[Path]) -> Any:
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sources + sorted(Path(sources[0]).parent.joinpath("client", "cpp").glob("*.h")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h
 
 
 def _build_in_background(client: Any, done: threading.Event) -> None:
