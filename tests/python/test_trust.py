@@ -139,7 +139,7 @@ def test_tls_without_client_certificates(tmp_path, kilnd_binary, pki):
         assert rpc_code(e) == "UNAVAILABLE"
 
 
-def test_metrics_endpoint_speaks_https_with_client_certificates(secure, pki):
+def test_metrics_endpoint_speaks_https_with_client_certificates(secure, pki, tmp_path):
     port = int(secure.log().split("kilnd metrics on ")[1].split()[0].rsplit(":", 1)[1])
     # Plain HTTP gets no page.
     with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
@@ -148,6 +148,12 @@ def test_metrics_endpoint_speaks_https_with_client_certificates(secure, pki):
     bare = ssl.create_default_context(cafile=str(pki.ca[0]))
     with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError, OSError)):
         urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=3, context=bare).read()
+    # A client certificate that no trusted CA signed is refused too.
+    stranger = make_leaf(tmp_path, "stranger", pki.other_ca)
+    foreign = ssl.create_default_context(cafile=str(pki.ca[0]))
+    foreign.load_cert_chain(str(stranger[0]), str(stranger[1]))
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError, OSError)):
+        urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=3, context=foreign).read()
     ctx = ssl.create_default_context(cafile=str(pki.ca[0]))
     ctx.load_cert_chain(str(pki.client[0]), str(pki.client[1]))
     with client(secure, pki, "reader") as c:

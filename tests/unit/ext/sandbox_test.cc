@@ -58,6 +58,17 @@ TEST_F(SandboxTest, RunsAndWritesOnlyItsOutputFolder) {
   EXPECT_EQ(word, "built");
 }
 
+TEST_F(SandboxTest, SeesNoHostEnvironment) {
+  // kilnd's environment (tokens, passwords, proxies) stays outside: only the variables the
+  // sandbox sets are inside.
+  ASSERT_EQ(setenv("KILN_SANDBOX_TEST_SECRET", "top-secret-env-value", 1), 0);
+  toolchain::ProcessResult r = Shell("env");
+  unsetenv("KILN_SANDBOX_TEST_SECRET");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("top-secret-env-value"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("HOME=/tmp"), std::string::npos) << r.output;
+}
+
 TEST_F(SandboxTest, SeesNoHostFiles) {
   // A secret beside the sandbox's folder, and the host's own files: none is visible.
   const std::string secret = std::filesystem::path(dir_->path()).parent_path() / "kiln-sandbox-secret";
