@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import kiln
+import kiln.local
 from kiln.errors import RpcError
 from conftest import alive, descendants, small_graph, wait_until
 
@@ -196,3 +197,27 @@ def test_crashing_host_compiler(daemons, tmp_path):
         # The worker survived its child's crash: it was not replaced.
         assert client.stats().worker_crashes == 0
     assert d.stop() == 0
+
+
+
+def test_workers_inherit_no_descriptor_of_kilnd(daemons, tmp_path):
+    """A worker holds its end of the supervisor's socket (fd 3) and stdin/stdout/stderr, and
+    nothing else of kilnd's, not even a descriptor kilnd itself inherited without close-on-exec
+    (a service manager's socket, a shell's redirection): here fd 7, open on a file, handed to
+    kilnd by a wrapper. (A compile job runs untrusted generated code in the worker.)"""
+    secret = tmp_path / "kilnd-only"
+    secret.write_text("for kilnd's eyes\n")
+    wrapper = tmp_path / "kilnd-with-fd-7"
+    wrapper.write_text(f'#!/bin/sh\nexec 7<"{secret}"\nexec "{daemons.binary}" "$@"\n')
+    wrapper.chmod(0o755)
+    d = kiln.local.LocalDaemon(wrapper, tmp_path / "kilnd", args=[f"--workers={WORKERS}"], timeout=60)
+    daemons.started.append(d)  # stopped, and its tree checked, with the fixture's
+    with kiln.Client(d.address, max_attempts=1) as client:
+        expect_serving(client, d, 5)  # the workers have run a compile
+        expect_clean_tree(d)
+        assert os.readlink(f"/proc/{d.proc.pid}/fd/7") == str(secret), "kilnd did not get fd 7 (the setup failed)"
+        for pid in descendants(d.proc.pid):
+            fds = {int(n): os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")}
+            extra = {n: target for n, target in fds.items() if n > 3}
+            assert not extra, f"worker {pid} inherited descriptors of kilnd: {extra}"
+            assert 3 in fds and fds[3].startswith("socket:"), fds

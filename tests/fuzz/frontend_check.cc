@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/ir/decode.h"
@@ -35,8 +36,19 @@ Target CudaTarget() {
 
 }  // namespace
 
-FrontendChecker::FrontendChecker(std::unique_ptr<Pipeline> pipeline) : pipeline_(std::move(pipeline)) {
-  checks_cuda_ = pipeline_->CheckTarget(CudaTarget()).ok();
+FrontendChecker::FrontendChecker(std::unique_ptr<Pipeline> pipeline)
+    : pipeline_(std::move(pipeline)), cuda_status_(pipeline_->CheckTarget(CudaTarget())) {}
+
+bool FrontendChecker::ReportCudaCoverage(const char* who) const {
+  if (checks_cuda()) {
+    std::fprintf(stderr, "%s: checking the CPU and CUDA targets\n", who);
+    return true;
+  }
+  const char* require = std::getenv("KILN_REQUIRE_NVRTC");
+  const bool required = require != nullptr && std::string_view(require) == "1";
+  std::fprintf(stderr, "%s: %s: the CUDA target is not checked, the CPU target only (%s)\n", who,
+               required ? "ERROR (KILN_REQUIRE_NVRTC=1)" : "note", cuda_status_.ToString().c_str());
+  return !required;
 }
 
 std::unique_ptr<FrontendChecker> FrontendChecker::Create() {
@@ -63,7 +75,7 @@ absl::Status FrontendChecker::CheckFrontendInput(std::string_view bytes) const {
   std::string canonical = key::CanonicalBytes(*graph);
   if (canonical.empty()) return absl::InternalError("key: empty canonical bytes");
   std::vector<Target> targets = {CpuTarget()};
-  if (checks_cuda_) targets.push_back(CudaTarget());
+  if (checks_cuda()) targets.push_back(CudaTarget());
   for (const Target& target : targets) {
     auto generated = pipeline_->Generate(*graph, target, CompileOptions{});
     if (!generated.ok() && generated.status().code() == absl::StatusCode::kInternal)

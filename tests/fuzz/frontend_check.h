@@ -23,13 +23,19 @@ class FrontendChecker {
   // message names the stage, target and the Internal status that came out of it.
   absl::Status CheckFrontendInput(std::string_view bytes) const;
 
-  // Whether the CUDA backend is checked too (needs NVRTC on this host).
-  bool checks_cuda() const { return checks_cuda_; }
+  // Whether the CUDA backend is checked too (needs NVRTC on this host), and why not.
+  bool checks_cuda() const { return cuda_status_.ok(); }
+  const absl::Status& cuda_status() const { return cuda_status_; }
+
+  // Says on stderr whether the CUDA target is checked (and why not). Where it is not and
+  // $KILN_REQUIRE_NVRTC is 1 (a machine with the CUDA toolkit: deploy/test.sh), returns false:
+  // the caller fails instead of checking the CPU target alone.
+  bool ReportCudaCoverage(const char* who) const;
 
  private:
   explicit FrontendChecker(std::unique_ptr<Pipeline> pipeline);
   std::unique_ptr<Pipeline> pipeline_;
-  bool checks_cuda_ = false;
+  absl::Status cuda_status_;  // immutable after construction
 };
 
 }  // namespace kiln::fuzz

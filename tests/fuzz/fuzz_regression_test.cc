@@ -25,6 +25,8 @@ std::vector<std::filesystem::path> Inputs() {
 
 TEST(FuzzRegressionTest, EveryCheckedInInputKeepsTheContract) {
   auto checker = FrontendChecker::Create();
+  EXPECT_TRUE(checker->ReportCudaCoverage("fuzz regression test"))
+      << "KILN_REQUIRE_NVRTC=1, but the CUDA target cannot be checked: " << checker->cuda_status();
   std::vector<std::filesystem::path> files = Inputs();
   ASSERT_GE(files.size(), 5u) << "regression inputs missing";
   for (const auto& f : files) {

@@ -43,7 +43,7 @@ status=0
 nice -n 10 "$BUILD/tests/fuzz/frontend_fuzzer" "$work" "$corpus" \
   -max_total_time="$SECONDS_TO_RUN" -timeout=20 -rss_limit_mb=4096 -max_len=65536 \
   -artifact_prefix="$findings/" -print_final_stats=1 >"$BUILD/fuzz.log" 2>&1 || status=$?
-grep -E "^#[0-9]+ +(INITED|DONE)|stat::number_of_executed_units|ERROR|SUMMARY|contract|Test unit written" \
+grep -E "^#[0-9]+ +(INITED|DONE)|stat::number_of_executed_units|ERROR|SUMMARY|contract|Test unit written|target" \
   "$BUILD/fuzz.log" || true
 if [ "$status" -ne 0 ] || compgen -G "$findings/*" >/dev/null; then
   echo "fuzz: FINDINGS (exit $status); inputs in $findings, log in $BUILD/fuzz.log" >&2

@@ -125,21 +125,34 @@ def cmd_run(pack: Path) -> int:
     fn = make_function(module)
     failures = 0
     rows = []
-    for dtype, tol in ((torch.float32, 1e-4), (torch.float64, 1e-10)):
+    # Every element of the outputs and gradients against the plain PyTorch LLTM in float64:
+    # |ext - ref| <= atol + rtol * |ref|. The weights are scaled by 1/sqrt(fan-in), as an LLTM's
+    # initialisation does: with N(0, 1) weights over up to 768 inputs every gate saturates (the
+    # gates' own float32 rounding is then 1e-3 of the largest gradient, and a check loose enough
+    # for that checks small elements not at all). Float32: PyTorch's own float32 LLTM on the CPU
+    # stays within 0.4 of rtol=1e-4, atol=2e-5 on these shapes and seeds (h, c and the input
+    # gradients within 0.1; the weight gradients, sums of 64 batch rows up to ~100 in magnitude
+    # that cancel to near 0 in places, need the atol), leaving 2x for the GPU's other summation
+    # order. Float64: the same errors scaled by the epsilons (2^-53 / 2^-24, about 2e-9), with a
+    # 500x margin.
+    for dtype, rtol, atol in ((torch.float32, 1e-4, 2e-5), (torch.float64, 1e-10, 1e-11)):
         for batch, features, state in ((16, 32, 128), (1, 3, 5), (64, 256, 512)):
             g = torch.Generator().manual_seed(batch)
             shapes = [(batch, features), (3 * state, features + state), (3 * state,), (batch, state), (batch, state)]
-            base = [torch.randn(s, generator=g, dtype=dtype) for s in shapes]
+            base = [torch.randn(s, generator=g, dtype=torch.float64) for s in shapes]
+            base[1] = base[1] * (features + state) ** -0.5
             outs = []
-            for impl in (fn.apply, lltm_reference):
-                xs = [t.cuda().requires_grad_() for t in base]
+            for impl, dt in ((fn.apply, dtype), (lltm_reference, torch.float64)):
+                xs = [t.to(dt).cuda().requires_grad_() for t in base]
                 h, c = impl(*xs)
                 (h.sum() + 0.5 * (c * c).sum()).backward()
                 outs.append([h.detach(), c.detach()] + [x.grad for x in xs])
-            err = max(((a - b).abs().max() / (b.abs().max() + 1e-30)).item() for a, b in zip(*outs))
-            ok = err < tol
+            # the worst element's error as a fraction of its allowance (<= 1 passes)
+            err = max(((a.double() - b).abs() / (atol + rtol * b.abs())).max().item() for a, b in zip(*outs))
+            ok = err <= 1.0
             failures += not ok
-            rows.append(f"lltm {str(dtype)[6:]} {batch}x{features}x{state}: max rel err {err:.2e} {'ok' if ok else 'FAIL'}")
+            rows.append(f"lltm {str(dtype)[6:]} {batch}x{features}x{state}: worst element at {err:.2f} of "
+                        f"atol {atol:g} + rtol {rtol:g} * |ref| {'ok' if ok else 'FAIL'}")
     # Timing: one forward + backward step, extension vs plain PyTorch, float32.
     batch, features, state = 64, 256, 512
     xs = [torch.randn(s, device="cuda").requires_grad_() for s in

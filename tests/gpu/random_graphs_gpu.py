@@ -111,17 +111,20 @@ def kiln_reduce_overhead(client: Any, rows: list[list[str]], failures: list[str]
         y = cf(x)
         (gx,) = torch.autograd.grad((y * g).sum(), [x])
         with torch.no_grad():
-            keep = (y != 0).float()
-            want = (g * 2.0 * keep / (1 - p)) @ lin.weight
-        worst = max(worst, float((gx - want).abs().max() / want.abs().max()))
+            keep = (y != 0).double()
+            want = (g.double() * 2.0 * keep / (1 - p)) @ lin.weight.double()
+        # Every element: |gx - want| <= atol + rtol * |want|, want in float64. gx is a float32
+        # matmul over 256 terms (|want| up to ~7); PyTorch's own float32 product on the CPU stays
+        # within 0.2 of rtol=atol=1e-5 (the atol covers elements that cancel to near 0).
+        worst = max(worst, float(((gx.double() - want).abs() / (1e-5 + 1e-5 * want.abs())).max()))
         outs.append(y.detach().clone())
     kept = float(sum((o != 0).float().mean() for o in outs) / len(outs))
     distinct = all(not torch.equal(outs[i], outs[i + 1]) for i in range(len(outs) - 1))
     replays = kt.stats()["graph_replays"]
     rows.append([f"kiln reduce-overhead, linear + dropout p={p}, 6 training steps",
                  f"{replays} replays, every call a new mask: {distinct}, kept {kept:.3f}, "
-                 f"input gradient off by {worst:.1e} (relative)"])
-    if not (replays > 0 and distinct and abs(kept - (1 - p)) < 0.01 and worst < 1e-5):
+                 f"input gradient's worst element at {worst:.2f} of 1e-5 + 1e-5 * |want|"])
+    if not (replays > 0 and distinct and abs(kept - (1 - p)) < 0.01 and worst <= 1.0):
         failures.append("kiln reduce-overhead with dropout: " + rows[-1][1])
 
 

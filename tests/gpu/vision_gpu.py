@@ -143,7 +143,9 @@ def main() -> int:
             timing = time_models([n for n in opts.timed.split(",") if n], client, opts.rounds, opts.iters,
                                  lambda n: (Wrapped(build(n, dev, side=224)), images(n, dev, 16, 224)))
     title = f"torchvision models through kiln ({dev}, batch {opts.batch}, {side}x{side})"
-    status = report(title, CHECK_COLUMNS, rows, failures, "All checks passed.", "vision_gpu.md") if rows else 0
+    if not rows:
+        failures.append("no model was checked")
+    status = report(title, CHECK_COLUMNS, rows, failures, "All checks passed.", "vision_gpu.md")
     if timing:
         report("torchvision inference at batch 16, 224x224 (ms, median)", TIMING_COLUMNS, timing, [], "",
                "vision_gpu_timing.md")

@@ -3,8 +3,10 @@
 The ``kilnd`` fixture starts the real daemon once per session on a free port with a temporary
 cache folder, waits for its gRPC health check to say SERVING, and stops it with SIGTERM at the
 end. The binary is ``$KILND``, else ``$KILN_BINARY_DIR/server/kilnd``, else ``build/server/kilnd``
-in the repository. Tests that need the daemon are skipped when there is none; the tracer and
-builder tests run without it.
+in the repository. Tests that need the daemon are skipped when there is none (an error instead
+under CI, ``$CI`` set, or when ``$KILN_BINARY_DIR`` names a build: the daemon should be there);
+the tracer and builder tests run without it. Under CI, a skip for a reason CI should never meet
+fails the test (tests/ci_skips.py).
 
 Every test process (and the subprocesses tests start) uses a temporary local artifact cache,
 never the user's.
@@ -31,11 +33,23 @@ except ImportError:  # not installed: use the source tree
     import kiln  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(REPO / "tests"))
+from ci_skips import pytest_runtest_makereport  # noqa: E402,F401  (a hook: fails skips CI must not see)
 
 
 def find_kilnd() -> Optional[Path]:
     """The kilnd binary to test, or None (kiln.local.find_kilnd's search order)."""
     return kiln.local.find_kilnd()
+
+
+def no_kilnd() -> None:
+    """Skips the test for want of a kilnd binary; fails it instead under CI or when
+    $KILN_BINARY_DIR is set (the daemon should have been built there)."""
+    where = os.environ.get("KILN_BINARY_DIR")
+    if os.environ.get("CI") or where:
+        pytest.fail(f"kilnd is not built (looked in $KILND, then {where or '$KILN_BINARY_DIR'}/server, build/server; "
+                    "under CI or with KILN_BINARY_DIR set a missing daemon is an error, not a skip)")
+    pytest.skip("kilnd is not built (set KILND or KILN_BINARY_DIR, or build into build/)")
 
 
 # A running kilnd: kiln.local.LocalDaemon (address, cache_dir, log_path, log(), stop()).
@@ -79,7 +93,7 @@ def private_kilnd(tmp_path_factory: pytest.TempPathFactory, name: str, args: lis
     the test when none is built."""
     binary = find_kilnd()
     if binary is None:
-        pytest.skip("kilnd is not built (set KILND or KILN_BINARY_DIR, or build into build/)")
+        no_kilnd()
     d = Daemon(binary, tmp_path_factory.mktemp(name), args=args)
     yield d
     d.stop()
@@ -90,7 +104,7 @@ def kilnd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """A kilnd serving on a free port for the session; skips the test when none is built."""
     binary = find_kilnd()
     if binary is None:
-        pytest.skip("kilnd is not built (set KILND or KILN_BINARY_DIR, or build into build/)")
+        no_kilnd()
     d = start_kilnd(binary, tmp_path_factory.mktemp("kilnd"))
     yield d
     stop_kilnd(d)

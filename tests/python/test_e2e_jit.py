@@ -31,6 +31,28 @@ def test_numpy_fn_matches_numpy(client, rng):
     np.testing.assert_array_equal(Y2, Y2c)
 
 
+def numpy_fn_before_clip(X, Y):
+    """numpy_fn's per-row sums r and its last term, without the clip and exp between them."""
+    X_mean, X_std = X.mean(axis=0), X.std(axis=0)
+    Y_mean, Y_std = Y.mean(axis=0), Y.std(axis=0)
+    X_std[X_std == 0] = 1
+    Y_std[Y_std == 0] = 1
+    Xn = (X - X_mean) / X_std
+    Yn = (Y - Y_mean) / Y_std
+    r = np.sum(Xn[:, :, None] * Yn[:, None, :], axis=(-2, -1))
+    return r, 0.001 * np.sum(Xn ** 2 + Yn ** 2, axis=1)
+
+
+def test_numpy_fn_sums_before_the_clip_match_numpy(client, rng):
+    """numpy_fn clips its per-row sums to [-1, 1] before exp: on its inputs most of them lie
+    outside, where a wrong sum of the right sign gives the right result. The clip is the seed
+    function's, not a tolerance of this check: the sums themselves must match NumPy."""
+    X, Y = numpy_fn_inputs(rng, n=3000, d=8)
+    r, rest = numpy_fn_before_clip(X.copy(), Y.copy())
+    assert np.mean(np.abs(r) > 1) > 0.5, "the inputs put most sums beyond the clip (the case this test is for)"
+    assert_same(kiln.jit(numpy_fn_before_clip, client=client)(X.copy(), Y.copy()), (r, rest), rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("name,fn,makers", CASES, ids=[c[0] for c in CASES])
 def test_catalogue_matches_numpy(client, rng, name, fn, makers):
     args = [m(rng) for m in makers]

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.autotune import MIN_GAIN
 
 NP = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i8": np.int8, "i16": np.int16,
       "i32": np.int32, "i64": np.int64, "u8": np.uint8, "bool": np.bool_}
@@ -540,10 +539,11 @@ def test_autotune_times_distinct_variants_that_agree(client, rng) -> None:
     handles = [t.handle for t in timings]
     assert len(timings) == 4 and len(set(handles)) == len(handles)  # the CPU table's 4 entries
     assert best.handle in handles
-    # The fastest, unless it beats the default by less than the noise margin.
+    # The fastest, unless it beats the default by less than the noise margin: the rule
+    # written out (at most 97% of the default's time), not read from kiln.autotune.
     fastest = min(timings, key=lambda t: t.median_ms)
     default = next(t for t in timings if t.variant == 0)
-    want = fastest if fastest.median_ms <= default.median_ms * (1 - MIN_GAIN) else default
+    want = fastest if fastest.median_ms <= default.median_ms * 0.97 else default
     assert best.handle == want.handle
     # A graph the knobs do not touch (pointwise) has one distinct variant.
     b = kiln.GraphBuilder()

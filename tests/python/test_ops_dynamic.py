@@ -14,7 +14,8 @@ import pytest
 
 import kiln
 from kiln.errors import CompileError
-from test_ops import BINARY, FLOATS, NP, REDUCTIONS, UNARY, check, float_result, np_erf, random_array
+from test_ops import (BINARY, COMPARE_LIKE, FLOATS, NP, REDUCTIONS, UNARY, check, float_result, np_erf,
+                      random_array, truthiness_inputs)
 
 SIZES = [0, 1, 2, 7, 13, 17, 31, 1000]
 
@@ -76,15 +77,95 @@ def test_reductions_symbolic(client, rng, op: str, axes) -> None:
     r = b.reduce(op, x, axes=list(axes) if axes else None, keepdim=False,
                  correction=1.0 if op in ("var", "std") else None)
     compiled = compile_once(client, b.build([r]))
+    seen = set()
     for n, t in [(1, 1), (2, 3), (7, 13), (31, 2), (3, 1000)]:
-        host = random_array(rng, dtype, (n, 7, t), "small")
-        if op == "prod":
-            host = rng.uniform(0.8, 1.25, size=(n, 7, t))
-        got = compiled(host)
-        kw = {"axis": axes}
+        if op in ("any", "all"):
+            # Random booleans make nearly every long slice mixed: a kernel answering a constant
+            # for any or all would pass. Each slice is in turn all true, all false, true or
+            # false in one place, and mixed (see test_ops.truthiness_inputs).
+            hosts = truthiness_inputs(rng, dtype, (n, 7, t), axes)
+        elif op == "prod":
+            hosts = [rng.uniform(0.8, 1.25, size=(n, 7, t))]
+        else:
+            hosts = [random_array(rng, dtype, (n, 7, t), "small")]
+        for host in hosts:
+            got = compiled(host)
+            kw = {"axis": axes}
+            with np.errstate(all="ignore"):
+                want = np.asarray(getattr(np, op)(host, ddof=1, **kw) if op in ("var", "std") else getattr(np, op)(host, **kw))
+            seen.update(np.unique(want).tolist() if want.dtype == np.bool_ else ())
+            check(got, want, str(want.dtype), f"{op}{axes} at N={n}, T={t}")
+    if op in ("any", "all"):
+        assert seen == {False, True}, f"{op}: the inputs never made the result both true and false"
+
+
+@pytest.mark.parametrize("op", ["any", "all"])
+@pytest.mark.parametrize("axes", [(0,), (2,), (0, 2), None])
+def test_truthiness_of_floats_symbolic(client, rng, op: str, axes) -> None:
+    """any/all of f32 over symbolic axes: NaN is true, -0.0 is false (truthiness_inputs)."""
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (5, 7, 9), dims=("N", None, "T"))
+    compiled = compile_once(client, b.build([b.reduce(op, x, axes=list(axes) if axes else None, keepdim=False)]))
+    seen = set()
+    for n, t in [(1, 1), (2, 3), (7, 13), (3, 1000)]:
+        for host in truthiness_inputs(rng, "f32", (n, 7, t), axes):
+            want = np.asarray(getattr(np, op)(host, axis=axes))
+            seen.update(np.unique(want).tolist())
+            check(compiled(host), want, "bool", f"{op}{axes} of f32 at N={n}, T={t}")
+    assert seen == {False, True}, f"{op}: the inputs never made the result both true and false"
+
+
+def ties_and_nan(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """f32 values drawn from a few, so that equal operands are frequent, with +0.0 and -0.0
+    (equal, unlike their bits) and NaN (every comparison but ne false, maximum and minimum
+    NaN). Random normals never tie and hold no NaN."""
+    return rng.choice(np.array([-1.0, -0.0, 0.0, 1.0, 2.5, np.nan]), size=shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("op", sorted(COMPARE_LIKE))
+def test_compare_ties_and_nan_symbolic(client, rng, op: str) -> None:
+    """a[N, 1, 5] op b[M, 5] on the symbolic path, operands with ties, signed zeros and NaN."""
+    b = kiln.GraphBuilder()
+    x = b.input("a", "f32", (7, 1, 5), dims=("N", None, None))
+    y = b.input("b", "f32", (4, 5), dims=("M", None))
+    compiled = compile_once(client, b.build([b.binary(op, x, y)]))
+    seen = set()
+    for n, m in [(1, 1), (2, 7), (13, 1), (17, 31), (100, 3)]:
+        a, c = ties_and_nan(rng, (n, 1, 5)), ties_and_nan(rng, (m, 5))
+        got = compiled(a, c)
         with np.errstate(all="ignore"):
-            want = np.asarray(getattr(np, op)(host, ddof=1, **kw) if op in ("var", "std") else getattr(np, op)(host, **kw))
-        check(got, want, str(want.dtype), f"{op}{axes} at N={n}, T={t}")
+            want = BINARY[op](a, c)
+        seen.update(np.unique(want).tolist() if want.dtype == np.bool_ else ())
+        check(got, want, str(want.dtype), f"{op} at N={n}, M={m}")
+    if op not in ("maximum", "minimum"):
+        assert seen == {False, True}, f"{op}: a constant expected result tests nothing"
+
+
+def test_any_all_of_comparisons_symbolic(client, rng) -> None:
+    """Reductions of comparisons, fused, over a symbolic row length: any(x == y), all(x <= y)
+    per row and, per column, any(x != x) (a NaN there) and all(x == x) (no NaN). Row 0 is
+    equal throughout and NaN-free, row 1 has one NaN at its end, so the per-row results take
+    both values at every length (the per-column ones from T=2, column 0 kept NaN-free)."""
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (4, 9), dims=(None, "T"))
+    y = b.input("y", "f32", (4, 9), dims=(None, "T"))
+    outs = [b.reduce("any", b.binary("eq", x, y), axes=[1], keepdim=False),
+            b.reduce("all", b.binary("le", x, y), axes=[1], keepdim=False),
+            b.reduce("any", b.binary("ne", x, x), axes=[0], keepdim=False),
+            b.reduce("all", b.binary("eq", x, x), axes=[0], keepdim=False)]
+    compiled = compile_once(client, b.build(outs))
+    for t in [1, 2, 7, 13, 17, 1000]:
+        xh, yh = ties_and_nan(rng, (4, t)), ties_and_nan(rng, (4, t))
+        xh[0] = yh[0] = np.abs(rng.integers(-2, 3, size=t)).astype(np.float32)
+        xh[1] = np.float32(1.0)
+        yh[1] = np.float32(2.0)
+        xh[1, -1] = np.nan
+        if t > 1:
+            xh[2:, 0] = yh[2:, 0] = np.float32(3.0)  # column 0 NaN-free
+        got = compiled(xh, yh)
+        want = [np.any(xh == yh, axis=1), np.all(xh <= yh, axis=1), np.any(xh != xh, axis=0), np.all(xh == xh, axis=0)]
+        for i, (g, w) in enumerate(zip(got, want)):
+            check(g, w, "bool", f"output {i} at T={t}")
 
 
 @pytest.mark.parametrize("op", ["argmax", "argmin"])

@@ -22,7 +22,7 @@ from typing import Iterator
 import pytest
 
 import kiln
-from conftest import find_kilnd
+from conftest import find_kilnd, no_kilnd
 from helpers import kiln_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def replicas_sharing(redis_url: str,
     """Two kilnd replicas, A and B, each with its own store, sharing ``redis_url``."""
     binary = find_kilnd()
     if binary is None:
-        pytest.skip("kilnd is not built")
+        no_kilnd()
     args = ["--shared-cache", redis_url]
     with kiln.local.LocalDaemon(binary, tmp_path / "a", args=args) as a, \
             kiln.local.LocalDaemon(binary, tmp_path / "b", args=args) as b:
@@ -143,7 +143,7 @@ def test_explain_sees_what_a_replica_stored(tmp_path, redis):
 
 def test_local_cluster_script_shares_compiles(tmp_path):
     if find_kilnd() is None:
-        pytest.skip("kilnd is not built")
+        no_kilnd()
     redis_port, p1, p2 = _free_port(), _free_port(), _free_port()
     env = dict(os.environ, KILN_REDIS_PORT=str(redis_port), KILN_PORTS=f"{p1} {p2}", KILN_CLUSTER_DIR=str(tmp_path / "state"))
     binary_dir = os.environ.get("KILN_BINARY_DIR")
@@ -190,7 +190,7 @@ def test_password_protected_redis(tmp_path, redis, monkeypatch):
                    capture_output=True, timeout=10)
     binary = find_kilnd()
     if binary is None:
-        pytest.skip("kilnd is not built")
+        no_kilnd()
     with kiln.local.LocalDaemon(binary, tmp_path / "none", args=["--shared-cache", redis_url]) as d:
         with kiln.Client(d.address) as c:
             assert not c.compile(_graph(5.0), "cpu").cache_hit  # served, from the local tier

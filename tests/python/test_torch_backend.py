@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import pytest
 
@@ -101,9 +101,15 @@ def check_fwd_bwd(fn: Callable[..., Any], args: Sequence[torch.Tensor], client: 
             torch.testing.assert_close(ak.grad, ar.grad, rtol=rtol, atol=atol, msg=lambda m: f"grad of input {i}: {m}")
 
 
-def assert_kiln_ran(min_parts: int = 1, graphs: int = 1) -> dict[str, Any]:
+def assert_kiln_ran(min_parts: int = 1, graphs: int = 1, parts: Optional[int] = None) -> dict[str, Any]:
+    """kiln compiled and ran parts for at least ``graphs`` ATen graphs, none fell back. With
+    ``parts``: exactly that many parts were cut, in all (a partitioner that splits what fuses,
+    or fuses nothing, fails as surely as one that compiles nothing); else at least ``min_parts``."""
     s = kt.stats()
     assert s["graphs"] >= graphs, s
+    if parts is not None:
+        assert s["parts"] == parts, (f"{s['parts']} kiln parts, expected {parts}", kt.last_graphs())
+        min_parts = parts
     assert s["compiled"] >= min_parts, (s, kt.last_graphs())
     assert s["kernel_calls"] >= min_parts, s
     assert s["failed"] == 0, kt.last_graphs()
@@ -125,7 +131,7 @@ def test_sin_cos_forward_and_backward(client: Any) -> None:
     before = client.stats()
     (x,) = E.make_sin(10000)
     check_fwd_bwd(E.sin_cos_mix, [x], client)
-    s = assert_kiln_ran(min_parts=2, graphs=2)  # a forward and a backward part
+    s = assert_kiln_ran(parts=2, graphs=2)  # elementwise ops only: one forward and one backward part
     assert s["kiln_nodes"] > 0
     after = client.stats()
     assert after.requests > before.requests  # the daemon saw the parts
@@ -134,12 +140,12 @@ def test_sin_cos_forward_and_backward(client: Any) -> None:
 def test_sin_cos_float64(client: Any) -> None:
     (x,) = E.make_sin(777, dtype=torch.float64)
     check_fwd_bwd(E.sin_cos_mix, [x], client, rtol=1e-12, atol=1e-12)
-    assert_kiln_ran(min_parts=2)
+    assert_kiln_ran(parts=2)  # one part per graph, as in float32
 
 
 def test_lltm_forward_and_backward(client: Any) -> None:
     check_fwd_bwd(E.lltm_cell, E.make_lltm(batch=8, features=16, state=32), client)
-    s = assert_kiln_ran(min_parts=2, graphs=2)
+    s = assert_kiln_ran(parts=3, graphs=2)  # forward: one part before the matmul, one after it; backward: one
     # linear stays in torch, the gates' arithmetic goes to kiln.
     assert s["torch_nodes"] > 0
     ops = {op for g in kt.last_graphs() for p in g["parts"] for op in p["ops"]}
@@ -148,7 +154,7 @@ def test_lltm_forward_and_backward(client: Any) -> None:
 
 def test_encoder_block_forward_and_backward(client: Any) -> None:
     check_fwd_bwd(E.encoder_block, E.make_encoder(batch=2, seq=8, dim=32), client, rtol=1e-4, atol=1e-4)
-    assert_kiln_ran(min_parts=4, graphs=2)
+    assert_kiln_ran(parts=11, graphs=2)  # the parts between the matmuls: 5 forward, 6 backward
     ops = {op for g in kt.last_graphs() for p in g["parts"] for op in p["ops"] if p["kiln"]}
     assert any("softmax" in op for op in ops) and any("layer_norm" in op for op in ops), ops
 
@@ -160,7 +166,7 @@ def test_encoder_block_inference(client: Any) -> None:
         want = E.encoder_block(*args)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert kt.last_graphs()[-1]["kind"] == "inference"
-    assert_kiln_ran(min_parts=3)
+    assert_kiln_ran(parts=5)  # the parts between the matmuls
 
 
 def test_kmeans_step(client: Any) -> None:
@@ -169,7 +175,7 @@ def test_kmeans_step(client: Any) -> None:
     want = E.kmeans_step(X, means)
     assert labels.dtype == torch.int64 and labels.shape == want.shape
     assert E.kmeans_labels_agree(labels, X, means, want)
-    assert_kiln_ran(min_parts=1)
+    assert_kiln_ran(parts=1)  # no op torch keeps: one part
 
 
 def test_conv_net_inference(client: Any) -> None:
@@ -190,7 +196,7 @@ def test_conv_net_inference(client: Any) -> None:
         got = compiled(net, client)(x)
         want = net(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    assert_kiln_ran(min_parts=2)
+    assert_kiln_ran(parts=3)  # one per gap between the convolutions and the linear
 
 
 def _resnet_like(stem_stride: int = 2) -> torch.nn.Module:
@@ -260,7 +266,7 @@ def test_convolutions_run_channels_last(client: Any, rewrites: Any, part_calls: 
         want = net(x)
         for _ in range(2):  # the second call: through the native runner
             torch.testing.assert_close(f(x), want, rtol=1e-4, atol=1e-4)
-    s = assert_kiln_ran(min_parts=3)
+    s = assert_kiln_ran(parts=6 if layout == "channels_last" else 5)  # between the convolutions (+ the weights' copy)
     outer, parts = rewrites[-1]
     convs = [n for n in outer.graph.nodes if n.target is torch.ops.aten.convolution.default]
     assert len(convs) == 6
@@ -308,7 +314,7 @@ def test_channels_last_training_and_visible_layouts(client: Any, rewrites: Any) 
         grads.append(torch.autograd.grad(sum((o * wt).sum() for o, wt in zip(outs, weights)), params))
     for i, (a, b) in enumerate(zip(*grads)):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=lambda m: f"gradient {i}: {m}")
-    s = assert_kiln_ran(min_parts=2, graphs=2)
+    s = assert_kiln_ran(parts=12, graphs=2)
     assert s["layout_copies"] > 0, s
     assert len(rewrites) == 2
     backward = rewrites[1][0]
@@ -378,7 +384,7 @@ def test_failed_layout_pass_leaves_the_graph_as_traced(client: Any, rewrites: An
         for g, w in zip(compiled(fn, client)(x), fn(x)):
             assert g.stride() == w.stride()
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
-    s = assert_kiln_ran(min_parts=3)
+    s = assert_kiln_ran(parts=5)
     assert s["layout_copies"] == 0, s
     outer, parts = rewrites[-1]
     assert not [n for n in outer.graph.nodes if n.kwargs.get("memory_format") is not None]
@@ -400,7 +406,7 @@ def test_results_in_a_traced_layout_are_stored_in_it(client: Any, rewrites: Any)
     for g, w in zip(got, want):
         assert g.stride() == w.stride()
         torch.testing.assert_close(g, w)
-    assert_kiln_ran(min_parts=1)
+    assert_kiln_ran(parts=1)
     _, parts = rewrites[-1]
     specs = [spec for p in parts for spec in p.part.outputs]
     assert any(spec.shape == (2, 3, 4, 6) and spec.strides == (72, 1, 18, 3) for spec in specs), specs
@@ -421,7 +427,7 @@ def test_argument_returned_in_another_layout_is_copied_into_it(client: Any) -> N
     for g, w in zip(got, want):
         assert g.stride() == w.stride(), (g.stride(), w.stride())
         torch.testing.assert_close(g, w)
-    assert_kiln_ran(min_parts=1)
+    assert_kiln_ran(parts=1)
 
 
 def test_result_that_a_torch_side_view_relies_on_keeps_its_traced_layout(client: Any) -> None:
@@ -440,7 +446,7 @@ def test_result_that_a_torch_side_view_relies_on_keeps_its_traced_layout(client:
     x = torch.randn(b, t, h * d, generator=gen, requires_grad=True)
     w = torch.randn(h * d, 8, generator=gen, requires_grad=True)
     check_fwd_bwd(fn, [x, w], client)
-    assert_kiln_ran(min_parts=2, graphs=2)
+    assert_kiln_ran(parts=2, graphs=2)
 
 
 def test_rotary_attention_with_an_empty_key_cache_runs_in_kiln(client: Any) -> None:
@@ -473,7 +479,7 @@ def test_rotary_attention_with_an_empty_key_cache_runs_in_kiln(client: Any) -> N
     with torch.no_grad():
         got, want = compiled(fn, client)(x, *ws, emb.cos(), emb.sin()), fn(x, *ws, emb.cos(), emb.sin())
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert_kiln_ran(min_parts=1)
+    assert_kiln_ran(parts=1)
     kiln_ops = {op for g in kt.last_graphs() for p in g["parts"] if p["kiln"] for op in p["ops"]}
     assert {"neg.default", "cat.default", "mul.Tensor"} <= kiln_ops, kiln_ops
 
@@ -523,7 +529,7 @@ def test_many_ops_match_eager(client: Any) -> None:
     for i, (a, b) in enumerate(zip(got, want)):
         assert a.dtype == b.dtype, f"output {i}: {a.dtype} vs {b.dtype}"
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m: f"output {i}: {m}")
-    assert_kiln_ran(min_parts=1)
+    assert_kiln_ran(parts=1)  # every op fuses: one part of all of them
 
 
 def test_non_contiguous_input(client: Any) -> None:
@@ -535,7 +541,7 @@ def test_non_contiguous_input(client: Any) -> None:
     xt = base.t()
     got = compiled(fn, client)(xt)
     torch.testing.assert_close(got, fn(xt))
-    assert_kiln_ran(min_parts=1)
+    assert_kiln_ran(parts=1)
 
 
 # ---------------------------------------------------------------------------------- fallbacks
@@ -549,7 +555,7 @@ def test_unsupported_op_runs_in_torch_silently(client: Any) -> None:
         warnings.simplefilter("error", kt.KilnFallbackWarning)
         got = compiled(fn, client)(x)
     torch.testing.assert_close(got, fn(x))
-    s = assert_kiln_ran(min_parts=2)  # sin*2 before cumsum, exp after
+    s = assert_kiln_ran(parts=2)  # sin*2 before cumsum, exp after
     assert s["torch_nodes"] >= 1
 
 
@@ -640,7 +646,7 @@ def test_reduce_overhead_on_cpu_runs(server: str, monkeypatch: pytest.MonkeyPatc
     torch.testing.assert_close(y, want)
     assert xk.grad is not None
     torch.testing.assert_close(xk.grad, xe.grad)
-    assert_kiln_ran(min_parts=2)
+    assert_kiln_ran(parts=2)  # one forward, one backward part
 
 
 class GatedClient:
@@ -865,7 +871,7 @@ def test_backend_factory_with_options(client: Any) -> None:
     (x,) = E.make_sin(64, requires_grad=False)
     y = torch.compile(E.sin_cos_mix, backend=be)(x)
     torch.testing.assert_close(y, E.sin_cos_mix(x))
-    assert_kiln_ran(min_parts=1)
+    assert_kiln_ran(parts=1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -877,10 +883,17 @@ def test_half_types(client: Any, dtype: torch.dtype) -> None:
     x = torch.randn(8, 16, generator=g).to(dtype)
     y = torch.randn(8, 16, generator=g).to(dtype)
     got = compiled(fn, client)(x, y)
-    want = fn(x, y)
+    want = fn(x.double(), y.double())  # the exact result for these half inputs
     assert got.dtype == dtype
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
-    assert_kiln_ran(min_parts=1)
+    # kiln computes in float32 and rounds the stored result to the half type once: within half
+    # an ulp of it (2^-11 of |want| for float16, 2^-8 for bfloat16) plus float32's own error.
+    # Twice that allows one more rounding of an intermediate (the column sums of tanh, up to ~8
+    # in magnitude, kept in the half type); the atol is the same bound for results near 0.
+    # (kiln stays within 0.66 of it here.) Eager torch in the half type is no reference: it
+    # rounds after every op, and its bfloat16 result exceeds this bound.
+    ulp = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[dtype]
+    torch.testing.assert_close(got.double(), want, rtol=2 * ulp, atol=ulp)
+    assert_kiln_ran(parts=1)  # softmax, tanh and the sum fuse into one part
 
 
 # ---------------------------------------------------------------------------------- the GPU check
@@ -1221,7 +1234,7 @@ def test_dropout_draws_its_mask_inside_kiln_parts(client: Any, rewrites: list[tu
     wx, ww = torch.autograd.grad((want * w).sum(), [x_ref, lin.weight])
     for g_, w_ in [(got, want), (gx, wx), (gw, ww)]:
         torch.testing.assert_close(g_, w_, rtol=1e-5, atol=1e-5)
-    s = assert_kiln_ran(graphs=2)
+    s = assert_kiln_ran(parts=3, graphs=2)
     assert s["random_draws"] == 1, s
     torch_code = "".join(gm.code for gm, _ in rewrites)
     for op in ("native_dropout", "rand_like", "kiln.uniform"):
@@ -1482,7 +1495,7 @@ def test_identical_torch_side_ops_run_once(client: Any, rewrites: list[tuple[Any
     pads = [n for n in partitioned[0].graph.nodes if n.target is torch.ops.aten.constant_pad_nd.default]
     assert len(pads) == 1, partitioned[0].graph  # (run by a kiln part)
     assert targets.count(torch.ops.aten.cumsum.default) == 1, graph
-    assert_kiln_ran(min_parts=1)
+    assert_kiln_ran(parts=2)
 
 
 def _window_scores(s: torch.Tensor) -> torch.Tensor:
@@ -1623,7 +1636,7 @@ def test_zero_width_pads_cost_no_copy(client: Any, rewrites: list[tuple[Any, Any
     outer, _ = rewrites[0]
     left = [n.target for n in outer.graph.nodes if n.op == "call_function"]
     assert torch.ops.aten.constant_pad_nd.default not in left, outer.graph
-    assert_kiln_ran(min_parts=2)
+    assert_kiln_ran(parts=2)
 
 
 def _pad_twice(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -1664,7 +1677,7 @@ def test_pads_run_in_kiln(client: Any, pad: tuple[int, ...], value: float) -> No
     x = torch.randn(2, 5, 6, 7)
     with torch.no_grad():
         torch.testing.assert_close(compiled(fn, client)(x), fn(x))
-    assert_kiln_ran(min_parts=1)
+    assert_kiln_ran(parts=1)
     (part,) = kt.last_graphs()[-1]["parts"]
     assert "constant_pad_nd.default" in part["ops"], part
 
@@ -1763,7 +1776,7 @@ def test_linear_layers_become_single_linear_calls(client: Any, rewrites: list[tu
     permutes = [n for n in backward.nodes if n.op == "call_method" and n.target == "permute"]
     assert not any(p.args[0] in permutes for p in permutes), backward
     assert len(permutes) <= 2, backward
-    assert_kiln_ran(min_parts=1)
+    assert_kiln_ran(parts=2)  # one forward, one backward
 
 
 def _python(code: str, env: dict[str, str]) -> "subprocess.CompletedProcess[str]":
@@ -1887,18 +1900,22 @@ def test_max_autotune_runs_the_winning_variant(client: Any, monkeypatch: Any) ->
 
 def test_tuner_keeps_the_default_unless_a_variant_is_faster_both_ways() -> None:
     """A variant that queues faster in a loop but keeps the device busier per call (or the
-    reverse) does not replace the default; one faster both ways by MIN_GAIN does."""
-    from kiln.autotune import MIN_GAIN, VariantTiming, _pick
+    reverse) does not replace the default; one faster both ways by the 3% margin does. The
+    margin is written out here, not read from kiln.autotune."""
+    from kiln.autotune import VariantTiming, _pick
 
     d = VariantTiming(0, "a", 1.0, 1.0)
     loop_only = VariantTiming(1, "b", 0.5, 1.2)
     call_only = VariantTiming(2, "c", 1.1, 0.5)
     assert _pick([d, loop_only, call_only]) is d
-    both = VariantTiming(3, "d", 0.8, 1 - 2 * MIN_GAIN)
+    both = VariantTiming(3, "d", 0.8, 0.94)  # 6% faster per call, 20% in a loop
     assert _pick([d, loop_only, both, call_only]) is both
-    assert _pick([d, VariantTiming(4, "e", 1 - MIN_GAIN / 2, 0.5)]) is d
+    assert _pick([d, VariantTiming(4, "e", 0.985, 0.5)]) is d  # 1.5% faster in a loop: within the margin
+    assert _pick([d, VariantTiming(5, "f", 0.975, 0.5)]) is d  # 2.5%: within the margin too
+    assert _pick([d, VariantTiming(6, "g", 0.96, 0.5)]).variant == 6  # 4% both ways: past it
     host = [VariantTiming(0, "a", 1.0), VariantTiming(1, "b", 0.9)]  # CPU: no latencies
     assert _pick(host) is host[1]
+    assert _pick([host[0], VariantTiming(1, "b", 0.98)]) is host[0]  # 2% on the CPU: the default stays
 
 
 def test_max_autotune_tunes_parts_whose_inputs_come_in_another_layout(client: Any) -> None:
@@ -2167,7 +2184,7 @@ def test_embedding_lookups_and_gathers_run_in_kiln(client: Any, rewrites: list[t
     for t in (7, 5, 11):
         ids = torch.randint(0, 50, (3, t))
         check_fwd_bwd(lambda i, x_: model(i, x_, rows, cols), [ids, x], client, rtol=1e-4, atol=1e-4)
-    s = assert_kiln_ran()
+    s = assert_kiln_ran(parts=6)
     assert s["eager_calls"] == 0, s
     code = rewrites[0][0].code
     for op in ("embedding", "gather(", "index_select"):
@@ -2210,7 +2227,7 @@ def test_advanced_indexing_runs_in_kiln(client: Any, rewrites: list[tuple[Any, A
         return x_[i, j] * 2.0, x_[:, j] + 1.0, x_[j.abs() % 5] - 1.0, m[b, kv] * 3.0
 
     check_fwd_bwd(f, [x, mask], client, rtol=1e-5, atol=1e-5)
-    assert_kiln_ran()
+    assert_kiln_ran(parts=3)
     code = "".join(gm.code for gm, _ in rewrites)
     assert "aten.index.Tensor" not in code, code
 
@@ -2236,7 +2253,7 @@ def test_arange_and_advanced_indexing_at_run_time_sizes_run_in_kiln(client: Any,
         j = torch.randint(-t, t, (t,))
         for g_, w_ in zip(cf(m, x, i, j), f(m, x, i, j)):
             torch.testing.assert_close(g_, w_, rtol=1e-6, atol=1e-6)
-    assert_kiln_ran()
+    assert_kiln_ran(parts=1)
     assert kt.stats()["graphs"] == 1, kt.stats()
     code = "".join(gm.code for gm, _ in rewrites)
     assert "aten.index.Tensor" not in code and "aten.arange" not in code, code

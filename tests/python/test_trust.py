@@ -25,7 +25,7 @@ import kiln
 from kiln import loader
 from kiln.errors import VerificationError
 from kiln.v1 import service_pb2
-from conftest import find_kilnd
+from conftest import find_kilnd, no_kilnd
 from helpers import kiln_cli
 from pki import Pki, make_leaf, make_pki, write_tokens
 
@@ -49,7 +49,7 @@ FAST = {"opt_level": 0}
 def kilnd_binary() -> Path:
     b = find_kilnd()
     if b is None:
-        pytest.skip("kilnd is not built")
+        no_kilnd()
     return b
 
 
@@ -139,7 +139,7 @@ def test_tls_without_client_certificates(tmp_path, kilnd_binary, pki):
         assert rpc_code(e) == "UNAVAILABLE"
 
 
-def test_metrics_endpoint_speaks_https_with_client_certificates(secure, pki):
+def test_metrics_endpoint_speaks_https_with_client_certificates(secure, pki, tmp_path):
     port = int(secure.log().split("kilnd metrics on ")[1].split()[0].rsplit(":", 1)[1])
     # Plain HTTP gets no page.
     with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
@@ -148,6 +148,12 @@ def test_metrics_endpoint_speaks_https_with_client_certificates(secure, pki):
     bare = ssl.create_default_context(cafile=str(pki.ca[0]))
     with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError, OSError)):
         urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=3, context=bare).read()
+    # A client certificate that no trusted CA signed is refused too.
+    stranger = make_leaf(tmp_path, "stranger", pki.other_ca)
+    foreign = ssl.create_default_context(cafile=str(pki.ca[0]))
+    foreign.load_cert_chain(str(stranger[0]), str(stranger[1]))
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError, OSError)):
+        urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=3, context=foreign).read()
     ctx = ssl.create_default_context(cafile=str(pki.ca[0]))
     ctx.load_cert_chain(str(pki.client[0]), str(pki.client[1]))
     with client(secure, pki, "reader") as c:
@@ -200,7 +206,8 @@ def test_each_role_gets_its_calls_and_no_more(secure, pki, rng):
         np.testing.assert_allclose(c(x), expected(x, 1.5), rtol=1e-5)
         got = reader.get(c.handle)
         np.testing.assert_allclose(got(x), expected(x, 1.5), rtol=1e-5)
-        assert "source" not in reader.source(c.handle).language  # a GetSource answer
+        src = reader.source(c.handle)  # GetSource, a read call, answers the reader
+        assert src.language == "c++" and "kiln" in src.source and src.fusion_report, src
         assert reader.lookup(g, "cpu", FAST).handle == c.handle
         assert compiler.prewarm([(graph(1.75), "cpu", FAST)])[0].code == 0
         # admin: everything.

@@ -14,7 +14,7 @@ import pytest
 
 import kiln
 from helpers import kiln_cli
-from kiln.autotune import MIN_GAIN, device_name
+from kiln.autotune import device_name
 from kiln.errors import RpcError
 
 
@@ -57,8 +57,12 @@ def test_tuned_variant_is_served_to_a_second_process_without_timing(client, subp
     assert len(timings) >= 2, "the graph has several distinct variants to time"
     fastest = min(timings, key=lambda t: t.median_ms)
     default = next(t for t in timings if t.variant == 0)
-    # The fastest wins unless it beats the default by less than the noise margin.
-    winner = fastest if fastest.median_ms <= default.median_ms * (1 - MIN_GAIN) else default
+    # The rule as documented, written out (not read from kiln.autotune): another variant is
+    # chosen when it takes at most 97% of the default's time per call (a 3% margin: repeated
+    # timings of one kernel vary by that much); else the default stays. CPU timings have no
+    # latencies, so the loop medians decide alone.
+    winner = fastest if fastest.median_ms <= default.median_ms * 0.97 else default
+    print(f"default {default.median_ms:.4f} ms, fastest variant {fastest.variant} {fastest.median_ms:.4f} ms")
     assert best.handle == winner.handle
     known = client.lookup_tuning(graph, "cpu", device)
     assert known.found and known.variant == winner.variant

@@ -198,7 +198,8 @@ TEST(Authorizer, CompileSlotsAreBoundedPerToken) {
       (*authz)->AuthorizeHeader("Bearer token-t-0123456789", Role::kCompile, "C");
   absl::StatusOr<Caller> u =
       (*authz)->AuthorizeHeader("Bearer token-u-0123456789", Role::kCompile, "C");
-  ASSERT_TRUE(t.ok() && u.ok());
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(u.ok()) << u.status();
   EXPECT_EQ(u->max_compiles, 5);  // the default applies to a line without compiles=N
   auto s1 = Authorizer::TryAcquireCompile(*t);
   auto s2 = Authorizer::TryAcquireCompile(*t);

@@ -62,6 +62,20 @@ TEST(SymbolicTest, RefusesWhatNoExpressionGives) {
   EXPECT_NE(array.status().message().find("stack array"), std::string::npos) << array.status();
 }
 
+TEST(SymbolicTest, ChecksTheFitAtAPointOffTheGrid) {
+  // A literal that a polynomial of the sizes matches at every grid point but not at the check
+  // point (as a clamp, a rounding or a tile count can): only evaluating the fit there tells.
+  const int64_t check = SymbolicSamplePoints(1).back()[0];
+  auto unit = GeneraliseText(
+      [&](const std::vector<int64_t>& s) { return absl::StrCat("n = ", s[0] * s[0] + (s[0] == check ? 1 : 0), ";"); },
+      {"N"});
+  EXPECT_EQ(unit.status().code(), absl::StatusCode::kInvalidArgument) << (unit.ok() ? unit->source : "");
+  // The same literal, a polynomial at the check point too, generalises.
+  auto square = GeneraliseText([](const std::vector<int64_t>& s) { return absl::StrCat("n = ", s[0] * s[0], ";"); }, {"N"});
+  ASSERT_TRUE(square.ok()) << square.status();
+  EXPECT_EQ(square->source, "n = (kiln_s0*kiln_s0);");
+}
+
 TEST(SymbolicTest, KeyHoldsSymbolsNotExampleSizes) {
   auto make = [](int64_t example, const char* symbol) {
     v1::Graph g;

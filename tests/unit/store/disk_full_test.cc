@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -41,15 +42,26 @@ int64_t FillDisk(const std::string& path) {
   return written;
 }
 
+// Where $KILN_REQUIRE_DISK_FULL is 1 (deploy/test.sh, run as root) the test must run: a
+// missing tmpfs fails it instead of skipping it.
+bool DiskFullRequired() {
+  const char* v = std::getenv("KILN_REQUIRE_DISK_FULL");
+  return v != nullptr && std::string(v) == "1";
+}
+
 class DiskFullTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+    if (geteuid() != 0) {
+      if (DiskFullRequired()) GTEST_FAIL() << "KILN_REQUIRE_DISK_FULL=1, but mounting a small tmpfs needs root";
+      GTEST_SKIP() << "mounting a small tmpfs needs root";
+    }
     mount_ = std::filesystem::path(::testing::TempDir()) / absl::StrCat("kiln_full_", getpid());
     std::filesystem::create_directories(mount_);
     if (mount("tmpfs", mount_.c_str(), "tmpfs", 0, "size=24m") != 0) {
       const std::string why = strerror(errno);
       std::filesystem::remove(mount_);
+      if (DiskFullRequired()) GTEST_FAIL() << "KILN_REQUIRE_DISK_FULL=1, but no tmpfs can be mounted: " << why;
       GTEST_SKIP() << "cannot mount a tmpfs here: " << why;
     }
     mounted_ = true;
