@@ -7,8 +7,8 @@ editable install runs the package from the source tree, so they are written into
 there (ignored by git).
 
 The wheel also carries the C++ client's CUDA loader sources (client/cpp/cuda_plan.* and
-cuda_loader.*) beside kiln.torch's native part runner (kiln/torch/native/client/cpp), which
-kilnd compiles into it: one loader for the C++ client and kiln.torch. An sdist carries them at
+cuda_loader.*) beside the native part runner (kiln/native/client/cpp), which kilnd compiles
+into it: one loader for the C++ client and the runner. An sdist carries them at
 that place already.
 """
 
@@ -41,16 +41,16 @@ class ProtocolModulesHook(BuildHookInterface):
         if proto_root is None:
             raise RuntimeError(f"kiln: no kiln/v1/*.proto under {root} or its parents (set KILN_PROTO_DIR)")
         # The C++ client's loader sources the native part runner compiles (one list, read by
-        # kiln.torch.native too).
-        _LOADER_FILES = (root / "kiln" / "torch" / "native" / "loader_files.txt").read_text().split()
-        bundled = root / "kiln" / "torch" / "native" / "client" / "cpp"
+        # kiln.native too).
+        _LOADER_FILES = (root / "kiln" / "native" / "loader_files.txt").read_text().split()
+        bundled = root / "kiln" / "native" / "client" / "cpp"
         if version != "editable" and not all((bundled / f).is_file() for f in _LOADER_FILES):
             loader = root.parent / "cpp"
             missing = [f for f in _LOADER_FILES if not (loader / f).is_file()]
             if missing:
                 raise RuntimeError(f"kiln: the C++ loader sources {missing} are not under {loader}")
             for f in _LOADER_FILES:
-                build_data["force_include"][str(loader / f)] = f"kiln/torch/native/client/cpp/{f}"
+                build_data["force_include"][str(loader / f)] = f"kiln/native/client/cpp/{f}"
         if version == "editable":
             gen.generate(proto_root, root / "kiln" / "_proto")
             return

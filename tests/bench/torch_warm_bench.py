@@ -124,7 +124,7 @@ def child(opts: argparse.Namespace) -> None:
         from kiln.torch import native
 
         native.wait(60)
-        from kiln.torch.dynamo_backend import RECORD_EVENTS
+        from kiln.torch.records import RECORD_EVENTS
 
         extra = {"runner": getattr(native, "FOUND", None), "runner_error": native.ERROR,
                  "records": list(RECORD_EVENTS)}

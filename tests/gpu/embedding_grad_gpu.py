@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Gradients of a BERT model's embedding tables under ``backend="kiln"`` on a CUDA GPU, against
 eager: the backward's embedding gradients run as a zero table and an ``index_add`` there
-(kiln/torch/dynamo_backend.py, ``embedding_grad``), the padding row (id 0) zero. Dropout is off
+(kiln/torch/decompositions.py, ``embedding_grad``), the padding row (id 0) zero. Dropout is off
 so that both runs compute the same function; ids include the padding id and repeats.
 
     tests/gpu/with_pack.sh PACK python3 tests/gpu/embedding_grad_gpu.py   # exit 1 on a mismatch

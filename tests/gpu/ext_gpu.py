@@ -46,7 +46,7 @@ def cmd_record(out: Path) -> None:
     import torch
 
     import kiln.ext as ext
-    import kiln.torch.extension as kext
+    from kiln.torch import extension as kext
     from kiln.v1 import service_pb2
 
     major, minor = torch.cuda.get_device_capability(0)
@@ -114,7 +114,7 @@ def cmd_run(pack: Path) -> int:
     import torch
 
     import kiln.cuda
-    import kiln.torch.extension as kext
+    from kiln.torch import extension as kext
     from reference import lltm_reference, make_function
 
     manifest = json.loads((pack / "manifest.json").read_text())

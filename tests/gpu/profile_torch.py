@@ -445,6 +445,7 @@ def main() -> int:
     os.environ["KILN_SERVER"] = daemon.address
     import kiln.torch
     from kiln.torch import native
+    from kiln.torch import counters
     from kiln.torch import runtime as R
 
     track_parts()
@@ -475,7 +476,7 @@ def main() -> int:
                 os.environ["KILN_TORCH_NATIVE"] = "0" if label == "kiln-py" else "1"
                 if not opts.interleave or not steps:  # interleaved: every backend's code kept
                     torch._dynamo.reset()
-                R.reset_stats()
+                counters.reset_stats()
                 _PARTS.clear()
                 t0 = time.perf_counter()
                 step = steps[label] = make(backend)

@@ -96,7 +96,7 @@ def main() -> None:
         result["sealed_error"] = str(e)
     result["stats"] = kt.stats()
     result["graphs"] = [{k: v for k, v in g.items() if not k.startswith("_")} for g in kt.last_graphs()]
-    from kiln.torch.dynamo_backend import RECORD_EVENTS
+    from kiln.torch.records import RECORD_EVENTS
 
     result["events"] = list(RECORD_EVENTS)
     (out / "result.json").write_text(json.dumps(result, default=str))

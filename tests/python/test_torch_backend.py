@@ -1180,7 +1180,8 @@ def test_attention_backward_reads_its_dropout_seed_on_the_host_outside_a_capture
     it runs outside a capture, is called through a wrapper that copies device ones to the host
     there (philox_state_on_host). Only ops taking a Philox seed are wrapped; the wrapper passes
     host tensors through and computes what the op does."""
-    from kiln.torch.cuda import draws_random, philox_state_on_host
+    from kiln.torch.nodes import draws_random
+    from kiln.torch.passes import philox_state_on_host
 
     aten = torch.ops.aten
     bwd = aten._scaled_dot_product_efficient_attention_backward.default
@@ -1197,9 +1198,9 @@ def test_attention_backward_reads_its_dropout_seed_on_the_host_outside_a_capture
     lib = torch.library.Library("kiln_test", "FRAGMENT")
     lib.define("seeded(Tensor x, Tensor philox_seed, Tensor philox_offset) -> Tensor")
     lib.impl("seeded", lambda x, s, o: x + s + o, "CPU")
-    from kiln.torch.cuda import _philox_on_host
+    from kiln.torch.passes.philox_on_host import philox_on_host
 
-    wrapped = _philox_on_host(torch.ops.kiln_test.seeded.default)
+    wrapped = philox_on_host(torch.ops.kiln_test.seeded.default)
     got = wrapped(torch.ones(3), torch.tensor(2.0), philox_offset=torch.tensor(3.0))
     torch.testing.assert_close(got, torch.full((3,), 6.0))
 
@@ -1452,7 +1453,7 @@ def test_native_cuda_plan_json_reads_back_in_the_cpp_loader() -> None:
 
 
 def test_native_graph_replay_helpers() -> None:
-    """The C++ helpers of reduce-overhead replays (kiln/torch/cuda.py), on what a CPU can
+    """The C++ helpers of reduce-overhead replays (kiln/torch/cudagraphs.py), on what a CPU can
     show: storage use counts follow views; detach_all hands out new tensors over the same
     memory without history; graph_key takes CUDA tensors only."""
     assert native.RUNNER is not None, native.ERROR
@@ -1689,7 +1690,7 @@ def test_common_subexpressions_merge_only_where_it_is_safe() -> None:
     tuple-valued node), and equal nodes on either side of an in-place write."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from kiln.torch.dynamo_backend import eliminate_common_subexpressions
+    from kiln.torch.passes import eliminate_common_subexpressions
 
     def f(x: torch.Tensor, m: torch.Tensor) -> Any:
         pads = F.pad(m, (0, 3)) + F.pad(m, (0, 3))  # one pad
@@ -1943,30 +1944,30 @@ def test_views_of_static_graphs_are_made_from_their_traced_layout(client: Any, r
     """The torch side's views (the attention heads' reshapes and permutes around the linear
     layers) become reinterpreted_view calls; the encoder's forward and gradients match eager,
     and a view whose input arrives in a layout the trace did not foresee runs the view op."""
-    from kiln.torch import dynamo_backend as DB
+    from kiln.torch import passes
 
     check_fwd_bwd(E.encoder_block, E.make_encoder(), client, rtol=1e-4, atol=1e-4)
     graphs = [gm for gm, _ in rewrites]
-    made = [n for g in graphs for n in g.graph.nodes if n.target is DB.reinterpreted_view]
+    made = [n for g in graphs for n in g.graph.nodes if n.target is passes.reinterpreted_view]
     left = [n for g in graphs for n in g.graph.nodes if n.op == "call_method" and n.target in ("view", "permute")]
     assert made, [g.code for g in graphs]
     assert len(made) > len(left), (len(made), len(left))
     # The guard: strides other than the traced ones take the op itself.
     x = torch.arange(24.0).reshape(2, 3, 4)
-    got = DB.reinterpreted_view(x, (2, 4, 3), (12, 1, 4), 0, (12, 4, 1), "permute", ([0, 2, 1],))
+    got = passes.reinterpreted_view(x, (2, 4, 3), (12, 1, 4), 0, (12, 4, 1), "permute", ([0, 2, 1],))
     torch.testing.assert_close(got, x.permute(0, 2, 1))
     xt = x.transpose(0, 1).contiguous().transpose(0, 1)  # same shape, other strides
-    got = DB.reinterpreted_view(xt, (2, 4, 3), (12, 1, 4), 0, (12, 4, 1), "permute", ([0, 2, 1],))
+    got = passes.reinterpreted_view(xt, (2, 4, 3), (12, 1, 4), 0, (12, 4, 1), "permute", ([0, 2, 1],))
     torch.testing.assert_close(got, x.permute(0, 2, 1))
     tail = torch.arange(30.0)[6:].view(2, 3, 4)  # a nonzero storage offset: the delta is relative
-    got = DB.reinterpreted_view(tail, (3, 4), (4, 1), 12, (12, 4, 1), "select", (0, 1))
+    got = passes.reinterpreted_view(tail, (3, 4), (4, 1), 12, (12, 4, 1), "select", (0, 1))
     torch.testing.assert_close(got, tail.select(0, 1))
 
 
 def test_chained_views_fold_into_one_reinterpreted_view() -> None:
     """A reinterpreted view of a reinterpreted view read by nothing else becomes one call (the
     offsets add up); with other strides than traced, the chain's ops run one by one."""
-    from kiln.torch import dynamo_backend as DB
+    from kiln.torch import passes
 
     g = torch.fx.Graph()
     x = g.placeholder("x")
@@ -1980,8 +1981,8 @@ def test_chained_views_fold_into_one_reinterpreted_view() -> None:
     s = g.call_method("select", (p, 0, 1))
     s.meta["val"] = p.meta["val"].select(0, 1)
     g.output((g.call_method("add", (s, 1.0)),))  # (a view that is a graph output keeps its op)
-    assert DB.fold_reinterpret(g) == 3 + 2  # three views rewritten, two links folded
-    made = [n for n in g.nodes if n.target is DB.reinterpreted_view]
+    assert passes.fold_reinterpret(g) == 3 + 2  # three views rewritten, two links folded
+    made = [n for n in g.nodes if n.target is passes.reinterpreted_view]
     assert len(made) == 1 and made[0].args[0] is tail, g
     gm = torch.fx.GraphModule(torch.nn.Module(), g)
     xs = torch.arange(30.0)
@@ -1989,7 +1990,7 @@ def test_chained_views_fold_into_one_reinterpreted_view() -> None:
     torch.testing.assert_close(got, xs[6:].view(2, 3, 4).permute(0, 2, 1).select(0, 1) + 1)
     # The fallback: a tensor in other strides takes the view ops themselves.
     other = torch.arange(24.0).view(2, 3, 4)
-    got = DB.reinterpreted_view(other.transpose(0, 1).contiguous().transpose(0, 1), *made[0].args[1:])
+    got = passes.reinterpreted_view(other.transpose(0, 1).contiguous().transpose(0, 1), *made[0].args[1:])
     torch.testing.assert_close(got, other.permute(0, 2, 1).select(0, 1))
 
 
@@ -1997,7 +1998,7 @@ def test_long_kernels_are_launched_before_side_work() -> None:
     """launch_long_kernels_first: a matrix product moves ahead of work that only a later node
     reads (a mask's preparation), with its own inputs before it; nodes that draw random
     numbers keep their order and place; the results are the same."""
-    from kiln.torch import dynamo_backend as DB
+    from kiln.torch import passes
 
     def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
         mask = torch.gt(x, 0.5) * 2.0  # side work nothing long reads
@@ -2011,7 +2012,7 @@ def test_long_kernels_are_launched_before_side_work() -> None:
 
     gm = torch.fx.symbolic_trace(f)
     before = [n.name for n in gm.graph.nodes]
-    moved = DB.launch_long_kernels_first(gm.graph)
+    moved = passes.launch_long_kernels_first(gm.graph)
     gm.recompile()
     order = [n.name for n in gm.graph.nodes]
     assert moved > 0 and sorted(order) == sorted(before)
@@ -2069,7 +2070,7 @@ def test_contiguous_clones_on_the_torch_side_copy_only_what_is_not_contiguous() 
     """fold_clones: a clone read by plain ops becomes ``contiguous()`` (no copy of a contiguous
     tensor, a copy of any other); clones that are graph outputs, that an in-place op writes,
     or of a tensor an in-place op writes keep their op."""
-    from kiln.torch import dynamo_backend as DB
+    from kiln.torch import passes
 
     g = torch.fx.Graph()
     x = g.placeholder("x")
@@ -2090,7 +2091,7 @@ def test_contiguous_clones_on_the_torch_side_copy_only_what_is_not_contiguous() 
     kept.meta["val"] = torch.empty(3, 4).t()
     read_kept = node("call_method", "reshape", (kept, 12))
     g.output((read, out, written, read_kept))
-    assert DB.fold_clones(g) == 1
+    assert passes.fold_clones(g) == 1
     assert plain.target == "contiguous" and out.target == "clone" and written.target == "clone"
     assert kept.target == "clone"
     gm = torch.fx.GraphModule(torch.nn.Module(), g)
@@ -2200,16 +2201,16 @@ def test_embedding_lookups_and_gathers_run_in_kiln(client: Any, rewrites: list[t
 def test_embedding_gradient_by_index_add_matches_torch() -> None:
     """The CUDA decomposition of an embedding's backward (a zero table and index_add) gives
     torch's gradient: repeated ids accumulate, the padding row stays zero, any id shape."""
-    from kiln.torch import dynamo_backend as DB
+    from kiln.torch import decompositions
 
     torch.manual_seed(4)
     ids = torch.tensor([[3, 0, 3, 7], [7, 7, 1, 0]])
     grad = torch.randn(2, 4, 5, dtype=torch.float64)
     for padding_idx in (-1, 0, 7):
         want = torch.ops.aten.embedding_dense_backward.default(grad, ids, 9, padding_idx, False)
-        torch.testing.assert_close(DB.embedding_grad(grad, ids, 9, padding_idx), want)
+        torch.testing.assert_close(decompositions.embedding_grad(grad, ids, 9, padding_idx), want)
     # The decomposition itself leaves CPU tensors (and frequency scaling) to torch's op.
-    assert DB._embedding_backward_by_atomic_adds(grad, ids, 9, -1, False) is NotImplemented
+    assert decompositions._embedding_backward_by_atomic_adds(grad, ids, 9, -1, False) is NotImplemented
 
 
 def test_advanced_indexing_runs_in_kiln(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
@@ -2263,7 +2264,7 @@ def test_index_add_into_a_fresh_table_adds_in_place() -> None:
     """fold_fresh_index_add: index_add of a zero table nothing else reads becomes index_add_
     on it (no copy); one whose table is an input or read elsewhere keeps the functional op;
     the results are the same."""
-    from kiln.torch import dynamo_backend as DB
+    from kiln.torch import passes
 
     aten = torch.ops.aten
     g = torch.fx.Graph()
@@ -2274,7 +2275,7 @@ def test_index_add_into_a_fresh_table_adds_in_place() -> None:
     shared = g.call_function(aten.zeros.default, ([6, 3],))
     read_twice = g.call_function(aten.index_add.default, (shared, 0, ids, rows))
     g.output((added, kept, read_twice, shared))
-    assert DB.fold_fresh_index_add(g) == 1
+    assert passes.fold_fresh_index_add(g) == 1
     assert added.target == "index_add_" and kept.target is aten.index_add.default
     assert read_twice.target is aten.index_add.default
     gm = torch.fx.GraphModule(torch.nn.Module(), g)

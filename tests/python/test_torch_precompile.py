@@ -23,7 +23,8 @@ pytest.importorskip("torch._dynamo.aot_compile")
 import kiln  # noqa: E402
 import kiln.torch as kt  # noqa: E402
 from kiln.torch import precompile  # noqa: E402
-from kiln.torch.dynamo_backend import RECORD_EVENTS, BackendConfig  # noqa: E402
+from kiln.torch.dynamo_backend import BackendConfig  # noqa: E402
+from kiln.torch.records import RECORD_EVENTS  # noqa: E402
 from test_shared_cache import redis, replicas_sharing  # noqa: E402,F401  (redis: the fixture)
 from test_torch_records import assert_same, run_child  # noqa: E402
 

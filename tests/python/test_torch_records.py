@@ -200,7 +200,7 @@ def test_seal_in_process_counts_misses() -> None:
     kt.seal()
     try:
         with pytest.warns(kt.KilnFallbackWarning, match="sealed miss: why"):
-            from kiln.torch.dynamo_backend import check_sealed
+            from kiln.torch.sealed import check_sealed
 
             check_sealed("why")
         assert kt.stats()["sealed_misses"] == 1

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .client import _as_options
+from .connection import as_options
 
 
 @dataclass
@@ -113,7 +113,7 @@ def autotune(client: Any, graph: Any, inputs: Sequence[Any], target: Any = "cpu"
     (``device``, default :func:`device_name`); when there is one, compile that variant and
     return it with the recorded timings (their ``handle`` empty: those variants were not
     compiled here), timing nothing; otherwise tune and record the winner."""
-    base = _as_options(options)
+    base = as_options(options)
     if share:
         device = device or device_name(target, inputs)
         known = client.lookup_tuning(graph, target, device, base)

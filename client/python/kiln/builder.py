@@ -30,6 +30,7 @@ import numpy as np
 
 from . import dtypes as dt
 from .dtypes import DTypeLike
+from .v1 import graph_pb2
 
 Shape = tuple[int, ...]
 Operand = Union["Value", bool, int, float, np.ndarray, np.generic]
@@ -288,8 +289,6 @@ class GraphBuilder:
         With ``prune`` (default), nodes no output depends on are left out. Every input stays,
         used or not: the kernel's argument list is the graph's input list.
         """
-        from .v1 import graph_pb2
-
         outs = [outputs] if isinstance(outputs, Value) else list(outputs)
         if not outs:
             raise ValueError("a graph needs at least one output")

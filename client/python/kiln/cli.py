@@ -23,8 +23,22 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import google.protobuf
 import grpc
 import numpy as np
+from google.protobuf import json_format
+
+from . import dtypes as dt
+from . import ext
+from ._version import __version__
+from .autotune import autotune, device_name
+from .client import Client
+from .connection import make_options
+from .errors import KilnError
+from .graphio import load_request
+from .recorder import iter_graph_files
+from .target import Target, host_runs
+from .v1 import service_pb2
 
 from .bundle import export_bundle, import_bundle
 
@@ -37,8 +51,6 @@ _INT64_TYPES = frozenset({3, 4, 6, 16, 18})  # INT64, UINT64, FIXED64, SFIXED64,
 
 def _to_dict(msg: Any) -> dict[str, Any]:
     """The message as JSON-ready data, with every field (defaults too) and numbers as numbers."""
-    from google.protobuf import json_format
-
     try:
         d = json_format.MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     except TypeError:  # protobuf before 5.26 names the option differently
@@ -109,8 +121,6 @@ def _looks_numeric(c: str) -> bool:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from .client import Client
-
     return Client(args.server, timeout=args.timeout, compile_timeout=max(args.timeout, 600.0),
                   token=args.token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
                   trusted_keys=args.trusted_key, allow_unsigned=True if args.allow_unsigned else None)
@@ -122,8 +132,6 @@ def _print_json(obj: Any) -> None:
 
 
 def _compiled_summary(c: Any, wall_ms: Optional[float] = None) -> dict[str, Any]:
-    from .v1 import service_pb2
-
     d = {
         "handle": c.handle,
         "target": str(c.target) if c.target else "",
@@ -163,9 +171,6 @@ def _print_summary(d: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------- subcommands
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from .client import make_options
-    from .graphio import load_request
-
     req = load_request(args.graph)
     asked = args.opt_level is not None or args.no_vector_math or args.no_algebraic_rewrites
     options = make_options(args.opt_level, not args.no_vector_math, not args.no_algebraic_rewrites) if asked else req.options
@@ -179,8 +184,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_lookup(args: argparse.Namespace) -> int:
-    from .graphio import load_request
-
     req = load_request(args.graph)
     with _client(args) as client:
         t0 = time.perf_counter()
@@ -202,8 +205,6 @@ _EXTENSIONS = {"SHARED_OBJECT": ".so", "CUBIN": ".cubin", "PTX": ".ptx", "FUSION
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from .v1 import service_pb2
-
     with _client(args) as client:
         c = client.get(args.handle)
         out_dir = Path(args.output) if args.output else None
@@ -322,14 +323,6 @@ class _Progress:
 
 
 def cmd_prewarm(args: argparse.Namespace) -> int:
-    from .graphio import load_request
-    from .recorder import iter_graph_files
-    from .target import Target
-    from .v1 import service_pb2
-
-    from . import ext
-    from .errors import KilnError
-
     targets = [Target.parse(t) for t in args.target]
     files = list(iter_graph_files(args.paths))
     builds = ext.iter_build_records(args.paths)
@@ -398,10 +391,6 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
 def _random_inputs(graph: Any, device: Optional[str]) -> list[Any]:
     """Random arrays of a graph's input types (symbolic dimensions at their example sizes): NumPy
     for a CPU target, torch tensors on ``device`` for a CUDA one."""
-    import numpy as np
-
-    from . import dtypes as dt
-
     rng = np.random.default_rng(0)
     arrays = []
     for inp in graph.inputs:
@@ -429,10 +418,6 @@ def _prewarm_autotune(client: Any, requests: list[Any], labels: list[str], event
     """``kiln prewarm --autotune``: each compiled graph whose target runs here (this CPU, or a
     CUDA device of that compute capability) is tuned on random inputs, unless the daemon
     already holds a tuning for this device model; the winners are recorded for every client."""
-    from .autotune import autotune, device_name
-    from .client import _host_runs
-    from .target import Target
-
     out: list[dict[str, Any]] = []
     for req, label, ev in zip(requests, labels, events):
         if ev.code != 0:
@@ -448,7 +433,7 @@ def _prewarm_autotune(client: Any, requests: list[Any], labels: list[str], event
                 device = "cuda:0"
             except ImportError:
                 continue
-        elif not _host_runs(target):
+        elif not host_runs(target):
             continue
         try:
             inputs = _random_inputs(req.graph, device)
@@ -527,8 +512,6 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .graphio import load_request
-
     req = load_request(args.graph)
     with _client(args) as client:
         r = client.explain(req.graph, args.target, req.options, max_entries=args.max_entries)
@@ -594,10 +577,6 @@ def _shared_tier_rows(shared: dict[str, Any]) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------------- parser
 
 def _version_text() -> str:
-    import google.protobuf
-
-    from ._version import __version__
-
     return f"kiln {__version__} (grpcio {grpc.__version__}, protobuf {google.protobuf.__version__}, numpy {np.__version__})"
 
 
@@ -699,8 +678,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``kiln`` console script."""
-    from .errors import KilnError
-
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -37,8 +37,11 @@ from typing import Any, Iterator, Optional, Sequence
 import numpy as np
 
 from . import dtypes as dt
+from . import ext, native
 from ._once import OncePerKey
+from .connection import Connection
 from .errors import KilnError
+from .plan import eval_size, step_runs
 from .v1 import service_pb2
 
 # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: needed before launching with more than 48 KiB.
@@ -386,9 +389,7 @@ class CudaKernel:
             return got
         if len(key) != self.num_symbols or any(v < 0 for v in key):
             raise KilnError(f"{self.handle[:12]} takes {self.num_symbols} non-negative sizes, got {list(key)}")
-        from .client import _eval_size, _step_runs
-
-        bound = _eval_size(self._plan.index_bound, key)
+        bound = eval_size(self._plan.index_bound, key)
         if bound >= _INDEX_LIMIT:
             names = ", ".join(f"{s.name}={v}" for s, v in zip(self._plan.symbols, key))
             raise KilnError(f"{self.handle[:12]}: sizes {names} are too large for its kernels' 32-bit indices "
@@ -399,13 +400,13 @@ class CudaKernel:
             if b.role == service_pb2.TEMP:
                 end = (end + 255) // 256 * 256
                 offsets.append(end)
-                end += _eval_size(b.bytes_expr, key)
+                end += eval_size(b.bytes_expr, key)
         grids = []
         for s in self._plan.steps:
-            if not _step_runs(s, key):
+            if not step_runs(s, key):
                 grids.append((0, 1, 1))  # a launch-time choice: another step serves these sizes
             elif s.grid_per_block > 0:
-                work = _eval_size(s.grid_work, key)
+                work = eval_size(s.grid_work, key)
                 gx = (work + s.grid_per_block - 1) // s.grid_per_block
                 if gx > 0x7FFFFFFF:
                     raise KilnError(f"{self.handle[:12]}: launch {s.kernel} needs {gx} blocks at sizes {list(key)}")
@@ -702,7 +703,7 @@ def run_compiled(compiled: Any, arrays: Sequence[Any], out: Optional[Sequence[An
     The kernels run on that framework's current stream for the device, asynchronously, like
     its own operations. Returns the output array for a one-output graph, else a tuple.
 
-    PyTorch tensors take a native path once kiln.torch's part runner is loaded (its build on
+    PyTorch tensors take a native path once the native part runner is loaded (its build on
     the result's daemon starts with the first such call): the same checks, allocations and
     launches in one C++ call through the C++ client's loader (about a tenth of the host time).
     """
@@ -735,16 +736,14 @@ def run_compiled(compiled: Any, arrays: Sequence[Any], out: Optional[Sequence[An
     if compiled.symbols:
         # Symbolic sizes: read from the input dimensions the plan names; every input is then
         # checked against, and every output allocated from, its shape expressions.
-        from .client import _eval_size
-
         sizes = []
         for sym in compiled.plan.symbols:
             shape = fw.shape(adapted[sym.input])
             if sym.axis >= len(shape):
                 raise ValueError(f"input {specs[sym.input].name!r}: rank {len(shape)}, expected {len(specs[sym.input].shape)}")
             sizes.append(int(shape[sym.axis]))
-        in_shapes = [tuple(_eval_size(e, sizes) for e in exprs) for exprs in compiled._in_exprs]
-        out_shapes = [tuple(_eval_size(e, sizes) for e in exprs) for exprs in compiled._out_exprs]
+        in_shapes = [tuple(eval_size(e, sizes) for e in exprs) for exprs in compiled._in_exprs]
+        out_shapes = [tuple(eval_size(e, sizes) for e in exprs) for exprs in compiled._out_exprs]
 
     with fw.on_device(device):
         keep: list[Any] = []
@@ -797,7 +796,7 @@ _native_parts: dict[tuple[str, int], Any] = {}
 
 
 def _native_call(compiled: Any, arrays: Sequence[Any]) -> Optional[tuple[Any, ...]]:
-    """PyTorch CUDA tensors, with kiln.torch's native part runner loaded (kiln/torch/native):
+    """PyTorch CUDA tensors, with the native part runner loaded (:mod:`kiln.native`):
     the checks, allocations and launches of this call in one C++ call, through the C++
     client's loader. None where that path does not apply (other arrays, a layout or shape it
     leaves to the general path, which also words the errors); the first call with PyTorch
@@ -806,8 +805,6 @@ def _native_call(compiled: Any, arrays: Sequence[Any]) -> Optional[tuple[Any, ..
     first = arrays[0]
     if torch is None or not isinstance(first, torch.Tensor) or not first.is_cuda:
         return None
-    from .torch import native
-
     if native.RUNNER is None:
         native.start(compiled.client)
         return None
@@ -860,9 +857,7 @@ class RawKernel:
 
     def _get_client(self) -> Any:
         if self._client is None:
-            from .client import Client
-
-            self._client = Client()
+            self._client = Connection()
         return self._client
 
     def compile(self, sm: int) -> tuple[bytes, str]:
@@ -870,9 +865,6 @@ class RawKernel:
         with self._lock:
             if sm in self._built:
                 return self._built[sm]
-        from . import ext
-        from .v1 import service_pb2
-
         client = self._get_client()
         request = service_pb2.CompileRawKernelRequest(source=self.source, name=self.name, options=list(self.options), sm=sm)
         outcome = ext.compile_raw_kernel(client, request)

@@ -2,7 +2,7 @@
 extension) or a cubin (a raw kernel), cached cluster-wide like compiled graphs.
 
 This module is the one client-side implementation of the protocol (server/ext/ext.h states the
-server's contract); :mod:`kiln.torch.extension` (``load``/``load_inline``) and
+server's contract); :mod:`kiln.torch_extension` (``kiln.torch.load``/``load_inline``) and
 :class:`kiln.cuda.RawKernel` build on it, and so does ``kiln prewarm`` for recorded builds.
 
 Inputs travel as content-addressed blobs. A folder becomes a *tree*: an ``InputTree`` message
@@ -30,6 +30,7 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 from .cache import atomic_write
 from .errors import KilnError
+from .v1 import service_pb2
 
 #: Blobs per UploadBlobs call, by bytes (kilnd accepts 64 MiB by default).
 UPLOAD_BATCH_BYTES = 16 << 20
@@ -63,8 +64,6 @@ class Tree:
 
     @classmethod
     def from_files(cls, files: Iterable[TreeFile]) -> "Tree":
-        from .v1 import service_pb2
-
         ordered = sorted(files, key=lambda f: f.path.encode())
         msg = service_pb2.InputTree()
         for f in ordered:
@@ -155,8 +154,6 @@ def _blob_sources(trees: Sequence[Tree]) -> dict[str, Union[TreeFile, bytes]]:
 
 
 def _find_missing(client: Any, digests: Sequence[str], timeout: Optional[float]) -> list[str]:
-    from .v1 import service_pb2
-
     missing: list[str] = []
     for i in range(0, len(digests), FIND_BATCH):
         req = service_pb2.FindMissingBlobsRequest(digests=list(digests[i:i + FIND_BATCH]))
@@ -167,8 +164,6 @@ def _find_missing(client: Any, digests: Sequence[str], timeout: Optional[float])
 def _upload(client: Any, digests: Sequence[str], sources: dict[str, Union[TreeFile, bytes]],
             timeout: Optional[float]) -> int:
     """Uploads the blobs ``digests`` (manifests last, after the files they name); returns bytes sent."""
-    from .v1 import service_pb2
-
     ordered = sorted(set(digests), key=lambda d: isinstance(sources[d], bytes))
     sent = 0
     batch: list[bytes] = []
@@ -281,8 +276,6 @@ def bundle_blobs(directory: Path, trees: Sequence[Tree]) -> None:
 
 def trees_from_bundle(directory: Path, digests: Sequence[str]) -> list[Tree]:
     """The trees ``digests`` rebuilt from a recording's ``blobs`` folder (bundle_blobs)."""
-    from .v1 import service_pb2
-
     blobs = Path(directory) / "blobs"
     trees = []
     for d in digests:
@@ -302,8 +295,6 @@ def _replay_extension(client: Any, payload: dict[str, Any], record_dir: Path, pr
     """A recorded extension build: sources from the recording; header trees from the
     recording's ``blobs`` folder when it has them (a self-contained recording), else from the
     recorded folders on this machine, which must hold the same headers."""
-    from .v1 import service_pb2
-
     request = service_pb2.BuildExtensionRequest.FromString(base64.b64decode(payload["request"]))
     request.priority = priority
     source_tree = tree_from_record(payload["source_tree"])
@@ -334,8 +325,6 @@ def compile_raw_kernel(client: Any, request: Any, *, timeout: Optional[float] = 
 
 def replay_file(client: Any, path: Union[str, Path], priority: int = 1) -> BuildOutcome:
     """Builds what a ``.kbuild`` recording describes (an extension or a raw kernel)."""
-    from .v1 import service_pb2
-
     path = Path(path)
     payload = json.loads(path.read_bytes())
     kind = payload.get("kind")

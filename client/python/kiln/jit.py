@@ -45,9 +45,12 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from . import cuda
 from . import dtypes as dt
 from .autotune import autotune as tune
+from .client import Client
 from .errors import CompileError, KilnError, KilnFallbackWarning, RpcError
+from .plan import eval_size
 from .target import Target
 from .tracer import IndexCheck, Trace, Tracer
 
@@ -61,8 +64,6 @@ def default_client() -> Any:
     global _default_client
     with _default_client_lock:
         if _default_client is None:
-            from .client import Client
-
             _default_client = Client()
         return _default_client
 
@@ -140,11 +141,9 @@ def _flatten_args(obj: Any, path: str, args: _Args, mode: str) -> Any:
             raise TypeError(f"kiln.jit: argument {path} is a {type(obj).__module__}.{type(obj).__name__}, but the "
                             "function is compiled for a CPU target, which takes NumPy arrays; use "
                             "kiln.jit(target='cuda') for CUDA arrays")
-        from .cuda import as_cuda_array, describe
-
         # A CPU tensor or another host array raises TypeError here, saying what to pass.
-        arr, framework = as_cuda_array(obj, f"kiln.jit: argument {path}")
-        dtype, shape, device = describe(arr, framework)
+        arr, framework = cuda.as_cuda_array(obj, f"kiln.jit: argument {path}")
+        dtype, shape, device = cuda.describe(arr, framework)
         args.devices.append(device)
         return ("A", args.add(arr, path, dtype, shape), shape, dtype)
     if isinstance(obj, (list, tuple)):
@@ -252,12 +251,10 @@ class _Entry:
     def accepts(self, shapes: list[tuple[int, ...]]) -> bool:
         """Whether a symbolic entry's kernel takes inputs of these shapes (its symbols bound
         from them, every input matching its shape expressions)."""
-        from .client import _eval_size
-
         c = self.compiled
         try:
             sizes = [shapes[sym.input][sym.axis] for sym in c.plan.symbols]
-            return all(len(shape) == len(exprs) and all(_eval_size(e, sizes) == d for e, d in zip(exprs, shape))
+            return all(len(shape) == len(exprs) and all(eval_size(e, sizes) == d for e, d in zip(exprs, shape))
                        for shape, exprs in zip(shapes, c._in_exprs))
         except IndexError:
             return False
@@ -441,8 +438,6 @@ class JitFunction:
         of the current device when no argument is on one)."""
         if isinstance(self.target, Target):
             return self.target
-        from . import cuda
-
         device = found.devices[0] if found.devices else cuda.current_device()
         return Target.cuda(cuda.device_sm(device))
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -53,8 +54,6 @@ class CpuKernel:
                 view = view[os.write(fd, view):]
             path = Path(f"/proc/self/fd/{fd}")
         elif isinstance(image, (bytes, bytearray, memoryview)):  # pragma: no cover - not Linux
-            import tempfile
-
             with tempfile.NamedTemporaryFile(suffix=".so", delete=False) as f:
                 f.write(image)
             path = Path(f.name)

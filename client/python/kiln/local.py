@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
+from .client import Client
+from .errors import RpcError
+
 PathLike = Union[str, Path]
 
 _LISTENING = re.compile(r"kilnd listening on (\S+:\d+)")
@@ -80,9 +83,6 @@ class LocalDaemon:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"kilnd did not print its address in {timeout} s:\n{self.log()}")
             time.sleep(0.05)
-        from .client import Client
-        from .errors import RpcError
-
         with Client(self.address, **self._probe_options) as probe:
             while True:
                 try:

@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, Union
 
 from .cache import atomic_write
+from .graphio import ALL_SUFFIXES
+from .v1 import service_pb2
 
 SUFFIX = ".kreq"
 
 
 def request_key(request: Any) -> tuple[str, bytes]:
     """The record's (name digest, bytes) for a CompileRequest: target and priority cleared."""
-    from .v1 import service_pb2
-
     r = service_pb2.CompileRequest()
     r.CopyFrom(request)
     r.ClearField("target")
@@ -69,8 +69,6 @@ class Recorder:
 def iter_graph_files(paths: Sequence[Union[str, Path]]) -> Iterator[Path]:
     """The graph and request files named by ``paths``: files as given, folders searched
     recursively for known extensions, in sorted order. FileNotFoundError for a missing path."""
-    from .graphio import ALL_SUFFIXES
-
     for p in map(Path, paths):
         if p.is_dir():
             for f in sorted(p.rglob("*")):

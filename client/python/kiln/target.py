@@ -14,6 +14,8 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from .v1 import service_pb2
+
 ISA_LEVELS: tuple[str, ...] = ("x86-64-v2", "x86-64-v3", "x86-64-v4")
 
 _V3_FLAGS = frozenset({"avx2", "fma", "bmi2"})
@@ -129,8 +131,6 @@ class Target:
 
     def to_proto(self) -> Any:
         """A kiln.v1.Target message."""
-        from .v1 import service_pb2
-
         t = service_pb2.Target()
         if self.kind == "cpu":
             t.cpu.isa = self.isa
@@ -153,3 +153,17 @@ class Target:
         if self.features:
             return "cpu:+" + "+".join(self.features)
         return f"cpu:{self.isa}"
+
+
+def host_runs(target: Target) -> bool:
+    """Whether this machine can execute code built for ``target`` (a CPU target)."""
+    if target.features:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                flags = next((set(l.split(":", 1)[1].split()) for l in f if l.startswith("flags")), set())
+        except OSError:
+            return True
+        return set(target.features) <= flags
+    if target.isa not in ISA_LEVELS:
+        return True
+    return ISA_LEVELS.index(target.isa) <= ISA_LEVELS.index(host_isa())

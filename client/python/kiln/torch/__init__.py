@@ -22,21 +22,28 @@ CUDA graphs. A part kiln cannot compile runs in torch after one :class:`KilnFall
 - :func:`wait`: blocks until compiles started with ``options={"async": True}`` are done.
 - :func:`stats`, :func:`reset_stats`, :func:`last_graphs`: what the backend did, for tests and
   diagnostics. :func:`register_lowering` extends the ATen-to-kiln mapping table.
+- :func:`load`, :func:`load_inline`, :func:`build`: PyTorch extensions built by kilnd
+  (``extension``, which is :mod:`kiln.torch_extension`); ``native`` is the native part runner
+  (:mod:`kiln.native`), which the runtime layer below this package owns.
 """
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from typing import Any
 
 import torch  # noqa: F401  (a clear ImportError when PyTorch is absent)
 
-from .extension import build, load, load_inline
+from .. import native
+from .. import torch_extension as extension
+from ..torch_extension import build, load, load_inline
+from . import counters
+from .async_compile import wait
+from .dynamo_backend import BackendConfig, backend, compile_aten_graph, kiln_backend, make_backend
 from .first_call import EagerFirst, compile
-from .dynamo_backend import (BackendConfig, SealedError, backend, compile_aten_graph, kiln_backend, make_backend, seal,
-                             unseal, wait)
 from .lowering import Unsupported, lowered_ops, register_lowering, unregister_lowering
-from .runtime import KilnFallbackWarning, KilnPart, clear_memo
-from .runtime import reset_stats as _reset_stats
+from .runtime import KilnFallbackWarning, KilnPart, clear_memo, describe
+from .sealed import SealedError, seal, unseal
 
 #: The name the backend is registered under.
 BACKEND_NAME = "kiln"
@@ -45,30 +52,22 @@ ENTRY_POINT_GROUP = "torch_dynamo_backends"
 
 
 def stats() -> dict[str, Any]:
-    """A copy of the process-wide counters (see :class:`kiln.torch.runtime.Stats`)."""
-    from .runtime import STATS, _stats_lock
-
-    with _stats_lock:
-        return STATS.as_dict()
+    """A copy of the process-wide counters (see :class:`kiln.torch.counters.Stats`)."""
+    return counters.snapshot()
 
 
 def reset_stats() -> None:
     """Zeroes the counters :func:`stats` reports and forgets :func:`last_graphs`."""
-    from .dynamo_backend import RECENT
-
-    _reset_stats()
-    RECENT.clear()
+    counters.reset_stats()
+    counters.RECENT.clear()
 
 
 def last_graphs() -> list[dict[str, Any]]:
     """The most recently compiled ATen graphs (up to 32): for each, its kind (forward, backward,
     inference), its number of segments, and per kiln part the ops, the handle or the error, as
     the part is now (a part that has been freed: as it was compiled)."""
-    from .dynamo_backend import RECENT
-    from .runtime import describe
-
     out = []
-    for g in list(RECENT):
+    for g in list(counters.RECENT):
         parts = list(g["parts"])
         for i, ref in enumerate(g.get("_refs", ())):
             part = ref()
@@ -80,8 +79,6 @@ def last_graphs() -> list[dict[str, Any]]:
 
 def _entry_point_installed() -> bool:
     try:
-        from importlib.metadata import entry_points
-
         return any(ep.name == BACKEND_NAME for ep in entry_points(group=ENTRY_POINT_GROUP))
     except Exception:
         return False
@@ -123,12 +120,14 @@ __all__ = [
     "clear_memo",
     "compile",
     "compile_aten_graph",
+    "extension",
     "kiln_backend",
     "last_graphs",
     "load",
     "load_inline",
     "lowered_ops",
     "make_backend",
+    "native",
     "seal",
     "unseal",
     "register",

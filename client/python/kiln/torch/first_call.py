@@ -43,7 +43,9 @@ from typing import Any, Callable, Optional
 import torch
 import torch.utils._pytree as pytree
 
-from .dynamo_backend import wait as wait_for_compiles
+from .async_compile import wait as wait_for_compiles
+from .dynamo_backend import BackendConfig, make_backend
+from .precompile import Precompiled
 
 #: Seconds after the first result before the background trace starts, unless the model is called
 #: again (or waited for) sooner. Importing Dynamo and tracing hold the interpreter lock for up
@@ -66,9 +68,6 @@ def compile(model: Optional[Callable[..., Any]] = None, *, fullgraph: bool = Fal
                              options=options, disable=disable, **kwargs)
 
     if not disable and (options or {}).get("precompile", _precompile_default(model)) and backend == "kiln":
-        from .dynamo_backend import BackendConfig, make_backend
-        from .precompile import Precompiled
-
         opts = {k: v for k, v in (options or {}).items() if k != "precompile"}
         config = BackendConfig.from_args(mode, opts)
         return Precompiled(model, config, lambda: torch.compile(

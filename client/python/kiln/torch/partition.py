@@ -35,8 +35,10 @@ import torch
 import torch.fx
 
 from ..builder import GraphBuilder, Value
+from ..strides import effective_strides, is_contiguous_layout, memory_order
 from . import lowering as L
 from .layout import RELAYOUT, is_channels_last
+from .nodes import returns_alias, written_nodes
 
 log = logging.getLogger("kiln.torch")
 
@@ -381,8 +383,6 @@ def drop_empty_pads(graph: torch.fx.Graph) -> int:
     the result relies on its traced strides). A pad kept for its layout lowers into a part
     like any other op (:func:`.lowering._constant_pad_nd`: nothing to compute); one kept as a
     tensor of its own (:data:`.lowering.DISTINCT`) stays in torch."""
-    from .dynamo_backend import _returns_alias, _written_nodes
-
     pads = [n for n in graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.constant_pad_nd.default
             and len(n.args) >= 2 and isinstance(n.args[0], torch.fx.Node) and isinstance(n.args[1], (list, tuple))
             and all(isinstance(p, int) and p == 0 for p in n.args[1])]
@@ -390,15 +390,15 @@ def drop_empty_pads(graph: torch.fx.Graph) -> int:
         return 0
 
     def root(n: torch.fx.Node) -> torch.fx.Node:  # the tensor whose memory ``n`` views
-        while n.op == "call_function" and _returns_alias(n.target) and n.args and isinstance(n.args[0], torch.fx.Node):
+        while n.op == "call_function" and returns_alias(n.target) and n.args and isinstance(n.args[0], torch.fx.Node):
             n = n.args[0]
         return n
 
-    written = {root(n) for n in _written_nodes(graph)}
+    written = {root(n) for n in written_nodes(graph)}
     done = 0
     for pad in pads:
         x = pad.args[0]
-        if root(x) in written or root(pad) in written or _returned_through_views(pad, _returns_alias):
+        if root(x) in written or root(pad) in written or _returned_through_views(pad, returns_alias):
             pad.meta[L.DISTINCT] = True  # torch's copy, not a part's alias of its argument
             continue
         if not _same_layout(L.node_meta(pad), L.node_meta(x)):
@@ -574,38 +574,6 @@ def _read_by_kiln(n: torch.fx.Node) -> bool:
 
 
 # ---------------------------------------------------------------------------------- kiln graphs
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides = []
-    acc = 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= max(d, 1)
-    return tuple(reversed(strides))
-
-
-def effective_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
-    """Strides with those of size-1 axes zeroed: two layouts agree iff these agree."""
-    return tuple(0 if d == 1 else s for d, s in zip(shape, strides))
-
-
-def is_contiguous_layout(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    return effective_strides(shape, strides) == effective_strides(shape, _contiguous_strides(shape))
-
-
-def memory_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> Optional[tuple[int, ...]]:
-    """The dimensions of a dense, non-overlapping layout from outermost to innermost in memory
-    (``(0, 2, 3, 1)`` for NCHW channels-last), or None when the layout is not one: a tensor in
-    it is ``empty(shape permuted).permute(inverse)``. Dimensions of size 1 go where their
-    position puts them (their stride is meaningless)."""
-    order = tuple(sorted(range(len(shape)), key=lambda d: (-strides[d], d)))
-    expect = 1
-    for d in reversed(order):
-        if shape[d] != 1 and strides[d] != expect:
-            return None
-        expect *= shape[d]
-    return order
-
 
 @functools.lru_cache(maxsize=None)
 def _view_tables() -> tuple[frozenset[Any], frozenset[Any]]:

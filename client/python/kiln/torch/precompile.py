@@ -44,6 +44,7 @@ import builtins
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import hashlib
 import importlib
 import inspect
@@ -59,16 +60,16 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-import torch._inductor.config
 import torch.utils._pytree as pytree
-from torch._inductor.output_code import OutputCode
 
-from .. import __version__
-from ..errors import KilnError
+from .._version import __version__
+from ..errors import KilnError, KilnFallbackWarning
 from . import program
-from .dynamo_backend import (RECORD_EVENTS, BackendConfig, StoredRecord, check_sealed, fetch_loadables,
-                             make_backend, rebuild_record, record_not_used)
-from .runtime import CompileSettings, KilnFallbackWarning, bump
+from .counters import bump
+from .dynamo_backend import BackendConfig, make_backend
+from .records import RECORD_EVENTS, StoredRecord, fetch_loadables, rebuild_record, record_not_used
+from .runtime import CompileSettings
+from .sealed import check_sealed
 
 log = logging.getLogger("kiln.torch")
 
@@ -94,56 +95,71 @@ _LOADING: contextvars.ContextVar[Optional[_Loading]] = contextvars.ContextVar("k
                                                                                default=None)
 
 
-@dataclasses.dataclass
-class KilnOutputCode(OutputCode):
-    """What one ATen graph compiled to, in the form AOTAutograd bundles into torch's AOT-compiled
-    function: the live compiled graph, and, to serialize, only the program record kilnd holds
-    for it. Loading rebuilds the graph from that record (:func:`.dynamo_backend.rebuild_record`)
-    with the part results the precompiled model's GetModel brought."""
+@functools.lru_cache(maxsize=None)
+def _output_code_class() -> type:
+    """:class:`KilnOutputCode`, made on first use: its base class is Inductor's, whose import
+    costs over a second (all of Dynamo), which ``import kiln.torch`` should not pay."""
+    from torch._inductor.output_code import OutputCode
 
-    kind: str = ""
-    record: Optional[StoredRecord] = None
+    @dataclasses.dataclass
+    class KilnOutputCode(OutputCode):
+        """What one ATen graph compiled to, in the form AOTAutograd bundles into torch's AOT-compiled
+        function: the live compiled graph, and, to serialize, only the program record kilnd holds
+        for it. Loading rebuilds the graph from that record (:func:`.records.rebuild_record`)
+        with the part results the precompiled model's GetModel brought."""
 
-    def __post_init__(self) -> None:
-        self._fn: Optional[Callable[[list[Any]], Any]] = None
-        self._boxed_call = True  # called with one list of arguments
+        kind: str = ""
+        record: Optional[StoredRecord] = None
 
-    @staticmethod
-    def of(fn: Callable[[list[Any]], Any], kind: str) -> "KilnOutputCode":
-        code = KilnOutputCode(kind=kind, record=getattr(fn, "kiln_record", None))
-        code._fn = fn
-        return code
+        def __post_init__(self) -> None:
+            self._fn: Optional[Callable[[list[Any]], Any]] = None
+            self._boxed_call = True  # called with one list of arguments
 
-    def __call__(self, inputs: Sequence[Any]) -> Any:
-        fn = self._fn
-        if fn is None:
-            raise KilnError(f"kiln: a precompiled {self.kind} graph was called before it was loaded")
-        return fn(inputs)  # type: ignore[arg-type]
+        @staticmethod
+        def of(fn: Callable[[list[Any]], Any], kind: str) -> "KilnOutputCode":
+            code = KilnOutputCode(kind=kind, record=getattr(fn, "kiln_record", None))
+            code._fn = fn
+            return code
 
-    def prepare_for_serialization(self) -> None:
-        if self.record is None:
-            raise NotPrecompilable(f"the {self.kind} graph has no program record in kilnd "
-                                   "(a part did not compile, or the graph cannot be recorded)")
-        self._fn = None
+        def __call__(self, inputs: Sequence[Any]) -> Any:
+            fn = self._fn
+            if fn is None:
+                raise KilnError(f"kiln: a precompiled {self.kind} graph was called before it was loaded")
+            return fn(inputs)  # type: ignore[arg-type]
 
-    def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
-        loading = _LOADING.get()
-        if loading is None:
-            raise KilnError("kiln: a precompiled model is loaded through kiln.torch.precompile only")
-        assert self.record is not None
-        missing = [h for h in self.record.handles if h not in loading.responses]
-        if missing:
-            raise KilnError(f"kiln: the daemon sent no result for part {missing[0][:12]} of a {self.kind} graph")
-        responses = [loading.responses[h] for h in self.record.handles]
-        self._fn = rebuild_record(self.record, responses, loading.config, loading.settings, self.kind)
+        def prepare_for_serialization(self) -> None:
+            if self.record is None:
+                raise NotPrecompilable(f"the {self.kind} graph has no program record in kilnd "
+                                       "(a part did not compile, or the graph cannot be recorded)")
+            self._fn = None
 
-    def set_triton_bundle(self, triton_bundle: Any) -> None:
-        pass
+        def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
+            loading = _LOADING.get()
+            if loading is None:
+                raise KilnError("kiln: a precompiled model is loaded through kiln.torch.precompile only")
+            assert self.record is not None
+            missing = [h for h in self.record.handles if h not in loading.responses]
+            if missing:
+                raise KilnError(f"kiln: the daemon sent no result for part {missing[0][:12]} of a {self.kind} graph")
+            responses = [loading.responses[h] for h in self.record.handles]
+            self._fn = rebuild_record(self.record, responses, loading.config, loading.settings, self.kind)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_fn"] = None
-        return state
+        def set_triton_bundle(self, triton_bundle: Any) -> None:
+            pass
+
+        def __getstate__(self) -> dict[str, Any]:
+            state = dict(self.__dict__)
+            state["_fn"] = None
+            return state
+
+    KilnOutputCode.__qualname__ = "KilnOutputCode"  # what pickling names it by
+    return KilnOutputCode
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KilnOutputCode":
+        return _output_code_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------------------------ the key
@@ -401,10 +417,12 @@ class Precompiled:
         from torch._dynamo.aot_compile import AOTCompiledFunction, aot_compile_fullgraph
         from torch._dynamo.hooks import Hooks
 
-        made: list[KilnOutputCode] = []
+        import torch._inductor.config
 
-        def wrap(fn: Callable[[list[Any]], Any], kind: str) -> KilnOutputCode:
-            made.append(KilnOutputCode.of(fn, kind))
+        made: list[Any] = []
+
+        def wrap(fn: Callable[[list[Any]], Any], kind: str) -> Any:
+            made.append(_output_code_class().of(fn, kind))
             return made[-1]
 
         backend = make_backend(self._config, wrap=wrap)

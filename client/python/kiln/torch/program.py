@@ -45,13 +45,14 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.fx
 
-from .. import graph_pb2
 from .._version import __version__
 from ..errors import KilnError
-from . import cuda
+from ..v1 import graph_pb2
+from .nodes import get_attr
 from .partition import PartGraph, TensorSpec
+from .passes.philox_on_host import PHILOX_WRAPPERS, philox_on_host
 
-FORMAT = "kiln.torch.program/1"
+FORMAT = "kiln.torch.program/2"
 MAGIC = b"KILNPRG1"
 
 
@@ -195,14 +196,6 @@ def direct_calls() -> dict[Any, tuple[str, Any]]:
 
 
 
-def get_attr(root: torch.nn.Module, target: str) -> Any:
-    """The attribute ``target`` (dotted) of ``root``: what a get_attr node reads."""
-    obj: Any = root
-    for atom in target.split("."):
-        obj = getattr(obj, atom)
-    return obj
-
-
 @functools.lru_cache(maxsize=1)
 def _torch_functions() -> dict[str, Any]:
     """The torch functions the backend's passes put in a rewritten graph, by name."""
@@ -218,8 +211,8 @@ def _torch_methods() -> frozenset[str]:
 
 
 def _philox_wrapped(t: Any) -> Optional[Any]:
-    """The ATen op that ``t`` calls with its Philox state on the host (cuda.philox_state_on_host)."""
-    for op, wrapper in cuda._PHILOX_WRAPPERS.items():
+    """The ATen op that ``t`` calls with its Philox state on the host (:func:`.passes.philox_on_host.philox_state_on_host`)."""
+    for op, wrapper in PHILOX_WRAPPERS.items():
         if wrapper is t:
             return op
     return None
@@ -262,7 +255,7 @@ def _resolve_target(spec: list[str]) -> Any:
         op = getattr(getattr(getattr(torch.ops, ns), name), overload)
         if kind == "op":
             return op
-        return cuda._philox_on_host(op)
+        return philox_on_host(op)
     if kind == "operator":
         fn = getattr(operator, spec[1], None)
         if callable(fn):
@@ -489,5 +482,5 @@ def rebuild(header: dict[str, Any], data: memoryview, graphs: Sequence[Any], com
 
 
 __all__ = ["FORMAT", "NotRecordable", "decode", "decode_graph", "direct_calls", "encode", "encode_graph", "enabled",
-           "get_attr", "model_key", "part_graphs",
+           "model_key", "part_graphs",
            "rebuild", "sources_digest"]

@@ -8,7 +8,7 @@ a tuple of tensors (in the order of its outputs):
 - CPU: output tensors come from ``torch.empty``, the workspace too (torch's CPU allocator aligns
   to 64 bytes, which the kernel ABI asks for); ``kiln_run`` gets the tensors' ``data_ptr``s
   and ``torch.get_num_threads()`` threads.
-- CUDA: the same, with the kernels launched on torch's current stream by :mod:`.cuda`.
+- CUDA: the same, with the kernels launched on torch's current stream by :mod:`kiln.cuda`.
 
 A part whose compile fails warns once (:class:`KilnFallbackWarning`) and runs its nodes in
 torch from then on. An argument whose layout differs from the one the part was compiled for is
@@ -21,96 +21,40 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import random
 import threading
 import time
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .. import service_pb2
-from ..client import _eval_size
+from .. import cuda as kcuda
+from .. import native
+from ..autotune import autotune
 from ..errors import KilnError, KilnFallbackWarning, RpcError
-from . import native
-from .partition import PartGraph, Segment, eager_graph, effective_strides, memory_order
+from ..plan import eval_size
+from ..strides import effective_strides, memory_order
+from ..v1 import service_pb2
+from .counters import STATS, bump
+from .partition import PartGraph, Segment, eager_graph
 
 log = logging.getLogger("kiln.torch")
 
 
-@dataclass
-class Stats:
-    """Counters of this process's kiln.torch activity (see :func:`kiln.torch.stats`).
-
-    ``graphs``: ATen graphs the backend received (forward, backward and inference graphs
-    count separately). ``parts``: kiln parts cut from them. ``compiled``: parts whose kernels
-    were built or found and loaded; ``cache_hits``: of those, the daemon answered from its
-    cache; ``memo_hits``: found in this process without asking. ``failed``: parts that fell
-    back to torch. ``kiln_nodes``/``torch_nodes``: ATen nodes placed in kiln parts or left to
-    torch. ``kernel_calls``/``eager_calls``: part calls that ran the kernels or torch.
-    ``compile_s``: wall time spent compiling and loading parts; ``partition_s``: in cutting
-    graphs into parts and lowering them; ``backend_s``: in the backend as a whole (AOTAutograd's
-    tracing included); ``lookup_s``/``load_s``: the parts' lookups or compiles on the daemon and
-    their kernels' loading, summed over the threads that do them; ``prepare_s``: the parts'
-    first-call preparation (the native runner's module load included). Together they tell
-    where a first call's time goes. ``graph_replays``: calls
-    served by replaying a CUDA graph (reduce-overhead mode). ``native_calls``: of the kernel
-    calls, those the native part runner served. ``tuned``: parts whose kernel variants were
-    timed on their first call (``mode="max-autotune"``, or found tuned in kilnd);
-    ``retuned``: of those, parts that now run a variant other than the default.
-    ``layout_copies``: channels-last copies the layout pass put before convolutions (image
-    inputs and weights; :mod:`.layout`). ``random_draws``: ``rand_like`` draws (dropout masks)
-    turned into kiln's counter-based numbers (:mod:`.rng`). ``constants``: values that depend
-    on no input of their graph, computed once when it was compiled
-    (``fold_constant_subgraphs``). ``record_hits``: graphs rebuilt from a program record
-    (:mod:`.program`: no partitioning, one lookup for all their parts); ``record_misses``:
-    graphs whose record kilnd did not have; ``records_stored``: records this process wrote;
-    ``record_s``: time spent asking for and rebuilding records. ``sealed_misses``: graphs
-    compiled while sealed (:func:`kiln.torch.seal`). ``precompile_hits``: models (one per
-    input signature) that :mod:`.precompile` loaded from kilnd without tracing;
-    ``precompile_misses``: those it had to trace and compile; ``precompiles_stored``: those it
-    stored; ``precompile_s``: time spent asking for and loading precompiled models.
-    """
-
-    graphs: int = 0
-    parts: int = 0
-    compiled: int = 0
-    cache_hits: int = 0
-    memo_hits: int = 0
-    failed: int = 0
-    kiln_nodes: int = 0
-    torch_nodes: int = 0
-    kernel_calls: int = 0
-    eager_calls: int = 0
-    compile_s: float = 0.0
-    partition_s: float = 0.0
-    backend_s: float = 0.0
-    lookup_s: float = 0.0
-    load_s: float = 0.0
-    prepare_s: float = 0.0
-    graph_replays: int = 0
-    native_calls: int = 0
-    tuned: int = 0
-    retuned: int = 0
-    layout_copies: int = 0
-    random_draws: int = 0
-    constants: int = 0
-    record_hits: int = 0
-    record_misses: int = 0
-    records_stored: int = 0
-    record_s: float = 0.0
-    sealed_misses: int = 0
-    precompile_hits: int = 0
-    precompile_misses: int = 0
-    precompiles_stored: int = 0
-    precompile_s: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+def load_kernel(compiled: Any, device: torch.device) -> kcuda.CudaKernel:
+    """The kernels of ``compiled`` on ``device``: loaded once per process per device (the
+    cache is :mod:`kiln.cuda`'s, shared with ``kiln.jit``)."""
+    torch.cuda.init()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return kcuda.load_kernel(compiled, int(index))
 
 
-STATS = Stats()
-_stats_lock = threading.Lock()
+def reraise_if_dynamo_control(e: BaseException) -> None:
+    """Dynamo steers itself with exceptions (restart analysis...); those must pass through."""
+    if type(e).__module__.startswith("torch._dynamo.exc") and "Restart" in type(e).__name__:
+        raise e
 
 
 def boxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:
@@ -122,19 +66,6 @@ def boxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:
 
     call._boxed_call = True  # type: ignore[attr-defined]
     return call
-
-
-def bump(**deltas: Any) -> None:
-    """Adds to the process-wide counters."""
-    with _stats_lock:
-        for k, v in deltas.items():
-            setattr(STATS, k, getattr(STATS, k) + v)
-
-
-def reset_stats() -> None:
-    with _stats_lock:
-        for f in fields(STATS):
-            setattr(STATS, f.name, f.default)
 
 
 # Compiled results by (daemon, target, options, graph bytes): a graph seen again in this process
@@ -286,8 +217,6 @@ class KilnPart(torch.nn.Module):
         prepared state is rebuilt on the next call."""
         self._check_plan(compiled)
         if self._is_cuda:
-            from . import cuda
-
             runner = native.RUNNER if self.use_native else None
             assert self.part is not None
             if runner is not None and all(kind == "kiln" for kind, _ in self.part.sources):
@@ -296,9 +225,9 @@ class KilnPart(torch.nn.Module):
                 # if the Python path is ever taken (one module load per part, not two).
                 index = self.device.index if self.device.index is not None else torch.cuda.current_device()
                 native.cuda_module(runner, compiled, index)
-                kernel: Any = _Deferred(lambda: cuda.load_kernel(compiled, self.device))
+                kernel: Any = _Deferred(lambda: load_kernel(compiled, self.device))
             else:
-                kernel = cuda.load_kernel(compiled, self.device)
+                kernel = load_kernel(compiled, self.device)
         else:
             kernel = compiled.load()
         self._in_fast = None
@@ -322,8 +251,6 @@ class KilnPart(torch.nn.Module):
         self._tune_with = None
         assert self.part is not None and self.compiled is not None
         try:
-            from ..autotune import autotune
-
             if self._in_fast is None:
                 self._prepare_run()
             assert self._in_fast is not None
@@ -388,7 +315,7 @@ class KilnPart(torch.nn.Module):
     def forward(self, *args: torch.Tensor) -> tuple[Any, ...]:
         fast = self._native
         if fast is not None:
-            # The native runner (kiln/torch/native): the whole call in C++; None when these
+            # The native runner (kiln.native): the whole call in C++; None when these
             # arguments need the Python path below.
             try:
                 out = fast(*args)
@@ -518,8 +445,8 @@ class KilnPart(torch.nn.Module):
         sized = self._sized.get(sizes)
         if sized is None:
             sized = (
-                [torch.Size([_eval_size(e, sizes) for e in exprs]) for exprs in compiled._in_exprs],
-                [(torch.Size([_eval_size(e, sizes) for e in exprs]), spec.dtype)
+                [torch.Size([eval_size(e, sizes) for e in exprs]) for exprs in compiled._in_exprs],
+                [(torch.Size([eval_size(e, sizes) for e in exprs]), spec.dtype)
                  for exprs, spec in zip(compiled._out_exprs, self._kiln_specs)],
                 self.kernel.workspace_bytes(list(sizes)),
             )
@@ -637,8 +564,6 @@ def _check_symbolic_plan(compiled: Any, part: PartGraph, outs: Sequence[Any], sp
     """The plan's output shapes, as expressions of the part's symbols, must be torch's at every
     size: both sides are evaluated at a few assignments of torch's size symbols (a lowering that
     baked an example size into the graph shows up here, and the part runs in torch)."""
-    import random
-
     import sympy
 
     names = [sym.name for sym in compiled.plan.symbols]
@@ -652,7 +577,7 @@ def _check_symbolic_plan(compiled: Any, part: PartGraph, outs: Sequence[Any], sp
         sizes = [int(exprs_of[n].subs(point)) for n in names]
         for b, spec in zip(outs, specs):
             want = [int(sympy.sympify(e).subs(point)) for e in (spec.exprs or spec.shape)]
-            got = [_eval_size(e, sizes) for e in b.shape_exprs]
+            got = [eval_size(e, sizes) for e in b.shape_exprs]
             if got != want:
                 raise KilnError(f"plan output {b.index} has shape {got} at {point}, torch expects {want}")
 
@@ -718,14 +643,13 @@ __all__ = [
     "CompileSettings",
     "KilnFallbackWarning",
     "KilnPart",
-    "STATS",
-    "Stats",
-    "bump",
+    "boxed",
     "clear_memo",
     "compile_parts",
     "describe",
+    "load_kernel",
+    "reraise_if_dynamo_control",
     "run_parts",
-    "reset_stats",
     "target_for",
 ]
 

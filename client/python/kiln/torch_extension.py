@@ -21,6 +21,10 @@ Differences from ``cpp_extension``: ``build_directory`` is accepted and ignored 
 built locally); ``is_standalone`` is not supported; ``verbose`` prints kilnd's build log.
 ``build()`` builds (or finds) the module without importing it, for prewarming on a machine
 without a GPU.
+
+Users reach this module as ``kiln.torch.extension`` (``kiln.torch.load`` and friends); it imports
+PyTorch only when a build is prepared or a module imported, so the native part runner
+(:mod:`kiln.native`) builds through it from below the torch front end.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from .. import ext as _ext
-from ..errors import KilnError
+from . import ext as _ext
+from .connection import Connection
+from .errors import KilnError
+from .v1 import service_pb2
 
 PathLike = Union[str, os.PathLike]
 
@@ -169,7 +175,6 @@ def prepare(name: str, sources: Union[PathLike, Sequence[PathLike]], extra_cflag
             extra_include_paths: Optional[Sequence[PathLike]] = None, with_cuda: Optional[bool] = None,
             cuda_archs_list: Optional[Sequence[int]] = None, cache_dir: Optional[Path] = None) -> Prepared:
     """The BuildExtensionRequest for these arguments (no server involved)."""
-    from ..v1 import service_pb2
     import torch.utils.cpp_extension as cpp
 
     torch = _torch()
@@ -228,17 +233,15 @@ def prepare(name: str, sources: Union[PathLike, Sequence[PathLike]], extra_cflag
 
 
 def _client(client: Any) -> Any:
+    """``client``, else a connection to ``$KILN_SERVER`` (a build needs the daemon's answers
+    only)."""
     if client is not None:
         return client
-    from ..client import Client
-
-    return Client()
+    return Connection()
 
 
 def build_prepared(prepared: Prepared, client: Any = None, *, verbose: bool = False, priority: int = 0) -> tuple[Path, _ext.BuildOutcome]:
     """Gets or builds a prepared request; returns the module's local path and the outcome."""
-    from ..v1 import service_pb2
-
     client = _client(client)
     prepared.request.priority = priority
     outcome = _ext.build_extension(client, prepared.request, prepared.trees)

@@ -1,40 +1,52 @@
-"""kiln.torch's native part runner: the call path of a kiln part in C++ (``runner.cc``).
+"""The native part runner: the call path of a kiln part on PyTorch tensors in C++ (``runner.cc``).
 
 A kiln part called from Python pays for argument checks, one ``torch.empty`` per output and
 ctypes launches: 26-30 µs of host time per call on an H100 host, most of a BERT step's
 overhead. ``runner.cc`` does the same work in one C++ call (checks against what the part was
 compiled for, outputs from torch's allocator, the CPU artifact's ``kiln_run`` or the C++
 client's CUDA loader and launcher) and returns the results, or None when the arguments need the
-general path (:class:`~kiln.torch.runtime.KilnPart` then runs its Python path).
+general path. Two callers use it: kiln.torch's parts (:class:`kiln.torch.runtime.KilnPart`,
+which then runs its Python path) and :func:`kiln.cuda.run_compiled` for PyTorch CUDA tensors
+(``kiln.jit`` on CUDA, a CUDA :class:`kiln.Compiled` called directly), which otherwise launch
+through :mod:`kiln.cuda`'s ctypes driver. It is also importable as ``kiln.torch.native``.
 
-How it is built: as a PyTorch extension, by kilnd (:mod:`kiln.torch.extension`), from
+How it is built: as a PyTorch extension, by kilnd (:mod:`kiln.torch_extension`), from
 ``runner.cc`` and the C++ client's loader sources (``client/cpp/cuda_plan.*`` and
-``cuda_loader.*``: one loader and launcher for the C++ client, ``kiln.jit`` on CUDA through
-``libkiln_cuda.so``, and kiln.torch). The build is keyed by the sources, PyTorch's headers and
-ABI and the Python version, so a cluster builds it once per PyTorch version and every other
-process gets it from kilnd's cache. It starts in the background with the first compiled
-graph (:func:`start`); parts use the Python path until it is loaded, then switch.
-:func:`wait` blocks until it is loaded or has failed. A failure is logged once and leaves the
-Python path in place: nothing the runner does can make a program fail.
+``cuda_loader.*``, listed in ``loader_files.txt``: one loader and launcher for the C++ client
+and this runner). The build is keyed by the sources, PyTorch's headers and ABI and the Python
+version, so a cluster builds it once per PyTorch version and every other process gets it from
+kilnd's cache. It starts in the background with the first compiled graph or the first CUDA call
+on PyTorch tensors (:func:`start`); callers use the Python path until it is loaded, then
+switch. :func:`wait` blocks until it is loaded or has failed. A failure is logged once and
+leaves the Python path in place: nothing the runner does can make a program fail.
 
 ``KILN_TORCH_NATIVE=0`` (or the backend option ``native=False``) turns it off;
 ``KILN_TORCH_NATIVE=local`` builds it on this machine with ``torch.utils.cpp_extension``
-instead (g++ and ninja needed here), for a kilnd that serves no custom builds.
+instead (g++ and ninja needed here), for a kilnd that serves no custom builds. PyTorch is
+imported only where the runner is built or a part made, by callers that hold tensors already.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import platform
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ..._once import OncePerKey
+from .. import dtypes as dt
+from .. import torch_extension as extension
+from .._once import OncePerKey
+from ..cache import atomic_write
+from ..strides import memory_order
+from ..v1 import service_pb2
 
 log = logging.getLogger("kiln.torch")
 
@@ -73,7 +85,7 @@ def loader_sources() -> Path:
     """The folder holding the C++ client's loader sources: a wheel carries a copy beside this
     file (``client/cpp``); a source tree has them at the repository's ``client/cpp``."""
     here = Path(__file__).resolve().parent
-    for folder in (here / "client" / "cpp", here.parents[3] / "cpp"):
+    for folder in (here / "client" / "cpp", here.parents[2] / "cpp"):
         if all((folder / f).is_file() for f in _LOADER_FILES):
             return folder
     raise FileNotFoundError("the C++ client's CUDA loader sources (cuda_plan.cc, cuda_loader.cc) are missing")
@@ -115,8 +127,6 @@ def build(client: Any) -> Any:
 
     A module from (1) or (2) that does not import (a PyTorch the key could not tell apart)
     falls through to the next way."""
-    from .. import extension
-
     with tempfile.TemporaryDirectory(prefix="kiln-runner-") as tmp:
         sources = _stage(Path(tmp))
         if os.environ.get("KILN_TORCH_NATIVE", "").strip().lower() == "local":
@@ -157,8 +167,6 @@ def build(client: Any) -> Any:
 
 
 def _write_memo(memo: Path, digest: str) -> None:
-    from ...cache import atomic_write
-
     try:
         atomic_write(memo, json.dumps({"digest": digest}).encode())
     except OSError:
@@ -169,8 +177,6 @@ def _from_cluster(client: Any, key: str) -> str:
     """The digest of the runner kilnd's record names for ``key``, fetched into the local folder
     and verified (the record's signature and digest by :meth:`~kiln.Client.get_model`, the
     build result's signature here, the module's bytes against the digest that result names)."""
-    from ...v1 import service_pb2
-
     got = client.get_model(key, RECORD_FORMAT)
     if got is None:
         raise FileNotFoundError("kilnd holds no runner for this PyTorch build")
@@ -191,9 +197,6 @@ def _memo_key(sources: list[Path]) -> str:
     """What the runner built from ``sources`` depends on, as a digest: the sources' bytes,
     PyTorch's version and the files a reinstall replaces (their inode and mtime), the Python
     version and the compile flags."""
-    import hashlib
-    import sys
-
     import torch
 
     h = _sources_digest(sources)
@@ -214,9 +217,6 @@ def _cluster_key(sources: list[Path]) -> str:
     ABI) and by the sizes of its native libraries (two installs of one wheel agree on all of
     these; a rebuilt PyTorch with the same version string rarely does). A machine-independent
     stand-in for the build request's digest of every header."""
-    import platform
-    import sys
-
     import torch
 
     h = _sources_digest(sources)
@@ -233,8 +233,6 @@ def _cluster_key(sources: list[Path]) -> str:
 
 
 def _sources_digest(sources: list[Path]) -> Any:
-    import hashlib
-
     h = hashlib.sha256()
     for f in sources + sorted(Path(sources[0]).parent.joinpath("client", "cpp").glob("*.h")):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
@@ -293,9 +291,6 @@ def expr_text(expr: Any, names: list[str]) -> str:
 def plan_json(plan: Any) -> str:
     """A kiln.v1.LaunchPlan of a CUDA target in plan.json's form (kernels/codegen/PLAN.md), as
     the C++ loader reads it."""
-    from ... import dtypes as dt
-    from ...v1 import service_pb2
-
     names = [s.name for s in plan.symbols]
     roles = {service_pb2.INPUT: "input", service_pb2.OUTPUT: "output", service_pb2.TEMP: "temp"}
     buffers = []
@@ -351,8 +346,6 @@ def part_for(compiled: Any, device_index: int, in_dtypes: list[Any], out_dtypes:
         if layout is None:
             outputs.append((dt, dims))
             continue
-        from ..partition import memory_order
-
         shape, strides = tuple(int(d) for d in layout[0]), tuple(int(s) for s in layout[1])
         order = memory_order(shape, strides)
         if names or order is None or [str(shape[d]) for d in order] != dims:
@@ -383,8 +376,6 @@ def cuda_module(runner: Any, compiled: Any, device_index: int) -> Any:
 
 def _load_cuda_module(runner: Any, compiled: Any, device_index: int) -> Any:
     import torch
-
-    from ...v1 import service_pb2
 
     images = []
     for kind in (service_pb2.CUBIN, service_pb2.PTX):

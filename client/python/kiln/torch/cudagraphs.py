@@ -1,16 +1,6 @@
-"""The CUDA side of kiln.torch: launching kiln's CUDA kernels on torch's stream, and replaying
-compiled graphs through CUDA graphs (``mode="reduce-overhead"``).
-
-The driver API bindings, the per-device module cache and the plan launcher live in
-:mod:`kiln.cuda`, which does not depend on torch; this module adds what is torch-specific:
-devices given as ``torch.device``, torch's lazy CUDA initialisation, and CUDA graphs.
-
-Kernel launches follow the launch plan of the compiled result (see :mod:`kiln.cuda`). The
-cubin (or, failing that, the PTX) is loaded once per device into the device's primary context,
-the one torch uses. Temporaries come from torch's caching allocator and kernels run on
-``torch.cuda.current_stream()`` (the caller passes its handle to
-:meth:`~kiln.cuda.CudaKernel.launch`), so kiln kernels order with torch's own work and torch's
-memory reuse rules hold for them.
+"""CUDA-graph replay of compiled graphs (``mode="reduce-overhead"``): :class:`CudaGraphRunner`
+captures a compiled graph's calls into CUDA graphs and replays them, copying the moving
+arguments into the captured inputs.
 """
 
 from __future__ import annotations
@@ -21,21 +11,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .. import cuda as _kcuda
-from ..cuda import CudaKernel
-from . import native
-from .runtime import STATS
+from .. import native
+from .counters import STATS
 
-
-def load_kernel(compiled: Any, device: torch.device) -> CudaKernel:
-    """The kernels of ``compiled`` on ``device``: loaded once per process per device (the
-    cache is :mod:`kiln.cuda`'s, shared with ``kiln.jit``)."""
-    torch.cuda.init()
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _kcuda.load_kernel(compiled, int(index))
-
-
-# ---------------------------------------------------------------------------------- CUDA graphs
 
 def _storage_uses(t: torch.Tensor) -> int:
     """How many tensors (views included) share ``t``'s storage."""
@@ -215,78 +193,10 @@ class CudaGraphRunner:
         return _Instance(graph, static_in, in_place, list(outputs), rt)
 
 
-def philox_state_on_host(graph: Any) -> int:
-    """Makes a graph safe to capture in a CUDA graph when it holds attention's backward with
-    dropout: captured, the forward returns its Philox seed and offset as device memory, and the
-    backward op reads them on the host whenever it runs outside a capture (a warm-up, a call
-    while every captured instance is busy): a crash (exit -11, H200, torch 2.11,
-    ``tests/gpu/random_graphs_gpu.py``). Each op taking ``philox_seed`` and ``philox_offset``
-    is called through a wrapper that, outside a capture, copies device ones to the host first
-    (a synchronisation on that rare path); inside a capture they pass as they are, which the op
-    reads on the device (the same script: the same gradient either way). Returns how many nodes
-    it wrapped. Random draws need nothing: torch's CUDA generator advances its Philox offset at
-    every replay, so each replay draws new numbers (the same script)."""
-    wrapped = 0
-    for n in graph.nodes:
-        target = n.target
-        if n.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
-            continue
-        names = [a.name for a in target._schema.arguments]
-        if "philox_seed" in names and "philox_offset" in names:
-            n.target = _philox_on_host(target)
-            wrapped += 1
-    return wrapped
-
-
-_PHILOX_WRAPPERS: dict[Any, Callable[..., Any]] = {}
-
-
-def _philox_on_host(op: Any) -> Callable[..., Any]:
-    """``op`` called with its Philox seed and offset on the host unless a capture is running."""
-    wrapper = _PHILOX_WRAPPERS.get(op)
-    if wrapper is not None:
-        return wrapper
-    names = [a.name for a in op._schema.arguments]
-    at = [names.index("philox_seed"), names.index("philox_offset")]
-
-    def on_device(v: Any) -> bool:
-        return isinstance(v, torch.Tensor) and v.is_cuda
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        positional = [i for i in at if i < len(args) and on_device(args[i])]
-        named = [k for k in ("philox_seed", "philox_offset") if on_device(kwargs.get(k))]
-        if (positional or named) and not torch.cuda.is_current_stream_capturing():
-            args = tuple(a.cpu() if i in positional else a for i, a in enumerate(args))
-            kwargs = {k: v.cpu() if k in named else v for k, v in kwargs.items()}
-        return op(*args, **kwargs)
-
-    call.__name__ = f"{str(op).replace('.', '_')}_philox_on_host"
-    call.__qualname__ = call.__name__
-    _PHILOX_WRAPPERS[op] = call
-    return call
-
-
-def draws_random(n: Any) -> bool:
-    """Whether one FX node consumes the RNG: a seeded op (dropout, rand...), or attention with a
-    nonzero dropout probability (the reordering passes keep such nodes in place and order)."""
-    target = n.target
-    if n.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
-        return False
-    if torch.Tag.nondeterministic_seeded not in target.tags:
-        return False
-    names = [a.name for a in target._schema.arguments]
-    if "dropout_p" not in names:
-        return True
-    i = names.index("dropout_p")
-    p = n.args[i] if i < len(n.args) else n.kwargs.get("dropout_p", 0.0)
-    return not isinstance(p, (int, float)) or p != 0
-
-
 def wants_cuda_graphs(example_inputs: Sequence[Any]) -> bool:
     """Whether a graph's inputs are all on CUDA (CUDA graphs apply to GPU graphs only)."""
     tensors = [a for a in example_inputs if isinstance(a, torch.Tensor)]
     return bool(tensors) and all(t.device.type == "cuda" for t in tensors)
 
 
-__all__ = ["CudaGraphRunner", "CudaKernel", "draws_random", "load_kernel", "philox_state_on_host",
-           "wants_cuda_graphs"]
+__all__ = ["CudaGraphRunner", "wants_cuda_graphs"]

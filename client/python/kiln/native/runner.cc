@@ -1,5 +1,5 @@
 // The native call path of kiln.torch parts: a PyTorch extension (built by kilnd like any other,
-// see kiln/torch/native/__init__.py) that runs a compiled part on torch tensors in one C++ call.
+// see kiln/native/__init__.py) that runs a compiled part on torch tensors in one C++ call.
 //
 // Contract (the Python side, kiln/torch/runtime.py, relies on each point):
 // - `make_part(...)` (arguments below) returns a Part, configured once per kiln part after its
@@ -22,7 +22,7 @@
 //   (torch's current raw stream).
 //
 // - graph_key / storage_uses / detach_all: the per-argument work of a CUDA graph replay in
-//   reduce-overhead mode (kiln/torch/cuda.py's CudaGraphRunner), in one C++ pass each.
+//   reduce-overhead mode (kiln/torch/cudagraphs.py's CudaGraphRunner), in one C++ pass each.
 //
 // Why native: a part called from Python cost 26-30 µs of host time on an H100 host (argument
 // checks, one torch.empty per output at ~6 µs each, ctypes launches), against a few µs here.
@@ -484,7 +484,7 @@ PyObject* PartCall(PyObject* self, PyObject* args, PyObject* kwargs) {
 
 // ------------------------------------------------------------------ CUDA graph replays
 //
-// What CudaGraphRunner (kiln/torch/cuda.py) does per call for every argument of a compiled
+// What CudaGraphRunner (kiln/torch/cudagraphs.py) does per call for every argument of a compiled
 // graph (a BERT step passes ~200: the parameters and the inputs), done in one C++ pass: the
 // Python loop over shapes, strides and devices cost ~0.5 ms per call.
 
