@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Every GPU correctness check in one run (no benchmarks): each script compares kiln's results
+# with PyTorch or NumPy on real data and exits non-zero on a mismatch, a fallback it does not
+# allow, or a check that ran nothing. Prints one PASS/FAIL line per check and exits 1 if any
+# failed; each check's log goes to $OUT (or a temporary folder). ctest runs it as `gpu_checks`
+# (label gpu) from a build tree; on a machine with a carried pack:
+#
+#   tests/gpu/with_pack.sh PACK bash tests/gpu/checks_gpu.sh [NAME...]
+#
+# Names pick checks (default: all of them, about 20 minutes on an H200).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-$(mktemp -d)}"
+python="${PYTHON:-python3}"
+: "${KILND:?set KILND to the kilnd binary (with_pack.sh does)}"
+
+# name | time limit (s) | command
+CHECKS=(
+  "torch_backend|420|$python tests/gpu/torch_backend_gpu.py --checks-only"
+  "models|420|$python tests/gpu/models_gpu.py --no-timing"
+  "vision|900|$python tests/gpu/vision_gpu.py --no-timing"
+  "records|420|bash tests/gpu/records_gpu.sh"
+  "dynamic|300|$python tests/gpu/dynamic_gpu.py"
+  "embedding_grad|180|$python tests/gpu/embedding_grad_gpu.py"
+  "random_graphs|300|$python tests/gpu/random_graphs_gpu.py"
+  "jit_cuda|300|$python tests/gpu/jit_cuda_gpu.py"
+  "layout|180|$python tests/gpu/layout_gpu.py"
+)
+
+want=" $* "
+failed=0
+ran=0
+for entry in "${CHECKS[@]}"; do
+  IFS='|' read -r name limit cmd <<<"$entry"
+  if [ $# -gt 0 ] && [[ "$want" != *" $name "* ]]; then continue; fi
+  ran=$((ran + 1))
+  start=$SECONDS
+  # shellcheck disable=SC2086  # the command is a word list on purpose
+  timeout --signal=INT "$limit" $cmd >"$out/check_$name.log" 2>&1
+  rc=$?
+  took=$((SECONDS - start))
+  if [ $rc -eq 0 ]; then
+    echo "PASS $name (${took} s)"
+  else
+    failed=$((failed + 1))
+    why="exit $rc"
+    [ $rc -eq 124 ] || [ $rc -eq 130 ] && why="over ${limit} s"
+    echo "FAIL $name ($why, ${took} s): last lines of $out/check_$name.log"
+    tail -n 15 "$out/check_$name.log" | sed 's/^/    /'
+  fi
+done
+if [ $ran -eq 0 ]; then
+  echo "checks_gpu: no check is named $*" >&2
+  exit 2
+fi
+echo "checks_gpu: $((ran - failed)) of $ran passed"
+[ $failed -eq 0 ]
