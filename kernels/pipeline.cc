@@ -16,12 +16,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/codegen/c_expr.h"
 #include "kernels/codegen/cpu/cpu_codegen.h"
 #include "kernels/codegen/cuda/cuda_codegen.h"
-#include "kernels/codegen/c_expr.h"
 #include "kernels/codegen/plan.h"
-#include "kernels/codegen/symbolic.h"
 #include "kernels/codegen/runtime_headers.h"
+#include "kernels/codegen/symbolic.h"
 #include "kernels/ir/op_registry.h"
 #include "kernels/ir/symbols.h"
 #include "kernels/key/key.h"
@@ -57,8 +57,10 @@ Pipeline::~Pipeline() = default;
 absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig& config) {
   auto impl = std::make_unique<Impl>();
   impl->config = config;
-  KILN_ASSIGN_OR_RETURN(impl->host, toolchain::HostCompiler::Create(config.host_compiler, config.compile_timeout_s));
-  impl->cpu_header_digest = key::Sha256Hex(codegen::CpuRuntimeHeader() + codegen::CommonRuntimeHeader());
+  KILN_ASSIGN_OR_RETURN(
+      impl->host, toolchain::HostCompiler::Create(config.host_compiler, config.compile_timeout_s));
+  impl->cpu_header_digest =
+      key::Sha256Hex(codegen::CpuRuntimeHeader() + codegen::CommonRuntimeHeader());
   // A host without the CUDA toolkit still serves CPU targets.
   auto nvrtc = toolchain::NvrtcCompiler::Create();
   if (nvrtc.ok()) {
@@ -66,7 +68,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(const PipelineConfig&
   } else {
     impl->nvrtc_missing = std::string(nvrtc.status().message());
   }
-  impl->cuda_header_digest = key::Sha256Hex(codegen::CudaRuntimeHeader() + codegen::CommonRuntimeHeader());
+  impl->cuda_header_digest =
+      key::Sha256Hex(codegen::CudaRuntimeHeader() + codegen::CommonRuntimeHeader());
   return std::unique_ptr<Pipeline>(new Pipeline(std::move(impl)));
 }
 
@@ -74,8 +77,8 @@ absl::Status Pipeline::CheckTarget(const Target& target) const {
   if (target.is_cuda()) {
     if (!impl_->nvrtc) return absl::FailedPreconditionError(impl_->nvrtc_missing);
     if (!impl_->nvrtc->Supports(target.sm))
-      return absl::FailedPreconditionError(absl::StrCat("NVRTC ", impl_->nvrtc->version(), " cannot build for sm_",
-                                                        target.sm));
+      return absl::FailedPreconditionError(
+          absl::StrCat("NVRTC ", impl_->nvrtc->version(), " cannot build for sm_", target.sm));
   }
   return absl::OkStatus();
 }
@@ -83,20 +86,22 @@ absl::Status Pipeline::CheckTarget(const Target& target) const {
 std::string Pipeline::Fingerprint(const Target& target) const {
   std::string common = absl::StrCat("fusion_policy=", schedule::kFusionPolicyVersion);
   if (target.is_cpu())
-    return absl::StrCat(common, ";cpu_codegen=", codegen::kCpuCodegenVersion, ";abi=", codegen::kCpuAbiVersion,
-                        ";runtime=", impl_->cpu_header_digest.substr(0, 16), ";cc=",
-                        impl_->host->Fingerprint(target, CompileOptions{}));
+    return absl::StrCat(common, ";cpu_codegen=", codegen::kCpuCodegenVersion,
+                        ";abi=", codegen::kCpuAbiVersion,
+                        ";runtime=", impl_->cpu_header_digest.substr(0, 16),
+                        ";cc=", impl_->host->Fingerprint(target, CompileOptions{}));
   if (target.is_cuda())
-    return absl::StrCat(common, ";cuda_codegen=", codegen::kCudaCodegenVersion, ";abi=", codegen::kCudaAbiVersion,
-                        ";runtime=", impl_->cuda_header_digest.substr(0, 16), ";cc=",
-                        impl_->nvrtc ? impl_->nvrtc->Fingerprint(target.sm) : "none");
+    return absl::StrCat(common, ";cuda_codegen=", codegen::kCudaCodegenVersion,
+                        ";abi=", codegen::kCudaAbiVersion,
+                        ";runtime=", impl_->cuda_header_digest.substr(0, 16),
+                        ";cc=", impl_->nvrtc ? impl_->nvrtc->Fingerprint(target.sm) : "none");
   return common;
 }
 
 namespace {
 
-absl::StatusOr<ir::Graph> RunPasses(const ir::Graph& graph, const CompileOptions& options, bool trace,
-                                     const FrontendBudget& budget) {
+absl::StatusOr<ir::Graph> RunPasses(const ir::Graph& graph, const CompileOptions& options,
+                                    bool trace, const FrontendBudget& budget) {
   ir::Graph g = graph;
   struct Stage {
     const char* name;
@@ -132,7 +137,8 @@ absl::StatusOr<ir::Graph> RunPasses(const ir::Graph& graph, const CompileOptions
 // dimensions that are 1, which a symbolic one may be at run time, so it must name its axes.
 absl::Status CheckSymbolicRules(const ir::Graph& graph) {
   ir::Graph a = graph, b = graph;
-  const std::vector<std::vector<int64_t>> points = codegen::SymbolicSamplePoints(static_cast<int>(graph.symbols.size()));
+  const std::vector<std::vector<int64_t>> points =
+      codegen::SymbolicSamplePoints(static_cast<int>(graph.symbols.size()));
   ir::SetSymbolSizes(a, points.front());
   ir::SetSymbolSizes(b, points.back());
   KILN_RETURN_IF_ERROR(ir::VerifyAndInfer(a, ir::SymbolicLimits({})));
@@ -140,9 +146,11 @@ absl::Status CheckSymbolicRules(const ir::Graph& graph) {
   for (size_t k = 0; k < a.nodes.size(); ++k) {
     const ir::Node& n = a.nodes[k];
     const ir::ValueId v = a.num_inputs() + static_cast<ir::ValueId>(k);
-    if (n.op == "squeeze" && !n.Has("axes") && a.TypeOf(n.inputs[0]).shape != b.TypeOf(n.inputs[0]).shape)
+    if (n.op == "squeeze" && !n.Has("axes") &&
+        a.TypeOf(n.inputs[0]).shape != b.TypeOf(n.inputs[0]).shape)
       return absl::InvalidArgumentError(absl::StrCat(
-          graph.Describe(v), ": squeeze without axes of a tensor with symbolic sizes (rule: name the axes, since ",
+          graph.Describe(v),
+          ": squeeze without axes of a tensor with symbolic sizes (rule: name the axes, since ",
           "a symbolic size may be 1 at run time and the kernel's rank cannot follow it)"));
     if (n.op != "slice") continue;
     const ir::Shape& in_a = a.TypeOf(n.inputs[0]).shape;
@@ -155,10 +163,11 @@ absl::Status CheckSymbolicRules(const ir::Graph& graph) {
       const bool whole = (step == 1 || step == -1) && n.type.shape[ax] == in_a[ax] &&
                          b.NodeOf(v).type.shape[ax] == in_b[ax];
       if (!whole)
-        return absl::InvalidArgumentError(absl::StrCat(
-            graph.Describe(v), ": slices axis ", ax, " of symbolic size ", in_a[ax],
-            " (rule: along a symbolic dimension only whole-axis slices and reversals, since a slice's bounds are "
-            "clamped to the size)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(graph.Describe(v), ": slices axis ", ax, " of symbolic size ", in_a[ax],
+                         " (rule: along a symbolic dimension only whole-axis slices and reversals, "
+                         "since a slice's bounds are "
+                         "clamped to the size)"));
     }
   }
   return absl::OkStatus();
@@ -172,7 +181,8 @@ absl::StatusOr<Pipeline::Generated> Pipeline::Generate(const ir::Graph& graph, c
   const FrontendBudget budget(impl_->config.max_frontend_ms);
   if (graph.is_symbolic()) {
     auto out = GenerateSymbolic(graph, target, options, budget);
-    if (!out.ok()) return absl::Status(out.status().code(), ir::NameSymbols(out.status().message(), graph));
+    if (!out.ok())
+      return absl::Status(out.status().code(), ir::NameSymbols(out.status().message(), graph));
     return out;
   }
   return GenerateAt(graph, target, options, budget, 0);
@@ -180,7 +190,8 @@ absl::StatusOr<Pipeline::Generated> Pipeline::Generate(const ir::Graph& graph, c
 
 // One graph with symbolic sizes -> one unit for every size: the frontend runs at each sample
 // point and codegen/symbolic.h generalises the texts (why that is sound is written there).
-absl::StatusOr<Pipeline::Generated> Pipeline::GenerateSymbolic(const ir::Graph& graph, const Target& target,
+absl::StatusOr<Pipeline::Generated> Pipeline::GenerateSymbolic(const ir::Graph& graph,
+                                                               const Target& target,
                                                                const CompileOptions& options,
                                                                const FrontendBudget& budget) const {
   std::vector<std::string> names = graph.symbols;
@@ -198,7 +209,8 @@ absl::StatusOr<Pipeline::Generated> Pipeline::GenerateSymbolic(const ir::Graph& 
     if (samples.empty()) first = gen;
     samples.push_back({std::move(gen.source), std::move(gen.plan)});
   }
-  KILN_ASSIGN_OR_RETURN(codegen::SymbolicUnit unit, codegen::Generalise(samples, names, target.is_cuda()));
+  KILN_ASSIGN_OR_RETURN(codegen::SymbolicUnit unit,
+                        codegen::Generalise(samples, names, target.is_cuda()));
   Generated out = std::move(first);
   out.source = std::move(unit.source);
   out.plan = std::move(unit.plan);
@@ -214,13 +226,16 @@ absl::StatusOr<Pipeline::Generated> Pipeline::GenerateSymbolic(const ir::Graph& 
     }
     out.plan.symbols.push_back(std::move(sym));
   }
-  out.fusion_report = absl::StrCat("symbolic sizes: ", absl::StrJoin(names, ", "), " (numbers below are one sample)\n",
-                                   ir::NameSymbols(out.fusion_report, graph));
+  out.fusion_report =
+      absl::StrCat("symbolic sizes: ", absl::StrJoin(names, ", "),
+                   " (numbers below are one sample)\n", ir::NameSymbols(out.fusion_report, graph));
   return out;
 }
 
-absl::StatusOr<Pipeline::Generated> Pipeline::GenerateAt(const ir::Graph& graph, const Target& target,
-                                                         const CompileOptions& options, const FrontendBudget& budget,
+absl::StatusOr<Pipeline::Generated> Pipeline::GenerateAt(const ir::Graph& graph,
+                                                         const Target& target,
+                                                         const CompileOptions& options,
+                                                         const FrontendBudget& budget,
                                                          int num_symbols) const {
   KILN_ASSIGN_OR_RETURN(ir::Graph g, RunPasses(graph, options, impl_->config.trace, budget));
   schedule::ScheduleOptions schedule_options;
@@ -232,7 +247,8 @@ absl::StatusOr<Pipeline::Generated> Pipeline::GenerateAt(const ir::Graph& graph,
   out.num_kernels = static_cast<int>(program.kernels.size());
   out.num_nodes = static_cast<int>(g.nodes.size());
   if (target.is_cuda()) {
-    KILN_ASSIGN_OR_RETURN(codegen::CudaUnit unit, codegen::GenerateCuda(program, target, options, num_symbols));
+    KILN_ASSIGN_OR_RETURN(codegen::CudaUnit unit,
+                          codegen::GenerateCuda(program, target, options, num_symbols));
     out.source = std::move(unit.source);
     out.plan = std::move(unit.plan);
     out.fusion_report += unit.report;
@@ -240,7 +256,8 @@ absl::StatusOr<Pipeline::Generated> Pipeline::GenerateAt(const ir::Graph& graph,
     return out;
   }
   out.source = codegen::GenerateCpu(program, options, num_symbols);
-  out.plan = codegen::MakePlan(program, num_symbols > 0 ? codegen::kCpuSymbolicAbiVersion : codegen::kCpuAbiVersion);
+  out.plan = codegen::MakePlan(
+      program, num_symbols > 0 ? codegen::kCpuSymbolicAbiVersion : codegen::kCpuAbiVersion);
   KILN_RETURN_IF_ERROR(budget.Check("codegen"));
   return out;
 }

@@ -21,7 +21,7 @@ struct PipelineConfig {
   bool trace = false;                 // log the IR after each stage
   // Frontend limits (ResourceExhausted naming the limit when exceeded; see
   // schedule::ScheduleOptions for how a deep expression is split instead of refused).
-  int64_t max_expr_depth = 256;  // deepest inlined expression per kernel
+  int64_t max_expr_depth = 256;    // deepest inlined expression per kernel
   double max_frontend_ms = 10000;  // wall time of passes + schedule + codegen; <= 0: none
 };
 
@@ -59,10 +59,12 @@ class Pipeline {
   struct Impl;
   explicit Pipeline(std::unique_ptr<Impl> impl);
   // Generate for a graph of static shapes (`num_symbols` > 0: one sample of a symbolic graph).
-  absl::StatusOr<Generated> GenerateAt(const ir::Graph& graph, const Target& target, const CompileOptions& options,
-                                       const FrontendBudget& budget, int num_symbols) const;
+  absl::StatusOr<Generated> GenerateAt(const ir::Graph& graph, const Target& target,
+                                       const CompileOptions& options, const FrontendBudget& budget,
+                                       int num_symbols) const;
   absl::StatusOr<Generated> GenerateSymbolic(const ir::Graph& graph, const Target& target,
-                                             const CompileOptions& options, const FrontendBudget& budget) const;
+                                             const CompileOptions& options,
+                                             const FrontendBudget& budget) const;
   std::unique_ptr<Impl> impl_;
 };
 

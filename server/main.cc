@@ -16,7 +16,6 @@
 //
 // `kilnd keygen PRIVATE.pem [PUBLIC.pem]` writes a new Ed25519 key pair for --signing-key (the
 // public key, by default PRIVATE.pem.pub, is what clients trust) and exits.
-#include <filesystem>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -24,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -35,20 +35,20 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "kernels/util/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "kernels/util/status_macros.h"
 #include "server/auth/auth.h"
 #include "server/compile/compile_service.h"
 #include "server/compile/compiler.h"
@@ -58,8 +58,8 @@
 #include "server/shared/redis_client.h"
 #include "server/shared/shared_store.h"
 #include "server/store/rocksdb_store.h"
-#include "server/worker/worker.h"
 #include "server/store/tiered_store.h"
+#include "server/worker/worker.h"
 #include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
 
@@ -181,11 +181,13 @@ bool ParseByteSize(std::string text, int64_t* bytes) {
     double scale;
   };
   static constexpr Unit kUnits[] = {
-      {"", 1},         {"b", 1},
-      {"k", 1024.0},   {"kb", 1e3},  {"kib", 1024.0},
-      {"m", 1 << 20},  {"mb", 1e6},  {"mib", 1 << 20},
-      {"g", 1 << 30},  {"gb", 1e9},  {"gib", 1 << 30},
-      {"t", 1099511627776.0}, {"tb", 1e12}, {"tib", 1099511627776.0},
+      {"", 1},          {"b", 1},
+      {"k", 1024.0},    {"kb", 1e3},
+      {"kib", 1024.0},  {"m", 1 << 20},
+      {"mb", 1e6},      {"mib", 1 << 20},
+      {"g", 1 << 30},   {"gb", 1e9},
+      {"gib", 1 << 30}, {"t", 1099511627776.0},
+      {"tb", 1e12},     {"tib", 1099511627776.0},
   };
   for (const Unit& u : kUnits) {
     if (unit == u.name) {
@@ -255,7 +257,8 @@ std::string NextToSelf(const std::string& name) {
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    for (const std::filesystem::path& p : {self.parent_path() / name, self.parent_path() / "ext" / name}) {
+    for (const std::filesystem::path& p :
+         {self.parent_path() / name, self.parent_path() / "ext" / name}) {
       if (access(p.c_str(), X_OK) == 0) return p.string();
     }
   }
@@ -288,8 +291,8 @@ absl::StatusOr<std::unique_ptr<compile::Compiler>> MakeCompiler(int threads) {
   }
   int64_t memory = 0;
   if (!ParseByteSize(absl::GetFlag(FLAGS_worker_memory), &memory)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot read --worker-memory '", absl::GetFlag(FLAGS_worker_memory), "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read --worker-memory '", absl::GetFlag(FLAGS_worker_memory), "'"));
   }
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   memory = 0;  // sanitizers reserve terabytes of address space up front
@@ -346,8 +349,7 @@ int Keygen(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<auth::SigningKey>> key =
       auth::SigningKey::FromPemFile(private_path);
   std::printf("wrote %s (private, for --signing-key) and %s (public, for clients); key id %s\n",
-              private_path.c_str(), public_path.c_str(),
-              key.ok() ? (*key)->key_id().c_str() : "?");
+              private_path.c_str(), public_path.c_str(), key.ok() ? (*key)->key_id().c_str() : "?");
   return 0;
 }
 
@@ -454,9 +456,9 @@ int Run() {
   std::unique_ptr<auth::TlsMaterial> tls;
   if (!absl::GetFlag(FLAGS_tls_cert).empty() || !absl::GetFlag(FLAGS_tls_key).empty() ||
       !absl::GetFlag(FLAGS_tls_client_ca).empty()) {
-    absl::StatusOr<std::unique_ptr<auth::TlsMaterial>> loaded = auth::TlsMaterial::Load(
-        {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
-         absl::GetFlag(FLAGS_tls_client_ca)});
+    absl::StatusOr<std::unique_ptr<auth::TlsMaterial>> loaded =
+        auth::TlsMaterial::Load({absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                                 absl::GetFlag(FLAGS_tls_client_ca)});
     if (!loaded.ok()) return Fail(absl::StrCat("TLS: ", loaded.status().message()));
     tls = *std::move(loaded);
   }
@@ -495,8 +497,8 @@ int Run() {
       return s->VerifyStored(key, r);
     };
   }
-  auto compile_service = std::make_unique<compile::CompileService>(
-      compiler->get(), cache, compile_options);
+  auto compile_service =
+      std::make_unique<compile::CompileService>(compiler->get(), cache, compile_options);
   ServiceOptions service_options;
   if ((*authorizer)->enabled()) service_options.authorizer = authorizer->get();
   std::unique_ptr<ext::ExtensionBuilder> ext_builder;
@@ -505,10 +507,12 @@ int Run() {
     ext_options.dir = absl::StrCat(absl::GetFlag(FLAGS_cache_dir), "/build-inputs");
     int64_t inputs_size = 0, build_memory = 0;
     if (!ParseByteSize(absl::GetFlag(FLAGS_build_inputs_size), &inputs_size)) {
-      return Fail(absl::StrCat("cannot read --build-inputs-size '", absl::GetFlag(FLAGS_build_inputs_size), "'"));
+      return Fail(absl::StrCat("cannot read --build-inputs-size '",
+                               absl::GetFlag(FLAGS_build_inputs_size), "'"));
     }
     if (!ParseByteSize(absl::GetFlag(FLAGS_build_memory), &build_memory)) {
-      return Fail(absl::StrCat("cannot read --build-memory '", absl::GetFlag(FLAGS_build_memory), "'"));
+      return Fail(
+          absl::StrCat("cannot read --build-memory '", absl::GetFlag(FLAGS_build_memory), "'"));
     }
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
     build_memory = int64_t{1} << 40;  // sanitizers reserve terabytes of address space up front
@@ -530,8 +534,7 @@ int Run() {
     ext_builder = *std::move(made);
     service_options.ext = ext_builder.get();
   }
-  auto service =
-      std::make_unique<KilnService>(compile_service.get(), cache, service_options);
+  auto service = std::make_unique<KilnService>(compile_service.get(), cache, service_options);
 
   // Bound before gRPC so a bad address fails the start with nothing else serving yet. It reads
   // the same snapshot as GetStats, so the two never disagree on what a counter means.
@@ -586,13 +589,13 @@ int Run() {
   absl::Notification stop_watching;
   std::thread shared_watch;
   if (redis != nullptr) {
-    shared_watch = std::thread([&stop_watching, client = redis.get(), health =
-                                    server->GetHealthCheckService()] {
-      do {
-        client->Command({"PING"}, 0).IgnoreError();
-        health->SetServingStatus(kSharedHealthService, client->available());
-      } while (!stop_watching.WaitForNotificationWithTimeout(absl::Seconds(1)));
-    });
+    shared_watch = std::thread(
+        [&stop_watching, client = redis.get(), health = server->GetHealthCheckService()] {
+          do {
+            client->Command({"PING"}, 0).IgnoreError();
+            health->SetServingStatus(kSharedHealthService, client->available());
+          } while (!stop_watching.WaitForNotificationWithTimeout(absl::Seconds(1)));
+        });
   }
 
   const Reloadable reloadable{tls.get(), authorizer->get(), signer.get()};

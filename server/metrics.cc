@@ -21,8 +21,8 @@ constexpr size_t kHttpThreads = 2;
 
 void AppendMetric(std::string* out, const char* name, const char* type, const char* help,
                   const std::string& value) {
-  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name,
-                  " ", value, "\n");
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, " ",
+                  value, "\n");
 }
 
 void AppendCounter(std::string* out, const char* name, const char* help, int64_t value) {
@@ -111,8 +111,7 @@ std::string RenderPrometheus(const v1::GetStatsResponse& s) {
   std::string out;
   AppendCounter(&out, "kiln_requests_total", "Compile, prewarm and lookup requests received.",
                 s.requests());
-  AppendCounter(&out, "kiln_cache_hits_total", "Requests answered from the cache.",
-                s.cache_hits());
+  AppendCounter(&out, "kiln_cache_hits_total", "Requests answered from the cache.", s.cache_hits());
   AppendCounter(&out, "kiln_compiles_total", "Jobs that ran the compiler.", s.compiles());
   AppendCounter(&out, "kiln_compile_failures_total", "Jobs whose compile failed.",
                 s.compile_failures());
@@ -139,8 +138,8 @@ std::string RenderPrometheus(const v1::GetStatsResponse& s) {
   AppendGauge(&out, "kiln_store_entries", "Results held in the store.", st.entries());
   AppendCounter(&out, "kiln_store_evictions_total",
                 "Results evicted to stay within the byte budget.", st.evictions());
-  AppendCounter(&out, "kiln_store_corruptions_total",
-                "Store records that failed verification.", st.corruptions());
+  AppendCounter(&out, "kiln_store_corruptions_total", "Store records that failed verification.",
+                st.corruptions());
   AppendGauge(&out, "kiln_store_capacity_bytes", "Byte budget of the store; 0 is unlimited.",
               st.capacity_bytes());
   AppendGauge(&out, "kiln_store_writes_suspended",
@@ -167,22 +166,21 @@ std::string RenderPrometheus(const v1::GetStatsResponse& s) {
                 "Custom builds (extensions, raw kernels) run in the sandbox.", s.ext_builds());
   AppendCounter(&out, "kiln_ext_failures_total",
                 "Custom builds that failed (compiler errors, limits).", s.ext_failures());
-  AppendCounter(&out, "kiln_ext_cache_hits_total",
-                "Custom builds answered from the cache.", s.ext_cache_hits());
+  AppendCounter(&out, "kiln_ext_cache_hits_total", "Custom builds answered from the cache.",
+                s.ext_cache_hits());
   if (s.shared().enabled()) AppendSharedTier(&out, s.shared());
   if (s.tokens_size() > 0) {
     AppendCounter(&out, "kiln_unauthenticated_total",
                   "Calls refused for a missing or unknown bearer token.", s.unauthenticated());
-    AppendPerToken(&out, "kiln_token_requests_total", "counter",
-                   "Calls allowed, by token name.", s, &v1::TokenStats::requests);
+    AppendPerToken(&out, "kiln_token_requests_total", "counter", "Calls allowed, by token name.", s,
+                   &v1::TokenStats::requests);
     AppendPerToken(&out, "kiln_token_denied_total", "counter",
                    "Calls refused for too small a role, by token name.", s,
                    &v1::TokenStats::denied);
     AppendPerToken(&out, "kiln_token_compiles_in_flight", "gauge",
                    "Compiles running for each token.", s, &v1::TokenStats::compiles_in_flight);
     AppendPerToken(&out, "kiln_token_limited_total", "counter",
-                   "Compiles refused by a token's in-flight limit.", s,
-                   &v1::TokenStats::limited);
+                   "Compiles refused by a token's in-flight limit.", s, &v1::TokenStats::limited);
   }
   return out;
 }
@@ -207,8 +205,7 @@ absl::StatusOr<int> MetricsServer::Start(const std::string& address, const Https
 
   std::unique_ptr<httplib::Server> http;
   if (https) {
-    http = std::make_unique<httplib::SSLServer>(
-        [&https](SSL_CTX& ctx) { return https(&ctx); });
+    http = std::make_unique<httplib::SSLServer>([&https](SSL_CTX& ctx) { return https(&ctx); });
     if (!http->is_valid()) {
       return absl::InvalidArgumentError("cannot set up TLS for the metrics endpoint");
     }

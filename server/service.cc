@@ -15,8 +15,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/compile/result_convert.h"
-#include "wire/wire.h"
 #include "spdlog/spdlog.h"
+#include "wire/wire.h"
 
 namespace kiln::server {
 namespace {
@@ -49,8 +49,7 @@ void AddRetryAfter(const absl::Status& status, grpc::CallbackServerContext* cont
 }
 
 // `caller` is the token's name, never the token.
-void LogReply(std::string_view method, std::string_view caller, const CompileReply& r,
-              double ms) {
+void LogReply(std::string_view method, std::string_view caller, const CompileReply& r, double ms) {
   const std::string_view prefix =
       r.handle.empty() ? std::string_view("-") : std::string_view(r.handle).substr(0, 12);
   if (r.status.ok()) {
@@ -67,8 +66,7 @@ void LogReply(std::string_view method, std::string_view caller, const CompileRep
 // answered from the cache; a miss then gets ResourceExhausted. `done` runs exactly once, as
 // for CompileService::Compile; the returned Withdraw is the compile's (a no-op when none
 // started).
-compile::Withdraw CompileWithinLimit(compile::CompileService* compile,
-                                     const auth::Caller& caller,
+compile::Withdraw CompileWithinLimit(compile::CompileService* compile, const auth::Caller& caller,
                                      const v1::CompileRequest& request, compile::Priority priority,
                                      absl::Time deadline, compile::CompileCallback done) {
   std::shared_ptr<auth::CompileSlot> slot = auth::Authorizer::TryAcquireCompile(caller);
@@ -79,9 +77,9 @@ compile::Withdraw CompileWithinLimit(compile::CompileService* compile,
     *lookup.mutable_options() = request.options();
     CompileReply reply = compile->Lookup(lookup);
     if (absl::IsNotFound(reply.status)) {
-      reply.status = absl::ResourceExhaustedError(absl::StrCat(
-          "token '", caller.name, "' already has ", caller.max_compiles,
-          " compiles in flight (its limit); retry when one has finished"));
+      reply.status = absl::ResourceExhaustedError(
+          absl::StrCat("token '", caller.name, "' already has ", caller.max_compiles,
+                       " compiles in flight (its limit); retry when one has finished"));
     }
     done(std::move(reply));
     return [] {};
@@ -90,11 +88,12 @@ compile::Withdraw CompileWithinLimit(compile::CompileService* compile,
   // caller at its limit that got its answer may send its next compile at once (holding the
   // slot until the callback was destroyed refused that one, now and then, once the compile
   // service dropped its callback after the reply had left).
-  return compile->Compile(request, priority, deadline,
-                          [slot = std::move(slot), done = std::move(done)](CompileReply reply) mutable {
-                            slot.reset();
-                            done(std::move(reply));
-                          });
+  return compile->Compile(
+      request, priority, deadline,
+      [slot = std::move(slot), done = std::move(done)](CompileReply reply) mutable {
+        slot.reset();
+        done(std::move(reply));
+      });
 }
 
 // The Withdraw of one Compile call, handed from the handler (which learns it when Compile
@@ -226,10 +225,9 @@ class PrewarmReactor final : public grpc::ServerBidiReactor<v1::CompileRequest, 
     }
     const absl::Time start = absl::Now();
     // The service decodes the request before it returns, so request_ may be reused after.
-    CompileWithinLimit(compile_, caller_, request_, compile::Priority::kPrewarm, deadline_,
-                       [this, index, start](CompileReply reply) {
-                         OnCompiled(index, start, std::move(reply));
-                       });
+    CompileWithinLimit(
+        compile_, caller_, request_, compile::Priority::kPrewarm, deadline_,
+        [this, index, start](CompileReply reply) { OnCompiled(index, start, std::move(reply)); });
     {
       absl::MutexLock lock(&mu_);
       if (outstanding_ < limit_) {
@@ -361,8 +359,8 @@ absl::StatusOr<auth::Caller> KilnService::Authorize(grpc::CallbackServerContext*
                                                     auth::Role needed,
                                                     std::string_view method) const {
   if (options_.authorizer == nullptr) {
-    static const auto* const kOpen = new auth::Caller{
-        "anonymous", auth::Role::kAdmin, 0, std::make_shared<auth::TokenCounters>()};
+    static const auto* const kOpen = new auth::Caller{"anonymous", auth::Role::kAdmin, 0,
+                                                      std::make_shared<auth::TokenCounters>()};
     return *kOpen;
   }
   return options_.authorizer->Authorize(*context, needed,
@@ -428,8 +426,8 @@ grpc::ServerUnaryReactor* KilnService::RecordTuning(grpc::CallbackServerContext*
   absl::StatusOr<v1::TuningResponse> recorded = compile_->RecordTuning(*request);
   if (recorded.ok()) {
     *response = *std::move(recorded);
-    spdlog::info("RecordTuning {} {} on '{}': variant {}", caller->name, response->handle().substr(0, 12),
-                 request->device(), response->variant());
+    spdlog::info("RecordTuning {} {} on '{}': variant {}", caller->name,
+                 response->handle().substr(0, 12), request->device(), response->variant());
   }
   reactor->Finish(wire::ToGrpcStatus(recorded.status()));
   return reactor;
@@ -456,8 +454,9 @@ grpc::ServerUnaryReactor* KilnService::PutModel(grpc::CallbackServerContext* con
   absl::StatusOr<v1::PutModelResponse> put = compile_->PutModel(*request);
   if (put.ok()) {
     *response = *std::move(put);
-    spdlog::info("PutModel {} {} ({}, {} parts, {} bytes)", caller->name, request->model_key().substr(0, 12),
-                 request->format(), request->parts_size(), request->record().size());
+    spdlog::info("PutModel {} {} ({}, {} parts, {} bytes)", caller->name,
+                 request->model_key().substr(0, 12), request->format(), request->parts_size(),
+                 request->record().size());
   }
   reactor->Finish(wire::ToGrpcStatus(put.status()));
   return reactor;
@@ -508,7 +507,8 @@ grpc::ServerUnaryReactor* KilnService::ExportEntries(grpc::CallbackServerContext
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kAdmin, "ExportEntries");
   if (!caller.ok()) return Refuse(reactor, "ExportEntries", caller.status());
-  absl::StatusOr<v1::ExportEntriesResponse> page = compile_->ExportEntries(*request, options_.blobs_reply_bytes);
+  absl::StatusOr<v1::ExportEntriesResponse> page =
+      compile_->ExportEntries(*request, options_.blobs_reply_bytes);
   if (page.ok()) *response = *std::move(page);
   reactor->Finish(wire::ToGrpcStatus(page.status()));
   return reactor;
@@ -562,8 +562,8 @@ grpc::ServerWriteReactor<v1::ArtifactChunk>* KilnService::FetchArtifact(
   absl::StatusOr<std::optional<std::string>> blob = store_->GetBlob(request->digest());
   if (!blob.ok()) return new FetchReactor(blob.status());
   if (!blob->has_value()) {
-    return new FetchReactor(absl::NotFoundError(
-        absl::StrCat("artifact ", request->digest(), " is not in the cache")));
+    return new FetchReactor(
+        absl::NotFoundError(absl::StrCat("artifact ", request->digest(), " is not in the cache")));
   }
   spdlog::debug("FetchArtifact {} {} bytes", request->digest().substr(0, 12), (*blob)->size());
   return new FetchReactor(**std::move(blob), options_.fetch_chunk_bytes);
@@ -590,9 +590,8 @@ grpc::ServerUnaryReactor* KilnService::GetSource(grpc::CallbackServerContext* co
     const v1::Artifact* artifact = compile::FindArtifact(r, kind);
     if (artifact == nullptr) {
       if (!required) return absl::OkStatus();
-      return absl::NotFoundError(absl::StrCat("the result for ", request->handle(),
-                                              " has no ", v1::ArtifactKind_Name(kind),
-                                              " artifact"));
+      return absl::NotFoundError(absl::StrCat("the result for ", request->handle(), " has no ",
+                                              v1::ArtifactKind_Name(kind), " artifact"));
     }
     absl::StatusOr<std::optional<std::string>> blob = store_->GetBlob(artifact->digest());
     if (!blob.ok()) return blob.status();
@@ -606,8 +605,7 @@ grpc::ServerUnaryReactor* KilnService::GetSource(grpc::CallbackServerContext* co
   if (absl::Status s = read(v1::SOURCE, true, response->mutable_source()); !s.ok()) {
     return finish(s);
   }
-  if (absl::Status s = read(v1::FUSION_REPORT, false, response->mutable_fusion_report());
-      !s.ok()) {
+  if (absl::Status s = read(v1::FUSION_REPORT, false, response->mutable_fusion_report()); !s.ok()) {
     return finish(s);
   }
   response->set_language(r.target().has_cuda() ? "cuda" : "c++");
@@ -653,13 +651,15 @@ const absl::Status kNoExt =
 
 void LogExt(std::string_view method, std::string_view caller, const std::string& handle,
             const absl::Status& status, std::string_view outcome, absl::Time start) {
-  const std::string_view prefix = handle.empty() ? std::string_view("-") : std::string_view(handle).substr(0, 12);
+  const std::string_view prefix =
+      handle.empty() ? std::string_view("-") : std::string_view(handle).substr(0, 12);
   if (status.ok()) {
     spdlog::info("{} {} {} {} {:.3f} ms", method, caller, prefix, outcome, MsSince(start));
   } else {
     const std::string_view m(status.message().data(), status.message().size());
     spdlog::info("{} {} {} error {}: {} {:.3f} ms", method, caller, prefix,
-                 absl::StatusCodeToString(status.code()), m.substr(0, m.find('\n')), MsSince(start));
+                 absl::StatusCodeToString(status.code()), m.substr(0, m.find('\n')),
+                 MsSince(start));
   }
 }
 
@@ -669,7 +669,8 @@ grpc::ServerUnaryReactor* KilnService::FindMissingBlobs(grpc::CallbackServerCont
                                                         const v1::FindMissingBlobsRequest* request,
                                                         v1::FindMissingBlobsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kCompile, "FindMissingBlobs");
+  absl::StatusOr<auth::Caller> caller =
+      Authorize(context, auth::Role::kCompile, "FindMissingBlobs");
   if (!caller.ok()) return Refuse(reactor, "FindMissingBlobs", caller.status());
   if (options_.ext == nullptr) return Refuse(reactor, "FindMissingBlobs", kNoExt);
   *response = options_.ext->FindMissing(*request);
@@ -702,7 +703,10 @@ grpc::ServerUnaryReactor* KilnService::BuildExtension(grpc::CallbackServerContex
   options_.ext->Build(*request, [reactor, response, start, name = caller->name](
                                     absl::Status status, v1::BuildExtensionResponse reply) {
     LogExt("BuildExtension", name, reply.handle(), status,
-           reply.missing_size() > 0 ? "missing-inputs" : reply.cache_hit() ? "hit" : "built", start);
+           reply.missing_size() > 0 ? "missing-inputs"
+           : reply.cache_hit()      ? "hit"
+                                    : "built",
+           start);
     if (status.ok()) *response = std::move(reply);
     reactor->Finish(wire::ToGrpcStatus(status));
   });
@@ -714,12 +718,14 @@ grpc::ServerUnaryReactor* KilnService::CompileRawKernel(grpc::CallbackServerCont
                                                         v1::CompileRawKernelResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
-  absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kCompile, "CompileRawKernel");
+  absl::StatusOr<auth::Caller> caller =
+      Authorize(context, auth::Role::kCompile, "CompileRawKernel");
   if (!caller.ok()) return Refuse(reactor, "CompileRawKernel", caller.status());
   if (options_.ext == nullptr) return Refuse(reactor, "CompileRawKernel", kNoExt);
   options_.ext->CompileRaw(*request, [reactor, response, start, name = caller->name](
                                          absl::Status status, v1::CompileRawKernelResponse reply) {
-    LogExt("CompileRawKernel", name, reply.handle(), status, reply.cache_hit() ? "hit" : "built", start);
+    LogExt("CompileRawKernel", name, reply.handle(), status, reply.cache_hit() ? "hit" : "built",
+           start);
     if (status.ok()) *response = std::move(reply);
     reactor->Finish(wire::ToGrpcStatus(status));
   });

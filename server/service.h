@@ -31,8 +31,9 @@ namespace kiln::server {
 
 struct ServiceOptions {
   size_t fetch_chunk_bytes = size_t{1} << 20;  // FetchArtifact chunk size
-  size_t blobs_reply_bytes = size_t{32} << 20;  // GetBlobs: bytes of one reply (past its first blob)
-  int prewarm_concurrency = 8;                 // requests of one Prewarm stream in flight at once
+  size_t blobs_reply_bytes = size_t{32}
+                             << 20;  // GetBlobs: bytes of one reply (past its first blob)
+  int prewarm_concurrency = 8;       // requests of one Prewarm stream in flight at once
   // Who may call what; null lets everyone call everything. Must outlive the service.
   const auth::Authorizer* authorizer = nullptr;
   // Custom kernels (BuildExtension, CompileRawKernel and their blob calls); null answers them
@@ -80,15 +81,20 @@ class KilnService final : public v1::Kiln::CallbackService {
   grpc::ServerUnaryReactor* CompileRawKernel(grpc::CallbackServerContext* context,
                                              const v1::CompileRawKernelRequest* request,
                                              v1::CompileRawKernelResponse* response) override;
-  grpc::ServerUnaryReactor* RecordTuning(grpc::CallbackServerContext* context, const v1::TuningRequest* request,
+  grpc::ServerUnaryReactor* RecordTuning(grpc::CallbackServerContext* context,
+                                         const v1::TuningRequest* request,
                                          v1::TuningResponse* response) override;
-  grpc::ServerUnaryReactor* LookupTuning(grpc::CallbackServerContext* context, const v1::TuningRequest* request,
+  grpc::ServerUnaryReactor* LookupTuning(grpc::CallbackServerContext* context,
+                                         const v1::TuningRequest* request,
                                          v1::TuningResponse* response) override;
-  grpc::ServerUnaryReactor* PutModel(grpc::CallbackServerContext* context, const v1::PutModelRequest* request,
+  grpc::ServerUnaryReactor* PutModel(grpc::CallbackServerContext* context,
+                                     const v1::PutModelRequest* request,
                                      v1::PutModelResponse* response) override;
-  grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* context, const v1::GetModelRequest* request,
+  grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* context,
+                                     const v1::GetModelRequest* request,
                                      v1::GetModelResponse* response) override;
-  grpc::ServerUnaryReactor* GetBlobs(grpc::CallbackServerContext* context, const v1::GetBlobsRequest* request,
+  grpc::ServerUnaryReactor* GetBlobs(grpc::CallbackServerContext* context,
+                                     const v1::GetBlobsRequest* request,
                                      v1::GetBlobsResponse* response) override;
   grpc::ServerUnaryReactor* ExportEntries(grpc::CallbackServerContext* context,
                                           const v1::ExportEntriesRequest* request,

@@ -161,8 +161,9 @@ std::string CanonicalResultBytes(absl::string_view handle, const v1::ActionResul
       expr(b.bytes_expr());
     }
     // Symbolic CUDA plans (launches sized at run time) only: CPU ones sign as before.
-    const bool sized_launches = std::any_of(plan.steps().begin(), plan.steps().end(),
-                                            [](const v1::PlanStep& s) { return s.grid_per_block() > 0; });
+    const bool sized_launches =
+        std::any_of(plan.steps().begin(), plan.steps().end(),
+                    [](const v1::PlanStep& s) { return s.grid_per_block() > 0; });
     if (sized_launches) {
       for (const v1::PlanStep& s : plan.steps()) {
         expr(s.grid_work());
@@ -170,9 +171,9 @@ std::string CanonicalResultBytes(absl::string_view handle, const v1::ActionResul
       }
       expr(plan.index_bound());
       // Launch-time choices among kernels: plans that have them only (older ones sign as before).
-      const bool guarded = std::any_of(plan.steps().begin(), plan.steps().end(), [](const v1::PlanStep& s) {
-        return s.guard_min() > 0 || s.guard_max() > 0;
-      });
+      const bool guarded =
+          std::any_of(plan.steps().begin(), plan.steps().end(),
+                      [](const v1::PlanStep& s) { return s.guard_min() > 0 || s.guard_max() > 0; });
       if (guarded) {
         for (const v1::PlanStep& s : plan.steps()) {
           expr(s.guard());
@@ -226,7 +227,8 @@ absl::Status TrustedKeys::AddRawPublicKey(absl::string_view raw_public_key) {
                                   raw_public_key.size()),
       PkeyDeleter());
   if (pkey == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("bad Ed25519 public key: ", internal::OpenSslError()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad Ed25519 public key: ", internal::OpenSslError()));
   }
   keys_.insert_or_assign(KeyIdOf(raw_public_key), std::move(pkey));
   return absl::OkStatus();

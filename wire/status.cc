@@ -1,10 +1,9 @@
 // The absl <-> gRPC status mapping (wire.h).
-#include "wire/wire.h"
-
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "wire/wire.h"
 
 namespace kiln::wire {
 namespace {

@@ -112,8 +112,7 @@ absl::StatusOr<std::string> ArtifactCache::DefaultRoot() {
   if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
     return absl::StrCat(home, "/.cache/kiln");
   }
-  return absl::FailedPreconditionError(
-      "no artifact cache directory: set KILN_CACHE_DIR (or HOME)");
+  return absl::FailedPreconditionError("no artifact cache directory: set KILN_CACHE_DIR (or HOME)");
 }
 
 absl::StatusOr<std::unique_ptr<ArtifactCache>> ArtifactCache::Open(const std::string& root) {

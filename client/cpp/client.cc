@@ -27,8 +27,7 @@ std::string FromEnv(const std::string& value, const char* name) {
   return env != nullptr ? env : "";
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
-                                           const ClientOptions& options,
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ClientOptions& options,
                                            std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
@@ -100,9 +99,9 @@ absl::Time Client::Resolve(absl::Time deadline, absl::Duration default_timeout) 
   return deadline == kDefaultDeadline ? absl::Now() + default_timeout : deadline;
 }
 
-absl::Status Client::WithRetries(
-    absl::Time deadline, const std::function<absl::Status(grpc::ClientContext&)>& attempt,
-    const std::function<bool()>& may_retry) {
+absl::Status Client::WithRetries(absl::Time deadline,
+                                 const std::function<absl::Status(grpc::ClientContext&)>& attempt,
+                                 const std::function<bool()>& may_retry) {
   calls_.fetch_add(1, std::memory_order_relaxed);
   const absl::Time start = absl::Now();
   absl::Status unreachable;  // the last UNAVAILABLE of this call, while the channel was not up
@@ -122,10 +121,12 @@ absl::Status Client::WithRetries(
       // cause is that it is unavailable, not that it was slow (whichever of the two the last
       // attempt happened to end with).
       const absl::Status& cause =
-          absl::IsDeadlineExceeded(status) && !unreachable.ok() && !connected ? unreachable : status;
+          absl::IsDeadlineExceeded(status) && !unreachable.ok() && !connected ? unreachable
+                                                                              : status;
       if (n == 1) return cause;
-      return absl::Status(cause.code(), absl::StrCat(cause.message(), " (after ", n, " attempts, ",
-                                                     absl::FormatDuration(absl::Now() - start), ")"));
+      return absl::Status(cause.code(),
+                          absl::StrCat(cause.message(), " (after ", n, " attempts, ",
+                                       absl::FormatDuration(absl::Now() - start), ")"));
     }
     if (absl::IsUnavailable(status) && !connected) unreachable = status;
     if (!absl::IsUnavailable(status) || connected) {
@@ -168,9 +169,10 @@ absl::StatusOr<v1::CompileResponse> Client::Compile(const v1::Graph& graph,
   return Compile(request, deadline);
 }
 
-absl::StatusOr<std::optional<v1::CompileResponse>> Client::Lookup(
-    const v1::Graph& graph, const v1::Target& target, const v1::CompileOptions& options,
-    absl::Time deadline) {
+absl::StatusOr<std::optional<v1::CompileResponse>> Client::Lookup(const v1::Graph& graph,
+                                                                  const v1::Target& target,
+                                                                  const v1::CompileOptions& options,
+                                                                  absl::Time deadline) {
   v1::LookupRequest request;
   *request.mutable_graph() = graph;
   *request.mutable_target() = target;
@@ -189,8 +191,7 @@ absl::StatusOr<v1::CompileResponse> Client::GetResult(const std::string& handle,
   return CallUnary(&v1::Kiln::Stub::GetResult, request, Resolve(deadline, options_.timeout));
 }
 
-absl::StatusOr<std::string> Client::FetchArtifact(const std::string& digest,
-                                                  absl::Time deadline) {
+absl::StatusOr<std::string> Client::FetchArtifact(const std::string& digest, absl::Time deadline) {
   if (!key::IsDigest(digest)) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", digest, "' is not a lowercase hex SHA-256 digest"));
@@ -222,8 +223,8 @@ absl::StatusOr<std::string> Client::FetchArtifact(const std::string& digest,
           }
           total = chunk.total_size();
           if (total < 0 || static_cast<int64_t>(bytes.size() + chunk.data().size()) > total) {
-            framing = absl::DataLossError(absl::StrCat("artifact ", digest, ": more than ",
-                                                       total, " bytes sent"));
+            framing = absl::DataLossError(
+                absl::StrCat("artifact ", digest, ": more than ", total, " bytes sent"));
             continue;
           }
           bytes.append(chunk.data());
@@ -232,15 +233,14 @@ absl::StatusOr<std::string> Client::FetchArtifact(const std::string& digest,
         if (!finished.ok()) return finished;
         if (!framing.ok()) return framing;
         if (total >= 0 && static_cast<int64_t>(bytes.size()) != total) {
-          return absl::DataLossError(absl::StrCat("artifact ", digest, ": got ", bytes.size(),
-                                                  " of ", total, " bytes"));
+          return absl::DataLossError(
+              absl::StrCat("artifact ", digest, ": got ", bytes.size(), " of ", total, " bytes"));
         }
         return absl::OkStatus();
       });
   if (!status.ok()) return status;
   if (const std::string got = key::Sha256Hex(bytes); got != digest) {
-    return absl::DataLossError(
-        absl::StrCat("artifact ", digest, " arrived with digest ", got));
+    return absl::DataLossError(absl::StrCat("artifact ", digest, " arrived with digest ", got));
   }
   fetched_bytes_.fetch_add(static_cast<int64_t>(bytes.size()), std::memory_order_relaxed);
   return bytes;
@@ -254,7 +254,8 @@ absl::StatusOr<v1::GetSourceResponse> Client::GetSource(const std::string& handl
 }
 
 absl::StatusOr<v1::GetStatsResponse> Client::GetStats(absl::Time deadline) {
-  return CallUnary(&v1::Kiln::Stub::GetStats, v1::GetStatsRequest(), Resolve(deadline, options_.timeout));
+  return CallUnary(&v1::Kiln::Stub::GetStats, v1::GetStatsRequest(),
+                   Resolve(deadline, options_.timeout));
 }
 
 absl::Status Client::Prewarm(const std::vector<v1::CompileRequest>& requests,

@@ -92,9 +92,10 @@ class Client {
                                               absl::Time deadline = kDefaultDeadline);
 
   // Cache only: nullopt on a miss, never a compile.
-  absl::StatusOr<std::optional<v1::CompileResponse>> Lookup(
-      const v1::Graph& graph, const v1::Target& target, const v1::CompileOptions& options = {},
-      absl::Time deadline = kDefaultDeadline);
+  absl::StatusOr<std::optional<v1::CompileResponse>> Lookup(const v1::Graph& graph,
+                                                            const v1::Target& target,
+                                                            const v1::CompileOptions& options = {},
+                                                            absl::Time deadline = kDefaultDeadline);
 
   // The stored result for a handle; NotFound when it is not (or no longer) cached.
   absl::StatusOr<v1::CompileResponse> GetResult(const std::string& handle,
@@ -132,9 +133,10 @@ class Client {
   absl::Time Resolve(absl::Time deadline, absl::Duration default_timeout) const;
   // One unary RPC through WithRetries: `method` is the stub's synchronous call.
   template <typename Request, typename Response>
-  absl::StatusOr<Response> CallUnary(
-      grpc::Status (v1::Kiln::Stub::*method)(grpc::ClientContext*, const Request&, Response*),
-      const Request& request, absl::Time deadline);
+  absl::StatusOr<Response> CallUnary(grpc::Status (v1::Kiln::Stub::*method)(grpc::ClientContext*,
+                                                                            const Request&,
+                                                                            Response*),
+                                     const Request& request, absl::Time deadline);
 
   // Immutable after construction.
   const std::string address_;

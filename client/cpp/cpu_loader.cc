@@ -23,8 +23,8 @@ constexpr size_t kWorkspaceAlignment = 64;
 
 struct Library {
   uint32_t abi_version = 0;
-  CpuKernel::RunFn run = nullptr;  // version 1
-  CpuKernel::RunSizedFn run_sized = nullptr;  // version 2
+  CpuKernel::RunFn run = nullptr;              // version 1
+  CpuKernel::RunSizedFn run_sized = nullptr;   // version 2
   CpuKernel::WorkspaceFn workspace = nullptr;  // version 2
 };
 
@@ -57,9 +57,11 @@ class Registry {
     library.abi_version = abi();
     if (library.abi_version == 2) {
       library.run_sized = reinterpret_cast<CpuKernel::RunSizedFn>(run);
-      library.workspace = reinterpret_cast<CpuKernel::WorkspaceFn>(dlsym(handle, "kiln_workspace_bytes"));
+      library.workspace =
+          reinterpret_cast<CpuKernel::WorkspaceFn>(dlsym(handle, "kiln_workspace_bytes"));
       if (library.workspace == nullptr)
-        return absl::FailedPreconditionError(absl::StrCat(path, ": ABI 2 library without kiln_workspace_bytes"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(path, ": ABI 2 library without kiln_workspace_bytes"));
     } else {
       library.run = reinterpret_cast<CpuKernel::RunFn>(run);
     }
@@ -100,8 +102,9 @@ const v1::PlanBuffer* FindBuffer(const v1::LaunchPlan& plan, v1::BufferRole role
 
 }  // namespace
 
-CpuKernel::CpuKernel(std::string path, RunFn run, RunSizedFn run_sized, WorkspaceFn workspace, v1::LaunchPlan plan,
-                     std::vector<int64_t> input_bytes, std::vector<int64_t> output_bytes)
+CpuKernel::CpuKernel(std::string path, RunFn run, RunSizedFn run_sized, WorkspaceFn workspace,
+                     v1::LaunchPlan plan, std::vector<int64_t> input_bytes,
+                     std::vector<int64_t> output_bytes)
     : path_(std::move(path)),
       run_(run),
       run_sized_(run_sized),
@@ -126,11 +129,12 @@ absl::StatusOr<CpuKernel> CpuKernel::Load(const std::string& path, const v1::Lau
                                                                : nullptr;
     if (list == nullptr) continue;
     if (buffer.index() < 0 || buffer.index() >= plan.buffers_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("launch plan: ", v1::BufferRole_Name(buffer.role()),
-                                                     " buffer index ", buffer.index(),
-                                                     " out of range"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("launch plan: ", v1::BufferRole_Name(buffer.role()), " buffer index ",
+                       buffer.index(), " out of range"));
     }
-    if (list->size() <= static_cast<size_t>(buffer.index())) list->resize(buffer.index() + 1, kUnseen);
+    if (list->size() <= static_cast<size_t>(buffer.index()))
+      list->resize(buffer.index() + 1, kUnseen);
     if ((*list)[buffer.index()] != kUnseen) {
       return absl::InvalidArgumentError(absl::StrCat("launch plan: two ",
                                                      v1::BufferRole_Name(buffer.role()),
@@ -157,8 +161,9 @@ absl::StatusOr<CpuKernel> CpuKernel::Load(const std::string& path, const v1::Lau
                      " but its launch plan is for version ", plan.abi_version()));
   }
   if ((plan.symbols_size() > 0) != (library.abi_version == 2)) {
-    return absl::FailedPreconditionError(absl::StrCat(path, ": ABI version ", library.abi_version, " with a plan of ",
-                                                      plan.symbols_size(), " symbols"));
+    return absl::FailedPreconditionError(absl::StrCat(path, ": ABI version ", library.abi_version,
+                                                      " with a plan of ", plan.symbols_size(),
+                                                      " symbols"));
   }
   return CpuKernel(path, library.run, library.run_sized, library.workspace, plan, std::move(inputs),
                    std::move(outputs));
@@ -168,29 +173,28 @@ absl::Status CpuKernel::Run(absl::Span<const ConstBuffer> inputs,
                             absl::Span<const MutableBuffer> outputs, int num_threads) const {
   if (is_symbolic()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(path_, " has symbolic sizes: run it with RunSized (the sizes of its ", plan_.symbols_size(),
-                     " symbols first)"));
+        absl::StrCat(path_, " has symbolic sizes: run it with RunSized (the sizes of its ",
+                     plan_.symbols_size(), " symbols first)"));
   }
   if (inputs.size() != input_bytes_.size() || outputs.size() != output_bytes_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the kernel takes ", input_bytes_.size(), " inputs and ", output_bytes_.size(),
-        " outputs; got ", inputs.size(), " and ", outputs.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the kernel takes ", input_bytes_.size(), " inputs and ", output_bytes_.size(),
+                     " outputs; got ", inputs.size(), " and ", outputs.size()));
   }
   std::vector<void*> args;
   args.reserve(inputs.size() + outputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const int64_t need = input_bytes_[i];
     if (inputs[i].bytes < static_cast<size_t>(need) || (need > 0 && inputs[i].data == nullptr)) {
-      return absl::InvalidArgumentError(absl::StrCat("input ", i, " holds ", inputs[i].bytes,
-                                                     " bytes; the kernel reads ", need));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input ", i, " holds ", inputs[i].bytes, " bytes; the kernel reads ", need));
     }
     // The ABI's pointers are non-const for uniformity; inputs are only read.
     args.push_back(const_cast<void*>(inputs[i].data));
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const int64_t need = output_bytes_[i];
-    if (outputs[i].bytes < static_cast<size_t>(need) ||
-        (need > 0 && outputs[i].data == nullptr)) {
+    if (outputs[i].bytes < static_cast<size_t>(need) || (need > 0 && outputs[i].data == nullptr)) {
       return absl::InvalidArgumentError(absl::StrCat("output ", i, " holds ", outputs[i].bytes,
                                                      " bytes; the kernel writes ", need));
     }
@@ -201,12 +205,13 @@ absl::Status CpuKernel::Run(absl::Span<const ConstBuffer> inputs,
 
 absl::Status CpuKernel::RunUnchecked(absl::Span<void* const> args, int num_threads) const {
   if (args.size() != input_bytes_.size() + output_bytes_.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the kernel takes ", input_bytes_.size() + output_bytes_.size(),
-                     " buffers; got ", args.size()));
+    return absl::InvalidArgumentError(absl::StrCat("the kernel takes ",
+                                                   input_bytes_.size() + output_bytes_.size(),
+                                                   " buffers; got ", args.size()));
   }
   if (is_symbolic()) {
-    return absl::FailedPreconditionError(absl::StrCat(path_, " has symbolic sizes: run it with RunSized"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, " has symbolic sizes: run it with RunSized"));
   }
   return Launch(args.data(), nullptr, plan_.workspace_bytes(), num_threads);
 }
@@ -214,28 +219,33 @@ absl::Status CpuKernel::RunUnchecked(absl::Span<void* const> args, int num_threa
 absl::StatusOr<std::vector<int64_t>> CpuKernel::Shape(v1::BufferRole role, int index,
                                                       absl::Span<const int64_t> sizes) const {
   const v1::PlanBuffer* b = FindBuffer(plan_, role, index);
-  if (b == nullptr) return absl::InvalidArgumentError(absl::StrCat("no ", v1::BufferRole_Name(role), " ", index));
+  if (b == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("no ", v1::BufferRole_Name(role), " ", index));
   if (!is_symbolic()) return std::vector<int64_t>(b->shape().begin(), b->shape().end());
   std::vector<int64_t> shape;
   for (const v1::SizeExpr& e : b->shape_exprs()) shape.push_back(Evaluate(e, sizes));
   return shape;
 }
 
-absl::Status CpuKernel::RunSized(absl::Span<const int64_t> sizes, absl::Span<const ConstBuffer> inputs,
+absl::Status CpuKernel::RunSized(absl::Span<const int64_t> sizes,
+                                 absl::Span<const ConstBuffer> inputs,
                                  absl::Span<const MutableBuffer> outputs, int num_threads) const {
-  if (!is_symbolic()) return absl::FailedPreconditionError(absl::StrCat(path_, " has static shapes: run it with Run"));
+  if (!is_symbolic())
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, " has static shapes: run it with Run"));
   if (sizes.size() != static_cast<size_t>(plan_.symbols_size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the kernel has ", plan_.symbols_size(), " symbolic sizes; got ", sizes.size(), " values"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the kernel has ", plan_.symbols_size(), " symbolic sizes; got ", sizes.size(), " values"));
   }
   for (size_t k = 0; k < sizes.size(); ++k)
     if (sizes[k] < 0)
-      return absl::InvalidArgumentError(
-          absl::StrCat("symbol '", plan_.symbols(static_cast<int>(k)).name(), "' given a negative size ", sizes[k]));
+      return absl::InvalidArgumentError(absl::StrCat("symbol '",
+                                                     plan_.symbols(static_cast<int>(k)).name(),
+                                                     "' given a negative size ", sizes[k]));
   if (inputs.size() != input_bytes_.size() || outputs.size() != output_bytes_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the kernel takes ", input_bytes_.size(), " inputs and ", output_bytes_.size(),
-        " outputs; got ", inputs.size(), " and ", outputs.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the kernel takes ", input_bytes_.size(), " inputs and ", output_bytes_.size(),
+                     " outputs; got ", inputs.size(), " and ", outputs.size()));
   }
   std::vector<void*> args;
   auto need = [&](v1::BufferRole role, size_t i) {
@@ -245,15 +255,17 @@ absl::Status CpuKernel::RunSized(absl::Span<const int64_t> sizes, absl::Span<con
   for (size_t i = 0; i < inputs.size(); ++i) {
     const int64_t bytes = need(v1::INPUT, i);
     if (inputs[i].bytes < static_cast<size_t>(bytes) || (bytes > 0 && inputs[i].data == nullptr))
-      return absl::InvalidArgumentError(
-          absl::StrCat("input ", i, " holds ", inputs[i].bytes, " bytes; the kernel reads ", bytes, " at these sizes"));
+      return absl::InvalidArgumentError(absl::StrCat("input ", i, " holds ", inputs[i].bytes,
+                                                     " bytes; the kernel reads ", bytes,
+                                                     " at these sizes"));
     args.push_back(const_cast<void*>(inputs[i].data));
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const int64_t bytes = need(v1::OUTPUT, i);
     if (outputs[i].bytes < static_cast<size_t>(bytes) || (bytes > 0 && outputs[i].data == nullptr))
-      return absl::InvalidArgumentError(
-          absl::StrCat("output ", i, " holds ", outputs[i].bytes, " bytes; the kernel writes ", bytes, " at these sizes"));
+      return absl::InvalidArgumentError(absl::StrCat("output ", i, " holds ", outputs[i].bytes,
+                                                     " bytes; the kernel writes ", bytes,
+                                                     " at these sizes"));
     args.push_back(outputs[i].data);
   }
   return Launch(args.data(), sizes.data(), workspace_(sizes.data()), num_threads);
@@ -264,9 +276,8 @@ absl::Status CpuKernel::Launch(void* const* args, const int64_t* sizes, int64_t 
   std::unique_ptr<void, FreeDeleter> workspace;
   if (const int64_t bytes = workspace_bytes; bytes > 0) {
     // aligned_alloc wants a size that is a multiple of the alignment.
-    const size_t rounded =
-        (static_cast<size_t>(bytes) + kWorkspaceAlignment - 1) / kWorkspaceAlignment *
-        kWorkspaceAlignment;
+    const size_t rounded = (static_cast<size_t>(bytes) + kWorkspaceAlignment - 1) /
+                           kWorkspaceAlignment * kWorkspaceAlignment;
     workspace.reset(std::aligned_alloc(kWorkspaceAlignment, rounded));
     if (workspace == nullptr) {
       return absl::ResourceExhaustedError(

@@ -36,7 +36,8 @@ class CpuKernel {
  public:
   using RunFn = int (*)(void* const* args, void* workspace, int num_threads);
   // ABI version 2 (graphs with symbolic sizes, kernels/codegen/ABI.md).
-  using RunSizedFn = int (*)(void* const* args, const int64_t* sizes, void* workspace, int num_threads);
+  using RunSizedFn = int (*)(void* const* args, const int64_t* sizes, void* workspace,
+                             int num_threads);
   using WorkspaceFn = int64_t (*)(const int64_t* sizes);
 
   // Loads the library at `path` (or reuses it when this process loaded it before), and
@@ -53,9 +54,10 @@ class CpuKernel {
   // outputs. Each buffer must hold at least the plan's bytes for it (InvalidArgument
   // otherwise, naming which). A 64-byte aligned workspace of plan.workspace_bytes is allocated
   // per call. `num_threads` <= 0 means kiln::runtime::DefaultNumThreads()
-  // ($KILN_NUM_THREADS, $OMP_NUM_THREADS, the affinity mask: kernels/runtime/kiln_threads.h). Internal when the kernel reports failure.
-  // REQUIRES: outputs do not overlap inputs or each other; inputs are row-major contiguous
-  // unless the graph declared strides (then use RunUnchecked).
+  // ($KILN_NUM_THREADS, $OMP_NUM_THREADS, the affinity mask: kernels/runtime/kiln_threads.h).
+  // Internal when the kernel reports failure. REQUIRES: outputs do not overlap inputs or each
+  // other; inputs are row-major contiguous unless the graph declared strides (then use
+  // RunUnchecked).
   absl::Status Run(absl::Span<const ConstBuffer> inputs, absl::Span<const MutableBuffer> outputs,
                    int num_threads = 0) const;
 
@@ -70,7 +72,8 @@ class CpuKernel {
   absl::Status RunSized(absl::Span<const int64_t> sizes, absl::Span<const ConstBuffer> inputs,
                         absl::Span<const MutableBuffer> outputs, int num_threads = 0) const;
   // The shape of input or output `index` at `sizes` (symbolic or not).
-  absl::StatusOr<std::vector<int64_t>> Shape(v1::BufferRole role, int index, absl::Span<const int64_t> sizes) const;
+  absl::StatusOr<std::vector<int64_t>> Shape(v1::BufferRole role, int index,
+                                             absl::Span<const int64_t> sizes) const;
   bool is_symbolic() const { return plan_.symbols_size() > 0; }
 
   int num_inputs() const { return static_cast<int>(input_bytes_.size()); }
@@ -79,9 +82,11 @@ class CpuKernel {
   const std::string& path() const { return path_; }
 
  private:
-  CpuKernel(std::string path, RunFn run, RunSizedFn run_sized, WorkspaceFn workspace, v1::LaunchPlan plan,
-            std::vector<int64_t> input_bytes, std::vector<int64_t> output_bytes);
-  absl::Status Launch(void* const* args, const int64_t* sizes, int64_t workspace_bytes, int num_threads) const;
+  CpuKernel(std::string path, RunFn run, RunSizedFn run_sized, WorkspaceFn workspace,
+            v1::LaunchPlan plan, std::vector<int64_t> input_bytes,
+            std::vector<int64_t> output_bytes);
+  absl::Status Launch(void* const* args, const int64_t* sizes, int64_t workspace_bytes,
+                      int num_threads) const;
 
   std::string path_;
   RunFn run_ = nullptr;

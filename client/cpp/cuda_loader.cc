@@ -34,8 +34,8 @@ struct Driver {
   CUresult (*cuModuleLoadData)(CUmodule*, const void*) = nullptr;
   CUresult (*cuModuleUnload)(CUmodule) = nullptr;
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
-  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             CUstream, void**, void**) = nullptr;
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, CUstream, void**, void**) = nullptr;
   CUresult (*cuMemAlloc)(CUdeviceptr*, size_t) = nullptr;
   CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
   CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t) = nullptr;
@@ -50,11 +50,13 @@ struct Driver {
     const char* text = nullptr;
     if (cuGetErrorName) cuGetErrorName(r, &name);
     if (cuGetErrorString) cuGetErrorString(r, &text);
-    return std::string(what) + ": " + (name ? name : "CUDA error " + std::to_string(r)) + (text ? std::string(" (") + text + ")" : "");
+    return std::string(what) + ": " + (name ? name : "CUDA error " + std::to_string(r)) +
+           (text ? std::string(" (") + text + ")" : "");
   }
 };
 
-template <typename F> bool Resolve(void* lib, const char* name, F* out) {
+template <typename F>
+bool Resolve(void* lib, const char* name, F* out) {
   *out = reinterpret_cast<F>(dlsym(lib, name));
   return *out != nullptr;
 }
@@ -75,8 +77,10 @@ const Driver& GetDriver() {
               Resolve(lib, "cuModuleLoadData", &d->cuModuleLoadData) &&
               Resolve(lib, "cuModuleUnload", &d->cuModuleUnload) &&
               Resolve(lib, "cuModuleGetFunction", &d->cuModuleGetFunction) &&
-              Resolve(lib, "cuLaunchKernel", &d->cuLaunchKernel) && Resolve(lib, "cuMemAlloc_v2", &d->cuMemAlloc) &&
-              Resolve(lib, "cuMemFree_v2", &d->cuMemFree) && Resolve(lib, "cuMemcpyHtoD_v2", &d->cuMemcpyHtoD) &&
+              Resolve(lib, "cuLaunchKernel", &d->cuLaunchKernel) &&
+              Resolve(lib, "cuMemAlloc_v2", &d->cuMemAlloc) &&
+              Resolve(lib, "cuMemFree_v2", &d->cuMemFree) &&
+              Resolve(lib, "cuMemcpyHtoD_v2", &d->cuMemcpyHtoD) &&
               Resolve(lib, "cuMemcpyDtoH_v2", &d->cuMemcpyDtoH) &&
               Resolve(lib, "cuCtxSynchronize", &d->cuCtxSynchronize) &&
               Resolve(lib, "cuGetErrorName", &d->cuGetErrorName) &&
@@ -118,8 +122,8 @@ bool ReadFile(const std::string& path, std::string* out) {
 
 }  // namespace
 
-std::unique_ptr<CudaModule> CudaModule::Load(std::string_view cubin, std::string_view ptx, CudaPlan plan,
-                                             std::string* error) {
+std::unique_ptr<CudaModule> CudaModule::Load(std::string_view cubin, std::string_view ptx,
+                                             CudaPlan plan, std::string* error) {
   const Driver& d = GetDriver();
   if (!d.error.empty()) {
     *error = d.error;
@@ -127,9 +131,9 @@ std::unique_ptr<CudaModule> CudaModule::Load(std::string_view cubin, std::string
   }
   const uint32_t want_abi = plan.symbolic() ? kSymbolicAbi : kStaticAbi;
   if (plan.abi_version != want_abi) {
-    *error = "launch plan ABI version " + std::to_string(plan.abi_version) + " (this loader runs version " +
-             std::to_string(kStaticAbi) + ", and version " + std::to_string(kSymbolicAbi) +
-             " for plans with symbols)";
+    *error = "launch plan ABI version " + std::to_string(plan.abi_version) +
+             " (this loader runs version " + std::to_string(kStaticAbi) + ", and version " +
+             std::to_string(kSymbolicAbi) + " for plans with symbols)";
     return nullptr;
   }
   if (!CheckCudaPlan(plan, error)) return nullptr;
@@ -191,10 +195,11 @@ CudaModule::~CudaModule() {
 }
 
 bool CudaModule::Layout(const int64_t* sizes, size_t num_sizes, std::vector<int64_t>* temp_offsets,
-                        int64_t* workspace_bytes, std::vector<unsigned>* grids, std::string* error) const {
+                        int64_t* workspace_bytes, std::vector<unsigned>* grids,
+                        std::string* error) const {
   if (num_sizes != plan_.symbols.size()) {
-    *error = "the plan has " + std::to_string(plan_.symbols.size()) + " symbols; got " + std::to_string(num_sizes) +
-             " sizes";
+    *error = "the plan has " + std::to_string(plan_.symbols.size()) + " symbols; got " +
+             std::to_string(num_sizes) + " sizes";
     return false;
   }
   for (size_t k = 0; k < num_sizes; ++k)
@@ -205,9 +210,10 @@ bool CudaModule::Layout(const int64_t* sizes, size_t num_sizes, std::vector<int6
   const int64_t bound = plan_.index_bound.Eval(sizes);
   if (bound >= kIndexLimit) {
     std::string at;
-    for (size_t k = 0; k < num_sizes; ++k) at += (k ? ", " : "") + plan_.symbols[k].name + "=" + std::to_string(sizes[k]);
-    *error = "sizes " + at + " are too large for the kernels' 32-bit indices (bound " + std::to_string(bound) +
-             " >= 2^30); compile this shape statically";
+    for (size_t k = 0; k < num_sizes; ++k)
+      at += (k ? ", " : "") + plan_.symbols[k].name + "=" + std::to_string(sizes[k]);
+    *error = "sizes " + at + " are too large for the kernels' 32-bit indices (bound " +
+             std::to_string(bound) + " >= 2^30); compile this shape statically";
     return false;
   }
   // Temps in plan order, each at the next multiple of 256 bytes (as every kiln loader does).
@@ -237,7 +243,8 @@ bool CudaModule::Layout(const int64_t* sizes, size_t num_sizes, std::vector<int6
   return true;
 }
 
-int64_t CudaModule::WorkspaceBytes(const int64_t* sizes, size_t num_sizes, std::string* error) const {
+int64_t CudaModule::WorkspaceBytes(const int64_t* sizes, size_t num_sizes,
+                                   std::string* error) const {
   if (!plan_.symbolic()) return plan_.workspace_bytes;
   std::vector<int64_t> offsets;
   std::vector<unsigned> grids;
@@ -267,8 +274,8 @@ bool CudaModule::Run(void* const* buffers, void* workspace, void* stream, std::s
 // from the plan; a symbolic one from Layout at `sizes`, and its kernels get the sizes after
 // the buffers. Launches run in the context the module was loaded in (a module is valid in
 // that context only), made current for the duration when the caller's thread has another.
-bool CudaModule::Launch(void* const* buffers, void* workspace, void* stream, const int64_t* sizes, size_t num_sizes,
-                        std::string* error) {
+bool CudaModule::Launch(void* const* buffers, void* workspace, void* stream, const int64_t* sizes,
+                        size_t num_sizes, std::string* error) {
   const Driver& d = GetDriver();
   const bool symbolic = plan_.symbolic();
   std::vector<int64_t> offsets;
@@ -296,8 +303,12 @@ bool CudaModule::Launch(void* const* buffers, void* workspace, void* stream, con
   size_t temp = 0;
   for (const CudaPlan::Buffer& b : plan_.buffers) {
     switch (b.role) {
-      case CudaPlan::Role::kInput: ptrs.push_back(reinterpret_cast<CUdeviceptr>(buffers[b.index])); break;
-      case CudaPlan::Role::kOutput: ptrs.push_back(reinterpret_cast<CUdeviceptr>(buffers[num_inputs + b.index])); break;
+      case CudaPlan::Role::kInput:
+        ptrs.push_back(reinterpret_cast<CUdeviceptr>(buffers[b.index]));
+        break;
+      case CudaPlan::Role::kOutput:
+        ptrs.push_back(reinterpret_cast<CUdeviceptr>(buffers[num_inputs + b.index]));
+        break;
       case CudaPlan::Role::kTemp:
         ptrs.push_back(ws + static_cast<CUdeviceptr>(symbolic ? offsets[temp++] : b.offset));
         break;
@@ -329,8 +340,9 @@ bool CudaModule::Launch(void* const* buffers, void* workspace, void* stream, con
     for (int64_t& v : slots) params.push_back(&v);
     params.push_back(nullptr);  // the driver reads as many as the kernel takes; tools may count
     const unsigned gy = symbolic ? 1 : s.grid[1], gz = symbolic ? 1 : s.grid[2];
-    CUresult r = d.cuLaunchKernel(functions_[i], gx, gy, gz, s.block[0], s.block[1], s.block[2], s.shared_bytes,
-                                  static_cast<CUstream>(stream), params.data(), nullptr);
+    CUresult r =
+        d.cuLaunchKernel(functions_[i], gx, gy, gz, s.block[0], s.block[1], s.block[2],
+                         s.shared_bytes, static_cast<CUstream>(stream), params.data(), nullptr);
     if (r != kSuccess) {
       *error = d.Describe(r, ("launching " + s.kernel).c_str());
       ok = false;
@@ -375,7 +387,8 @@ bool CudaModule::RunHost(const void* const* inputs, void* const* outputs, std::s
   }
   for (int i = 0; i < num_inputs; ++i) {
     if (bytes[i] == 0) continue;
-    if (CUresult r = d.cuMemcpyHtoD(device[i], inputs[i], static_cast<size_t>(bytes[i])); r != kSuccess) {
+    if (CUresult r = d.cuMemcpyHtoD(device[i], inputs[i], static_cast<size_t>(bytes[i]));
+        r != kSuccess) {
       *error = d.Describe(r, ("copying input " + std::to_string(i) + " to the device").c_str());
       return false;
     }
@@ -417,7 +430,8 @@ kiln_cuda_module* Wrap(std::unique_ptr<kiln::client::CudaModule> m) {
 
 extern "C" {
 
-kiln_cuda_module* kiln_cuda_load(const void* cubin, size_t cubin_bytes, const char* ptx, const char* plan_json) {
+kiln_cuda_module* kiln_cuda_load(const void* cubin, size_t cubin_bytes, const char* ptx,
+                                 const char* plan_json) {
   kiln::client::CudaPlan plan;
   if (!plan_json || !kiln::client::ParseCudaPlan(plan_json, &plan, &last_error)) {
     if (!plan_json) last_error = "no plan";
@@ -439,16 +453,20 @@ int kiln_cuda_run(kiln_cuda_module* m, void* const* buffers, void* workspace, vo
   return m->module->Run(buffers, workspace, stream, &last_error) ? 0 : -1;
 }
 
-int kiln_cuda_run_sized(kiln_cuda_module* m, void* const* buffers, void* workspace, void* stream, const int64_t* sizes,
-                        int num_sizes) {
+int kiln_cuda_run_sized(kiln_cuda_module* m, void* const* buffers, void* workspace, void* stream,
+                        const int64_t* sizes, int num_sizes) {
   if (!m || num_sizes < 0 || (num_sizes > 0 && !sizes)) {
     last_error = !m ? "null module" : "bad sizes";
     return -1;
   }
-  return m->module->RunSized(buffers, workspace, stream, sizes, static_cast<size_t>(num_sizes), &last_error) ? 0 : -1;
+  return m->module->RunSized(buffers, workspace, stream, sizes, static_cast<size_t>(num_sizes),
+                             &last_error)
+             ? 0
+             : -1;
 }
 
-int64_t kiln_cuda_workspace_bytes_sized(const kiln_cuda_module* m, const int64_t* sizes, int num_sizes) {
+int64_t kiln_cuda_workspace_bytes_sized(const kiln_cuda_module* m, const int64_t* sizes,
+                                        int num_sizes) {
   if (!m || num_sizes < 0 || (num_sizes > 0 && !sizes)) {
     last_error = !m ? "null module" : "bad sizes";
     return -1;
@@ -460,9 +478,15 @@ int kiln_cuda_num_symbols(const kiln_cuda_module* m) {
   return m ? static_cast<int>(m->module->plan().symbols.size()) : 0;
 }
 
-int64_t kiln_cuda_workspace_bytes(const kiln_cuda_module* m) { return m ? m->module->plan().workspace_bytes : 0; }
-int kiln_cuda_num_inputs(const kiln_cuda_module* m) { return m ? m->module->plan().num_inputs() : 0; }
-int kiln_cuda_num_outputs(const kiln_cuda_module* m) { return m ? m->module->plan().num_outputs() : 0; }
+int64_t kiln_cuda_workspace_bytes(const kiln_cuda_module* m) {
+  return m ? m->module->plan().workspace_bytes : 0;
+}
+int kiln_cuda_num_inputs(const kiln_cuda_module* m) {
+  return m ? m->module->plan().num_inputs() : 0;
+}
+int kiln_cuda_num_outputs(const kiln_cuda_module* m) {
+  return m ? m->module->plan().num_outputs() : 0;
+}
 const char* kiln_cuda_last_error(void) { return last_error.c_str(); }
 void kiln_cuda_free(kiln_cuda_module* m) { delete m; }
 

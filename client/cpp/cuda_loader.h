@@ -34,8 +34,8 @@ class CudaModule {
   // Loads `cubin`; when the driver refuses it (a GPU of another architecture), JIT-compiles
   // `ptx` instead (may be empty: then the refusal is the error). Checks the plan's ABI
   // version and resolves every step's kernel. Null and `*error` set on failure.
-  static std::unique_ptr<CudaModule> Load(std::string_view cubin, std::string_view ptx, CudaPlan plan,
-                                          std::string* error);
+  static std::unique_ptr<CudaModule> Load(std::string_view cubin, std::string_view ptx,
+                                          CudaPlan plan, std::string* error);
   // Reads kernel.cubin, kernel.ptx (optional) and plan.json from a kilnc output folder.
   static std::unique_ptr<CudaModule> LoadDir(const std::string& dir, std::string* error);
   ~CudaModule();
@@ -60,8 +60,8 @@ class CudaModule {
   // `workspace`: WorkspaceBytes(sizes) bytes, or null for a module-owned one (grown to the
   // largest sizes seen; runs must then not overlap). A static plan takes no sizes (then this
   // is Run). Run and RunHost refuse a symbolic plan.
-  bool RunSized(void* const* buffers, void* workspace, void* stream, const int64_t* sizes, size_t num_sizes,
-                std::string* error);
+  bool RunSized(void* const* buffers, void* workspace, void* stream, const int64_t* sizes,
+                size_t num_sizes, std::string* error);
   // The workspace a run at `sizes` needs (a static plan: plan().workspace_bytes); -1 and
   // `*error` for sizes the plan cannot run at.
   int64_t WorkspaceBytes(const int64_t* sizes, size_t num_sizes, std::string* error) const;
@@ -72,20 +72,20 @@ class CudaModule {
  private:
   CudaModule() = default;
   // Run and RunSized: launches every step (`sizes` null for a static plan).
-  bool Launch(void* const* buffers, void* workspace, void* stream, const int64_t* sizes, size_t num_sizes,
-              std::string* error);
+  bool Launch(void* const* buffers, void* workspace, void* stream, const int64_t* sizes,
+              size_t num_sizes, std::string* error);
   // A symbolic plan at `sizes`: temp offsets, workspace bytes, grid x of every step.
-  bool Layout(const int64_t* sizes, size_t num_sizes, std::vector<int64_t>* temp_offsets, int64_t* workspace_bytes,
-              std::vector<unsigned>* grids, std::string* error) const;
+  bool Layout(const int64_t* sizes, size_t num_sizes, std::vector<int64_t>* temp_offsets,
+              int64_t* workspace_bytes, std::vector<unsigned>* grids, std::string* error) const;
 
   CudaPlan plan_;
-  void* context_ = nullptr;              // CUcontext the module was loaded in
-  void* module_ = nullptr;               // CUmodule
-  std::vector<void*> functions_;         // CUfunction per step
+  void* context_ = nullptr;       // CUcontext the module was loaded in
+  void* module_ = nullptr;        // CUmodule
+  std::vector<void*> functions_;  // CUfunction per step
   bool from_ptx_ = false;
-  std::mutex mu_;                        // guards workspace_
-  unsigned long long workspace_ = 0;     // CUdeviceptr owned by the module, or 0
-  int64_t workspace_bytes_ = 0;          // its size (symbolic plans grow it)
+  std::mutex mu_;                     // guards workspace_
+  unsigned long long workspace_ = 0;  // CUdeviceptr owned by the module, or 0
+  int64_t workspace_bytes_ = 0;       // its size (symbolic plans grow it)
 };
 
 }  // namespace kiln::client
@@ -96,16 +96,18 @@ extern "C" {
 typedef struct kiln_cuda_module kiln_cuda_module;
 
 // Returns a module, or null on failure. `ptx` may be null; `plan_json` is plan.json's text.
-kiln_cuda_module* kiln_cuda_load(const void* cubin, size_t cubin_bytes, const char* ptx, const char* plan_json);
+kiln_cuda_module* kiln_cuda_load(const void* cubin, size_t cubin_bytes, const char* ptx,
+                                 const char* plan_json);
 // Loads kernel.cubin, kernel.ptx and plan.json from a kilnc output folder.
 kiln_cuda_module* kiln_cuda_load_dir(const char* dir);
 // Runs the steps (see CudaModule::Run); returns 0 on success, -1 on failure.
 int kiln_cuda_run(kiln_cuda_module* m, void* const* buffers, void* workspace, void* stream);
 // Symbolic plans: runs at `sizes` (see CudaModule::RunSized); 0 on success, -1 on failure.
-int kiln_cuda_run_sized(kiln_cuda_module* m, void* const* buffers, void* workspace, void* stream, const int64_t* sizes,
-                        int num_sizes);
+int kiln_cuda_run_sized(kiln_cuda_module* m, void* const* buffers, void* workspace, void* stream,
+                        const int64_t* sizes, int num_sizes);
 // The workspace a run at `sizes` needs; -1 on failure.
-int64_t kiln_cuda_workspace_bytes_sized(const kiln_cuda_module* m, const int64_t* sizes, int num_sizes);
+int64_t kiln_cuda_workspace_bytes_sized(const kiln_cuda_module* m, const int64_t* sizes,
+                                        int num_sizes);
 // How many sizes a run takes (0 for a static plan).
 int kiln_cuda_num_symbols(const kiln_cuda_module* m);
 int64_t kiln_cuda_workspace_bytes(const kiln_cuda_module* m);

@@ -35,7 +35,9 @@ class Parser {
 
  private:
   void Skip() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\t' || s_[pos_] == '\r')) ++pos_;
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\t' || s_[pos_] == '\r'))
+      ++pos_;
   }
   bool Eat(char c) {
     Skip();
@@ -136,7 +138,8 @@ class Reader {
     std::vector<int64_t> out;
     if (const Json* f = Field(o, name, Json::Kind::kArray))
       for (const Json& i : f->items) {
-        if (i.kind != Json::Kind::kNumber) Fail(std::string("plan.json: '") + name + "' holds a non-number");
+        if (i.kind != Json::Kind::kNumber)
+          Fail(std::string("plan.json: '") + name + "' holds a non-number");
         out.push_back(static_cast<int64_t>(i.number));
       }
     return out;
@@ -145,7 +148,8 @@ class Reader {
   CudaSizeExpr Expr(const Json& o, const char* name, const std::vector<std::string>& symbols) {
     CudaSizeExpr e;
     std::string why;
-    if (const Json* f = Field(o, name, Json::Kind::kString); f && !ParseCudaSizeExpr(f->text, symbols, &e, &why))
+    if (const Json* f = Field(o, name, Json::Kind::kString);
+        f && !ParseCudaSizeExpr(f->text, symbols, &e, &why))
       Fail(why);
     return e;
   }
@@ -178,8 +182,8 @@ int64_t CudaSizeExpr::Eval(const int64_t* sizes) const {
   return total;
 }
 
-bool ParseCudaSizeExpr(std::string_view text, const std::vector<std::string>& symbols, CudaSizeExpr* out,
-                       std::string* error) {
+bool ParseCudaSizeExpr(std::string_view text, const std::vector<std::string>& symbols,
+                       CudaSizeExpr* out, std::string* error) {
   CudaSizeExpr e;
   const std::string whole(text);
   auto fail = [&](const std::string& why) {
@@ -203,8 +207,10 @@ bool ParseCudaSizeExpr(std::string_view text, const std::vector<std::string>& sy
         char* end = nullptr;
         errno = 0;
         const long long v = std::strtoll(num.c_str(), &end, 10);
-        if (errno != 0 || end != num.c_str() + num.size()) return fail("'" + num + "' is not an integer");
-        if (__builtin_mul_overflow(t.coeff, static_cast<int64_t>(v), &t.coeff)) return fail("overflow");
+        if (errno != 0 || end != num.c_str() + num.size())
+          return fail("'" + num + "' is not an integer");
+        if (__builtin_mul_overflow(t.coeff, static_cast<int64_t>(v), &t.coeff))
+          return fail("overflow");
         continue;
       }
       auto it = std::find(symbols.begin(), symbols.end(), f);
@@ -259,10 +265,14 @@ bool ParseCudaPlan(std::string_view json, CudaPlan* plan, std::string* error) {
     for (const Json& b : bufs->items) {
       CudaPlan::Buffer out;
       std::string role = r.Str(b, "role");
-      if (role == "input") out.role = CudaPlan::Role::kInput;
-      else if (role == "output") out.role = CudaPlan::Role::kOutput;
-      else if (role == "temp") out.role = CudaPlan::Role::kTemp;
-      else r.Fail("plan.json: unknown buffer role '" + role + "'");
+      if (role == "input")
+        out.role = CudaPlan::Role::kInput;
+      else if (role == "output")
+        out.role = CudaPlan::Role::kOutput;
+      else if (role == "temp")
+        out.role = CudaPlan::Role::kTemp;
+      else
+        r.Fail("plan.json: unknown buffer role '" + role + "'");
       out.index = static_cast<int>(r.Int(b, "index"));
       out.dtype = r.Str(b, "dtype");
       out.shape = r.Ints(b, "shape");
@@ -287,11 +297,14 @@ bool ParseCudaPlan(std::string_view json, CudaPlan* plan, std::string* error) {
       CudaPlan::Step out;
       out.kernel = r.Str(s, "kernel");
       std::vector<int64_t> grid = r.Ints(s, "grid"), block = r.Ints(s, "block");
-      for (size_t k = 0; k < 3 && k < grid.size(); ++k) out.grid[k] = static_cast<unsigned>(grid[k]);
-      for (size_t k = 0; k < 3 && k < block.size(); ++k) out.block[k] = static_cast<unsigned>(block[k]);
+      for (size_t k = 0; k < 3 && k < grid.size(); ++k)
+        out.grid[k] = static_cast<unsigned>(grid[k]);
+      for (size_t k = 0; k < 3 && k < block.size(); ++k)
+        out.block[k] = static_cast<unsigned>(block[k]);
       out.shared_bytes = static_cast<unsigned>(r.Int(s, "shared_bytes"));
       for (int64_t a : r.Ints(s, "args")) {
-        if (a < 0 || a >= static_cast<int64_t>(p.buffers.size())) r.Fail("plan.json: step argument out of range");
+        if (a < 0 || a >= static_cast<int64_t>(p.buffers.size()))
+          r.Fail("plan.json: step argument out of range");
         out.args.push_back(static_cast<int>(a));
       }
       if (s.fields.count("grid_per_block")) {

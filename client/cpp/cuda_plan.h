@@ -30,8 +30,8 @@ struct CudaSizeExpr {
 
 // Parses an expression as plan.json writes it ("3*N*T + -2*N + 1": terms joined by " + ",
 // factors by '*', each an integer or one of `symbols`). False, and why in `*error`, otherwise.
-bool ParseCudaSizeExpr(std::string_view text, const std::vector<std::string>& symbols, CudaSizeExpr* out,
-                       std::string* error);
+bool ParseCudaSizeExpr(std::string_view text, const std::vector<std::string>& symbols,
+                       CudaSizeExpr* out, std::string* error);
 
 struct CudaPlan {
   enum class Role { kInput, kOutput, kTemp };

@@ -68,8 +68,8 @@ absl::StatusOr<std::string> ReadVerified(const std::string& digest, const std::s
   bytes << f.rdbuf();
   std::string data = bytes.str();
   if (key::Sha256Hex(data) != digest) {
-    return absl::DataLossError(absl::StrCat("local artifact ", path,
-                                            " does not match its digest ", digest.substr(0, 12),
+    return absl::DataLossError(absl::StrCat("local artifact ", path, " does not match its digest ",
+                                            digest.substr(0, 12),
                                             " at load time: refusing to load it"));
   }
   return data;
@@ -92,7 +92,8 @@ CudaPlan CudaPlanFromWire(const v1::LaunchPlan& wire) {
   CudaPlan plan;
   plan.abi_version = wire.abi_version();
   plan.workspace_bytes = wire.workspace_bytes();
-  for (const v1::PlanSymbol& s : wire.symbols()) plan.symbols.push_back({s.name(), s.input(), s.axis()});
+  for (const v1::PlanSymbol& s : wire.symbols())
+    plan.symbols.push_back({s.name(), s.input(), s.axis()});
   plan.index_bound = ToCudaSizeExpr(wire.index_bound());
   for (const v1::PlanBuffer& b : wire.buffers()) {
     CudaPlan::Buffer& out = plan.buffers.emplace_back();
@@ -220,11 +221,9 @@ absl::Status TrustPolicy::Check(const v1::CompileResponse& response) const {
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(SessionOptions options) {
-  KILN_ASSIGN_OR_RETURN(TrustPolicy trust,
-                        TrustPolicy::Create(std::move(options.trusted_keys),
-                                            options.allow_unsigned));
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
-                        Client::Create(std::move(options.client)));
+  KILN_ASSIGN_OR_RETURN(TrustPolicy trust, TrustPolicy::Create(std::move(options.trusted_keys),
+                                                               options.allow_unsigned));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(std::move(options.client)));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<ArtifactCache> cache,
                         ArtifactCache::Open(options.cache_dir));
   return std::make_unique<Session>(std::move(client), std::move(cache), std::move(trust));
@@ -289,10 +288,9 @@ absl::Status LoadedKernel::Run(absl::Span<const ConstBuffer> inputs,
   const CudaPlan& plan = cuda_->plan();
   if (inputs.size() != static_cast<size_t>(plan.num_inputs()) ||
       outputs.size() != static_cast<size_t>(plan.num_outputs())) {
-    return absl::InvalidArgumentError(absl::StrCat("the kernel takes ", plan.num_inputs(),
-                                                   " inputs and ", plan.num_outputs(),
-                                                   " outputs; got ", inputs.size(), " and ",
-                                                   outputs.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the kernel takes ", plan.num_inputs(), " inputs and ", plan.num_outputs(),
+                     " outputs; got ", inputs.size(), " and ", outputs.size()));
   }
   std::vector<const void*> in;
   std::vector<void*> out;

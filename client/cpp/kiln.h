@@ -21,8 +21,8 @@
 // signature by one of them, which binds the handle, target, plan and every artifact's digest;
 // each artifact's bytes are then hashed against that digest when fetched and again, from the
 // local directory, right before they are loaded (from an in-memory copy of exactly those
-// bytes, so the directory cannot change what is loaded after the check). With no keys configured unsigned results are
-// accepted (a local single-user setup); digests are still checked.
+// bytes, so the directory cannot change what is loaded after the check). With no keys configured
+// unsigned results are accepted (a local single-user setup); digests are still checked.
 //
 // Thread-safety: Session is thread-safe. LoadedKernel is immutable; Run may be called from
 // many threads at once.
@@ -42,8 +42,8 @@
 #include "client/cpp/client.h"
 #include "client/cpp/cpu_loader.h"
 #include "client/cpp/cuda_loader.h"
-#include "wire/wire.h"
 #include "kiln/v1/service.pb.h"
+#include "wire/wire.h"
 
 namespace kiln::client {
 

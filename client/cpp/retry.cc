@@ -31,9 +31,8 @@ std::optional<absl::Duration> NextRetry(const RetryPolicy& policy, const absl::S
                                         const grpc::ClientContext& context, int attempt,
                                         absl::Time start, absl::Time deadline) {
   if (attempt >= std::max(1, policy.max_attempts)) return std::nullopt;
-  const absl::Duration base =
-      std::min(policy.initial_backoff * std::pow(policy.multiplier, attempt - 1),
-               policy.max_backoff);
+  const absl::Duration base = std::min(
+      policy.initial_backoff * std::pow(policy.multiplier, attempt - 1), policy.max_backoff);
   absl::Duration wait = base * Jitter(policy.jitter);
   absl::Time limit = deadline;
   if (absl::IsUnavailable(status)) {

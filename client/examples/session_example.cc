@@ -49,7 +49,8 @@ std::vector<float> Reference(const std::vector<float>& x, int64_t rows, int64_t 
     const double m = *std::max_element(row, row + cols);
     double sum = 0;
     for (int64_t j = 0; j < cols; ++j) sum += std::exp(row[j] - m);
-    for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = static_cast<float>(std::exp(row[j] - m) / sum);
+    for (int64_t j = 0; j < cols; ++j)
+      out[i * cols + j] = static_cast<float>(std::exp(row[j] - m) / sum);
   }
   return out;
 }
@@ -86,12 +87,18 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     bool ok = true;
-    if (flag == "--server") server = value;
-    else if (flag == "--target") target_text = value;
-    else if (flag == "--rows") ok = absl::SimpleAtoi(value, &rows) && rows > 0;
-    else if (flag == "--cols") ok = absl::SimpleAtoi(value, &cols) && cols > 0;
-    else if (flag == "--runs") ok = absl::SimpleAtoi(value, &runs) && runs > 0;
-    else ok = false;
+    if (flag == "--server")
+      server = value;
+    else if (flag == "--target")
+      target_text = value;
+    else if (flag == "--rows")
+      ok = absl::SimpleAtoi(value, &rows) && rows > 0;
+    else if (flag == "--cols")
+      ok = absl::SimpleAtoi(value, &cols) && cols > 0;
+    else if (flag == "--runs")
+      ok = absl::SimpleAtoi(value, &runs) && runs > 0;
+    else
+      ok = false;
     if (!ok) {
       std::fprintf(stderr, "kiln_example: bad flag %s %s\n", flag.c_str(), value.c_str());
       return 2;

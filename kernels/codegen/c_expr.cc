@@ -12,16 +12,26 @@ using ir::DType;
 
 std::string StorageType(DType t, bool cuda) {
   switch (t) {
-    case DType::kF16: return cuda ? "__half" : "_Float16";
-    case DType::kBF16: return cuda ? "__nv_bfloat16" : "kiln_bf16";
-    case DType::kF32: return "float";
-    case DType::kF64: return "double";
-    case DType::kI8: return "int8_t";
-    case DType::kI16: return "int16_t";
-    case DType::kI32: return "int32_t";
-    case DType::kI64: return "int64_t";
-    case DType::kU8: return "uint8_t";
-    case DType::kBool: return "bool";
+    case DType::kF16:
+      return cuda ? "__half" : "_Float16";
+    case DType::kBF16:
+      return cuda ? "__nv_bfloat16" : "kiln_bf16";
+    case DType::kF32:
+      return "float";
+    case DType::kF64:
+      return "double";
+    case DType::kI8:
+      return "int8_t";
+    case DType::kI16:
+      return "int16_t";
+    case DType::kI32:
+      return "int32_t";
+    case DType::kI64:
+      return "int64_t";
+    case DType::kU8:
+      return "uint8_t";
+    case DType::kBool:
+      return "bool";
   }
   return "void";
 }
@@ -38,19 +48,22 @@ std::string LoadConvert(DType t, const std::string& x) {
 
 std::string StoreConvert(DType t, const std::string& x) {
   switch (t) {
-    case DType::kF16: return absl::StrCat("kiln_to_f16(", x, ")");
-    case DType::kBF16: return absl::StrCat("kiln_to_bf16(", x, ")");
-    default: return x;
+    case DType::kF16:
+      return absl::StrCat("kiln_to_f16(", x, ")");
+    case DType::kBF16:
+      return absl::StrCat("kiln_to_bf16(", x, ")");
+    default:
+      return x;
   }
 }
-
 
 std::string Literal(DType t, double f, int64_t i) {
   if (ir::IsFloat(t)) {
     bool single = t != DType::kF64;
     // A literal beyond float's range would not compile on every backend (NVRTC rejects it):
     // it is the infinity a cast to float gives.
-    if (single && std::fabs(f) > std::numeric_limits<float>::max()) f = ir::RoundToFloatDType(f, DType::kF32);
+    if (single && std::fabs(f) > std::numeric_limits<float>::max())
+      f = ir::RoundToFloatDType(f, DType::kF32);
     if (std::isnan(f)) return single ? "__builtin_nanf(\"\")" : "__builtin_nan(\"\")";
     if (std::isinf(f)) {
       std::string s = single ? "__builtin_inff()" : "__builtin_inf()";
@@ -80,7 +93,8 @@ std::string UnaryText(const std::string& op, DType t, DType operand, const std::
   bool operand_float = ir::IsFloat(operand);
   if (op == "neg") return Typed(t, "-" + a);
   if (op == "logical_not") return absl::StrCat("(!", a, ")");
-  if (op == "bitwise_not") return t == DType::kBool ? absl::StrCat("(!", a, ")") : Typed(t, "~" + a);
+  if (op == "bitwise_not")
+    return t == DType::kBool ? absl::StrCat("(!", a, ")") : Typed(t, "~" + a);
   if (op == "isnan") return operand_float ? absl::StrCat("(", a, " != ", a, ")") : "false";
   if (op == "isinf") return operand_float ? absl::StrCat("kiln_isinf(", a, ")") : "false";
   if (!fl && (op == "floor" || op == "ceil" || op == "round" || op == "trunc")) return a;
@@ -118,11 +132,16 @@ std::string PointwiseText(const lower::Expr& e, const std::vector<std::string>& 
                           const std::string& index_text) {
   using K = lower::Expr::Kind;
   switch (e.kind) {
-    case K::kConst: return Literal(e.dtype, e.fvalue, e.ivalue);
-    case K::kIndex: return absl::StrCat("((int64_t)(", index_text, "))");
-    case K::kUnary: return UnaryText(e.op, e.dtype, e.args[0]->dtype, args[0]);
-    case K::kBinary: return BinaryText(e.op, e.dtype, e.args[0]->dtype, args[0], args[1]);
-    case K::kWhere: return absl::StrCat("(", args[0], " ? ", args[1], " : ", args[2], ")");
+    case K::kConst:
+      return Literal(e.dtype, e.fvalue, e.ivalue);
+    case K::kIndex:
+      return absl::StrCat("((int64_t)(", index_text, "))");
+    case K::kUnary:
+      return UnaryText(e.op, e.dtype, e.args[0]->dtype, args[0]);
+    case K::kBinary:
+      return BinaryText(e.op, e.dtype, e.args[0]->dtype, args[0], args[1]);
+    case K::kWhere:
+      return absl::StrCat("(", args[0], " ? ", args[1], " : ", args[2], ")");
     case K::kIndexLess:
       return absl::StrCat("((", index_text, ") < ", e.ivalue, " ? ", args[0], " : ", args[1], ")");
     case K::kCast:
@@ -140,8 +159,11 @@ std::string PointwiseText(const lower::Expr& e, const std::vector<std::string>& 
       // Integer bounds beyond the dtype's range bound nothing: saturate them to it.
       auto bound = [&](double b) {
         if (ir::IsFloat(e.dtype) || std::isnan(b)) return int64_t{0};
-        double lo_t = static_cast<double>(ir::MinOf(e.dtype)), hi_t = static_cast<double>(ir::MaxOf(e.dtype));
-        return b <= lo_t ? ir::MinOf(e.dtype) : b >= hi_t ? ir::MaxOf(e.dtype) : static_cast<int64_t>(b);
+        double lo_t = static_cast<double>(ir::MinOf(e.dtype)),
+               hi_t = static_cast<double>(ir::MaxOf(e.dtype));
+        return b <= lo_t   ? ir::MinOf(e.dtype)
+               : b >= hi_t ? ir::MaxOf(e.dtype)
+                           : static_cast<int64_t>(b);
       };
       std::string lo = Literal(e.dtype, e.lo, bound(std::ceil(e.lo)));
       std::string hi = Literal(e.dtype, e.hi, bound(std::floor(e.hi)));
@@ -152,13 +174,18 @@ std::string PointwiseText(const lower::Expr& e, const std::vector<std::string>& 
     }
     case K::kRandom:
       // Only as many bits as the dtype's significand holds, so a value never rounds up to 1.
-      if (e.dtype == DType::kF64) return absl::StrCat("kiln_uniform_f64(", args[0], ", ", args[1], ", ", e.ivalue, "u)");
+      if (e.dtype == DType::kF64)
+        return absl::StrCat("kiln_uniform_f64(", args[0], ", ", args[1], ", ", e.ivalue, "u)");
       return absl::StrCat("kiln_uniform_f32(", args[0], ", ", args[1], ", ", e.ivalue, "u, ",
-                          e.dtype == DType::kF16 ? 11 : e.dtype == DType::kBF16 ? 8 : 24, ")");
+                          e.dtype == DType::kF16    ? 11
+                          : e.dtype == DType::kBF16 ? 8
+                                                    : 24,
+                          ")");
     case K::kLoad:
     case K::kGather:
     case K::kStoreAlso:
-    case K::kReduce: break;
+    case K::kReduce:
+      break;
   }
   return "/*unreachable*/0";
 }

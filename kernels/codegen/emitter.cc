@@ -12,7 +12,8 @@ namespace kiln::codegen {
 using lower::Expr;
 
 ScopedEmitter::ScopedEmitter(const schedule::Program& program, const schedule::Kernel& kernel,
-                             std::vector<std::string> var_names, std::vector<std::string> buffer_names)
+                             std::vector<std::string> var_names,
+                             std::vector<std::string> buffer_names)
     : program_(program),
       kernel_(kernel),
       var_names_(std::move(var_names)),
@@ -43,7 +44,8 @@ size_t ScopedEmitter::TargetScope(const Expr& e) {
   if (it == free_vars_.end()) it = free_vars_.emplace(&e, e.FreeVars()).first;
   size_t target = 0;
   for (size_t i = 0; i < scopes_.size(); ++i)
-    if (scopes_[i].var >= 0 && std::count(it->second.begin(), it->second.end(), scopes_[i].var)) target = i;
+    if (scopes_[i].var >= 0 && std::count(it->second.begin(), it->second.end(), scopes_[i].var))
+      target = i;
   return target;
 }
 
@@ -51,7 +53,8 @@ std::string ScopedEmitter::FlatReducedIndex(const Expr& e, const std::string& in
   std::string lin;
   int64_t stride = 1;
   for (size_t k = e.rvars.size(); k-- > 0;) {
-    const std::string& name = k + 1 == e.rvars.size() && !inner.empty() ? inner : var_names_[e.rvars[k]];
+    const std::string& name =
+        k + 1 == e.rvars.size() && !inner.empty() ? inner : var_names_[e.rvars[k]];
     std::string term = stride == 1 ? name : absl::StrCat(stride, " * ", name);
     lin = lin.empty() ? term : absl::StrCat(term, " + ", lin);
     stride *= kernel_.extents[e.rvars[k]];
@@ -72,10 +75,13 @@ std::string ScopedEmitter::Emit(const lower::ExprPtr& ep) {
     // stored element's index).
     const std::string v = Emit(e.args[0]);
     const schedule::Buffer& b = program_.buffers[e.buffer];
-    const std::string typed = b.dtype == ir::DType::kBool ? v : absl::StrCat("(", ComputeTypeName(b.dtype), ")(", v, ")");
-    scopes_[target].stmts.push_back(
-        absl::StrCat(buffer_names_[e.buffer], "[", Address(e.buffer, e.index), "] = ", StoreConvert(b.dtype, typed), ";"));
-    if (!std::count(stored_also_.begin(), stored_also_.end(), e.buffer)) stored_also_.push_back(e.buffer);
+    const std::string typed =
+        b.dtype == ir::DType::kBool ? v : absl::StrCat("(", ComputeTypeName(b.dtype), ")(", v, ")");
+    scopes_[target].stmts.push_back(absl::StrCat(buffer_names_[e.buffer], "[",
+                                                 Address(e.buffer, e.index),
+                                                 "] = ", StoreConvert(b.dtype, typed), ";"));
+    if (!std::count(stored_also_.begin(), stored_also_.end(), e.buffer))
+      stored_also_.push_back(e.buffer);
     scopes_[target].cache[&e] = v;
     return v;
   }
@@ -91,14 +97,16 @@ std::string ScopedEmitter::Emit(const lower::ExprPtr& ep) {
   } else {
     std::string text;
     if (e.kind == Expr::Kind::kLoad) {
-      text = LoadConvert(e.dtype, absl::StrCat(buffer_names_[e.buffer], "[", Address(e.buffer, e.index), "]"));
+      text = LoadConvert(
+          e.dtype, absl::StrCat(buffer_names_[e.buffer], "[", Address(e.buffer, e.index), "]"));
     } else if (e.kind == Expr::Kind::kGather) {
       // The position along the gathered axis is a value (already in range), scaled by that
       // axis's stride; the rest of the address is the affine part.
       const std::string at = Emit(e.args[0]);
       const int64_t stride = program_.buffers[e.buffer].strides[e.ivalue];
-      text = LoadConvert(e.dtype, absl::StrCat(buffer_names_[e.buffer], "[", Address(e.buffer, e.index), " + ",
-                                               stride, " * ", at, "]"));
+      text = LoadConvert(
+          e.dtype, absl::StrCat(buffer_names_[e.buffer], "[", Address(e.buffer, e.index), " + ",
+                                stride, " * ", at, "]"));
     } else {
       std::vector<std::string> args;
       for (const lower::ExprPtr& a : e.args) args.push_back(Emit(a));
@@ -111,8 +119,10 @@ std::string ScopedEmitter::Emit(const lower::ExprPtr& ep) {
   return ref;
 }
 
-std::string ScopedEmitter::Define(size_t target, const Expr& e, const std::string& name, const std::string& text) {
-  scopes_[target].stmts.push_back(absl::StrCat("const ", ComputeTypeName(e.dtype), " ", name, " = ", text, ";"));
+std::string ScopedEmitter::Define(size_t target, const Expr& e, const std::string& name,
+                                  const std::string& text) {
+  scopes_[target].stmts.push_back(
+      absl::StrCat("const ", ComputeTypeName(e.dtype), " ", name, " = ", text, ";"));
   return name;
 }
 
@@ -120,7 +130,8 @@ std::string ScopedEmitter::ReducePragma(const Expr& e, const std::string& acc) c
   const std::string& op = e.op;
   if (op == "argmax" || op == "argmin") return "";
   std::string s = absl::StrCat("#pragma omp simd reduction(", ReduceClauseOp(op), ":", acc, ")");
-  if ((op == "max" || op == "min") && ir::IsFloat(e.dtype)) absl::StrAppend(&s, " reduction(|:", acc, "_nan)");
+  if ((op == "max" || op == "min") && ir::IsFloat(e.dtype))
+    absl::StrAppend(&s, " reduction(|:", acc, "_nan)");
   return s;
 }
 
@@ -141,10 +152,12 @@ void ScopedEmitter::EmitTwoPassArg(const Expr& e, const std::string& result, siz
   const int64_t extent = kernel_.extents[rv];
   int64_t total = 1;
   for (int r : e.rvars) total *= kernel_.extents[r];
-  const std::string head = absl::StrCat("for (int64_t ", iv, " = ", start, "; ", iv, " < ", end, "; ++", iv, ") {");
+  const std::string head =
+      absl::StrCat("for (int64_t ", iv, " = ", start, "; ", iv, " < ", end, "; ++", iv, ") {");
   // As in EmitReduce, the loops are built apart and placed after whatever the body's values
   // put into the enclosing scopes (a value used again after the reduction stays in scope).
-  std::vector<std::string> pre = {absl::StrCat(ctype, " ", best, " = ", ReduceInit(extreme, vt), ";")};
+  std::vector<std::string> pre = {
+      absl::StrCat(ctype, " ", best, " = ", ReduceInit(extreme, vt), ";")};
   if (fl) pre.push_back(absl::StrCat("int ", found, " = 0;"));
   pre.push_back(absl::StrCat("int64_t ", idx, " = ", total, ";"));
   for (size_t k = 0; k + 1 < e.rvars.size(); ++k) PushScope(e.rvars[k]);
@@ -156,14 +169,15 @@ void ScopedEmitter::EmitTwoPassArg(const Expr& e, const std::string& result, siz
   PushScope(rv);
   const std::string v = Emit(e.args[0]);
   // Masks, not `nan ? v != v : v == acc`: GCC vectorises that select three times slower.
-  const std::string hit = fl ? absl::StrCat("(((", v, " == ", acc, ") & !", nan, ") | ((", v, " != ", v, ") & (", nan,
-                                            " != 0)))")
+  const std::string hit = fl ? absl::StrCat("(((", v, " == ", acc, ") & !", nan, ") | ((", v,
+                                            " != ", v, ") & (", nan, " != 0)))")
                              : absl::StrCat("(", v, " == ", acc, ")");
   AddStatement(absl::StrCat("const int64_t ", bidx, "_c = ", hit, " ? ", iv, " : ", end, ";"));
   AddStatement(absl::StrCat(bidx, " = ", bidx, "_c < ", bidx, " ? ", bidx, "_c : ", bidx, ";"));
   const std::vector<std::string> pass2 = PopScope();
   // The first NaN ends the search: no later block runs.
-  std::vector<std::string> loop = BlockLoopHead(start, end, extent, arg_block_, fl ? "!" + found : "");
+  std::vector<std::string> loop =
+      BlockLoopHead(start, end, extent, arg_block_, fl ? "!" + found : "");
   loop.insert(loop.begin(), kNoUnroll);  // see EmitReduce
   loop.push_back(absl::StrCat("  ", ctype, " ", acc, " = ", ReduceInit(extreme, vt), ";"));
   if (fl) loop.push_back(absl::StrCat("  int ", nan, " = 0;"));
@@ -174,8 +188,8 @@ void ScopedEmitter::EmitTwoPassArg(const Expr& e, const std::string& result, siz
   loop.push_back("  }");
   // Pass 2 runs only for a block that beats the earlier ones (strictly: the first index wins
   // ties) or holds the first NaN, which ends the search.
-  loop.push_back(absl::StrCat("  if (", fl ? absl::StrCat(nan, " || ") : "", acc, e.op == "argmax" ? " > " : " < ", best,
-                              ") {"));
+  loop.push_back(absl::StrCat("  if (", fl ? absl::StrCat(nan, " || ") : "", acc,
+                              e.op == "argmax" ? " > " : " < ", best, ") {"));
   loop.push_back(absl::StrCat("    int64_t ", bidx, " = ", end, ";"));
   loop.push_back(absl::StrCat("#pragma omp simd reduction(min:", bidx, ")"));
   loop.push_back("    " + head);
@@ -191,7 +205,8 @@ void ScopedEmitter::EmitTwoPassArg(const Expr& e, const std::string& result, siz
     std::vector<std::string> stmts = PopScope();
     stmts.insert(stmts.end(), loop.begin(), loop.end());
     const std::string& ov = var_names_[e.rvars[k]];
-    loop = {absl::StrCat("for (int64_t ", ov, " = 0; ", ov, " < ", kernel_.extents[e.rvars[k]], "; ++", ov, ") {")};
+    loop = {absl::StrCat("for (int64_t ", ov, " = 0; ", ov, " < ", kernel_.extents[e.rvars[k]],
+                         "; ++", ov, ") {")};
     for (std::string& line : stmts) loop.push_back("  " + line);
     loop.push_back("}");
   }
@@ -199,7 +214,8 @@ void ScopedEmitter::EmitTwoPassArg(const Expr& e, const std::string& result, siz
   out.insert(out.end(), pre.begin(), pre.end());
   out.insert(out.end(), loop.begin(), loop.end());
   // No block beat the initial value (an empty range, or every element equal to it): 0.
-  out.push_back(absl::StrCat("const ", ComputeTypeName(e.dtype), " ", result, " = ", idx, " == ", total, " ? 0 : ", idx, ";"));
+  out.push_back(absl::StrCat("const ", ComputeTypeName(e.dtype), " ", result, " = ", idx,
+                             " == ", total, " ? 0 : ", idx, ";"));
   scopes_.insert(scopes_.end(), saved.begin(), saved.end());
 }
 
@@ -222,11 +238,13 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
   // byte to 32 bits: a row `any` of 3000 x 3001 bools took 1.08 ms, with a byte 0.15).
   std::string ctype = (op == "any" || op == "all") ? "unsigned char" : ComputeTypeName(vt);
   const int64_t inner_extent = kernel_.extents[e.rvars.back()];
-  const bool blocked = sum_block_ > 0 && op == "sum" && ir::IsFloat(vt) && inner_extent > sum_block_;
+  const bool blocked =
+      sum_block_ > 0 && op == "sum" && ir::IsFloat(vt) && inner_extent > sum_block_;
   // Blocked: `acc` is the double total, `block` the block's partial in the element type.
   const std::string block = blocked ? result + "_blk" : acc;
   std::vector<std::string> pre = {
-      blocked ? absl::StrCat("double ", acc, " = 0.0;") : absl::StrCat(ctype, " ", acc, " = ", ReduceInit(op, vt), ";")};
+      blocked ? absl::StrCat("double ", acc, " = 0.0;")
+              : absl::StrCat(ctype, " ", acc, " = ", ReduceInit(op, vt), ";")};
   bool nan_flag = (op == "max" || op == "min") && ir::IsFloat(vt);
   if (nan_flag) pre.push_back(absl::StrCat("int ", acc, "_nan = 0;"));
   if (arg) pre.push_back(absl::StrCat("int64_t ", result, "_idx = 0;"));
@@ -238,8 +256,10 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
     const std::string lin = FlatReducedIndex(e);
     const char* cmp = op == "argmax" ? ">" : "<";
     std::string better = absl::StrCat(v, " ", cmp, " ", acc);
-    if (ir::IsFloat(vt)) better = absl::StrCat("(", better, ") || (", v, " != ", v, " && ", acc, " == ", acc, ")");
-    combine = absl::StrCat("if (", better, ") { ", acc, " = ", v, "; ", result, "_idx = ", lin, "; }");
+    if (ir::IsFloat(vt))
+      better = absl::StrCat("(", better, ") || (", v, " != ", v, " && ", acc, " == ", acc, ")");
+    combine =
+        absl::StrCat("if (", better, ") { ", acc, " = ", v, "; ", result, "_idx = ", lin, "; }");
   } else {
     combine = ReduceCombine(op, block, v, vt);
   }
@@ -259,9 +279,11 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
     }
     const int64_t extent = kernel_.extents[e.rvars[k]];
     if (innermost && blocked) {
-      // for (iv_b = 0; iv_b < n; iv_b += B) { block = 0; for (iv = iv_b; iv < end; ++iv) ...; acc += block; }
+      // for (iv_b = 0; iv_b < n; iv_b += B) { block = 0; for (iv = iv_b; iv < end; ++iv) ...; acc
+      // += block; }
       const std::string start = iv + "_b", end = iv + "_e";
-      loop.push_back(absl::StrCat("for (int64_t ", iv, " = ", start, "; ", iv, " < ", end, "; ++", iv, ") {"));
+      loop.push_back(
+          absl::StrCat("for (int64_t ", iv, " = ", start, "; ", iv, " < ", end, "; ++", iv, ") {"));
       for (std::string& s : stmts) loop.push_back("  " + s);
       loop.push_back("}");
       // Not unrolled: GCC 12 unrolls a block loop of constant trip count completely and then
@@ -276,7 +298,8 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
       body = std::move(outer);
       continue;
     }
-    loop.push_back(absl::StrCat("for (int64_t ", iv, " = 0; ", iv, " < ", extent, "; ++", iv, ") {"));
+    loop.push_back(
+        absl::StrCat("for (int64_t ", iv, " = 0; ", iv, " < ", extent, "; ++", iv, ") {"));
     for (std::string& s : stmts) loop.push_back("  " + s);
     loop.push_back("}");
     body = std::move(loop);
@@ -286,7 +309,8 @@ void ScopedEmitter::EmitReduce(const Expr& e, const std::string& result, size_t 
   out.insert(out.end(), body.begin(), body.end());
   std::string value = arg ? absl::StrCat(result, "_idx") : acc;
   if (blocked) value = absl::StrCat("(", ctype, ")", acc);
-  if (nan_flag) value = absl::StrCat("(", acc, "_nan ? ", Literal(vt, __builtin_nan(""), 0), " : ", acc, ")");
+  if (nan_flag)
+    value = absl::StrCat("(", acc, "_nan ? ", Literal(vt, __builtin_nan(""), 0), " : ", acc, ")");
   if (op == "any" || op == "all") value = absl::StrCat("(", acc, " != 0)");
   out.push_back(absl::StrCat("const ", ComputeTypeName(e.dtype), " ", result, " = ", value, ";"));
   scopes_.insert(scopes_.end(), saved.begin(), saved.end());
@@ -302,24 +326,26 @@ std::unordered_set<std::string> IdentifiersIn(const std::string& text, char foll
     }
     size_t j = i;
     while (j < text.size() && ident(text[j])) ++j;
-    if (followed_by == 0 || (j < text.size() && text[j] == followed_by)) out.insert(text.substr(i, j - i));
+    if (followed_by == 0 || (j < text.size() && text[j] == followed_by))
+      out.insert(text.substr(i, j - i));
     i = j;
   }
   return out;
 }
 
-std::vector<std::string> BlockLoopHead(const std::string& start, const std::string& end, int64_t extent, int64_t step,
-                                       const std::string& also) {
-  return {absl::StrCat("for (int64_t ", start, " = 0; ", start, " < ", extent, also.empty() ? "" : " && ", also, "; ",
-                       start, " += ", step, ") {"),
-          absl::StrCat("  const int64_t ", end, " = ", extent, " - ", start, " < ", step, " ? ", extent, " : ", start,
-                       " + ", step, ";")};
+std::vector<std::string> BlockLoopHead(const std::string& start, const std::string& end,
+                                       int64_t extent, int64_t step, const std::string& also) {
+  return {absl::StrCat("for (int64_t ", start, " = 0; ", start, " < ", extent,
+                       also.empty() ? "" : " && ", also, "; ", start, " += ", step, ") {"),
+          absl::StrCat("  const int64_t ", end, " = ", extent, " - ", start, " < ", step, " ? ",
+                       extent, " : ", start, " + ", step, ";")};
 }
 
 std::string Indent(const std::vector<std::string>& lines, int depth) {
   std::string pad(2 * depth, ' ');
   std::string s;
-  for (const std::string& l : lines) absl::StrAppend(&s, l.rfind("#pragma", 0) == 0 ? "" : pad, l, "\n");
+  for (const std::string& l : lines)
+    absl::StrAppend(&s, l.rfind("#pragma", 0) == 0 ? "" : pad, l, "\n");
   return s;
 }
 

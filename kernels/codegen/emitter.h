@@ -9,8 +9,8 @@
 #pragma once
 
 #include <map>
-#include <unordered_set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -77,7 +77,8 @@ class ScopedEmitter {
   // Define: the statement(s) defining `name` = `text`; returns the text naming the value.
   // ValueRef: the text naming a reduction's result `name`.
   virtual bool Hoist(const lower::ExprPtr&, size_t, std::string*) { return false; }
-  virtual std::string Define(size_t target, const lower::Expr& e, const std::string& name, const std::string& text);
+  virtual std::string Define(size_t target, const lower::Expr& e, const std::string& name,
+                             const std::string& text);
   virtual std::string ValueRef(size_t, const std::string& name) { return name; }
 
   // StrCat, not "t" + std::to_string(): GCC 12 at -O3 warns falsely (-Wrestrict) inside
@@ -112,8 +113,8 @@ std::string Indent(const std::vector<std::string>& lines, int depth);
 // "for (int64_t START = 0; START < extent; START += step) {" and, indented inside it,
 // "const int64_t END = <START + step, or extent for the last block>;". The body runs the
 // blocked variable from START to END. `also`: a further condition for going on ("" for none).
-std::vector<std::string> BlockLoopHead(const std::string& start, const std::string& end, int64_t extent, int64_t step,
-                                       const std::string& also = "");
+std::vector<std::string> BlockLoopHead(const std::string& start, const std::string& end,
+                                       int64_t extent, int64_t step, const std::string& also = "");
 
 // The identifiers in C text, in one pass: what a kernel mentions, so that choosing its
 // parameters costs one scan of its text rather than one search per buffer of the program.

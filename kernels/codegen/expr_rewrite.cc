@@ -21,9 +21,15 @@ std::string AffineKey(const Affine& a) {
   for (const auto& [t, c] : a.terms) {
     absl::StrAppend(&s, "+", c, "*");
     switch (t.kind) {
-      case Term::Kind::kVar: absl::StrAppend(&s, "v", t.var); break;
-      case Term::Kind::kDiv: absl::StrAppend(&s, "div(", AffineKey(*t.arg), ",", t.d, ")"); break;
-      case Term::Kind::kMod: absl::StrAppend(&s, "mod(", AffineKey(*t.arg), ",", t.d, ")"); break;
+      case Term::Kind::kVar:
+        absl::StrAppend(&s, "v", t.var);
+        break;
+      case Term::Kind::kDiv:
+        absl::StrAppend(&s, "div(", AffineKey(*t.arg), ",", t.d, ")");
+        break;
+      case Term::Kind::kMod:
+        absl::StrAppend(&s, "mod(", AffineKey(*t.arg), ",", t.d, ")");
+        break;
       case Term::Kind::kClamp:
         absl::StrAppend(&s, "clamp(", AffineKey(*t.arg), ",", t.d, ",", t.hi, ")");
         break;
@@ -56,11 +62,12 @@ int64_t Coefficient(const Affine& a, int var) {
 ExprPtr ExprPool::Intern(Expr e) {
   uint64_t fbits;
   std::memcpy(&fbits, &e.fvalue, sizeof fbits);
-  std::string key = absl::StrCat(static_cast<int>(e.kind), "|", static_cast<int>(e.dtype), "|", e.op, "|",
-                                 e.buffer, "|", e.ivalue, "|", fbits, "|", e.lo, "|", e.hi, "|", e.has_lo,
-                                 e.has_hi, "|");
+  std::string key = absl::StrCat(static_cast<int>(e.kind), "|", static_cast<int>(e.dtype), "|",
+                                 e.op, "|", e.buffer, "|", e.ivalue, "|", fbits, "|", e.lo, "|",
+                                 e.hi, "|", e.has_lo, e.has_hi, "|");
   for (int r : e.rvars) absl::StrAppend(&key, "r", r, ",");
-  for (const ExprPtr& a : e.args) absl::StrAppend(&key, "a", reinterpret_cast<uintptr_t>(a.get()), ",");
+  for (const ExprPtr& a : e.args)
+    absl::StrAppend(&key, "a", reinterpret_cast<uintptr_t>(a.get()), ",");
   for (const Affine& a : e.index) absl::StrAppend(&key, "[", AffineKey(a), "]");
   auto it = nodes_.find(key);
   if (it != nodes_.end()) return it->second;
@@ -102,7 +109,8 @@ class Rewriter {
     }
     if (e.kind == Expr::Kind::kReduce) {
       for (int rv : e.rvars)
-        if (std::count(rules_.shadowed_by_reduce.begin(), rules_.shadowed_by_reduce.end(), rv)) return ep;
+        if (std::count(rules_.shadowed_by_reduce.begin(), rules_.shadowed_by_reduce.end(), rv))
+          return ep;
     }
     if (e.kind == Expr::Kind::kLoad && rules_.load) {
       if (ExprPtr r = rules_.load(e)) return r;
@@ -151,7 +159,8 @@ Affine FlatAddress(const schedule::Buffer& b, const std::vector<Affine>& index) 
   return addr;
 }
 
-Affine FlattenAffine(const Affine& a, const std::vector<int>& vars, int flat, const lower::VarExtents& ext) {
+Affine FlattenAffine(const Affine& a, const std::vector<int>& vars, int flat,
+                     const lower::VarExtents& ext) {
   bool any = false, atoms = false;
   for (int v : vars) {
     any |= a.Uses(v);
@@ -159,7 +168,8 @@ Affine FlattenAffine(const Affine& a, const std::vector<int>& vars, int flat, co
   }
   if (!any) return a;
   std::vector<int64_t> strides(vars.size(), 1);
-  for (int k = static_cast<int>(vars.size()) - 2; k >= 0; --k) strides[k] = strides[k + 1] * ext[vars[k + 1]];
+  for (int k = static_cast<int>(vars.size()) - 2; k >= 0; --k)
+    strides[k] = strides[k + 1] * ext[vars[k + 1]];
   if (!atoms) {
     int64_t alpha = Coefficient(a, vars.back());
     bool run = true;
@@ -176,7 +186,8 @@ Affine FlattenAffine(const Affine& a, const std::vector<int>& vars, int flat, co
   }
   Affine r = a;
   for (size_t k = 0; k < vars.size(); ++k) {
-    Affine piece = lower::FloorDiv(lower::Mod(Affine::Var(flat), strides[k] * ext[vars[k]], ext), strides[k], ext);
+    Affine piece = lower::FloorDiv(lower::Mod(Affine::Var(flat), strides[k] * ext[vars[k]], ext),
+                                   strides[k], ext);
     r = lower::Substitute(r, vars[k], piece, ext);
   }
   return r;
@@ -192,7 +203,8 @@ AssumedMultiples* AssumedMultiples::Current() { return assumed; }
 
 std::string AssumedMultiples::Condition() const {
   std::string out;
-  for (const auto& [v, m] : values_) absl::StrAppend(&out, out.empty() ? "" : " && ", "(", v, " % ", m, " == 0)");
+  for (const auto& [v, m] : values_)
+    absl::StrAppend(&out, out.empty() ? "" : " && ", "(", v, " % ", m, " == 0)");
   return out;
 }
 
@@ -225,8 +237,9 @@ Affine DropPieceClamp(const Affine& a, int var, int64_t lo, int64_t hi) {
   Affine out = Affine::Const(a.constant);
   for (const auto& [t, c] : a.terms) {
     Affine term;
-    const bool piece = t.kind == lower::Term::Kind::kClamp && t.d == 0 && t.hi == hi - lo - 1 && t.arg &&
-                       t.arg->constant == -lo && PlainVar(lower::AddConst(*t.arg, lo)) == var;
+    const bool piece = t.kind == lower::Term::Kind::kClamp && t.d == 0 && t.hi == hi - lo - 1 &&
+                       t.arg && t.arg->constant == -lo &&
+                       PlainVar(lower::AddConst(*t.arg, lo)) == var;
     if (piece) {
       term = lower::Scale(*t.arg, c);
     } else {
@@ -250,7 +263,8 @@ Concat ConcatPieces(const ExprPtr& tree, const ir::Shape& loops, ExprPool* pool)
   Concat c;
   std::vector<Piece>& pieces = c.pieces;
   std::function<void(const ExprPtr&, int64_t)> walk = [&](const ExprPtr& e, int64_t hi) {
-    const int v = e->kind == Expr::Kind::kIndexLess && e->index.size() == 1 ? PlainVar(e->index[0]) : -1;
+    const int v =
+        e->kind == Expr::Kind::kIndexLess && e->index.size() == 1 ? PlainVar(e->index[0]) : -1;
     if (v < 0 || (c.var >= 0 && v != c.var)) {
       pieces.push_back({e, 0, hi});  // hi 0: the last piece, bounded by the loop
       return;
@@ -260,7 +274,8 @@ Concat ConcatPieces(const ExprPtr& tree, const ir::Shape& loops, ExprPool* pool)
     walk(e->args[1], hi);
   };
   // A cast of the concatenation (to the output's type): each piece cast.
-  const bool cast = tree->kind == Expr::Kind::kCast && tree->args[0]->kind == Expr::Kind::kIndexLess;
+  const bool cast =
+      tree->kind == Expr::Kind::kCast && tree->args[0]->kind == Expr::Kind::kIndexLess;
   const ExprPtr& root = cast ? tree->args[0] : tree;
   if (root->kind != Expr::Kind::kIndexLess) return {};
   walk(root, 0);
@@ -271,7 +286,8 @@ Concat ConcatPieces(const ExprPtr& tree, const ir::Shape& loops, ExprPool* pool)
     if (p.hi == 0) p.hi = loops[c.var];
     RewriteRules unclamp;
     unclamp.affine = [&](const Affine& a) { return DropPieceClamp(a, c.var, p.lo, p.hi); };
-    p.value = pool->InternTree(Rewrite(cast ? lower::MakeCast(p.value, tree->dtype) : p.value, unclamp, pool));
+    p.value = pool->InternTree(
+        Rewrite(cast ? lower::MakeCast(p.value, tree->dtype) : p.value, unclamp, pool));
   }
   return c;
 }

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstring>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <regex>
 
@@ -50,7 +50,8 @@ bool Interpolate(int r, const std::vector<i128>& values, Poly* out) {
   for (size_t i = 0; i < inner; ++i) {
     const i128 f0 = values[i], f1 = values[i + inner], f2 = values[i + 2 * inner];
     i128 d01, d12, dd;
-    if (!ExactDiv(f1 - f0, x1 - x0, &d01) || !ExactDiv(f2 - f1, x2 - x1, &d12) || !ExactDiv(d12 - d01, x2 - x0, &dd))
+    if (!ExactDiv(f1 - f0, x1 - x0, &d01) || !ExactDiv(f2 - f1, x2 - x1, &d12) ||
+        !ExactDiv(d12 - d01, x2 - x0, &dd))
       return false;
     // Newton form f0 + d01 (x - x0) + dd (x - x0)(x - x1), expanded.
     c[2][i] = dd;
@@ -119,7 +120,8 @@ SizeExpr PolyToSizeExpr(const Poly& p, int r) {
 }
 
 // Fits `values` (grid, then the check point last) to a polynomial that reproduces all of them.
-bool Fit(int r, const std::vector<i128>& values, const std::vector<std::vector<int64_t>>& points, Poly* out) {
+bool Fit(int r, const std::vector<i128>& values, const std::vector<std::vector<int64_t>>& points,
+         Poly* out) {
   const size_t grid = Pow3(r);
   std::vector<i128> g(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(grid));
   Poly p;
@@ -138,11 +140,14 @@ struct Literal {
 
 // Splits C text into a skeleton (literals replaced by kHole) and its numeric literals.
 void Scan(const std::string& s, std::string* skeleton, std::vector<Literal>* literals) {
-  auto digit = [&](size_t j) { return j < s.size() && std::isdigit(static_cast<unsigned char>(s[j])); };
+  auto digit = [&](size_t j) {
+    return j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]));
+  };
   size_t i = 0;
   while (i < s.size()) {
-    const bool starts = digit(i) && (i == 0 || !(std::isalnum(static_cast<unsigned char>(s[i - 1])) ||
-                                                 s[i - 1] == '_' || s[i - 1] == '.'));
+    const bool starts =
+        digit(i) && (i == 0 || !(std::isalnum(static_cast<unsigned char>(s[i - 1])) ||
+                                 s[i - 1] == '_' || s[i - 1] == '.'));
     if (!starts) {
       skeleton->push_back(s[i++]);
       continue;
@@ -154,7 +159,8 @@ void Scan(const std::string& s, std::string* skeleton, std::vector<Literal>* lit
       while (digit(j)) ++j;
     }
     if (j < s.size() && (s[j] == 'e' || s[j] == 'E') &&
-        (digit(j + 1) || (j + 2 < s.size() && (s[j + 1] == '+' || s[j + 1] == '-') && digit(j + 2)))) {
+        (digit(j + 1) ||
+         (j + 2 < s.size() && (s[j + 1] == '+' || s[j + 1] == '-') && digit(j + 2)))) {
       j += 2;
       while (digit(j)) ++j;
     }
@@ -165,14 +171,12 @@ void Scan(const std::string& s, std::string* skeleton, std::vector<Literal>* lit
   }
 }
 
-bool IsFloatLiteral(const std::string& t) {
-  return t.find_first_of(".eEfF") != std::string::npos;
-}
+bool IsFloatLiteral(const std::string& t) { return t.find_first_of(".eEfF") != std::string::npos; }
 
 // The C text replacing literal position `pos`, whose texts differ between samples.
 absl::StatusOr<std::string> GeneraliseLiteral(const std::vector<std::string>& texts,
-                                              const std::vector<std::vector<int64_t>>& points, int r,
-                                              const char* suffix) {
+                                              const std::vector<std::vector<int64_t>>& points,
+                                              int r, const char* suffix) {
   const bool is_float = IsFloatLiteral(texts[0]);
   std::vector<i128> ints;
   Poly p;
@@ -183,7 +187,8 @@ absl::StatusOr<std::string> GeneraliseLiteral(const std::vector<std::string>& te
       if (errno != 0) return absl::InvalidArgumentError("an integer beyond 64 bits");
       ints.push_back(v);
     }
-    if (!Fit(r, ints, points, &p)) return absl::InvalidArgumentError("an integer that is no polynomial of the sizes");
+    if (!Fit(r, ints, points, &p))
+      return absl::InvalidArgumentError("an integer that is no polynomial of the sizes");
     return PolyToC(p, suffix);
   }
   const bool single = texts[0].find_first_of("fF") != std::string::npos;
@@ -212,8 +217,10 @@ absl::StatusOr<std::string> GeneraliseLiteral(const std::vector<std::string>& te
     }
     ints.push_back(n);
   }
-  if (reciprocal && Fit(r, ints, points, &p)) return absl::StrCat("(", cast, "(1.0 / (double)", PolyToC(p, suffix), "))");
-  return absl::InvalidArgumentError("a floating-point constant that is neither a count nor one over a count");
+  if (reciprocal && Fit(r, ints, points, &p))
+    return absl::StrCat("(", cast, "(1.0 / (double)", PolyToC(p, suffix), "))");
+  return absl::InvalidArgumentError(
+      "a floating-point constant that is neither a count nor one over a count");
 }
 
 // The skeleton's text around `at` on one line, literals shown as '#': for messages.
@@ -229,7 +236,8 @@ std::string Near(const std::string& skeleton, size_t at) {
 bool IsArrayLength(const std::string& skeleton, size_t pos) {
   size_t line = skeleton.rfind('\n', pos);
   line = line == std::string::npos ? 0 : line + 1;
-  static const std::regex kDecl(R"(^\s*(static\s+)?(const\s+)?[A-Za-z_][A-Za-z_0-9:]*\s+[A-Za-z_][A-Za-z_0-9]*\[$)");
+  static const std::regex kDecl(
+      R"(^\s*(static\s+)?(const\s+)?[A-Za-z_][A-Za-z_0-9:]*\s+[A-Za-z_][A-Za-z_0-9]*\[$)");
   return std::regex_match(skeleton.substr(line, pos - line), kDecl);
 }
 
@@ -237,7 +245,8 @@ absl::StatusOr<SizeExpr> GeneraliseNumber(const std::vector<int64_t>& values,
                                           const std::vector<std::vector<int64_t>>& points, int r) {
   Poly p;
   std::vector<i128> v(values.begin(), values.end());
-  if (!Fit(r, v, points, &p)) return absl::InvalidArgumentError("a buffer size that is no polynomial of the sizes");
+  if (!Fit(r, v, points, &p))
+    return absl::InvalidArgumentError("a buffer size that is no polynomial of the sizes");
   return PolyToSizeExpr(p, r);
 }
 
@@ -248,7 +257,8 @@ std::vector<std::vector<int64_t>> SymbolicSamplePoints(int num_symbols) {
   for (size_t g = 0; g < Pow3(num_symbols); ++g) {
     std::vector<int64_t> p;
     size_t rest = g;
-    for (int k = 0; k < num_symbols; ++k, rest /= 3) p.push_back(ir::SampleValue(k, static_cast<int>(rest % 3)));
+    for (int k = 0; k < num_symbols; ++k, rest /= 3)
+      p.push_back(ir::SampleValue(k, static_cast<int>(rest % 3)));
     points.push_back(std::move(p));
   }
   std::vector<int64_t> check;
@@ -262,11 +272,14 @@ absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& sampl
   const char* suffix = cuda ? "" : "LL";
   const int r = static_cast<int>(symbol_names.size());
   const std::vector<std::vector<int64_t>> points = SymbolicSamplePoints(r);
-  if (samples.size() != points.size()) return absl::InternalError("symbolic generation: wrong number of samples");
+  if (samples.size() != points.size())
+    return absl::InternalError("symbolic generation: wrong number of samples");
   auto refuse = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot compile one kernel for every value of the symbolic sizes (", absl::StrJoin(symbol_names, ", "),
-        "): ", why, " (rule: generated code must depend on the sizes only through extents, strides and counts)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot compile one kernel for every value of the symbolic sizes (",
+                     absl::StrJoin(symbol_names, ", "), "): ", why,
+                     " (rule: generated code must depend on the sizes only through extents, "
+                     "strides and counts)"));
   };
 
   // The text: one skeleton, literals generalised position by position.
@@ -276,8 +289,11 @@ absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& sampl
   for (size_t i = 1; i < samples.size(); ++i)
     if (skeletons[i] != skeletons[0] || literals[i].size() != literals[0].size()) {
       size_t at = 0;  // where the two texts part: shown, since it says which choice flipped
-      while (at < skeletons[0].size() && at < skeletons[i].size() && skeletons[0][at] == skeletons[i][at]) ++at;
-      return refuse(absl::StrCat("the kernels' structure changes with the sizes, near `", Near(skeletons[0], at), "`"));
+      while (at < skeletons[0].size() && at < skeletons[i].size() &&
+             skeletons[0][at] == skeletons[i][at])
+        ++at;
+      return refuse(absl::StrCat("the kernels' structure changes with the sizes, near `",
+                                 Near(skeletons[0], at), "`"));
     }
   std::vector<std::string> replacement(literals[0].size());
   for (size_t pos = 0; pos < literals[0].size(); ++pos) {
@@ -291,18 +307,22 @@ absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& sampl
       replacement[pos] = texts[0];
       continue;
     }
-    if (IsArrayLength(skeletons[0], literals[0][pos].hole)) return refuse("a stack array's length depends on them");
+    if (IsArrayLength(skeletons[0], literals[0][pos].hole))
+      return refuse("a stack array's length depends on them");
     auto g = GeneraliseLiteral(texts, points, r, suffix);
     if (!g.ok())
-      return refuse(absl::StrCat(g.status().message(), " (", texts[0], ", ", texts[1], ", ... at the samples) in `",
+      return refuse(absl::StrCat(g.status().message(), " (", texts[0], ", ", texts[1],
+                                 ", ... at the samples) in `",
                                  Near(skeletons[0], literals[0][pos].hole), "`"));
     replacement[pos] = *std::move(g);
   }
   SymbolicUnit unit;
   size_t next = 0;
   for (char c : skeletons[0]) {
-    if (c == kHole) unit.source += replacement[next++];
-    else unit.source.push_back(c);
+    if (c == kHole)
+      unit.source += replacement[next++];
+    else
+      unit.source.push_back(c);
   }
 
   // The plan: buffers' shapes and sizes as polynomials; steps as sampled (the same for all).
@@ -316,15 +336,19 @@ absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& sampl
       auto e = GeneraliseNumber(values, points, r);
       if (!e.ok()) return refuse(std::string(e.status().message()));
       pb.shape_exprs.push_back(*std::move(e));
-      if (std::any_of(values.begin(), values.end(), [&](int64_t v) { return v != values[0]; })) pb.shape[d] = -1;
+      if (std::any_of(values.begin(), values.end(), [&](int64_t v) { return v != values[0]; }))
+        pb.shape[d] = -1;
     }
     std::vector<int64_t> bytes;
     for (const SymbolicSample& s : samples) bytes.push_back(s.plan.buffers[b].bytes);
     auto e = GeneraliseNumber(bytes, points, r);
     if (!e.ok()) return refuse(std::string(e.status().message()));
     pb.bytes_expr = *std::move(e);
-    if (std::any_of(bytes.begin(), bytes.end(), [&](int64_t v) { return v != bytes[0]; })) pb.bytes = -1;
-    pb.offset = pb.role == BufferRole::kTemp ? -1 : 0;  // the artifact (CPU) or launcher (CUDA) lays temps out
+    if (std::any_of(bytes.begin(), bytes.end(), [&](int64_t v) { return v != bytes[0]; }))
+      pb.bytes = -1;
+    pb.offset = pb.role == BufferRole::kTemp
+                    ? -1
+                    : 0;  // the artifact (CPU) or launcher (CUDA) lays temps out
   }
   if (!cuda) return unit;
   // CUDA: each launch's grid as ceil(work / per_block), its guard (a launch-time choice), and
@@ -334,16 +358,19 @@ absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& sampl
     std::vector<int64_t> works, guards;
     for (const SymbolicSample& s : samples) {
       const PlanStep& at = s.plan.steps[k];
-      if (at.grid_per_block != st.grid_per_block || at.kernel != st.kernel || at.guard_min != st.guard_min ||
-          at.guard_max != st.guard_max)
-        return refuse(absl::StrCat("launch ", st.kernel, " changes its blocks or guard with the sizes"));
+      if (at.grid_per_block != st.grid_per_block || at.kernel != st.kernel ||
+          at.guard_min != st.guard_min || at.guard_max != st.guard_max)
+        return refuse(
+            absl::StrCat("launch ", st.kernel, " changes its blocks or guard with the sizes"));
       works.push_back(at.grid_work);
       guards.push_back(at.guard);
     }
     auto e = GeneraliseNumber(works, points, r);
-    auto g = st.guarded() ? GeneraliseNumber(guards, points, r) : absl::StatusOr<SizeExpr>(SizeExpr{});
+    auto g =
+        st.guarded() ? GeneraliseNumber(guards, points, r) : absl::StatusOr<SizeExpr>(SizeExpr{});
     for (const auto* fit : {&e, &g})
-      if (!fit->ok()) return refuse(absl::StrCat("launch ", st.kernel, ": ", fit->status().message()));
+      if (!fit->ok())
+        return refuse(absl::StrCat("launch ", st.kernel, ": ", fit->status().message()));
     st.grid_work_expr = *std::move(e);
     st.guard_expr = *std::move(g);
     st.grid[0] = 0;  // evaluated at launch

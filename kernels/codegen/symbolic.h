@@ -66,7 +66,8 @@ struct SymbolicUnit {
 // the symbols in messages. `cuda`: a CUDA unit, whose sizes are `int` parameters and whose
 // plan also carries each launch's grid (PlanStep.grid_work_expr) and the index bound.
 absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& samples,
-                                        const std::vector<std::string>& symbol_names, bool cuda = false);
+                                        const std::vector<std::string>& symbol_names,
+                                        bool cuda = false);
 
 // The value of `e` at `sizes`.
 int64_t EvaluateSizeExpr(const SizeExpr& e, const std::vector<int64_t>& sizes);

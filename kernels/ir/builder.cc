@@ -10,8 +10,8 @@ Builder::Builder(const Graph& like) {
   graph_.input_names = like.input_names;
 }
 
-absl::StatusOr<ValueId> Builder::Add(const std::string& op, std::vector<ValueId> inputs, AttrMap attrs,
-                                     const std::string& name) {
+absl::StatusOr<ValueId> Builder::Add(const std::string& op, std::vector<ValueId> inputs,
+                                     AttrMap attrs, const std::string& name) {
   const OpSchema* s = FindOp(op);
   if (!s) return absl::InternalError(absl::StrCat("builder: unknown op ", op));
   Node n;
@@ -22,7 +22,8 @@ absl::StatusOr<ValueId> Builder::Add(const std::string& op, std::vector<ValueId>
   std::vector<TensorType> in;
   for (ValueId v : n.inputs) in.push_back(graph_.TypeOf(v));
   auto t = s->infer(n, in);
-  if (!t.ok()) return absl::InternalError(absl::StrCat("builder: ", op, ": ", t.status().message()));
+  if (!t.ok())
+    return absl::InternalError(absl::StrCat("builder: ", op, ": ", t.status().message()));
   n.type = *std::move(t);
   graph_.nodes.push_back(std::move(n));
   return graph_.num_values() - 1;
@@ -31,8 +32,10 @@ absl::StatusOr<ValueId> Builder::Add(const std::string& op, std::vector<ValueId>
 absl::StatusOr<ValueId> Builder::Scalar(DType t, double v) {
   Constant c;
   c.dtype = t;
-  if (IsFloat(t)) c.f = {v};
-  else c.i = {IsBool(t) ? (v != 0) : static_cast<int64_t>(v)};
+  if (IsFloat(t))
+    c.f = {v};
+  else
+    c.i = {IsBool(t) ? (v != 0) : static_cast<int64_t>(v)};
   return Add("constant", {}, {{"value", c}});
 }
 

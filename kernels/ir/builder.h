@@ -18,8 +18,8 @@ class Builder {
 
   // Appends `op` and returns its value. The op's type rule must accept it: failures are
   // Internal (a pass built something ill-typed), never the client's fault.
-  absl::StatusOr<ValueId> Add(const std::string& op, std::vector<ValueId> inputs, AttrMap attrs = {},
-                              const std::string& name = "");
+  absl::StatusOr<ValueId> Add(const std::string& op, std::vector<ValueId> inputs,
+                              AttrMap attrs = {}, const std::string& name = "");
   // Scalar constant of dtype t.
   absl::StatusOr<ValueId> Scalar(DType t, double v);
   const TensorType& Type(ValueId v) const { return graph_.TypeOf(v); }

@@ -20,15 +20,20 @@ absl::StatusOr<DType> DecodeDType(int wire, const std::string& where) {
 
 absl::StatusOr<AttrValue> DecodeAttr(const v1::AttrValue& a, const std::string& where) {
   switch (a.value_case()) {
-    case v1::AttrValue::kI: return AttrValue(int64_t{a.i()});
-    case v1::AttrValue::kF: return AttrValue(a.f());
-    case v1::AttrValue::kS: return AttrValue(a.s());
-    case v1::AttrValue::kB: return AttrValue(a.b());
+    case v1::AttrValue::kI:
+      return AttrValue(int64_t{a.i()});
+    case v1::AttrValue::kF:
+      return AttrValue(a.f());
+    case v1::AttrValue::kS:
+      return AttrValue(a.s());
+    case v1::AttrValue::kB:
+      return AttrValue(a.b());
     case v1::AttrValue::kDtype: {
       KILN_ASSIGN_OR_RETURN(DType t, DecodeDType(a.dtype(), where));
       return AttrValue(t);
     }
-    case v1::AttrValue::kInts: return AttrValue(IntList(a.ints().values().begin(), a.ints().values().end()));
+    case v1::AttrValue::kInts:
+      return AttrValue(IntList(a.ints().values().begin(), a.ints().values().end()));
     case v1::AttrValue::kFloats:
       return AttrValue(FloatList(a.floats().values().begin(), a.floats().values().end()));
     case v1::AttrValue::kTensor: {
@@ -37,10 +42,12 @@ absl::StatusOr<AttrValue> DecodeAttr(const v1::AttrValue& a, const std::string& 
       c.shape.assign(a.tensor().shape().begin(), a.tensor().shape().end());
       int64_t count = 1;
       for (int64_t d : c.shape) {
-        if (d < 0 || d > (1 << 20)) return InvalidArgumentError(absl::StrCat(where, ": bad constant shape"));
+        if (d < 0 || d > (1 << 20))
+          return InvalidArgumentError(absl::StrCat(where, ": bad constant shape"));
         count *= d;  // at most 2^20 per step, so it cannot overflow before the check below
         if (count > (1 << 20))
-          return absl::ResourceExhaustedError(absl::StrCat(where, ": constant has more than 2^20 elements"));
+          return absl::ResourceExhaustedError(
+              absl::StrCat(where, ": constant has more than 2^20 elements"));
       }
       if (IsFloat(c.dtype)) {
         c.f.assign(a.tensor().float_values().begin(), a.tensor().float_values().end());
@@ -51,8 +58,9 @@ absl::StatusOr<AttrValue> DecodeAttr(const v1::AttrValue& a, const std::string& 
         // ones no integer holds are refused here, before any conversion.
         for (double v : a.tensor().float_values()) {
           if (!(v > -0x1p63 && v < 0x1p63))
-            return InvalidArgumentError(absl::StrCat(where, ": value ", v, " does not fit ", DTypeName(c.dtype),
-                                                     " (rule: integer constants must fit their dtype)"));
+            return InvalidArgumentError(
+                absl::StrCat(where, ": value ", v, " does not fit ", DTypeName(c.dtype),
+                             " (rule: integer constants must fit their dtype)"));
           c.i.push_back(static_cast<int64_t>(v));
         }
         if (IsBool(c.dtype))
@@ -60,34 +68,40 @@ absl::StatusOr<AttrValue> DecodeAttr(const v1::AttrValue& a, const std::string& 
       }
       return AttrValue(std::move(c));
     }
-    case v1::AttrValue::VALUE_NOT_SET: break;
+    case v1::AttrValue::VALUE_NOT_SET:
+      break;
   }
   return InvalidArgumentError(absl::StrCat(where, ": attribute has no value"));
 }
 
 // Symbol names of one input -> ids in `g.symbols` (numbered by first appearance).
-absl::Status DecodeSymbols(const v1::TensorType& wire, const std::string& where, TensorType& t, Graph& g) {
+absl::Status DecodeSymbols(const v1::TensorType& wire, const std::string& where, TensorType& t,
+                           Graph& g) {
   if (wire.dim_symbols_size() == 0) return absl::OkStatus();
   if (wire.dim_symbols_size() != wire.shape_size())
-    return InvalidArgumentError(absl::StrCat(where, ": ", wire.dim_symbols_size(), " dim_symbols for rank ",
-                                             wire.shape_size(), " (rule: one entry per dimension)"));
+    return InvalidArgumentError(absl::StrCat(where, ": ", wire.dim_symbols_size(),
+                                             " dim_symbols for rank ", wire.shape_size(),
+                                             " (rule: one entry per dimension)"));
   bool any = false;
   for (const std::string& name : wire.dim_symbols()) {
     if (name.empty()) {
       t.dim_symbols.push_back(-1);
       continue;
     }
-    const bool ok_name = name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
-                           return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '/';
-                         });
+    const bool ok_name =
+        name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '/';
+        });
     if (!ok_name)
-      return InvalidArgumentError(absl::StrCat(where, ": bad symbol name '", name.substr(0, 64),
-                                               "' (rule: letters, digits, _ . /, at most 64 characters)"));
+      return InvalidArgumentError(
+          absl::StrCat(where, ": bad symbol name '", name.substr(0, 64),
+                       "' (rule: letters, digits, _ . /, at most 64 characters)"));
     auto it = std::find(g.symbols.begin(), g.symbols.end(), name);
     if (it == g.symbols.end()) {
       if (static_cast<int>(g.symbols.size()) == kMaxSymbols)
-        return InvalidArgumentError(absl::StrCat(where, ": symbol '", name, "' is one too many (rule: at most ",
-                                                 kMaxSymbols, " distinct symbolic sizes per graph)"));
+        return InvalidArgumentError(absl::StrCat(where, ": symbol '", name,
+                                                 "' is one too many (rule: at most ", kMaxSymbols,
+                                                 " distinct symbolic sizes per graph)"));
       g.symbols.push_back(name);
       it = g.symbols.end() - 1;
     }
@@ -99,8 +113,9 @@ absl::Status DecodeSymbols(const v1::TensorType& wire, const std::string& where,
     return absl::OkStatus();
   }
   if (!t.strides.empty())
-    return InvalidArgumentError(absl::StrCat(where, ": declared strides on an input with symbolic dimensions",
-                                             " (rule: symbolic inputs are contiguous)"));
+    return InvalidArgumentError(
+        absl::StrCat(where, ": declared strides on an input with symbolic dimensions",
+                     " (rule: symbolic inputs are contiguous)"));
   return absl::OkStatus();
 }
 
@@ -108,13 +123,17 @@ absl::Status DecodeSymbols(const v1::TensorType& wire, const std::string& where,
 
 absl::StatusOr<Graph> DecodeGraph(const v1::Graph& wire, const Limits& limits) {
   if (wire.nodes_size() > limits.max_nodes)
-    return absl::ResourceExhaustedError(absl::StrCat("graph has ", wire.nodes_size(), " nodes, over the limit of ", limits.max_nodes, " (max_nodes)"));
-  if (wire.nodes_size() == 0 && wire.outputs_size() == 0) return InvalidArgumentError("empty graph: no nodes and no outputs");
+    return absl::ResourceExhaustedError(absl::StrCat("graph has ", wire.nodes_size(),
+                                                     " nodes, over the limit of ", limits.max_nodes,
+                                                     " (max_nodes)"));
+  if (wire.nodes_size() == 0 && wire.outputs_size() == 0)
+    return InvalidArgumentError("empty graph: no nodes and no outputs");
   Graph g;
   for (int i = 0; i < wire.inputs_size(); ++i) {
     const v1::Input& in = wire.inputs(i);
     TensorType t;
-    std::string where = absl::StrCat("input ", i, in.name().empty() ? "" : absl::StrCat(" ('", in.name(), "')"));
+    std::string where =
+        absl::StrCat("input ", i, in.name().empty() ? "" : absl::StrCat(" ('", in.name(), "')"));
     KILN_ASSIGN_OR_RETURN(t.dtype, DecodeDType(in.type().dtype(), where));
     t.shape.assign(in.type().shape().begin(), in.type().shape().end());
     t.strides.assign(in.type().strides().begin(), in.type().strides().end());
@@ -128,7 +147,9 @@ absl::StatusOr<Graph> DecodeGraph(const v1::Graph& wire, const Limits& limits) {
     n.op = wn.op();
     n.name = wn.name();
     n.inputs.assign(wn.inputs().begin(), wn.inputs().end());
-    std::string where = absl::StrCat("node ", k, " (", wn.op(), wn.name().empty() ? "" : absl::StrCat(" '", wn.name(), "'"), ")");
+    std::string where =
+        absl::StrCat("node ", k, " (", wn.op(),
+                     wn.name().empty() ? "" : absl::StrCat(" '", wn.name(), "'"), ")");
     for (const auto& [key, val] : wn.attrs()) {
       auto a = DecodeAttr(val, absl::StrCat(where, " attribute '", key, "'"));
       if (!a.ok()) return a.status();
@@ -150,10 +171,12 @@ absl::StatusOr<Graph> DecodeGraph(const v1::Graph& wire, const Limits& limits) {
 
 namespace {
 const char* const kIsaLevels[] = {"x86-64-v2", "x86-64-v3", "x86-64-v4"};
-const char* const kKnownFeatures[] = {"sse4.1", "sse4.2", "popcnt", "avx", "avx2", "fma", "bmi", "bmi2", "f16c",
-                                      "lzcnt", "movbe", "avx512f", "avx512bw", "avx512dq", "avx512vl",
-                                      "avx512cd", "avx512vnni", "avx512bf16", "avx512fp16"};
-const int kKnownSms[] = {50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121};
+const char* const kKnownFeatures[] = {
+    "sse4.1",   "sse4.2",   "popcnt",     "avx",        "avx2",      "fma",      "bmi",
+    "bmi2",     "f16c",     "lzcnt",      "movbe",      "avx512f",   "avx512bw", "avx512dq",
+    "avx512vl", "avx512cd", "avx512vnni", "avx512bf16", "avx512fp16"};
+const int kKnownSms[] = {50, 52, 53, 60, 61,  62,  70,  72,  75, 80,
+                         86, 87, 89, 90, 100, 103, 110, 120, 121};
 }  // namespace
 
 absl::StatusOr<Target> DecodeTarget(const v1::Target& wire) {
@@ -167,11 +190,15 @@ absl::StatusOr<Target> DecodeTarget(const v1::Target& wire) {
       t.features.erase(std::unique(t.features.begin(), t.features.end()), t.features.end());
       if (t.isa.empty() && t.features.empty()) t.isa = "x86-64-v2";
       if (!t.isa.empty() && !t.features.empty())
-        return InvalidArgumentError("target: give either a cpu isa level or a feature list, not both");
-      if (!t.isa.empty() && std::find(std::begin(kIsaLevels), std::end(kIsaLevels), t.isa) == std::end(kIsaLevels))
-        return InvalidArgumentError(absl::StrCat("target: unknown cpu isa '", t.isa, "' (known: x86-64-v2, x86-64-v3, x86-64-v4)"));
+        return InvalidArgumentError(
+            "target: give either a cpu isa level or a feature list, not both");
+      if (!t.isa.empty() &&
+          std::find(std::begin(kIsaLevels), std::end(kIsaLevels), t.isa) == std::end(kIsaLevels))
+        return InvalidArgumentError(absl::StrCat("target: unknown cpu isa '", t.isa,
+                                                 "' (known: x86-64-v2, x86-64-v3, x86-64-v4)"));
       for (const std::string& f : t.features)
-        if (std::find(std::begin(kKnownFeatures), std::end(kKnownFeatures), f) == std::end(kKnownFeatures))
+        if (std::find(std::begin(kKnownFeatures), std::end(kKnownFeatures), f) ==
+            std::end(kKnownFeatures))
           return InvalidArgumentError(absl::StrCat("target: unknown cpu feature '", f, "'"));
       return t;
     }
@@ -183,7 +210,8 @@ absl::StatusOr<Target> DecodeTarget(const v1::Target& wire) {
         return InvalidArgumentError(absl::StrCat("target: unknown cuda arch sm_", t.sm));
       return t;
     }
-    case v1::Target::KIND_NOT_SET: break;
+    case v1::Target::KIND_NOT_SET:
+      break;
   }
   return InvalidArgumentError("target: not set (cpu or cuda)");
 }
@@ -205,7 +233,8 @@ v1::Graph EncodeGraph(const Graph& g) {
     in->mutable_type()->set_dtype(static_cast<v1::DType>(g.inputs[i].dtype));
     for (int64_t d : g.inputs[i].shape) in->mutable_type()->add_shape(d);
     for (int64_t s : g.inputs[i].strides) in->mutable_type()->add_strides(s);
-    for (int32_t k : g.inputs[i].dim_symbols) in->mutable_type()->add_dim_symbols(k >= 0 ? g.symbols[k] : "");
+    for (int32_t k : g.inputs[i].dim_symbols)
+      in->mutable_type()->add_dim_symbols(k >= 0 ? g.symbols[k] : "");
   }
   for (const Node& n : g.nodes) {
     v1::Node* wn = w.add_nodes();
@@ -214,19 +243,23 @@ v1::Graph EncodeGraph(const Graph& g) {
     for (ValueId v : n.inputs) wn->add_inputs(v);
     for (const auto& [key, val] : n.attrs) {
       v1::AttrValue& a = (*wn->mutable_attrs())[key];
-      if (auto* p = std::get_if<int64_t>(&val)) a.set_i(*p);
-      else if (auto* p = std::get_if<double>(&val)) a.set_f(*p);
-      else if (auto* p = std::get_if<std::string>(&val)) a.set_s(*p);
-      else if (auto* p = std::get_if<bool>(&val)) a.set_b(*p);
-      else if (auto* p = std::get_if<DType>(&val)) a.set_dtype(static_cast<v1::DType>(*p));
+      if (auto* p = std::get_if<int64_t>(&val))
+        a.set_i(*p);
+      else if (auto* p = std::get_if<double>(&val))
+        a.set_f(*p);
+      else if (auto* p = std::get_if<std::string>(&val))
+        a.set_s(*p);
+      else if (auto* p = std::get_if<bool>(&val))
+        a.set_b(*p);
+      else if (auto* p = std::get_if<DType>(&val))
+        a.set_dtype(static_cast<v1::DType>(*p));
       else if (auto* p = std::get_if<IntList>(&val)) {
         v1::IntList* l = a.mutable_ints();  // set even when empty: an empty list is a value
         for (int64_t x : *p) l->add_values(x);
       } else if (auto* p = std::get_if<FloatList>(&val)) {
         v1::FloatList* l = a.mutable_floats();
         for (double x : *p) l->add_values(x);
-      }
-      else if (auto* p = std::get_if<Constant>(&val)) {
+      } else if (auto* p = std::get_if<Constant>(&val)) {
         v1::TensorValue* t = a.mutable_tensor();
         t->set_dtype(static_cast<v1::DType>(p->dtype));
         for (int64_t d : p->shape) t->add_shape(d);

@@ -14,9 +14,15 @@ struct Info {
   int64_t size;
 };
 constexpr std::array<Info, 10> kInfos = {{
-    {DType::kF16, "f16", 2},  {DType::kBF16, "bf16", 2}, {DType::kF32, "f32", 4},
-    {DType::kF64, "f64", 8},  {DType::kI8, "i8", 1},     {DType::kI16, "i16", 2},
-    {DType::kI32, "i32", 4},  {DType::kI64, "i64", 8},   {DType::kU8, "u8", 1},
+    {DType::kF16, "f16", 2},
+    {DType::kBF16, "bf16", 2},
+    {DType::kF32, "f32", 4},
+    {DType::kF64, "f64", 8},
+    {DType::kI8, "i8", 1},
+    {DType::kI16, "i16", 2},
+    {DType::kI32, "i32", 4},
+    {DType::kI64, "i64", 8},
+    {DType::kU8, "u8", 1},
     {DType::kBool, "bool", 1},
 }};
 
@@ -27,10 +33,14 @@ int IntBits(DType t) { return static_cast<int>(DTypeSize(t)) * 8; }
 
 DType SignedOfBits(int bits) {
   switch (bits) {
-    case 8: return DType::kI8;
-    case 16: return DType::kI16;
-    case 32: return DType::kI32;
-    default: return DType::kI64;
+    case 8:
+      return DType::kI8;
+    case 16:
+      return DType::kI16;
+    case 32:
+      return DType::kI32;
+    default:
+      return DType::kI64;
   }
 }
 
@@ -62,9 +72,12 @@ DType FloatResult(DType t) {
   switch (t) {
     case DType::kBool:
     case DType::kI8:
-    case DType::kU8: return DType::kF16;
-    case DType::kI16: return DType::kF32;
-    default: return DType::kF64;
+    case DType::kU8:
+      return DType::kF16;
+    case DType::kI16:
+      return DType::kF32;
+    default:
+      return DType::kF64;
   }
 }
 
@@ -125,26 +138,39 @@ double RoundToFloatDType(double v, DType t) {
 
 int64_t MinOf(DType t) {
   switch (t) {
-    case DType::kI8: return std::numeric_limits<int8_t>::min();
-    case DType::kI16: return std::numeric_limits<int16_t>::min();
-    case DType::kI32: return std::numeric_limits<int32_t>::min();
+    case DType::kI8:
+      return std::numeric_limits<int8_t>::min();
+    case DType::kI16:
+      return std::numeric_limits<int16_t>::min();
+    case DType::kI32:
+      return std::numeric_limits<int32_t>::min();
     case DType::kU8:
-    case DType::kBool: return 0;
-    default: return std::numeric_limits<int64_t>::min();
+    case DType::kBool:
+      return 0;
+    default:
+      return std::numeric_limits<int64_t>::min();
   }
 }
 
 int64_t MaxOf(DType t) {
   switch (t) {
-    case DType::kI8: return std::numeric_limits<int8_t>::max();
-    case DType::kI16: return std::numeric_limits<int16_t>::max();
-    case DType::kI32: return std::numeric_limits<int32_t>::max();
-    case DType::kU8: return std::numeric_limits<uint8_t>::max();
-    case DType::kBool: return 1;
-    default: return std::numeric_limits<int64_t>::max();
+    case DType::kI8:
+      return std::numeric_limits<int8_t>::max();
+    case DType::kI16:
+      return std::numeric_limits<int16_t>::max();
+    case DType::kI32:
+      return std::numeric_limits<int32_t>::max();
+    case DType::kU8:
+      return std::numeric_limits<uint8_t>::max();
+    case DType::kBool:
+      return 1;
+    default:
+      return std::numeric_limits<int64_t>::max();
   }
 }
 
-bool FitsIntDType(int64_t v, DType t) { return t == DType::kBool || (v >= MinOf(t) && v <= MaxOf(t)); }
+bool FitsIntDType(int64_t v, DType t) {
+  return t == DType::kBool || (v >= MinOf(t) && v <= MaxOf(t));
+}
 
 }  // namespace kiln::ir

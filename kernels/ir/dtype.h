@@ -23,13 +23,13 @@ enum class DType : uint8_t {
   kBool = 10,
 };
 
-const char* DTypeName(DType t);                // "f32", "i64", "bool", ...
+const char* DTypeName(DType t);  // "f32", "i64", "bool", ...
 std::optional<DType> DTypeFromName(std::string_view name);
-std::optional<DType> DTypeFromWire(int wire);       // nullopt for 0 and unknown values
+std::optional<DType> DTypeFromWire(int wire);  // nullopt for 0 and unknown values
 int64_t DTypeSize(DType t);
-bool IsFloat(DType t);     // f16 bf16 f32 f64
-bool IsInteger(DType t);   // signed and unsigned integers, not bool
-bool IsSigned(DType t);    // floats and signed integers
+bool IsFloat(DType t);    // f16 bf16 f32 f64
+bool IsInteger(DType t);  // signed and unsigned integers, not bool
+bool IsSigned(DType t);   // floats and signed integers
 bool IsBool(DType t);
 
 // Result type of a binary arithmetic op on two tensors, as NumPy's promotion table gives it

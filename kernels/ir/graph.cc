@@ -128,11 +128,13 @@ std::string Graph::Describe(ValueId v) const {
 
 std::string Graph::ToString() const {
   std::string s;
-  for (int i = 0; i < num_inputs(); ++i) absl::StrAppend(&s, "%", i, " = input ", inputs[i].ToString(), "\n");
+  for (int i = 0; i < num_inputs(); ++i)
+    absl::StrAppend(&s, "%", i, " = input ", inputs[i].ToString(), "\n");
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
     absl::StrAppend(&s, "%", num_inputs() + i, " = ", n.op, "(");
-    for (size_t k = 0; k < n.inputs.size(); ++k) absl::StrAppend(&s, k ? ", " : "", "%", n.inputs[k]);
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      absl::StrAppend(&s, k ? ", " : "", "%", n.inputs[k]);
     absl::StrAppend(&s, ")");
     for (const auto& [key, val] : n.attrs) absl::StrAppend(&s, " ", key, "=", AttrToString(val));
     absl::StrAppend(&s, " : ", n.type.ToString(), "\n");

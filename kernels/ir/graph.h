@@ -49,7 +49,8 @@ struct Constant {
 
 using IntList = std::vector<int64_t>;
 using FloatList = std::vector<double>;
-using AttrValue = std::variant<int64_t, double, std::string, bool, DType, IntList, FloatList, Constant>;
+using AttrValue =
+    std::variant<int64_t, double, std::string, bool, DType, IntList, FloatList, Constant>;
 // Ordered by name, so iteration order never depends on how a client built the map.
 using AttrMap = std::map<std::string, AttrValue>;
 
@@ -86,9 +87,7 @@ struct Graph {
   bool IsInput(ValueId v) const { return v < num_inputs(); }
   const Node& NodeOf(ValueId v) const { return nodes[v - num_inputs()]; }
   Node& NodeOf(ValueId v) { return nodes[v - num_inputs()]; }
-  const TensorType& TypeOf(ValueId v) const {
-    return IsInput(v) ? inputs[v] : NodeOf(v).type;
-  }
+  const TensorType& TypeOf(ValueId v) const { return IsInput(v) ? inputs[v] : NodeOf(v).type; }
   // Appends a node (type left for inference) and returns its value id.
   ValueId Add(std::string op, std::vector<ValueId> inputs, AttrMap attrs = {});
   // "node 7 (add 'h1')" or "input 0 ('x')": how messages name a value.

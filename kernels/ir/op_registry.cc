@@ -39,10 +39,11 @@ absl::Status CheckKind(const Node& n, const std::string& key, bool numeric, bool
   auto it = n.attrs.find(key);
   if (it == n.attrs.end()) return absl::OkStatus();
   const AttrValue& v = it->second;
-  bool ok = (numeric && (std::holds_alternative<int64_t>(v) || std::holds_alternative<double>(v))) ||
-            (is_bool && (std::holds_alternative<bool>(v) || std::holds_alternative<int64_t>(v))) ||
-            (is_str && std::holds_alternative<std::string>(v)) ||
-            (is_dtype && std::holds_alternative<DType>(v));
+  bool ok =
+      (numeric && (std::holds_alternative<int64_t>(v) || std::holds_alternative<double>(v))) ||
+      (is_bool && (std::holds_alternative<bool>(v) || std::holds_alternative<int64_t>(v))) ||
+      (is_str && std::holds_alternative<std::string>(v)) ||
+      (is_dtype && std::holds_alternative<DType>(v));
   if (ok) return absl::OkStatus();
   const char* want = numeric ? "a number" : is_bool ? "a bool" : is_str ? "a string" : "a dtype";
   return InvalidArgumentError(absl::StrCat("attribute '", key, "' must be ", want));
@@ -55,13 +56,14 @@ absl::Status NumberAttrs(const Node& n, std::initializer_list<const char*> keys)
 // "value 300 does not fit i8 (range -128..127; rule: ...)"; floats never fail (they become
 // +-inf beyond their range, as NumPy's cast gives).
 std::string DoesNotFit(double v, DType t) {
-  return absl::StrCat("value ", v, " does not fit ", DTypeName(t), " (range ", MinOf(t), "..", MaxOf(t),
-                      "; rule: integer constants must fit their dtype)");
+  return absl::StrCat("value ", v, " does not fit ", DTypeName(t), " (range ", MinOf(t), "..",
+                      MaxOf(t), "; rule: integer constants must fit their dtype)");
 }
 
 absl::Status CheckShape(const Shape& s) {
   for (int64_t d : s)
-    if (d < 0) return InvalidArgumentError(absl::StrCat("negative dimension in shape ", ShapeStr(s)));
+    if (d < 0)
+      return InvalidArgumentError(absl::StrCat("negative dimension in shape ", ShapeStr(s)));
   return absl::OkStatus();
 }
 
@@ -87,12 +89,16 @@ InferFn Unary(UnaryRule rule) {
   return [rule](const Node& n, const Types& in) -> absl::StatusOr<TensorType> {
     DType t = in[0].dtype;
     switch (rule) {
-      case UnaryRule::kFloat: return Make(FloatResult(t), in[0].shape);
-      case UnaryRule::kSame: return Make(t, in[0].shape);
-      case UnaryRule::kBoolOut: return Make(DType::kBool, in[0].shape);
+      case UnaryRule::kFloat:
+        return Make(FloatResult(t), in[0].shape);
+      case UnaryRule::kSame:
+        return Make(t, in[0].shape);
+      case UnaryRule::kBoolOut:
+        return Make(DType::kBool, in[0].shape);
       case UnaryRule::kIntOrBool:
         if (IsFloat(t))
-          return InvalidArgumentError(absl::StrCat(n.op, " takes integer or bool inputs, got ", DTypeName(t)));
+          return InvalidArgumentError(
+              absl::StrCat(n.op, " takes integer or bool inputs, got ", DTypeName(t)));
         return Make(t, in[0].shape);
       case UnaryRule::kSigned:
         if (IsBool(t)) return InvalidArgumentError(absl::StrCat(n.op, " is not defined for bool"));
@@ -110,17 +116,23 @@ InferFn Binary(BinaryRule rule) {
     if (!shape.ok()) return shape.status();
     DType t = Promote(in[0].dtype, in[1].dtype);
     switch (rule) {
-      case BinaryRule::kPromote: return Make(t, *shape);
-      case BinaryRule::kNumeric:
-        if (IsBool(t)) return InvalidArgumentError(absl::StrCat(n.op, " is not defined for bool inputs"));
+      case BinaryRule::kPromote:
         return Make(t, *shape);
-      case BinaryRule::kFloat: return Make(FloatResult(t), *shape);
+      case BinaryRule::kNumeric:
+        if (IsBool(t))
+          return InvalidArgumentError(absl::StrCat(n.op, " is not defined for bool inputs"));
+        return Make(t, *shape);
+      case BinaryRule::kFloat:
+        return Make(FloatResult(t), *shape);
       // NumPy's true division of integers (and bools) is always float64.
-      case BinaryRule::kTrueDiv: return Make(IsFloat(t) ? t : DType::kF64, *shape);
-      case BinaryRule::kBoolOut: return Make(DType::kBool, *shape);
+      case BinaryRule::kTrueDiv:
+        return Make(IsFloat(t) ? t : DType::kF64, *shape);
+      case BinaryRule::kBoolOut:
+        return Make(DType::kBool, *shape);
       case BinaryRule::kIntOrBool:
         if (IsFloat(t))
-          return InvalidArgumentError(absl::StrCat(n.op, " takes integer or bool inputs, got ", DTypeName(t)));
+          return InvalidArgumentError(
+              absl::StrCat(n.op, " takes integer or bool inputs, got ", DTypeName(t)));
         return Make(t, *shape);
     }
     return InvalidArgumentError("bad binary rule");
@@ -129,7 +141,8 @@ InferFn Binary(BinaryRule rule) {
 
 absl::StatusOr<TensorType> InferWhere(const Node&, const Types& in) {
   if (!IsBool(in[0].dtype))
-    return InvalidArgumentError(absl::StrCat("where: condition must be bool, got ", DTypeName(in[0].dtype)));
+    return InvalidArgumentError(
+        absl::StrCat("where: condition must be bool, got ", DTypeName(in[0].dtype)));
   KILN_ASSIGN_OR_RETURN(Shape s, BroadcastAll(in));
   return Make(Promote(in[1].dtype, in[2].dtype), s);
 }
@@ -151,7 +164,8 @@ absl::StatusOr<TensorType> InferBroadcastTo(const Node& n, const Types& in) {
   KILN_RETURN_IF_ERROR(CheckShape(shape));
   auto b = BroadcastShapes(in[0].shape, shape);
   if (!b.ok() || *b != shape)
-    return InvalidArgumentError(absl::StrCat("cannot broadcast ", ShapeStr(in[0].shape), " to ", ShapeStr(shape)));
+    return InvalidArgumentError(
+        absl::StrCat("cannot broadcast ", ShapeStr(in[0].shape), " to ", ShapeStr(shape)));
   return Make(in[0].dtype, shape);
 }
 
@@ -170,15 +184,19 @@ absl::StatusOr<TensorType> InferReshape(const Node& n, const Types& in) {
       overflow |= __builtin_mul_overflow(known, shape[i], &known);
     }
   }
-  if (overflow) return InvalidArgumentError(absl::StrCat("reshape: element count of ", ShapeStr(shape), " overflows int64"));
+  if (overflow)
+    return InvalidArgumentError(
+        absl::StrCat("reshape: element count of ", ShapeStr(shape), " overflows int64"));
   if (infer_at >= 0) {
     if (known == 0 || total % known != 0)
-      return InvalidArgumentError(absl::StrCat("reshape: cannot infer -1 for ", ShapeStr(in[0].shape), " -> ", ShapeStr(shape)));
+      return InvalidArgumentError(absl::StrCat("reshape: cannot infer -1 for ",
+                                               ShapeStr(in[0].shape), " -> ", ShapeStr(shape)));
     shape[infer_at] = total / known;
     known = total;
   }
   if (known != total)
-    return InvalidArgumentError(absl::StrCat("reshape: element count differs: ", ShapeStr(in[0].shape), " -> ", ShapeStr(shape)));
+    return InvalidArgumentError(absl::StrCat(
+        "reshape: element count differs: ", ShapeStr(in[0].shape), " -> ", ShapeStr(shape)));
   return Make(in[0].dtype, shape);
 }
 
@@ -186,13 +204,15 @@ absl::StatusOr<TensorType> InferPermute(const Node& n, const Types& in) {
   KILN_ASSIGN_OR_RETURN(IntList dims, RequiredInts(n, "dims"));
   int64_t r = in[0].Rank();
   if (static_cast<int64_t>(dims.size()) != r)
-    return InvalidArgumentError(absl::StrCat("permute: dims ", ShapeStr(dims), " do not match rank ", r));
+    return InvalidArgumentError(
+        absl::StrCat("permute: dims ", ShapeStr(dims), " do not match rank ", r));
   std::vector<bool> seen(r, false);
   Shape out;
   for (int64_t d : dims) {
     int64_t a = d < 0 ? d + r : d;
     if (a < 0 || a >= r || seen[a])
-      return InvalidArgumentError(absl::StrCat("permute: dims ", ShapeStr(dims), " is not a permutation"));
+      return InvalidArgumentError(
+          absl::StrCat("permute: dims ", ShapeStr(dims), " is not a permutation"));
     seen[a] = true;
     out.push_back(in[0].shape[a]);
   }
@@ -210,7 +230,8 @@ absl::StatusOr<TensorType> InferSqueeze(const Node& n, const Types& in) {
     KILN_ASSIGN_OR_RETURN(auto axes, NormalizeAxes(*axes_opt, r, false));
     for (int64_t a : axes) {
       if (in[0].shape[a] != 1)
-        return InvalidArgumentError(absl::StrCat("squeeze: axis ", a, " has size ", in[0].shape[a], ", not 1"));
+        return InvalidArgumentError(
+            absl::StrCat("squeeze: axis ", a, " has size ", in[0].shape[a], ", not 1"));
       drop.insert(a);
     }
   }
@@ -274,8 +295,11 @@ absl::StatusOr<TensorType> InferSlice(const Node& n, const Types& in) {
   std::set<int64_t> seen;
   for (size_t i = 0; i < axes.size(); ++i) {
     int64_t a = axes[i] < 0 ? axes[i] + r : axes[i];
-    if (a < 0 || a >= r) return InvalidArgumentError(absl::StrCat("slice: axis ", axes[i], " out of range for rank ", r));
-    if (!seen.insert(a).second) return InvalidArgumentError(absl::StrCat("slice: axis ", a, " repeated"));
+    if (a < 0 || a >= r)
+      return InvalidArgumentError(
+          absl::StrCat("slice: axis ", axes[i], " out of range for rank ", r));
+    if (!seen.insert(a).second)
+      return InvalidArgumentError(absl::StrCat("slice: axis ", a, " repeated"));
     KILN_ASSIGN_OR_RETURN(auto sl, NormalizeSlice(in[0].shape[a], starts[i], stops[i], steps[i]));
     out[a] = sl.second;
   }
@@ -288,14 +312,20 @@ absl::StatusOr<TensorType> InferConcat(const Node& n, const Types& in) {
   int64_t r = in[0].Rank();
   int64_t axis = n.Int("axis");
   if (axis < 0) axis += r;
-  if (axis < 0 || axis >= r) return InvalidArgumentError(absl::StrCat("concat: axis ", n.Int("axis"), " out of range for rank ", r));
+  if (axis < 0 || axis >= r)
+    return InvalidArgumentError(
+        absl::StrCat("concat: axis ", n.Int("axis"), " out of range for rank ", r));
   Shape out = in[0].shape;
   DType t = in[0].dtype;
   for (size_t i = 1; i < in.size(); ++i) {
-    if (in[i].Rank() != r) return InvalidArgumentError(absl::StrCat("concat: input ", i, " has rank ", in[i].Rank(), ", expected ", r));
+    if (in[i].Rank() != r)
+      return InvalidArgumentError(
+          absl::StrCat("concat: input ", i, " has rank ", in[i].Rank(), ", expected ", r));
     for (int64_t d = 0; d < r; ++d) {
       if (d != axis && in[i].shape[d] != out[d])
-        return InvalidArgumentError(absl::StrCat("concat: input ", i, " shape ", ShapeStr(in[i].shape), " differs from ", ShapeStr(in[0].shape), " off axis ", axis));
+        return InvalidArgumentError(absl::StrCat("concat: input ", i, " shape ",
+                                                 ShapeStr(in[i].shape), " differs from ",
+                                                 ShapeStr(in[0].shape), " off axis ", axis));
     }
     out[axis] += in[i].shape[axis];
     t = Promote(t, in[i].dtype);
@@ -309,15 +339,18 @@ absl::StatusOr<TensorType> InferGather(const Node& n, const Types& in) {
   KILN_RETURN_IF_ERROR(NumberAttrs(n, {"axis"}));
   const TensorType &x = in[0], &idx = in[1];
   if (!IsInteger(idx.dtype))
-    return InvalidArgumentError(absl::StrCat("gather: index has dtype ", DTypeName(idx.dtype),
-                                             " (rule: the index of a gather is an integer tensor)"));
+    return InvalidArgumentError(
+        absl::StrCat("gather: index has dtype ", DTypeName(idx.dtype),
+                     " (rule: the index of a gather is an integer tensor)"));
   const int64_t r = x.Rank();
   if (idx.Rank() != r)
     return InvalidArgumentError(absl::StrCat("gather: index has rank ", idx.Rank(), ", x rank ", r,
                                              " (rule: index and x have the same rank)"));
   int64_t axis = n.Int("axis");
   if (axis < 0) axis += r;
-  if (axis < 0 || axis >= r) return InvalidArgumentError(absl::StrCat("gather: axis ", n.Int("axis"), " out of range for rank ", r));
+  if (axis < 0 || axis >= r)
+    return InvalidArgumentError(
+        absl::StrCat("gather: axis ", n.Int("axis"), " out of range for rank ", r));
   Shape out = idx.shape;
   for (int64_t d = 0; d < r; ++d) {
     if (d == axis || x.shape[d] == idx.shape[d] || x.shape[d] == 1) continue;
@@ -325,8 +358,9 @@ absl::StatusOr<TensorType> InferGather(const Node& n, const Types& in) {
       out[d] = x.shape[d];
       continue;
     }
-    return InvalidArgumentError(absl::StrCat("gather: x ", ShapeStr(x.shape), " and index ", ShapeStr(idx.shape),
-                                             " off axis ", axis, " (rule: off the axis, x and index broadcast)"));
+    return InvalidArgumentError(absl::StrCat("gather: x ", ShapeStr(x.shape), " and index ",
+                                             ShapeStr(idx.shape), " off axis ", axis,
+                                             " (rule: off the axis, x and index broadcast)"));
   }
   const bool empty = std::count(out.begin(), out.end(), 0) > 0;
   if (x.shape[axis] == 0 && !empty)
@@ -343,10 +377,12 @@ absl::StatusOr<TensorType> InferConstant(const Node& n, const Types&) {
   int64_t want = c->NumElements();
   int64_t have = static_cast<int64_t>(c->f.size() + c->i.size());
   if (have != want || (!c->f.empty() && !c->i.empty()))
-    return InvalidArgumentError(absl::StrCat("constant: ", have, " values for shape ", ShapeStr(c->shape)));
+    return InvalidArgumentError(
+        absl::StrCat("constant: ", have, " values for shape ", ShapeStr(c->shape)));
   if (want > (1 << 20)) return absl::ResourceExhaustedError("constant: more than 2^20 elements");
   for (int64_t v : c->i)
-    if (!FitsIntDType(v, c->dtype)) return InvalidArgumentError(DoesNotFit(static_cast<double>(v), c->dtype));
+    if (!FitsIntDType(v, c->dtype))
+      return InvalidArgumentError(DoesNotFit(static_cast<double>(v), c->dtype));
   return Make(c->dtype, c->shape);
 }
 
@@ -373,7 +409,8 @@ absl::StatusOr<TensorType> InferIota(const Node& n, const Types& in) {
     KILN_ASSIGN_OR_RETURN(shape, RequiredInts(n, "shape"));
     KILN_RETURN_IF_ERROR(CheckShape(shape));
   } else if (n.Has("shape")) {
-    return InvalidArgumentError("iota: both an input and a 'shape' (rule: the shape comes from one of them)");
+    return InvalidArgumentError(
+        "iota: both an input and a 'shape' (rule: the shape comes from one of them)");
   } else {
     shape = in[0].shape;
   }
@@ -381,7 +418,9 @@ absl::StatusOr<TensorType> InferIota(const Node& n, const Types& in) {
   int64_t r = static_cast<int64_t>(shape.size());
   int64_t axis = n.Int("axis", 0);
   if (axis < 0) axis += r;
-  if (axis < 0 || axis >= r) return InvalidArgumentError(absl::StrCat("iota: axis ", n.Int("axis"), " out of range for rank ", r));
+  if (axis < 0 || axis >= r)
+    return InvalidArgumentError(
+        absl::StrCat("iota: axis ", n.Int("axis"), " out of range for rank ", r));
   return Make(n.Dtype("dtype", DType::kI64), shape);
 }
 
@@ -390,19 +429,23 @@ absl::StatusOr<TensorType> InferUniform(const Node& n, const Types& in) {
   KILN_RETURN_IF_ERROR(NumberAttrs(n, {"stream"}));
   const TensorType& seed = in[0];
   if (!IsInteger(seed.dtype) || seed.NumElements() != 1)
-    return InvalidArgumentError(absl::StrCat("uniform: seed is ", DTypeName(seed.dtype), ShapeStr(seed.shape),
-                                             " (rule: the seed is an integer tensor of one element)"));
+    return InvalidArgumentError(
+        absl::StrCat("uniform: seed is ", DTypeName(seed.dtype), ShapeStr(seed.shape),
+                     " (rule: the seed is an integer tensor of one element)"));
   const DType t = n.Dtype("dtype", DType::kF32);
   if (!IsFloat(t))
-    return InvalidArgumentError(absl::StrCat("uniform: dtype ", DTypeName(t), " (rule: uniform numbers are floats)"));
+    return InvalidArgumentError(
+        absl::StrCat("uniform: dtype ", DTypeName(t), " (rule: uniform numbers are floats)"));
   const int64_t stream = n.Int("stream", 0);
   if (stream < 0 || stream > 0xFFFFFFFFll)
-    return InvalidArgumentError(absl::StrCat("uniform: stream ", stream, " (rule: a stream is in [0, 2^32))"));
+    return InvalidArgumentError(
+        absl::StrCat("uniform: stream ", stream, " (rule: a stream is in [0, 2^32))"));
   return Make(t, in[1].shape);
 }
 
 // ---- reductions ----
-absl::StatusOr<Shape> ReducedShape(const Node& n, const TensorType& x, std::vector<int64_t>* axes_out) {
+absl::StatusOr<Shape> ReducedShape(const Node& n, const TensorType& x,
+                                   std::vector<int64_t>* axes_out) {
   KILN_ASSIGN_OR_RETURN(auto axes_opt, IntsAttr(n, "axes"));
   KILN_RETURN_IF_ERROR(CheckKind(n, "keepdim", false, true, false, false));
   KILN_ASSIGN_OR_RETURN(auto axes, NormalizeAxes(axes_opt ? *axes_opt : IntList{}, x.Rank(), true));
@@ -410,8 +453,10 @@ absl::StatusOr<Shape> ReducedShape(const Node& n, const TensorType& x, std::vect
   Shape out;
   for (int64_t i = 0; i < x.Rank(); ++i) {
     bool red = std::binary_search(axes.begin(), axes.end(), i);
-    if (!red) out.push_back(x.shape[i]);
-    else if (keep) out.push_back(1);
+    if (!red)
+      out.push_back(x.shape[i]);
+    else if (keep)
+      out.push_back(1);
   }
   if (axes_out) *axes_out = axes;
   return out;
@@ -425,15 +470,20 @@ InferFn Reduce(ReduceRule rule) {
     KILN_RETURN_IF_ERROR(NumberAttrs(n, {"correction"}));
     DType t = in[0].dtype;
     switch (rule) {
-      case ReduceRule::kSum: return Make(SumResult(t), s);
-      case ReduceRule::kSame: return Make(t, s);
-      case ReduceRule::kFloat: return Make(FloatResult(t), s);
-      case ReduceRule::kBool: return Make(DType::kBool, s);
+      case ReduceRule::kSum:
+        return Make(SumResult(t), s);
+      case ReduceRule::kSame:
+        return Make(t, s);
+      case ReduceRule::kFloat:
+        return Make(FloatResult(t), s);
+      case ReduceRule::kBool:
+        return Make(DType::kBool, s);
       case ReduceRule::kExtremum:
         for (int64_t a : axes)
           if (in[0].shape[a] == 0)
-            return InvalidArgumentError(absl::StrCat(n.op, ": reduction over empty axis ", a,
-                                                     " (rule: max/min of an empty axis is undefined, as in NumPy)"));
+            return InvalidArgumentError(
+                absl::StrCat(n.op, ": reduction over empty axis ", a,
+                             " (rule: max/min of an empty axis is undefined, as in NumPy)"));
         return Make(t, s);
     }
     return InvalidArgumentError("bad reduce rule");
@@ -451,14 +501,19 @@ absl::StatusOr<TensorType> InferArgReduce(const Node& n, const Types& in) {
   }
   int64_t axis = n.Int("axis");
   if (axis < 0) axis += x.Rank();
-  if (axis < 0 || axis >= x.Rank()) return InvalidArgumentError(absl::StrCat(n.op, ": axis ", n.Int("axis"), " out of range for rank ", x.Rank()));
+  if (axis < 0 || axis >= x.Rank())
+    return InvalidArgumentError(
+        absl::StrCat(n.op, ": axis ", n.Int("axis"), " out of range for rank ", x.Rank()));
   if (x.shape[axis] == 0)
-    return InvalidArgumentError(absl::StrCat(n.op, ": reduction over empty axis ", axis,
-                                             " (rule: argmax/argmin of an empty axis is undefined, as in NumPy)"));
+    return InvalidArgumentError(
+        absl::StrCat(n.op, ": reduction over empty axis ", axis,
+                     " (rule: argmax/argmin of an empty axis is undefined, as in NumPy)"));
   Shape out;
   for (int64_t i = 0; i < x.Rank(); ++i) {
-    if (i != axis) out.push_back(x.shape[i]);
-    else if (keep) out.push_back(1);
+    if (i != axis)
+      out.push_back(x.shape[i]);
+    else if (keep)
+      out.push_back(1);
   }
   return Make(DType::kI64, out);
 }
@@ -468,16 +523,20 @@ absl::StatusOr<TensorType> InferAxisFloat(const Node& n, const Types& in) {
   KILN_RETURN_IF_ERROR(NumberAttrs(n, {"axis"}));
   int64_t r = in[0].Rank();
   int64_t axis = n.Int("axis", -1);
-  if (axis < -r || axis >= r || r == 0) return InvalidArgumentError(absl::StrCat(n.op, ": axis ", axis, " out of range for rank ", r));
+  if (axis < -r || axis >= r || r == 0)
+    return InvalidArgumentError(absl::StrCat(n.op, ": axis ", axis, " out of range for rank ", r));
   return Make(FloatResult(in[0].dtype), in[0].shape);
 }
 
 absl::StatusOr<TensorType> InferFloatSame(const Node& n, const Types& in) {
-  KILN_RETURN_IF_ERROR(NumberAttrs(n, {"alpha", "beta", "threshold", "negative_slope", "min_val", "max_val", "min", "max"}));
+  KILN_RETURN_IF_ERROR(NumberAttrs(
+      n, {"alpha", "beta", "threshold", "negative_slope", "min_val", "max_val", "min", "max"}));
   if (n.op == "gelu") {
     KILN_RETURN_IF_ERROR(CheckKind(n, "approximate", false, false, true, false));
     std::string a = n.Str("approximate", "none");
-    if (a != "none" && a != "tanh") return InvalidArgumentError(absl::StrCat("gelu: approximate must be 'none' or 'tanh', got '", a, "'"));
+    if (a != "none" && a != "tanh")
+      return InvalidArgumentError(
+          absl::StrCat("gelu: approximate must be 'none' or 'tanh', got '", a, "'"));
   }
   return Make(FloatResult(in[0].dtype), in[0].shape);
 }
@@ -485,14 +544,17 @@ absl::StatusOr<TensorType> InferFloatSame(const Node& n, const Types& in) {
 absl::StatusOr<TensorType> InferLayerNorm(const Node& n, const Types& in) {
   KILN_RETURN_IF_ERROR(NumberAttrs(n, {"eps"}));
   KILN_ASSIGN_OR_RETURN(auto axes_opt, IntsAttr(n, "axes"));
-  KILN_ASSIGN_OR_RETURN(auto axes, NormalizeAxes(axes_opt ? *axes_opt : IntList{-1}, in[0].Rank(), false));
+  KILN_ASSIGN_OR_RETURN(auto axes,
+                        NormalizeAxes(axes_opt ? *axes_opt : IntList{-1}, in[0].Rank(), false));
   if (axes.empty()) return InvalidArgumentError("layer_norm: no axes");
   Shape norm_shape;
   for (int64_t a : axes) norm_shape.push_back(in[0].shape[a]);
   DType t = in[0].dtype;
   for (size_t i = 1; i < in.size(); ++i) {
     if (in[i].shape != norm_shape)
-      return InvalidArgumentError(absl::StrCat("layer_norm: ", i == 1 ? "weight" : "bias", " shape ", ShapeStr(in[i].shape), " must be ", ShapeStr(norm_shape)));
+      return InvalidArgumentError(absl::StrCat("layer_norm: ", i == 1 ? "weight" : "bias",
+                                               " shape ", ShapeStr(in[i].shape), " must be ",
+                                               ShapeStr(norm_shape)));
     t = Promote(t, in[i].dtype);
   }
   return Make(FloatResult(t), in[0].shape);
@@ -502,23 +564,29 @@ absl::StatusOr<TensorType> InferReduceFloat(const Node& n, const Types& in) {
   KILN_RETURN_IF_ERROR(NumberAttrs(n, {"ord"}));
   if (n.op == "norm") {
     double p = n.Float("ord", 2);
-    if (p != 1 && p != 2 && !std::isinf(p)) return InvalidArgumentError(absl::StrCat("norm: ord must be 1, 2 or inf, got ", p));
+    if (p != 1 && p != 2 && !std::isinf(p))
+      return InvalidArgumentError(absl::StrCat("norm: ord must be 1, 2 or inf, got ", p));
   }
   std::vector<int64_t> axes;
   KILN_ASSIGN_OR_RETURN(Shape s, ReducedShape(n, in[0], &axes));
   if (n.op == "norm" && std::isinf(n.Float("ord", 2)))
     for (int64_t a : axes)
       if (in[0].shape[a] == 0)
-        return InvalidArgumentError(absl::StrCat("norm: ord=inf over empty axis ", a,
-                                                 " (rule: max/min of an empty axis is undefined, as in NumPy)"));
+        return InvalidArgumentError(
+            absl::StrCat("norm: ord=inf over empty axis ", a,
+                         " (rule: max/min of an empty axis is undefined, as in NumPy)"));
   return Make(FloatResult(in[0].dtype), s);
 }
 
 absl::StatusOr<TensorType> InferMatmul(const Node&, const Types& in) {
   const Shape &a = in[0].shape, &b = in[1].shape;
-  if (a.size() < 2 || b.size() < 2) return InvalidArgumentError("matmul: inputs must have rank >= 2");
-  if (a.back() != b[b.size() - 2]) return InvalidArgumentError(absl::StrCat("matmul: inner dimensions differ: ", ShapeStr(a), " @ ", ShapeStr(b)));
-  KILN_ASSIGN_OR_RETURN(Shape batch, BroadcastShapes(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2)));
+  if (a.size() < 2 || b.size() < 2)
+    return InvalidArgumentError("matmul: inputs must have rank >= 2");
+  if (a.back() != b[b.size() - 2])
+    return InvalidArgumentError(
+        absl::StrCat("matmul: inner dimensions differ: ", ShapeStr(a), " @ ", ShapeStr(b)));
+  KILN_ASSIGN_OR_RETURN(
+      Shape batch, BroadcastShapes(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2)));
   batch.push_back(a[a.size() - 2]);
   batch.push_back(b.back());
   return Make(Promote(in[0].dtype, in[1].dtype), batch);
@@ -527,7 +595,8 @@ absl::StatusOr<TensorType> InferMatmul(const Node&, const Types& in) {
 absl::StatusOr<TensorType> InferConv2d(const Node&, const Types& in) {
   const Shape &x = in[0].shape, &w = in[1].shape;
   if (x.size() != 4 || w.size() != 4 || x[1] != w[1] || x[2] < w[2] || x[3] < w[3])
-    return InvalidArgumentError("conv2d: expects NCHW input and OIHW weight with matching channels");
+    return InvalidArgumentError(
+        "conv2d: expects NCHW input and OIHW weight with matching channels");
   return Make(Promote(in[0].dtype, in[1].dtype), {x[0], w[0], x[2] - w[2] + 1, x[3] - w[3] + 1});
 }
 
@@ -545,7 +614,8 @@ void SetAttributes(std::unordered_map<std::string, OpSchema>* r) {
       {{"broadcast_to", "reshape"}, {{"shape", A::kInts}}},
       {{"permute"}, {{"dims", A::kInts}}},
       {{"squeeze", "unsqueeze"}, {{"axes", A::kInts}}},
-      {{"slice"}, {{"axes", A::kInts}, {"starts", A::kInts}, {"stops", A::kInts}, {"steps", A::kInts}}},
+      {{"slice"},
+       {{"axes", A::kInts}, {"starts", A::kInts}, {"stops", A::kInts}, {"steps", A::kInts}}},
       {{"concat", "gather"}, {{"axis", A::kInt}}},
       {{"constant"}, {{"value", A::kTensor}}},
       {{"full"}, {{"shape", A::kInts}, {"value", A::kFloat}, {"dtype", A::kDType}}},
@@ -569,13 +639,20 @@ void SetAttributes(std::unordered_map<std::string, OpSchema>* r) {
 
 bool HoldsKind(const AttrValue& v, AttrKind kind) {
   switch (kind) {
-    case AttrKind::kInt: return std::holds_alternative<int64_t>(v);
-    case AttrKind::kFloat: return std::holds_alternative<int64_t>(v) || std::holds_alternative<double>(v);
-    case AttrKind::kBool: return std::holds_alternative<bool>(v) || std::holds_alternative<int64_t>(v);
-    case AttrKind::kStr: return std::holds_alternative<std::string>(v);
-    case AttrKind::kDType: return std::holds_alternative<DType>(v);
-    case AttrKind::kInts: return std::holds_alternative<IntList>(v) || std::holds_alternative<int64_t>(v);
-    case AttrKind::kTensor: return std::holds_alternative<Constant>(v);
+    case AttrKind::kInt:
+      return std::holds_alternative<int64_t>(v);
+    case AttrKind::kFloat:
+      return std::holds_alternative<int64_t>(v) || std::holds_alternative<double>(v);
+    case AttrKind::kBool:
+      return std::holds_alternative<bool>(v) || std::holds_alternative<int64_t>(v);
+    case AttrKind::kStr:
+      return std::holds_alternative<std::string>(v);
+    case AttrKind::kDType:
+      return std::holds_alternative<DType>(v);
+    case AttrKind::kInts:
+      return std::holds_alternative<IntList>(v) || std::holds_alternative<int64_t>(v);
+    case AttrKind::kTensor:
+      return std::holds_alternative<Constant>(v);
   }
   return false;
 }
@@ -591,11 +668,14 @@ absl::Status CheckAttributes(const Node& n, const OpSchema& schema) {
       for (const AttrSpec& a : schema.attrs) known.push_back(a.name);
       return InvalidArgumentError(absl::StrCat(
           "unknown attribute '", key, "' for op '", n.op, "' (rule: only documented attributes; ",
-          known.empty() ? std::string("it takes none") : absl::StrCat("it takes: ", absl::StrJoin(known, ", ")), ")"));
+          known.empty() ? std::string("it takes none")
+                        : absl::StrCat("it takes: ", absl::StrJoin(known, ", ")),
+          ")"));
     }
     if (!HoldsKind(value, spec->kind))
       return InvalidArgumentError(absl::StrCat("attribute '", key, "' of op '", n.op, "' must be ",
-                                               AttrKindName(spec->kind), " (rule: attribute kind)"));
+                                               AttrKindName(spec->kind),
+                                               " (rule: attribute kind)"));
   }
   return absl::OkStatus();
 }
@@ -606,21 +686,27 @@ std::unordered_map<std::string, OpSchema> BuildRegistry() {
     r[name] = OpSchema{name, kind, lo, hi, {}, std::move(fn)};
   };
   using K = OpKind;
-  for (const char* op : {"exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "sin", "cos",
-                         "tan", "tanh", "asin", "acos", "atan", "sinh", "cosh", "sigmoid", "erf",
-                         "reciprocal"})
+  for (const char* op :
+       {"exp", "exp2", "expm1", "log",  "log2", "log1p", "sqrt", "rsqrt",   "sin", "cos",
+        "tan", "tanh", "asin",  "acos", "atan", "sinh",  "cosh", "sigmoid", "erf", "reciprocal"})
     add(op, K::kElementwise, 1, 1, Unary(UnaryRule::kFloat));
-  for (const char* op : {"abs", "floor", "ceil", "round", "trunc"}) add(op, K::kElementwise, 1, 1, Unary(UnaryRule::kSame));
+  for (const char* op : {"abs", "floor", "ceil", "round", "trunc"})
+    add(op, K::kElementwise, 1, 1, Unary(UnaryRule::kSame));
   for (const char* op : {"neg", "sign"}) add(op, K::kElementwise, 1, 1, Unary(UnaryRule::kSigned));
-  for (const char* op : {"logical_not", "isnan", "isinf"}) add(op, K::kElementwise, 1, 1, Unary(UnaryRule::kBoolOut));
+  for (const char* op : {"logical_not", "isnan", "isinf"})
+    add(op, K::kElementwise, 1, 1, Unary(UnaryRule::kBoolOut));
   add("bitwise_not", K::kElementwise, 1, 1, Unary(UnaryRule::kIntOrBool));
-  for (const char* op : {"add", "mul", "maximum", "minimum"}) add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kPromote));
-  for (const char* op : {"sub", "floordiv", "remainder", "pow"}) add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kNumeric));
+  for (const char* op : {"add", "mul", "maximum", "minimum"})
+    add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kPromote));
+  for (const char* op : {"sub", "floordiv", "remainder", "pow"})
+    add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kNumeric));
   add("div", K::kElementwise, 2, 2, Binary(BinaryRule::kTrueDiv));
   add("atan2", K::kElementwise, 2, 2, Binary(BinaryRule::kFloat));
-  for (const char* op : {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"})
+  for (const char* op :
+       {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"})
     add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kBoolOut));
-  for (const char* op : {"bitwise_and", "bitwise_or", "bitwise_xor"}) add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kIntOrBool));
+  for (const char* op : {"bitwise_and", "bitwise_or", "bitwise_xor"})
+    add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kIntOrBool));
   add("where", K::kElementwise, 3, 3, InferWhere);
   add("clamp", K::kElementwise, 1, 1, InferClamp);
   add("cast", K::kElementwise, 1, 1, InferCast);
@@ -643,17 +729,20 @@ std::unordered_map<std::string, OpSchema> BuildRegistry() {
   for (const char* op : {"max", "min"}) add(op, K::kReduction, 1, 1, Reduce(ReduceRule::kExtremum));
   for (const char* op : {"any", "all"}) add(op, K::kReduction, 1, 1, Reduce(ReduceRule::kBool));
   // mean/var/std are decomposed into sums, so they are composites.
-  for (const char* op : {"mean", "var", "std"}) add(op, K::kComposite, 1, 1, Reduce(ReduceRule::kFloat));
+  for (const char* op : {"mean", "var", "std"})
+    add(op, K::kComposite, 1, 1, Reduce(ReduceRule::kFloat));
   for (const char* op : {"argmax", "argmin"}) add(op, K::kReduction, 1, 1, InferArgReduce);
 
   for (const char* op : {"softmax", "log_softmax"}) add(op, K::kComposite, 1, 1, InferAxisFloat);
   for (const char* op : {"logsumexp", "norm"}) add(op, K::kComposite, 1, 1, InferReduceFloat);
   add("layer_norm", K::kComposite, 1, 3, InferLayerNorm);
-  for (const char* op : {"gelu", "elu", "silu", "softplus"}) add(op, K::kComposite, 1, 1, InferFloatSame);
+  for (const char* op : {"gelu", "elu", "silu", "softplus"})
+    add(op, K::kComposite, 1, 1, InferFloatSame);
   for (const char* op : {"relu", "leaky_relu", "hardtanh", "clip"})
     add(op, K::kComposite, 1, 1, [](const Node& n, const Types& in) -> absl::StatusOr<TensorType> {
       KILN_RETURN_IF_ERROR(NumberAttrs(n, {"negative_slope", "min_val", "max_val", "min", "max"}));
-      if (n.op == "leaky_relu" && !IsFloat(in[0].dtype)) return Make(FloatResult(in[0].dtype), in[0].shape);
+      if (n.op == "leaky_relu" && !IsFloat(in[0].dtype))
+        return Make(FloatResult(in[0].dtype), in[0].shape);
       return Make(in[0].dtype, in[0].shape);
     });
 
@@ -670,7 +759,8 @@ const std::unordered_map<std::string, OpSchema>& Registry() {
 
 absl::Status CheckTensorType(const TensorType& t, const Limits& limits, std::string* why) {
   if (t.Rank() > limits.max_rank) {
-    *why = absl::StrCat("rank ", t.Rank(), " exceeds the limit of ", limits.max_rank, " (max_rank)");
+    *why =
+        absl::StrCat("rank ", t.Rank(), " exceeds the limit of ", limits.max_rank, " (max_rank)");
     return absl::ResourceExhaustedError("");
   }
   int64_t n = 1;
@@ -688,12 +778,13 @@ absl::Status CheckTensorType(const TensorType& t, const Limits& limits, std::str
   // (concat, reshape, loop trip counts) must not overflow.
   for (int64_t d : t.shape)
     if (n == 0 && d > limits.max_elements) {
-      *why = absl::StrCat("dimension ", d, " of shape ", ShapeStr(t.shape), " is over the limit of ",
-                          limits.max_elements, " (max_elements)");
+      *why = absl::StrCat("dimension ", d, " of shape ", ShapeStr(t.shape),
+                          " is over the limit of ", limits.max_elements, " (max_elements)");
       return absl::ResourceExhaustedError("");
     }
   if (n > limits.max_elements) {
-    *why = absl::StrCat("shape ", ShapeStr(t.shape), " has ", n, " elements, over the limit of ", limits.max_elements, " (max_elements)");
+    *why = absl::StrCat("shape ", ShapeStr(t.shape), " has ", n, " elements, over the limit of ",
+                        limits.max_elements, " (max_elements)");
     return absl::ResourceExhaustedError("");
   }
   if (!t.strides.empty() && t.strides.size() != t.shape.size()) {
@@ -712,13 +803,15 @@ absl::StatusOr<Shape> BroadcastShapes(const Shape& a, const Shape& b) {
     int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
     int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
     if (da != db && da != 1 && db != 1)
-      return InvalidArgumentError(absl::StrCat("broadcast mismatch: ", ShapeStr(a), " vs ", ShapeStr(b)));
+      return InvalidArgumentError(
+          absl::StrCat("broadcast mismatch: ", ShapeStr(a), " vs ", ShapeStr(b)));
     out[i] = da == 1 ? db : da;
   }
   return out;
 }
 
-absl::StatusOr<std::vector<int64_t>> NormalizeAxes(const IntList& axes, int64_t rank, bool empty_means_all) {
+absl::StatusOr<std::vector<int64_t>> NormalizeAxes(const IntList& axes, int64_t rank,
+                                                   bool empty_means_all) {
   std::vector<int64_t> out;
   if (axes.empty() && empty_means_all) {
     out.resize(rank);
@@ -727,7 +820,8 @@ absl::StatusOr<std::vector<int64_t>> NormalizeAxes(const IntList& axes, int64_t 
   }
   for (int64_t a : axes) {
     int64_t x = a < 0 ? a + rank : a;
-    if (x < 0 || x >= rank) return InvalidArgumentError(absl::StrCat("axis ", a, " out of range for rank ", rank));
+    if (x < 0 || x >= rank)
+      return InvalidArgumentError(absl::StrCat("axis ", a, " out of range for rank ", rank));
     out.push_back(x);
   }
   std::sort(out.begin(), out.end());
@@ -737,13 +831,20 @@ absl::StatusOr<std::vector<int64_t>> NormalizeAxes(const IntList& axes, int64_t 
 
 const char* AttrKindName(AttrKind kind) {
   switch (kind) {
-    case AttrKind::kInt: return "an int";
-    case AttrKind::kFloat: return "a number";
-    case AttrKind::kBool: return "a bool";
-    case AttrKind::kStr: return "a string";
-    case AttrKind::kDType: return "a dtype";
-    case AttrKind::kInts: return "a list of ints";
-    case AttrKind::kTensor: return "a tensor";
+    case AttrKind::kInt:
+      return "an int";
+    case AttrKind::kFloat:
+      return "a number";
+    case AttrKind::kBool:
+      return "a bool";
+    case AttrKind::kStr:
+      return "a string";
+    case AttrKind::kDType:
+      return "a dtype";
+    case AttrKind::kInts:
+      return "a list of ints";
+    case AttrKind::kTensor:
+      return "a tensor";
   }
   return "?";
 }
@@ -762,7 +863,9 @@ std::vector<std::string> AllOps() {
 
 absl::Status VerifyAndInfer(Graph& g, const Limits& limits) {
   if (static_cast<int64_t>(g.nodes.size()) > limits.max_nodes)
-    return absl::ResourceExhaustedError(absl::StrCat("graph has ", g.nodes.size(), " nodes, over the limit of ", limits.max_nodes, " (max_nodes)"));
+    return absl::ResourceExhaustedError(absl::StrCat("graph has ", g.nodes.size(),
+                                                     " nodes, over the limit of ", limits.max_nodes,
+                                                     " (max_nodes)"));
   if (g.outputs.empty()) return InvalidArgumentError("graph has no outputs");
   g.input_names.resize(g.inputs.size());
   std::string why;
@@ -777,13 +880,16 @@ absl::Status VerifyAndInfer(Graph& g, const Limits& limits) {
       return absl::Status(code, absl::StrCat(g.Describe(self), ": ", msg));
     };
     const OpSchema* schema = FindOp(n.op);
-    if (!schema) return fail(absl::StatusCode::kInvalidArgument, absl::StrCat("unknown op '", n.op, "'"));
+    if (!schema)
+      return fail(absl::StatusCode::kInvalidArgument, absl::StrCat("unknown op '", n.op, "'"));
     int argc = static_cast<int>(n.inputs.size());
     if (argc < schema->min_inputs || (schema->max_inputs >= 0 && argc > schema->max_inputs)) {
       std::string want = schema->max_inputs < 0 ? absl::StrCat("at least ", schema->min_inputs)
-                         : schema->min_inputs == schema->max_inputs ? absl::StrCat(schema->min_inputs)
-                         : absl::StrCat(schema->min_inputs, " to ", schema->max_inputs);
-      return fail(absl::StatusCode::kInvalidArgument, absl::StrCat("wrong arity: takes ", want, " inputs, got ", argc));
+                         : schema->min_inputs == schema->max_inputs
+                             ? absl::StrCat(schema->min_inputs)
+                             : absl::StrCat(schema->min_inputs, " to ", schema->max_inputs);
+      return fail(absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("wrong arity: takes ", want, " inputs, got ", argc));
     }
     Types in;
     for (ValueId v : n.inputs) {
@@ -791,7 +897,9 @@ absl::Status VerifyAndInfer(Graph& g, const Limits& limits) {
         return fail(absl::StatusCode::kInvalidArgument, absl::StrCat("uses undefined value ", v));
       if (v >= self)
         return fail(absl::StatusCode::kInvalidArgument,
-                    absl::StrCat("uses value ", v, " before it is defined (nodes must be in topological order; cycles are not allowed)"));
+                    absl::StrCat("uses value ", v,
+                                 " before it is defined (nodes must be in topological order; "
+                                 "cycles are not allowed)"));
       in.push_back(g.TypeOf(v));
     }
     if (absl::Status a = CheckAttributes(n, *schema); !a.ok())
@@ -803,7 +911,8 @@ absl::Status VerifyAndInfer(Graph& g, const Limits& limits) {
     n.type = *std::move(t);
   }
   for (ValueId v : g.outputs)
-    if (v < 0 || v >= g.num_values()) return InvalidArgumentError(absl::StrCat("graph output names undefined value ", v));
+    if (v < 0 || v >= g.num_values())
+      return InvalidArgumentError(absl::StrCat("graph output names undefined value ", v));
   return absl::OkStatus();
 }
 

@@ -25,7 +25,9 @@ thread_local bool symbolic_sample = false;
 thread_local std::vector<int64_t> current_sample;
 }  // namespace
 
-ScopedSymbolicSample::ScopedSymbolicSample() : previous_(symbolic_sample) { symbolic_sample = true; }
+ScopedSymbolicSample::ScopedSymbolicSample() : previous_(symbolic_sample) {
+  symbolic_sample = true;
+}
 ScopedSymbolicSample::~ScopedSymbolicSample() {
   symbolic_sample = previous_;
   if (!previous_) current_sample.clear();
@@ -53,7 +55,8 @@ void SetSymbolSizes(Graph& graph, const std::vector<int64_t>& values) {
 
 std::vector<int64_t> FirstSample(const Graph& graph) {
   std::vector<int64_t> v;
-  for (size_t k = 0; k < graph.symbols.size(); ++k) v.push_back(SampleValue(static_cast<int>(k), 0));
+  for (size_t k = 0; k < graph.symbols.size(); ++k)
+    v.push_back(SampleValue(static_cast<int>(k), 0));
   return v;
 }
 
@@ -62,7 +65,8 @@ std::string NameSymbols(absl::string_view message, const Graph& graph) {
   size_t i = 0;
   while (i < message.size()) {
     const bool starts = std::isdigit(static_cast<unsigned char>(message[i])) &&
-                        (i == 0 || !(std::isalnum(static_cast<unsigned char>(message[i - 1])) || message[i - 1] == '_'));
+                        (i == 0 || !(std::isalnum(static_cast<unsigned char>(message[i - 1])) ||
+                                     message[i - 1] == '_'));
     if (!starts) {
       out += message[i++];
       continue;
@@ -73,7 +77,8 @@ std::string NameSymbols(absl::string_view message, const Graph& graph) {
     std::string replaced(number);
     for (size_t k = 0; k < graph.symbols.size() && k < static_cast<size_t>(kMaxSymbols); ++k)
       for (int p = 0; p < kSamplePoints; ++p)
-        if (number == absl::StrCat(SampleValue(static_cast<int>(k), p))) replaced = absl::StrCat("'", graph.symbols[k], "'");
+        if (number == absl::StrCat(SampleValue(static_cast<int>(k), p)))
+          replaced = absl::StrCat("'", graph.symbols[k], "'");
     out += replaced;
     i = j;
   }

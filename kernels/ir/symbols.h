@@ -5,19 +5,19 @@
 // values* in its symbolic dimensions: large numbers, a band of its own per symbol, so that two
 // symbols never coincide and every size-dependent choice (a loop worth threads, a table too big
 // to keep) comes out the same for all samples, while their residues differ, so that a choice
-// resting on divisibility does not. Verification at a sample holds for every size exactly when its rules compare
-// shapes structurally (equal symbols, a symbol against 1); a rule that needs a number (a
-// reshape by a fixed factor, broadcasting a symbol against a fixed size other than 1) fails
-// at the sample and is reported with the symbol's name. kernels/codegen/symbolic.h turns code
+// resting on divisibility does not. Verification at a sample holds for every size exactly when its
+// rules compare shapes structurally (equal symbols, a symbol against 1); a rule that needs a number
+// (a reshape by a fixed factor, broadcasting a symbol against a fixed size other than 1) fails at
+// the sample and is reported with the symbol's name. kernels/codegen/symbolic.h turns code
 // generated at several samples into code for every size.
 // Thread-safety: pure functions.
 #pragma once
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "kernels/ir/graph.h"
 #include "kernels/ir/op_registry.h"
 

@@ -18,7 +18,8 @@ int HexValue(char c) {
 absl::StatusOr<std::string> Sha256(std::string_view data) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int md_len = 0;
-  if (EVP_Digest(data.data(), data.size(), md, &md_len, EVP_sha256(), nullptr) != 1 || md_len != kDigestBytes)
+  if (EVP_Digest(data.data(), data.size(), md, &md_len, EVP_sha256(), nullptr) != 1 ||
+      md_len != kDigestBytes)
     return absl::InternalError("SHA-256 failed in OpenSSL");
   return std::string(reinterpret_cast<const char*>(md), md_len);
 }
@@ -37,8 +38,8 @@ bool IsDigest(std::string_view digest) {
 
 absl::StatusOr<std::string> DigestFromHex(std::string_view hex) {
   if (!IsDigest(hex))
-    return absl::InvalidArgumentError(
-        absl::StrCat("digest must be 64 lowercase hex digits, got '", std::string(hex.substr(0, 80)), "'"));
+    return absl::InvalidArgumentError(absl::StrCat("digest must be 64 lowercase hex digits, got '",
+                                                   std::string(hex.substr(0, 80)), "'"));
   std::string raw(kDigestBytes, '\0');
   for (size_t i = 0; i < kDigestBytes; ++i)
     raw[i] = static_cast<char>(HexValue(hex[2 * i]) * 16 + HexValue(hex[2 * i + 1]));

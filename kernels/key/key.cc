@@ -33,16 +33,21 @@ class Writer {
 
 void WriteAttr(Writer& w, const ir::AttrValue& a) {
   w.I64(static_cast<int64_t>(a.index()));
-  if (auto* p = std::get_if<int64_t>(&a)) w.I64(*p);
+  if (auto* p = std::get_if<int64_t>(&a))
+    w.I64(*p);
   else if (auto* p = std::get_if<double>(&a)) {
     // Keep the exact bits: -0.0 vs 0.0 and NaN payloads are the client's business.
     int64_t bits;
     std::memcpy(&bits, p, 8);
     w.I64(bits);
-  } else if (auto* p = std::get_if<std::string>(&a)) w.Str(*p);
-  else if (auto* p = std::get_if<bool>(&a)) w.I64(*p);
-  else if (auto* p = std::get_if<ir::DType>(&a)) w.I64(static_cast<int64_t>(*p));
-  else if (auto* p = std::get_if<ir::IntList>(&a)) w.Ints(*p);
+  } else if (auto* p = std::get_if<std::string>(&a))
+    w.Str(*p);
+  else if (auto* p = std::get_if<bool>(&a))
+    w.I64(*p);
+  else if (auto* p = std::get_if<ir::DType>(&a))
+    w.I64(static_cast<int64_t>(*p));
+  else if (auto* p = std::get_if<ir::IntList>(&a))
+    w.Ints(*p);
   else if (auto* p = std::get_if<ir::FloatList>(&a)) {
     w.I64(static_cast<int64_t>(p->size()));
     for (double x : *p) {

@@ -32,5 +32,4 @@ std::string CanonicalBytes(const ir::Graph& graph);
 ActionKey ComputeKey(const ir::Graph& graph, const Target& target, const CompileOptions& options,
                      const std::string& toolchain_fingerprint);
 
-
 }  // namespace kiln::key

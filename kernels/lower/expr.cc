@@ -18,9 +18,10 @@ std::vector<int> ComputeFreeVars(const Expr& e) {
   std::sort(vs.begin(), vs.end());
   vs.erase(std::unique(vs.begin(), vs.end()), vs.end());
   if (!e.rvars.empty())
-    vs.erase(std::remove_if(vs.begin(), vs.end(),
-                            [&](int v) { return std::count(e.rvars.begin(), e.rvars.end(), v) > 0; }),
-             vs.end());
+    vs.erase(
+        std::remove_if(vs.begin(), vs.end(),
+                       [&](int v) { return std::count(e.rvars.begin(), e.rvars.end(), v) > 0; }),
+        vs.end());
   return vs;
 }
 

@@ -38,8 +38,10 @@ Affine Affine::Var(int v) {
 
 void Affine::CollectVars(std::vector<int>* out) const {
   for (const auto& [t, c] : terms) {
-    if (t.kind == Term::Kind::kVar) out->push_back(t.var);
-    else t.arg->CollectVars(out);
+    if (t.kind == Term::Kind::kVar)
+      out->push_back(t.var);
+    else
+      t.arg->CollectVars(out);
   }
 }
 
@@ -52,8 +54,12 @@ bool Affine::Uses(int var) const {
 // Coefficients wrap (two's complement) rather than overflow (undefined behaviour): an index a
 // kernel evaluates stays inside its buffer, so only a term no loop reaches with a nonzero value
 // (a slice's huge step on an axis of one element, found by fuzzing) can leave int64.
-static int64_t WrapMul(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b)); }
-static int64_t WrapAdd(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b)); }
+static int64_t WrapMul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
+static int64_t WrapAdd(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
 
 Affine Add(const Affine& a, const Affine& b) {
   Affine r = a;
@@ -87,14 +93,17 @@ namespace {
 
 std::pair<int64_t, int64_t> TermRange(const Term& t, const VarExtents& ext) {
   switch (t.kind) {
-    case Term::Kind::kVar: return {0, std::max<int64_t>(ext[t.var] - 1, 0)};
+    case Term::Kind::kVar:
+      return {0, std::max<int64_t>(ext[t.var] - 1, 0)};
     case Term::Kind::kDiv: {
       auto [lo, hi] = Range(*t.arg, ext);
       auto fdiv = [&](int64_t x) { return x >= 0 ? x / t.d : -((-x + t.d - 1) / t.d); };
       return {fdiv(lo), fdiv(hi)};
     }
-    case Term::Kind::kMod: return {0, t.d - 1};
-    case Term::Kind::kClamp: return {t.d, t.hi};
+    case Term::Kind::kMod:
+      return {0, t.d - 1};
+    case Term::Kind::kClamp:
+      return {t.d, t.hi};
   }
   return {0, 0};
 }
@@ -117,8 +126,10 @@ void SplitBy(const Affine& a, int64_t d, Affine* quot, Affine* rem) {
   *quot = Affine::Const(FloorDivInt(a.constant, d));
   *rem = Affine::Const(a.constant - quot->constant * d);
   for (const auto& [t, c] : a.terms) {
-    if (c % d == 0) quot->terms[t] = c / d;
-    else rem->terms[t] = c;
+    if (c % d == 0)
+      quot->terms[t] = c / d;
+    else
+      rem->terms[t] = c;
   }
 }
 
@@ -184,9 +195,15 @@ Affine Substitute(const Affine& a, int v, const Affine& by, const VarExtents& ex
       case Term::Kind::kVar:
         piece = t.var == v ? by : Affine::Var(t.var);
         break;
-      case Term::Kind::kDiv: piece = FloorDiv(Substitute(*t.arg, v, by, ext), t.d, ext); break;
-      case Term::Kind::kMod: piece = Mod(Substitute(*t.arg, v, by, ext), t.d, ext); break;
-      case Term::Kind::kClamp: piece = Clamp(Substitute(*t.arg, v, by, ext), t.d, t.hi, ext); break;
+      case Term::Kind::kDiv:
+        piece = FloorDiv(Substitute(*t.arg, v, by, ext), t.d, ext);
+        break;
+      case Term::Kind::kMod:
+        piece = Mod(Substitute(*t.arg, v, by, ext), t.d, ext);
+        break;
+      case Term::Kind::kClamp:
+        piece = Clamp(Substitute(*t.arg, v, by, ext), t.d, t.hi, ext);
+        break;
     }
     r = Add(r, Scale(piece, c));
   }
@@ -198,15 +215,23 @@ std::string ToC(const Affine& a, const std::vector<std::string>& names) {
   for (const auto& [t, c] : a.terms) {
     std::string atom;
     switch (t.kind) {
-      case Term::Kind::kVar: atom = names[t.var]; break;
-      case Term::Kind::kDiv: atom = absl::StrCat("((", ToC(*t.arg, names), ") / ", t.d, ")"); break;
-      case Term::Kind::kMod: atom = absl::StrCat("((", ToC(*t.arg, names), ") % ", t.d, ")"); break;
+      case Term::Kind::kVar:
+        atom = names[t.var];
+        break;
+      case Term::Kind::kDiv:
+        atom = absl::StrCat("((", ToC(*t.arg, names), ") / ", t.d, ")");
+        break;
+      case Term::Kind::kMod:
+        atom = absl::StrCat("((", ToC(*t.arg, names), ") % ", t.d, ")");
+        break;
       case Term::Kind::kClamp:
         atom = absl::StrCat("kiln_clampi(", ToC(*t.arg, names), ", ", t.d, ", ", t.hi, ")");
         break;
     }
-    if (!s.empty()) s += c < 0 ? " - " : " + ";
-    else if (c < 0) s += "-";
+    if (!s.empty())
+      s += c < 0 ? " - " : " + ";
+    else if (c < 0)
+      s += "-";
     int64_t m = c < 0 ? -c : c;
     s += m == 1 ? atom : absl::StrCat(m, " * ", atom);
   }

@@ -20,10 +20,10 @@ struct Affine;
 struct Term {
   enum class Kind { kVar, kDiv, kMod, kClamp };
   Kind kind = Kind::kVar;
-  int var = -1;                      // kVar
-  std::shared_ptr<const Affine> arg; // kDiv, kMod, kClamp
-  int64_t d = 1;                     // divisor/modulus; kClamp: lower bound
-  int64_t hi = 0;                    // kClamp: upper bound
+  int var = -1;                       // kVar
+  std::shared_ptr<const Affine> arg;  // kDiv, kMod, kClamp
+  int64_t d = 1;                      // divisor/modulus; kClamp: lower bound
+  int64_t hi = 0;                     // kClamp: upper bound
   bool operator<(const Term& o) const;
   bool operator==(const Term& o) const;
 };

@@ -38,15 +38,18 @@ ExprPtr MakeConst(DType t, double v) {
     // constants are rounded to the dtype here (NumPy's cast: inf beyond the range).
     // While sampling a symbolic graph (ir/symbols.h) f16/bf16 constants stay exact.
     const bool exact = t == DType::kF32 || ir::InSymbolicSample();
-    e.fvalue = exact && std::fabs(v) <= std::numeric_limits<float>::max() ? v : ir::RoundToFloatDType(v, t);
+    e.fvalue = exact && std::fabs(v) <= std::numeric_limits<float>::max()
+                   ? v
+                   : ir::RoundToFloatDType(v, t);
   } else if (ir::IsBool(t)) {
     e.ivalue = v != 0;
   } else {
     // Callers pass values that fit (the verifier checks constants and `full`); saturate
     // rather than invoke undefined behaviour should one not.
-    e.ivalue = std::isnan(v) ? 0 : v <= -0x1p63 ? std::numeric_limits<int64_t>::min()
-                              : v >= 0x1p63    ? std::numeric_limits<int64_t>::max()
-                                               : static_cast<int64_t>(v);
+    e.ivalue = std::isnan(v)  ? 0
+               : v <= -0x1p63 ? std::numeric_limits<int64_t>::min()
+               : v >= 0x1p63  ? std::numeric_limits<int64_t>::max()
+                              : static_cast<int64_t>(v);
   }
   return Make(std::move(e));
 }
@@ -84,7 +87,8 @@ int64_t InlineDepth(const ir::Node& node) {
 }
 
 bool NestsIndex(const ir::Node& node) {
-  return node.op == "reshape" || node.op == "squeeze" || node.op == "unsqueeze" || node.op == "concat";
+  return node.op == "reshape" || node.op == "squeeze" || node.op == "unsqueeze" ||
+         node.op == "concat";
 }
 
 std::vector<int64_t> ContiguousStrides(const ir::Shape& shape) {
@@ -172,7 +176,9 @@ ExprPtr Lowerer::LowerNode(ir::ValueId v, const std::vector<Affine>& index) {
   const ir::TensorType& out = n.type;
   const ir::OpSchema* schema = ir::FindOp(n.op);
   auto in_type = [&](int k) -> const ir::TensorType& { return graph_.TypeOf(n.inputs[k]); };
-  auto operand = [&](int k) { return Lower(n.inputs[k], BroadcastIndex(index, out.shape, in_type(k).shape)); };
+  auto operand = [&](int k) {
+    return Lower(n.inputs[k], BroadcastIndex(index, out.shape, in_type(k).shape));
+  };
 
   switch (schema->kind) {
     case ir::OpKind::kElementwise: {
@@ -197,8 +203,10 @@ ExprPtr Lowerer::LowerNode(ir::ValueId v, const std::vector<Affine>& index) {
       if (n.inputs.size() == 1) {
         e.kind = Expr::Kind::kUnary;
         ExprPtr a = operand(0);
-        if (IsLogical(n.op)) a = MakeCast(a, DType::kBool);
-        else if (n.op != "isnan" && n.op != "isinf") a = MakeCast(a, out.dtype);
+        if (IsLogical(n.op))
+          a = MakeCast(a, DType::kBool);
+        else if (n.op != "isnan" && n.op != "isinf")
+          a = MakeCast(a, out.dtype);
         e.args = {a};
         return Make(std::move(e));
       }
@@ -218,7 +226,8 @@ ExprPtr Lowerer::LowerNode(ir::ValueId v, const std::vector<Affine>& index) {
         std::vector<Affine> r(in.size());
         ir::IntList dims = n.Ints("dims");
         int64_t rank = static_cast<int64_t>(in.size());
-        for (size_t i = 0; i < dims.size(); ++i) r[dims[i] < 0 ? dims[i] + rank : dims[i]] = index[i];
+        for (size_t i = 0; i < dims.size(); ++i)
+          r[dims[i] < 0 ? dims[i] + rank : dims[i]] = index[i];
         return Lower(n.inputs[0], r);
       }
       if (n.op == "slice") {
@@ -279,7 +288,8 @@ ExprPtr Lowerer::LowerNode(ir::ValueId v, const std::vector<Affine>& index) {
           while (level.size() > 1) {
             std::vector<std::pair<ExprPtr, int64_t>> next;
             for (size_t i = 0; i + 1 < level.size(); i += 2)
-              next.push_back({select(level[i].first, level[i].second, level[i + 1].first), level[i + 1].second});
+              next.push_back({select(level[i].first, level[i].second, level[i + 1].first),
+                              level[i + 1].second});
             if (level.size() % 2) next.push_back(level.back());
             level = std::move(next);
           }
@@ -305,11 +315,13 @@ ExprPtr Lowerer::LowerNode(ir::ValueId v, const std::vector<Affine>& index) {
         // The counter is the element's row-major position in the node's own shape, so views
         // and fusion around it never change which number an element gets.
         const ir::TensorType& seed_type = in_type(0);
-        ExprPtr seed = MakeCast(Lower(n.inputs[0], std::vector<Affine>(seed_type.shape.size(), Affine::Const(0))),
-                                DType::kI64);
+        ExprPtr seed = MakeCast(
+            Lower(n.inputs[0], std::vector<Affine>(seed_type.shape.size(), Affine::Const(0))),
+            DType::kI64);
         const std::vector<int64_t> strides = ContiguousStrides(out.shape);
         Affine linear = Affine::Const(0);
-        for (size_t d = 0; d < out.shape.size(); ++d) linear = Add(linear, Scale(index[d], strides[d]));
+        for (size_t d = 0; d < out.shape.size(); ++d)
+          linear = Add(linear, Scale(index[d], strides[d]));
         Expr position;
         position.kind = Expr::Kind::kIndex;
         position.dtype = DType::kI64;
@@ -335,9 +347,11 @@ ExprPtr Lowerer::LowerNode(ir::ValueId v, const std::vector<Affine>& index) {
       }
       break;
     }
-    case ir::OpKind::kReduction: return LowerReduction(v, index);
+    case ir::OpKind::kReduction:
+      return LowerReduction(v, index);
     case ir::OpKind::kComposite:
-    case ir::OpKind::kExtern: break;
+    case ir::OpKind::kExtern:
+      break;
   }
   // Unreachable for verified, decomposed graphs: the scheduler checks op kinds first.
   return MakeConst(out.dtype, 0);
@@ -359,7 +373,8 @@ GatherView GatherSource(const ir::Graph& g, const ir::Node& gather) {
     } else if (b.op == "unsqueeze") {
       // Inserted size-1 axes (not the gathered one) are dropped from the mapping.
       std::vector<bool> inserted(b.type.shape.size(), false);
-      for (int64_t a : b.Ints("axes")) inserted[a < 0 ? a + static_cast<int64_t>(b.type.shape.size()) : a] = true;
+      for (int64_t a : b.Ints("axes"))
+        inserted[a < 0 ? a + static_cast<int64_t>(b.type.shape.size()) : a] = true;
       if (inserted[view.axis]) break;
       std::vector<int> dims;
       int64_t axis = 0;
@@ -388,8 +403,9 @@ ExprPtr Lowerer::LowerGather(ir::ValueId v, const std::vector<Affine>& index) {
   // still outside [0, n) reads the nearest end (never outside the buffer). The index
   // broadcasts against x off the axis (NumPy's take_along_axis).
   const int64_t extent = xs[axis];
-  ExprPtr at = MakeCast(Lower(n.inputs[1], BroadcastIndex(index, n.type.shape, graph_.TypeOf(n.inputs[1]).shape)),
-                        DType::kI64);
+  ExprPtr at = MakeCast(
+      Lower(n.inputs[1], BroadcastIndex(index, n.type.shape, graph_.TypeOf(n.inputs[1]).shape)),
+      DType::kI64);
   Expr neg;
   neg.kind = Expr::Kind::kBinary;
   neg.op = "lt";
@@ -466,7 +482,8 @@ ExprPtr Lowerer::LowerReduction(ir::ValueId v, const std::vector<Affine>& index)
   if (n.op == "any" || n.op == "all") body = MakeCast(body, DType::kBool);
   // Reducing no axes (a rank-0 input) reduces one element: the element itself, index 0.
   if (e.rvars.empty())
-    return n.op == "argmax" || n.op == "argmin" ? MakeIntConst(DType::kI64, 0) : MakeCast(body, n.type.dtype);
+    return n.op == "argmax" || n.op == "argmin" ? MakeIntConst(DType::kI64, 0)
+                                                : MakeCast(body, n.type.dtype);
   e.args = {body};
   ExprPtr r = Make(std::move(e));
   std::vector<int> free = r->FreeVars();
@@ -475,7 +492,8 @@ ExprPtr Lowerer::LowerReduction(ir::ValueId v, const std::vector<Affine>& index)
   for (size_t i = 0; i < scope_.size(); ++i)
     if (std::count(free.begin(), free.end(), scope_[i])) deepest = static_cast<int>(i);
   for (int i = 0; i <= deepest; ++i)
-    if (__builtin_mul_overflow(evaluations, std::max<int64_t>(extents_[scope_[i]], 1), &evaluations))
+    if (__builtin_mul_overflow(evaluations, std::max<int64_t>(extents_[scope_[i]], 1),
+                               &evaluations))
       evaluations = std::numeric_limits<int64_t>::max();
   inlined_.push_back({v, evaluations, std::max<int64_t>(n.type.NumElements(), 1)});
   return r;

@@ -1,7 +1,7 @@
 // EliminateDeadCode: keeps only nodes that some output depends on, in their original order.
+#include "kernels/ir/builder.h"
 #include "kernels/passes/passes.h"
 #include "kernels/util/status_macros.h"
-#include "kernels/ir/builder.h"
 
 namespace kiln::passes {
 

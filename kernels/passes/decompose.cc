@@ -25,14 +25,19 @@ class Decomposer {
   absl::StatusOr<ValueId> Op(const std::string& op, std::vector<ValueId> in, AttrMap attrs = {}) {
     return b_.Add(op, std::move(in), std::move(attrs), n_.name);
   }
-  absl::StatusOr<ValueId> Bin(const std::string& op, ValueId a, ValueId c) { return Op(op, {a, c}); }
-  absl::StatusOr<ValueId> Scalar(double v, ValueId like) { return b_.Scalar(b_.Type(like).dtype, v); }
+  absl::StatusOr<ValueId> Bin(const std::string& op, ValueId a, ValueId c) {
+    return Op(op, {a, c});
+  }
+  absl::StatusOr<ValueId> Scalar(double v, ValueId like) {
+    return b_.Scalar(b_.Type(like).dtype, v);
+  }
   absl::StatusOr<ValueId> ToFloat(ValueId x) {
     DType t = ir::FloatResult(b_.Type(x).dtype);
     if (t == b_.Type(x).dtype) return x;
     return Op("cast", {x}, {{"dtype", t}});
   }
-  absl::StatusOr<ValueId> Reduce(const std::string& op, ValueId x, const ir::IntList& axes, bool keep) {
+  absl::StatusOr<ValueId> Reduce(const std::string& op, ValueId x, const ir::IntList& axes,
+                                 bool keep) {
     return Op(op, {x}, {{"axes", axes}, {"keepdim", keep}});
   }
   absl::StatusOr<ValueId> Mul(ValueId a, double s) {
@@ -61,7 +66,8 @@ class Decomposer {
   // (1/3 -> 0.33325, 1/768 off by 2.4e-4) biases every mean, a constant row's layer_norm by
   // far more. Kernels compute these types in f32 anyway, so the casts cost nothing.
   bool Half(ValueId x) { return ir::DTypeSize(b_.Type(x).dtype) < 4; }  // f16, bf16 (after ToFloat)
-  absl::StatusOr<ValueId> InF32(ValueId x, const std::function<absl::StatusOr<ValueId>(ValueId)>& f) {
+  absl::StatusOr<ValueId> InF32(ValueId x,
+                                const std::function<absl::StatusOr<ValueId>(ValueId)>& f) {
     const DType t = b_.Type(x).dtype;
     KILN_ASSIGN_OR_RETURN(ValueId wide, Op("cast", {x}, {{"dtype", DType::kF32}}));
     KILN_ASSIGN_OR_RETURN(ValueId r, f(wide));
@@ -76,8 +82,7 @@ class Decomposer {
   }
   absl::StatusOr<ValueId> Var(ValueId x, const ir::IntList& axes, bool keep, double correction) {
     KILN_ASSIGN_OR_RETURN(x, ToFloat(x));
-    if (Half(x))
-      return InF32(x, [&](ValueId w) { return Var(w, axes, keep, correction); });
+    if (Half(x)) return InF32(x, [&](ValueId w) { return Var(w, axes, keep, correction); });
     KILN_ASSIGN_OR_RETURN(ValueId mu, Mean(x, axes, true));
     KILN_ASSIGN_OR_RETURN(ValueId d, Bin("sub", x, mu));
     KILN_ASSIGN_OR_RETURN(ValueId d2, Bin("mul", d, d));
@@ -88,7 +93,8 @@ class Decomposer {
   }
 
   absl::StatusOr<ValueId> Full(double value) {
-    return Op("full", {}, {{"shape", ir::IntList(n_.type.shape)}, {"value", value}, {"dtype", n_.type.dtype}});
+    return Op("full", {},
+              {{"shape", ir::IntList(n_.type.shape)}, {"value", value}, {"dtype", n_.type.dtype}});
   }
 
   absl::StatusOr<ValueId> Run(const std::vector<ValueId>& in) {
@@ -216,7 +222,8 @@ class Decomposer {
       }
       return Op("where", {pos, x, neg});
     }
-    if (op == "hardtanh") return Op("clamp", {x}, {{"min", n_.Float("min_val", -1)}, {"max", n_.Float("max_val", 1)}});
+    if (op == "hardtanh")
+      return Op("clamp", {x}, {{"min", n_.Float("min_val", -1)}, {"max", n_.Float("max_val", 1)}});
     if (op == "clip") {
       AttrMap a;
       if (n_.Has("min")) a["min"] = n_.Float("min");
@@ -245,16 +252,18 @@ class Decomposer {
 }  // namespace
 
 absl::StatusOr<ir::Graph> Decompose(const ir::Graph& graph) {
-  return Rewrite(graph, [](Builder& b, const ir::Node& n, const std::vector<ValueId>& in)
-                            -> absl::StatusOr<std::optional<ValueId>> {
-    if (ir::FindOp(n.op)->kind != ir::OpKind::kComposite) return std::nullopt;
-    KILN_ASSIGN_OR_RETURN(ValueId v, Decomposer(b, n).Run(in));
-    // The decomposition must give what the composite's type rule promised.
-    if (b.Type(v).dtype != n.type.dtype) {
-      KILN_ASSIGN_OR_RETURN(v, b.Add("cast", {v}, {{"dtype", n.type.dtype}}, n.name));
-    }
-    return v;
-  });
+  return Rewrite(
+      graph,
+      [](Builder& b, const ir::Node& n,
+         const std::vector<ValueId>& in) -> absl::StatusOr<std::optional<ValueId>> {
+        if (ir::FindOp(n.op)->kind != ir::OpKind::kComposite) return std::nullopt;
+        KILN_ASSIGN_OR_RETURN(ValueId v, Decomposer(b, n).Run(in));
+        // The decomposition must give what the composite's type rule promised.
+        if (b.Type(v).dtype != n.type.dtype) {
+          KILN_ASSIGN_OR_RETURN(v, b.Add("cast", {v}, {{"dtype", n.type.dtype}}, n.name));
+        }
+        return v;
+      });
 }
 
 }  // namespace kiln::passes

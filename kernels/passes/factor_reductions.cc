@@ -89,11 +89,14 @@ class Factorer {
     }
     std::vector<int> parent(bound.size());
     std::iota(parent.begin(), parent.end(), 0);
-    std::function<int(int)> root = [&](int x) { return parent[x] == x ? x : parent[x] = root(parent[x]); };
+    std::function<int(int)> root = [&](int x) {
+      return parent[x] == x ? x : parent[x] = root(parent[x]);
+    };
     for (size_t a = 0; a < bound.size(); ++a)
       for (size_t c = a + 1; c < bound.size(); ++c)
         for (size_t ax = 0; ax < p_.size(); ++ax)
-          if (reads[a][ax] && reads[c][ax]) parent[root(static_cast<int>(c))] = root(static_cast<int>(a));
+          if (reads[a][ax] && reads[c][ax])
+            parent[root(static_cast<int>(c))] = root(static_cast<int>(a));
     std::vector<std::vector<Factor>> groups;
     std::vector<int> slot(bound.size(), -1);
     for (size_t a = 0; a < bound.size(); ++a) {
@@ -245,11 +248,12 @@ absl::StatusOr<std::optional<ValueId>> FactorSum(ir::Builder& b, const ir::Node&
 }  // namespace
 
 absl::StatusOr<ir::Graph> FactorReductions(const ir::Graph& graph) {
-  return Rewrite(graph, [](ir::Builder& b, const ir::Node& n, const std::vector<ValueId>& in)
-                            -> absl::StatusOr<std::optional<ValueId>> {
-    if (n.op != "sum") return std::nullopt;
-    return FactorSum(b, n, in[0]);
-  });
+  return Rewrite(graph,
+                 [](ir::Builder& b, const ir::Node& n,
+                    const std::vector<ValueId>& in) -> absl::StatusOr<std::optional<ValueId>> {
+                   if (n.op != "sum") return std::nullopt;
+                   return FactorSum(b, n, in[0]);
+                 });
 }
 
 }  // namespace kiln::passes

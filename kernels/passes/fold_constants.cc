@@ -50,27 +50,33 @@ std::optional<double> Eval(const std::string& op, const std::vector<double>& a, 
 }  // namespace
 
 absl::StatusOr<ir::Graph> FoldConstants(const ir::Graph& graph) {
-  return Rewrite(graph, [](ir::Builder& b, const ir::Node& n, const std::vector<ValueId>& in)
-                            -> absl::StatusOr<std::optional<ValueId>> {
-    if (ir::FindOp(n.op)->kind != ir::OpKind::kElementwise || in.empty()) return std::nullopt;
-    ir::DType t = n.type.dtype;
-    // Only where the host computes exactly what the kernel would: f32/f64 and 64-bit ints.
-    if (t != ir::DType::kF32 && t != ir::DType::kF64 && t != ir::DType::kI64) return std::nullopt;
-    std::vector<double> vals;
-    for (ValueId v : in) {
-      auto s = ScalarConst(b.graph(), v);
-      if (!s) return std::nullopt;
-      vals.push_back(*s);
-    }
-    for (ValueId v : in)
-      if (b.Type(v).dtype != t) return std::nullopt;  // mixed types: leave promotion to lowering
-    auto r = Eval(n.op, vals, t);
-    if (!r) return std::nullopt;
-    double v = *r;
-    if (t == ir::DType::kF32) v = ir::RoundToFloatDType(v, t);
-    if (t == ir::DType::kI64 && (std::isnan(v) || std::fabs(v) > 9e15)) return std::nullopt;
-    return b.Scalar(t, v);
-  });
+  return Rewrite(graph,
+                 [](ir::Builder& b, const ir::Node& n,
+                    const std::vector<ValueId>& in) -> absl::StatusOr<std::optional<ValueId>> {
+                   if (ir::FindOp(n.op)->kind != ir::OpKind::kElementwise || in.empty())
+                     return std::nullopt;
+                   ir::DType t = n.type.dtype;
+                   // Only where the host computes exactly what the kernel would: f32/f64 and 64-bit
+                   // ints.
+                   if (t != ir::DType::kF32 && t != ir::DType::kF64 && t != ir::DType::kI64)
+                     return std::nullopt;
+                   std::vector<double> vals;
+                   for (ValueId v : in) {
+                     auto s = ScalarConst(b.graph(), v);
+                     if (!s) return std::nullopt;
+                     vals.push_back(*s);
+                   }
+                   for (ValueId v : in)
+                     if (b.Type(v).dtype != t)
+                       return std::nullopt;  // mixed types: leave promotion to lowering
+                   auto r = Eval(n.op, vals, t);
+                   if (!r) return std::nullopt;
+                   double v = *r;
+                   if (t == ir::DType::kF32) v = ir::RoundToFloatDType(v, t);
+                   if (t == ir::DType::kI64 && (std::isnan(v) || std::fabs(v) > 9e15))
+                     return std::nullopt;
+                   return b.Scalar(t, v);
+                 });
 }
 
 }  // namespace kiln::passes

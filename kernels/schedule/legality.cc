@@ -12,11 +12,13 @@ absl::Status CheckLowerable(const ir::Graph& g) {
     const ir::OpSchema* s = ir::FindOp(g.nodes[k].op);
     ir::ValueId v = g.num_inputs() + static_cast<ir::ValueId>(k);
     if (s->kind == ir::OpKind::kExtern)
-      return absl::InvalidArgumentError(absl::StrCat(
-          g.Describe(v), ": extern op is a partition boundary; kiln does not compile it (run it in "
-                         "the framework between kiln parts)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(g.Describe(v),
+                       ": extern op is a partition boundary; kiln does not compile it (run it in "
+                       "the framework between kiln parts)"));
     if (s->kind == ir::OpKind::kComposite)
-      return absl::InternalError(absl::StrCat(g.Describe(v), ": composite op survived decomposition"));
+      return absl::InternalError(
+          absl::StrCat(g.Describe(v), ": composite op survived decomposition"));
   }
   return absl::OkStatus();
 }

@@ -20,8 +20,8 @@ struct Buffer {
   ir::Shape shape;
   std::vector<int64_t> strides;  // elements; contiguous except for strided inputs
   int64_t bytes = 0;
-  int64_t offset = 0;            // temps: byte offset in the workspace
-  ir::Constant value;            // kConst only
+  int64_t offset = 0;  // temps: byte offset in the workspace
+  ir::Constant value;  // kConst only
 };
 
 struct KernelOutput {
@@ -31,13 +31,13 @@ struct KernelOutput {
 };
 
 struct Kernel {
-  std::string name;              // "k0", "k1", ...
-  ir::Shape domain;              // the outputs' shape
+  std::string name;  // "k0", "k1", ...
+  ir::Shape domain;  // the outputs' shape
   // Output loops: variables 0..num_loops-1, one per dimension of `domain` larger than 1, in
   // order (size-1 dimensions get no loop). `out_index` is the index each output is stored at.
   int num_loops = 0;
   std::vector<lower::Affine> out_index;
-  lower::VarExtents extents;     // every loop variable's extent (output loops first)
+  lower::VarExtents extents;  // every loop variable's extent (output loops first)
   // Each holds `domain`'s number of elements, stored contiguously at the flat position of the
   // domain's element (an output may have another shape with the same elements: a view).
   std::vector<KernelOutput> outputs;

@@ -28,7 +28,8 @@ void CollectLoads(const lower::ExprPtr& root, std::vector<int>* out) {
   std::set<const lower::Expr*> seen;
   std::function<void(const lower::Expr*)> walk = [&](const lower::Expr* e) {
     if (!seen.insert(e).second) return;
-    if (e->kind == lower::Expr::Kind::kLoad || e->kind == lower::Expr::Kind::kGather) out->push_back(e->buffer);
+    if (e->kind == lower::Expr::Kind::kLoad || e->kind == lower::Expr::Kind::kGather)
+      out->push_back(e->buffer);
     for (const auto& c : e->args) walk(c.get());
   };
   walk(root.get());
@@ -113,8 +114,8 @@ class Scheduler {
         why = absl::StrCat("its inlined expression would be ", d, " deep, over the limit of ",
                            options_.max_expr_depth, " (max_expr_depth)");
       else if (nest > kMaxIndexNesting)
-        why = absl::StrCat("its index would nest ", nest, " reshapes or concats, over the limit of ",
-                           kMaxIndexNesting);
+        why = absl::StrCat("its index would nest ", nest,
+                           " reshapes or concats, over the limit of ", kMaxIndexNesting);
       else
         continue;
       depth_cut_.insert(v);
@@ -132,13 +133,14 @@ class Scheduler {
     for (int i = 0; i < g_.num_inputs(); ++i) {
       const ir::TensorType& t = g_.inputs[i];
       Buffer b = MakeBuffer(Buffer::Role::kInput, i, t.dtype, t.shape,
-               t.strides.empty() ? lower::ContiguousStrides(t.shape) : t.strides);
+                            t.strides.empty() ? lower::ContiguousStrides(t.shape) : t.strides);
       buffer_of_[i] = AddBuffer(p, std::move(b));
       value_of_buffer_[buffer_of_[i]] = i;
     }
     for (size_t j = 0; j < g_.outputs.size(); ++j) {
       const ir::TensorType& t = g_.TypeOf(g_.outputs[j]);
-      Buffer b = MakeBuffer(Buffer::Role::kOutput, static_cast<int>(j), t.dtype, t.shape, lower::ContiguousStrides(t.shape));
+      Buffer b = MakeBuffer(Buffer::Role::kOutput, static_cast<int>(j), t.dtype, t.shape,
+                            lower::ContiguousStrides(t.shape));
       out_buffers_[g_.outputs[j]].push_back(AddBuffer(p, std::move(b)));
     }
     int temps = 0, consts = 0;
@@ -146,7 +148,8 @@ class Scheduler {
       ir::ValueId v = g_.num_inputs() + k;
       const ir::Node& n = g_.nodes[k];
       if (n.op == "constant" && n.Tensor("value")->NumElements() > 1) {
-        Buffer b = MakeBuffer(Buffer::Role::kConst, consts++, n.type.dtype, n.type.shape, lower::ContiguousStrides(n.type.shape));
+        Buffer b = MakeBuffer(Buffer::Role::kConst, consts++, n.type.dtype, n.type.shape,
+                              lower::ContiguousStrides(n.type.shape));
         b.value = *n.Tensor("value");
         const_buffer_of_[v] = AddBuffer(p, std::move(b));
       }
@@ -154,7 +157,8 @@ class Scheduler {
       if (!out_buffers_[v].empty()) {
         buffer_of_[v] = out_buffers_[v][0];
       } else {
-        Buffer b = MakeBuffer(Buffer::Role::kTemp, temps++, n.type.dtype, n.type.shape, lower::ContiguousStrides(n.type.shape));
+        Buffer b = MakeBuffer(Buffer::Role::kTemp, temps++, n.type.dtype, n.type.shape,
+                              lower::ContiguousStrides(n.type.shape));
         buffer_of_[v] = AddBuffer(p, std::move(b));
         out_buffers_[v].push_back(buffer_of_[v]);
       }
@@ -181,8 +185,9 @@ class Scheduler {
         // another shape is stored at the same flat position as the domain's element.
         size_t mark = cur->outputs.size();
         const size_t inlined_mark = lw.inlined().size(), fused_mark = lw.fused_values().size();
-        lower::ExprPtr e = lw.Lower(v, cur->domain == shape ? idx : lw.ReshapeIndex(idx, cur->domain, shape),
-                                    /*root=*/true);
+        lower::ExprPtr e =
+            lw.Lower(v, cur->domain == shape ? idx : lw.ReshapeIndex(idx, cur->domain, shape),
+                     /*root=*/true);
         std::vector<int> loads;
         CollectLoads(e, &loads);
         // A reduction this kernel stores is recomputed, not read back, by its later outputs (its
@@ -194,8 +199,10 @@ class Scheduler {
         for (size_t i = inlined_mark; i < lw.inlined().size() && recomputed.empty(); ++i) {
           const lower::InlinedReduction& r = lw.inlined()[i];
           std::string why;
-          if (materialized_.count(r.value) && !ShouldInlineReduction(r.evaluations, r.elements, &why))
-            recomputed = absl::StrCat("would recompute ", g_.Describe(r.value), ", stored by the same-domain kernel: ", why);
+          if (materialized_.count(r.value) &&
+              !ShouldInlineReduction(r.evaluations, r.elements, &why))
+            recomputed = absl::StrCat("would recompute ", g_.Describe(r.value),
+                                      ", stored by the same-domain kernel: ", why);
         }
         if (CanJoinKernel(loads, cur_buffers) && recomputed.empty()) {
           AddOutputs(cur, v, e, &cur_buffers, &lw);
@@ -203,12 +210,15 @@ class Scheduler {
         } else {
           cur->outputs.resize(mark);
           lw.ForgetFusedAfter(fused_mark);
-          split_reason_[v] = recomputed.empty() ? absl::StrCat("reads ", Describe(v, loads, cur_buffers),
-                                                               " stored by the same-domain kernel before it")
-                                                : recomputed;
+          split_reason_[v] = recomputed.empty()
+                                 ? absl::StrCat("reads ", Describe(v, loads, cur_buffers),
+                                                " stored by the same-domain kernel before it")
+                                 : recomputed;
         }
       } else if (cur) {
-        split_reason_[v] = absl::StrCat("iteration domain ", ShapeStr(shape), " differs from the previous kernel's ", ShapeStr(cur->domain));
+        split_reason_[v] =
+            absl::StrCat("iteration domain ", ShapeStr(shape),
+                         " differs from the previous kernel's ", ShapeStr(cur->domain));
       }
       if (!joined) {
         if (cur) Finish(cur, lw, refusals);
@@ -244,7 +254,8 @@ class Scheduler {
     return na == nb && na > 0;
   }
 
-  std::string Describe(ir::ValueId, const std::vector<int>& loads, const std::unordered_set<int>& kernel_buffers) {
+  std::string Describe(ir::ValueId, const std::vector<int>& loads,
+                       const std::unordered_set<int>& kernel_buffers) {
     for (int b : loads) {
       auto it = value_of_buffer_.find(b);
       if (kernel_buffers.count(b) && it != value_of_buffer_.end()) return g_.Describe(it->second);
@@ -263,7 +274,8 @@ class Scheduler {
     }
   }
 
-  void Finish(Kernel* k, const lower::Lowerer& lw, std::vector<std::pair<ir::ValueId, std::string>>* refusals) {
+  void Finish(Kernel* k, const lower::Lowerer& lw,
+              std::vector<std::pair<ir::ValueId, std::string>>* refusals) {
     k->extents = lw.extents();
     for (ir::ValueId v : lw.fused_values()) k->fused_values.push_back(v);
     std::sort(k->fused_values.begin(), k->fused_values.end());
@@ -296,7 +308,10 @@ class Scheduler {
         for (int b : loads) last[b] = std::max(last[b], k);
       }
     }
-    struct Placed { int64_t off, end; int first, last; };
+    struct Placed {
+      int64_t off, end;
+      int first, last;
+    };
     // Temps in order of the kernel that first stores them (buffer order already is, as
     // kernels store values in node order); a placed temp dead before the current one's first
     // kernel is dead for every later one too, so it is dropped and each step sees only the
@@ -310,7 +325,8 @@ class Scheduler {
     for (int b : temps) {
       Buffer& buf = p->buffers[b];
       int64_t size = AlignUp(std::max<int64_t>(buf.bytes, 1));
-      placed.erase(std::remove_if(placed.begin(), placed.end(), [&](const Placed& q) { return q.last < first[b]; }),
+      placed.erase(std::remove_if(placed.begin(), placed.end(),
+                                  [&](const Placed& q) { return q.last < first[b]; }),
                    placed.end());
       std::vector<std::pair<int64_t, int64_t>> busy;
       for (const Placed& q : placed)
@@ -334,7 +350,8 @@ class Scheduler {
       absl::StrAppend(&r, "kernel ", k.name, " domain ", ShapeStr(k.domain), " stores");
       for (const KernelOutput& o : k.outputs) {
         const Buffer& b = p->buffers[o.buffer];
-        absl::StrAppend(&r, " ", b.role == Buffer::Role::kOutput ? "out" : "tmp", b.index, "=%", o.graph_value);
+        absl::StrAppend(&r, " ", b.role == Buffer::Role::kOutput ? "out" : "tmp", b.index, "=%",
+                        o.graph_value);
       }
       absl::StrAppend(&r, "\n  fuses:");
       for (ir::ValueId v : k.fused_values) absl::StrAppend(&r, " %", v, ":", g_.NodeOf(v).op);

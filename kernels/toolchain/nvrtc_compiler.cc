@@ -30,7 +30,8 @@ std::string FindIncludeDir(const std::string& wanted) {
 #ifdef KILN_CUDA_INCLUDE_DIR
   candidates.push_back(KILN_CUDA_INCLUDE_DIR);
 #endif
-  if (const char* home = std::getenv("CUDA_HOME")) candidates.push_back(absl::StrCat(home, "/include"));
+  if (const char* home = std::getenv("CUDA_HOME"))
+    candidates.push_back(absl::StrCat(home, "/include"));
   candidates.push_back("/usr/local/cuda/include");
   for (const std::string& c : candidates)
     if (HasHalfHeaders(c)) return c;
@@ -59,7 +60,8 @@ absl::Status Check(nvrtcResult r, const char* what) {
 
 bool NvrtcCompiler::Available() { return true; }
 
-absl::StatusOr<std::unique_ptr<NvrtcCompiler>> NvrtcCompiler::Create(const std::string& include_dir) {
+absl::StatusOr<std::unique_ptr<NvrtcCompiler>> NvrtcCompiler::Create(
+    const std::string& include_dir) {
   int major = 0, minor = 0;
   if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS)
     return absl::FailedPreconditionError("NVRTC is linked but does not answer its version query");
@@ -69,11 +71,13 @@ absl::StatusOr<std::unique_ptr<NvrtcCompiler>> NvrtcCompiler::Create(const std::
     archs.resize(n);
     if (nvrtcGetSupportedArchs(archs.data()) != NVRTC_SUCCESS) archs.clear();
   }
-  return std::unique_ptr<NvrtcCompiler>(
-      new NvrtcCompiler(absl::StrCat(major, ".", minor), FindIncludeDir(include_dir), std::move(archs)));
+  return std::unique_ptr<NvrtcCompiler>(new NvrtcCompiler(
+      absl::StrCat(major, ".", minor), FindIncludeDir(include_dir), std::move(archs)));
 }
 
-bool NvrtcCompiler::Supports(int sm) const { return std::find(archs_.begin(), archs_.end(), sm) != archs_.end(); }
+bool NvrtcCompiler::Supports(int sm) const {
+  return std::find(archs_.begin(), archs_.end(), sm) != archs_.end();
+}
 
 std::vector<std::string> NvrtcCompiler::Options(int sm) const {
   return {
@@ -94,9 +98,9 @@ std::string NvrtcCompiler::Fingerprint(int sm) const {
   return absl::StrCat("nvrtc ", version_, "|", absl::StrJoin(Options(sm), " "));
 }
 
-absl::StatusOr<CudaBuildOutput> NvrtcCompiler::Build(const std::string& source,
-                                                     const std::vector<std::pair<std::string, std::string>>& headers,
-                                                     int sm) const {
+absl::StatusOr<CudaBuildOutput> NvrtcCompiler::Build(
+    const std::string& source, const std::vector<std::pair<std::string, std::string>>& headers,
+    int sm) const {
   auto t0 = std::chrono::steady_clock::now();
   bool needs_half = source.find("KILN_NEED_FP16") != std::string::npos ||
                     source.find("KILN_NEED_BF16") != std::string::npos;
@@ -109,15 +113,17 @@ absl::StatusOr<CudaBuildOutput> NvrtcCompiler::Build(const std::string& source,
     texts.push_back(text.c_str());
   }
   nvrtcProgram raw = nullptr;
-  nvrtcResult made = nvrtcCreateProgram(&raw, source.c_str(), "kernel.cu", static_cast<int>(headers.size()),
-                                        texts.data(), names.data());
+  nvrtcResult made =
+      nvrtcCreateProgram(&raw, source.c_str(), "kernel.cu", static_cast<int>(headers.size()),
+                         texts.data(), names.data());
   if (made != NVRTC_SUCCESS) return Check(made, "create program");
   Program prog(raw);
   std::vector<std::string> opts = Options(sm);
   if (needs_half) opts.push_back(absl::StrCat("--include-path=", include_dir_));
   std::vector<const char*> argv;
   for (const std::string& o : opts) argv.push_back(o.c_str());
-  nvrtcResult compiled = nvrtcCompileProgram(prog.get(), static_cast<int>(argv.size()), argv.data());
+  nvrtcResult compiled =
+      nvrtcCompileProgram(prog.get(), static_cast<int>(argv.size()), argv.data());
   CudaBuildOutput out;
   size_t log_size = 0;
   if (nvrtcGetProgramLogSize(prog.get(), &log_size) == NVRTC_SUCCESS && log_size > 1) {
@@ -126,8 +132,9 @@ absl::StatusOr<CudaBuildOutput> NvrtcCompiler::Build(const std::string& source,
     out.log.resize(log_size - 1);  // drop the terminating NUL
   }
   if (compiled != NVRTC_SUCCESS)
-    return absl::InternalError(absl::StrCat("generated CUDA code failed to compile (nvrtc ", version_, ", sm_", sm,
-                                            ": ", nvrtcGetErrorString(compiled), "):\n", out.log));
+    return absl::InternalError(absl::StrCat("generated CUDA code failed to compile (nvrtc ",
+                                            version_, ", sm_", sm, ": ",
+                                            nvrtcGetErrorString(compiled), "):\n", out.log));
   size_t size = 0;
   if (auto st = Check(nvrtcGetCUBINSize(prog.get(), &size), "cubin size"); !st.ok()) return st;
   out.cubin.resize(size);
@@ -145,16 +152,16 @@ absl::StatusOr<CudaBuildOutput> NvrtcCompiler::Build(const std::string& source,
 bool NvrtcCompiler::Available() { return false; }
 
 absl::StatusOr<std::unique_ptr<NvrtcCompiler>> NvrtcCompiler::Create(const std::string&) {
-  return absl::FailedPreconditionError("this build of kiln has no CUDA toolkit (NVRTC): CUDA targets are unavailable");
+  return absl::FailedPreconditionError(
+      "this build of kiln has no CUDA toolkit (NVRTC): CUDA targets are unavailable");
 }
 
 bool NvrtcCompiler::Supports(int) const { return false; }
 std::vector<std::string> NvrtcCompiler::Options(int) const { return {}; }
 std::string NvrtcCompiler::Fingerprint(int) const { return "nvrtc unavailable"; }
 
-absl::StatusOr<CudaBuildOutput> NvrtcCompiler::Build(const std::string&,
-                                                     const std::vector<std::pair<std::string, std::string>>&,
-                                                     int) const {
+absl::StatusOr<CudaBuildOutput> NvrtcCompiler::Build(
+    const std::string&, const std::vector<std::pair<std::string, std::string>>&, int) const {
   return absl::FailedPreconditionError("this build of kiln has no CUDA toolkit (NVRTC)");
 }
 

@@ -41,9 +41,9 @@ class NvrtcCompiler {
   // `headers` are (include name, text) pairs the source may #include.
   // Errors: Internal with NVRTC's log when the source does not compile; FailedPrecondition
   // when it needs the CUDA half headers and none were found.
-  absl::StatusOr<CudaBuildOutput> Build(const std::string& source,
-                                        const std::vector<std::pair<std::string, std::string>>& headers,
-                                        int sm) const;
+  absl::StatusOr<CudaBuildOutput> Build(
+      const std::string& source, const std::vector<std::pair<std::string, std::string>>& headers,
+      int sm) const;
   // Whether NVRTC can build for sm_XX (each release drops old architectures).
   bool Supports(int sm) const;
   const std::string& version() const { return version_; }
@@ -51,7 +51,9 @@ class NvrtcCompiler {
 
  private:
   NvrtcCompiler(std::string version, std::string include_dir, std::vector<int> archs)
-      : version_(std::move(version)), include_dir_(std::move(include_dir)), archs_(std::move(archs)) {}
+      : version_(std::move(version)),
+        include_dir_(std::move(include_dir)),
+        archs_(std::move(archs)) {}
   std::string version_;      // "13.0"
   std::string include_dir_;  // empty when the half headers were not found
   std::vector<int> archs_;   // supported sm numbers

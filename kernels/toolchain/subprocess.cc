@@ -1,10 +1,10 @@
 #include "kernels/toolchain/subprocess.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
-#include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,7 +18,8 @@
 
 namespace kiln::toolchain {
 
-absl::StatusOr<ProcessResult> RunSandboxed(const std::vector<std::string>& argv, const std::string& workdir,
+absl::StatusOr<ProcessResult> RunSandboxed(const std::vector<std::string>& argv,
+                                           const std::string& workdir,
                                            const SandboxLimits& limits) {
   auto start = std::chrono::steady_clock::now();
   int pipefd[2];
@@ -51,7 +52,8 @@ absl::StatusOr<ProcessResult> RunSandboxed(const std::vector<std::string>& argv,
     setrlimit(RLIMIT_CORE, &rl);
     if (limits.run_as_uid >= 0) {
       if (setgroups(0, nullptr) != 0 && errno != EPERM) _exit(126);
-      if (setgid(static_cast<gid_t>(limits.run_as_gid >= 0 ? limits.run_as_gid : limits.run_as_uid)) != 0 ||
+      if (setgid(static_cast<gid_t>(limits.run_as_gid >= 0 ? limits.run_as_gid
+                                                           : limits.run_as_uid)) != 0 ||
           setuid(static_cast<uid_t>(limits.run_as_uid)) != 0)
         _exit(126);
     }
@@ -75,7 +77,8 @@ absl::StatusOr<ProcessResult> RunSandboxed(const std::vector<std::string>& argv,
       kill(pid, SIGKILL);
       break;
     }
-    int wait_ms = static_cast<int>(std::chrono::duration<double, std::milli>(deadline - now).count()) + 1;
+    int wait_ms =
+        static_cast<int>(std::chrono::duration<double, std::milli>(deadline - now).count()) + 1;
     struct pollfd pfd = {pipefd[0], POLLIN, 0};
     int pr = poll(&pfd, 1, std::min(wait_ms, 1000));
     if (pr < 0 && errno != EINTR) break;
@@ -101,9 +104,11 @@ absl::StatusOr<ProcessResult> RunSandboxed(const std::vector<std::string>& argv,
       usleep(2000);
     }
   }
-  r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  r.ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (timed_out)
-    return absl::DeadlineExceededError(absl::StrCat(argv[0], " ran past its ", limits.timeout_s, " s limit"));
+    return absl::DeadlineExceededError(
+        absl::StrCat(argv[0], " ran past its ", limits.timeout_s, " s limit"));
   if (WIFEXITED(status)) {
     r.exit_code = WEXITSTATUS(status);
     if (r.exit_code == 127) return absl::UnavailableError(absl::StrCat("cannot run ", argv[0]));

@@ -11,9 +11,9 @@
 namespace kiln::toolchain {
 
 struct ProcessResult {
-  int exit_code = -1;   // -1 when killed by a signal
+  int exit_code = -1;  // -1 when killed by a signal
   int signal = 0;
-  std::string output;   // stdout and stderr, interleaved, truncated to 64 KiB
+  std::string output;  // stdout and stderr, interleaved, truncated to 64 KiB
   double ms = 0;
 };
 

@@ -13,9 +13,9 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_join.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
-#include "absl/strings/str_join.h"
 #include "kernels/codegen/symbolic.h"
 #include "kernels/ir/decode.h"
 #include "kernels/key/key.h"
@@ -30,9 +30,12 @@ int Fail(const std::string& msg) {
 
 const char* RoleName(kiln::BufferRole r) {
   switch (r) {
-    case kiln::BufferRole::kInput: return "input";
-    case kiln::BufferRole::kOutput: return "output";
-    case kiln::BufferRole::kTemp: return "temp";
+    case kiln::BufferRole::kInput:
+      return "input";
+    case kiln::BufferRole::kOutput:
+      return "output";
+    case kiln::BufferRole::kTemp:
+      return "temp";
   }
   return "?";
 }
@@ -50,17 +53,20 @@ std::string PlanJson(const kiln::LaunchPlan& plan, const std::string& target) {
     for (size_t i = 0; i < std::size(v); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
     return s + "]";
   };
-  std::string j = "{\n  \"abi_version\": " + std::to_string(plan.abi_version) + ",\n  \"target\": \"" + target +
-                  "\",\n  \"workspace_bytes\": " + std::to_string(plan.workspace_bytes) + ",\n  \"buffers\": [";
+  std::string j =
+      "{\n  \"abi_version\": " + std::to_string(plan.abi_version) + ",\n  \"target\": \"" + target +
+      "\",\n  \"workspace_bytes\": " + std::to_string(plan.workspace_bytes) + ",\n  \"buffers\": [";
   for (size_t i = 0; i < plan.buffers.size(); ++i) {
     const kiln::PlanBuffer& b = plan.buffers[i];
-    j += std::string(i ? "," : "") + "\n    {\"role\": \"" + RoleName(b.role) + "\", \"index\": " +
-         std::to_string(b.index) + ", \"dtype\": \"" + kiln::ir::DTypeName(b.dtype) + "\", \"shape\": " +
-         ints(b.shape) + ", \"bytes\": " + std::to_string(b.bytes) + ", \"offset\": " + std::to_string(b.offset);
+    j += std::string(i ? "," : "") + "\n    {\"role\": \"" + RoleName(b.role) +
+         "\", \"index\": " + std::to_string(b.index) + ", \"dtype\": \"" +
+         kiln::ir::DTypeName(b.dtype) + "\", \"shape\": " + ints(b.shape) +
+         ", \"bytes\": " + std::to_string(b.bytes) + ", \"offset\": " + std::to_string(b.offset);
     if (!plan.symbols.empty()) {  // symbolic plans: shape and size as expressions of the symbols
       const std::vector<std::string> names = SymbolNames(plan);
       std::vector<std::string> dims;
-      for (const kiln::SizeExpr& e : b.shape_exprs) dims.push_back("\"" + kiln::codegen::SizeExprToString(e, names) + "\"");
+      for (const kiln::SizeExpr& e : b.shape_exprs)
+        dims.push_back("\"" + kiln::codegen::SizeExprToString(e, names) + "\"");
       j += ", \"shape_exprs\": [" + absl::StrJoin(dims, ", ") + "], \"bytes_expr\": \"" +
            kiln::codegen::SizeExprToString(b.bytes_expr, names) + "\"";
     }
@@ -70,30 +76,36 @@ std::string PlanJson(const kiln::LaunchPlan& plan, const std::string& target) {
     j += "\n  ],\n  \"symbols\": [";
     for (size_t i = 0; i < plan.symbols.size(); ++i)
       j += std::string(i ? "," : "") + "\n    {\"name\": \"" + plan.symbols[i].name +
-           "\", \"input\": " + std::to_string(plan.symbols[i].input) + ", \"axis\": " + std::to_string(plan.symbols[i].axis) + "}";
+           "\", \"input\": " + std::to_string(plan.symbols[i].input) +
+           ", \"axis\": " + std::to_string(plan.symbols[i].axis) + "}";
   }
   j += "\n  ],\n  \"steps\": [";
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     const kiln::PlanStep& s = plan.steps[i];
-    j += std::string(i ? "," : "") + "\n    {\"kernel\": \"" + s.kernel + "\", \"grid\": " + ints(s.grid) +
-         ", \"block\": " + ints(s.block) + ", \"shared_bytes\": " + std::to_string(s.shared_bytes) +
-         ", \"args\": " + ints(s.args);
+    j += std::string(i ? "," : "") + "\n    {\"kernel\": \"" + s.kernel +
+         "\", \"grid\": " + ints(s.grid) + ", \"block\": " + ints(s.block) +
+         ", \"shared_bytes\": " + std::to_string(s.shared_bytes) + ", \"args\": " + ints(s.args);
     if (s.grid_per_block > 0)  // symbolic CUDA plans: grid x = ceil(grid_work / grid_per_block)
-      j += ", \"grid_work\": \"" + kiln::codegen::SizeExprToString(s.grid_work_expr, SymbolNames(plan)) +
+      j += ", \"grid_work\": \"" +
+           kiln::codegen::SizeExprToString(s.grid_work_expr, SymbolNames(plan)) +
            "\", \"grid_per_block\": " + std::to_string(s.grid_per_block);
-    if (s.guarded())  // a launch-time choice: runs when guard_min <= guard <= guard_max (0: unbounded)
+    if (s.guarded())  // a launch-time choice: runs when guard_min <= guard <= guard_max (0:
+                      // unbounded)
       j += ", \"guard\": \"" + kiln::codegen::SizeExprToString(s.guard_expr, SymbolNames(plan)) +
-           "\", \"guard_min\": " + std::to_string(s.guard_min) + ", \"guard_max\": " + std::to_string(s.guard_max);
+           "\", \"guard_min\": " + std::to_string(s.guard_min) +
+           ", \"guard_max\": " + std::to_string(s.guard_max);
     j += "}";
   }
   j += "\n  ]";
   if (!plan.index_bound_expr.terms.empty())
-    j += ",\n  \"index_bound\": \"" + kiln::codegen::SizeExprToString(plan.index_bound_expr, SymbolNames(plan)) + "\"";
+    j += ",\n  \"index_bound\": \"" +
+         kiln::codegen::SizeExprToString(plan.index_bound_expr, SymbolNames(plan)) + "\"";
   return j + "\n}\n";
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
@@ -104,15 +116,23 @@ int main(int argc, char** argv) {
   kiln::CompileOptions options;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--target" && i + 1 < argc) target_text = argv[++i];
-    else if (a == "--out" && i + 1 < argc) out_dir = argv[++i];
-    else if (a == "--source-only") source_only = true;
-    else if (a == "--trace") trace = true;
-    else if (a == "--no-algebraic-rewrites") options.algebraic_rewrites = false;
+    if (a == "--target" && i + 1 < argc)
+      target_text = argv[++i];
+    else if (a == "--out" && i + 1 < argc)
+      out_dir = argv[++i];
+    else if (a == "--source-only")
+      source_only = true;
+    else if (a == "--trace")
+      trace = true;
+    else if (a == "--no-algebraic-rewrites")
+      options.algebraic_rewrites = false;
     else if (a == "--help" || a == "-h") {
-      std::printf("usage: kilnc GRAPH [--target cpu:ISA|cuda:sm_NN] [--out DIR] [--source-only] [--trace] [--no-algebraic-rewrites]\n");
+      std::printf(
+          "usage: kilnc GRAPH [--target cpu:ISA|cuda:sm_NN] [--out DIR] [--source-only] [--trace] "
+          "[--no-algebraic-rewrites]\n");
       return 0;
-    } else graph_path = a;
+    } else
+      graph_path = a;
   }
   if (graph_path.empty()) return Fail("no graph file given (see --help)");
   std::ifstream f(graph_path, std::ios::binary);
@@ -122,14 +142,18 @@ int main(int argc, char** argv) {
   kiln::v1::Graph wire;
   bool parsed = EndsWith(graph_path, ".json")
                     ? google::protobuf::util::JsonStringToMessage(ss.str(), &wire).ok()
-                : EndsWith(graph_path, ".pb") ? wire.ParseFromString(ss.str())
-                                              : google::protobuf::TextFormat::ParseFromString(ss.str(), &wire);
+                : EndsWith(graph_path, ".pb")
+                    ? wire.ParseFromString(ss.str())
+                    : google::protobuf::TextFormat::ParseFromString(ss.str(), &wire);
   if (!parsed) return Fail("cannot parse " + graph_path);
 
   kiln::v1::Target wt;
-  if (target_text.rfind("cuda:sm_", 0) == 0) wt.mutable_cuda()->set_sm(std::atoi(target_text.c_str() + 8));
-  else if (target_text.rfind("cpu:", 0) == 0) wt.mutable_cpu()->set_isa(target_text.substr(4));
-  else return Fail("bad --target " + target_text);
+  if (target_text.rfind("cuda:sm_", 0) == 0)
+    wt.mutable_cuda()->set_sm(std::atoi(target_text.c_str() + 8));
+  else if (target_text.rfind("cpu:", 0) == 0)
+    wt.mutable_cpu()->set_isa(target_text.substr(4));
+  else
+    return Fail("bad --target " + target_text);
 
   auto graph = kiln::ir::DecodeGraph(wire);
   if (!graph.ok()) return Fail(std::string(graph.status().message()));
@@ -158,11 +182,21 @@ int main(int argc, char** argv) {
   if (!r.ok()) return Fail(std::string(r.status().message()));
   for (const kiln::Artifact& a : r->artifacts) {
     switch (a.kind) {
-      case kiln::ArtifactKind::kSharedObject: write("kernel.so", a.bytes); break;
-      case kiln::ArtifactKind::kCubin: write("kernel.cubin", a.bytes); break;
-      case kiln::ArtifactKind::kPtx: write("kernel.ptx", a.bytes); break;
-      case kiln::ArtifactKind::kSource: write(cuda ? "kernel.cu" : "kernel.cc", a.bytes); break;
-      case kiln::ArtifactKind::kFusionReport: write("report.txt", a.bytes); break;
+      case kiln::ArtifactKind::kSharedObject:
+        write("kernel.so", a.bytes);
+        break;
+      case kiln::ArtifactKind::kCubin:
+        write("kernel.cubin", a.bytes);
+        break;
+      case kiln::ArtifactKind::kPtx:
+        write("kernel.ptx", a.bytes);
+        break;
+      case kiln::ArtifactKind::kSource:
+        write(cuda ? "kernel.cu" : "kernel.cc", a.bytes);
+        break;
+      case kiln::ArtifactKind::kFusionReport:
+        write("report.txt", a.bytes);
+        break;
     }
   }
   write("plan.json", PlanJson(r->plan, target->ToString()));

@@ -28,10 +28,10 @@ class FrontendBudget {
     if (limit_ms_ <= 0) return absl::OkStatus();
     double spent = ElapsedMs();
     if (spent <= limit_ms_) return absl::OkStatus();
-    return absl::ResourceExhaustedError(
-        absl::StrCat("frontend time limit exceeded: ", static_cast<int64_t>(spent), " ms spent (in ",
-                     std::string(stage), ") over the limit of ", static_cast<int64_t>(limit_ms_),
-                     " ms (max_frontend_ms); split the graph or raise the limit"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "frontend time limit exceeded: ", static_cast<int64_t>(spent), " ms spent (in ",
+        std::string(stage), ") over the limit of ", static_cast<int64_t>(limit_ms_),
+        " ms (max_frontend_ms); split the graph or raise the limit"));
   }
 
  private:

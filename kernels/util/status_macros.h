@@ -9,10 +9,10 @@
 #define KILN_STATUS_CONCAT_(a, b) KILN_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the current function when `expr` (an absl::Status) is not OK.
-#define KILN_RETURN_IF_ERROR(expr)                \
-  do {                                            \
-    ::absl::Status kiln_status_ = (expr);         \
-    if (!kiln_status_.ok()) return kiln_status_;  \
+#define KILN_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::absl::Status kiln_status_ = (expr);        \
+    if (!kiln_status_.ok()) return kiln_status_; \
   } while (0)
 
 // KILN_ASSIGN_OR_RETURN(auto x, MakeX()); declares/assigns `x` or returns the error.

@@ -53,7 +53,7 @@ namespace grpc {
 class ServerCredentials;
 class ServerContextBase;
 }  // namespace grpc
-struct ssl_ctx_st;   // OpenSSL's SSL_CTX
+struct ssl_ctx_st;  // OpenSSL's SSL_CTX
 
 namespace kiln::auth {
 

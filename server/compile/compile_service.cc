@@ -8,11 +8,11 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
-#include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "kernels/codegen/variants.h"
 #include "kernels/ir/decode.h"
 #include "kernels/key/digest.h"
@@ -75,9 +75,8 @@ bool IsCacheableFailure(const absl::Status& status) {
 
 bool IsHexKey(const std::string& s) {
   if (s.size() != 64) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f');
-  });
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f'); });
 }
 
 std::string KeyPrefix(const std::string& key) { return key.substr(0, 12); }
@@ -165,8 +164,7 @@ absl::StatusOr<std::shared_ptr<const v1::ActionResult>> CompileService::LookupCa
 Withdraw CompileService::Compile(const v1::CompileRequest& request, Priority priority,
                                  absl::Time deadline, CompileCallback done) {
   requests_.fetch_add(1, std::memory_order_relaxed);
-  absl::StatusOr<Prepared> prepared =
-      Prepare(request.graph(), request.target(), request.options());
+  absl::StatusOr<Prepared> prepared = Prepare(request.graph(), request.target(), request.options());
   if (!prepared.ok()) {
     invalid_.fetch_add(1, std::memory_order_relaxed);
     CompileReply reply;
@@ -431,8 +429,8 @@ void CompileService::FinishJob(const std::shared_ptr<Job>& job, const CompileRep
   }
 }
 
-CompileReply CompileService::CompileAndWait(const v1::CompileRequest& request,
-                                            Priority priority, absl::Time deadline) {
+CompileReply CompileService::CompileAndWait(const v1::CompileRequest& request, Priority priority,
+                                            absl::Time deadline) {
   struct Slot {
     absl::Notification done;
     CompileReply reply;
@@ -449,8 +447,7 @@ CompileReply CompileService::CompileAndWait(const v1::CompileRequest& request,
 CompileReply CompileService::Lookup(const v1::LookupRequest& request) {
   requests_.fetch_add(1, std::memory_order_relaxed);
   CompileReply reply;
-  absl::StatusOr<Prepared> prepared =
-      Prepare(request.graph(), request.target(), request.options());
+  absl::StatusOr<Prepared> prepared = Prepare(request.graph(), request.target(), request.options());
   if (!prepared.ok()) {
     invalid_.fetch_add(1, std::memory_order_relaxed);
     reply.status = prepared.status();
@@ -462,8 +459,7 @@ CompileReply CompileService::Lookup(const v1::LookupRequest& request) {
   if (!cached.ok()) {
     reply.status = cached.status();
   } else if (*cached == nullptr) {
-    reply.status = absl::NotFoundError(
-        absl::StrCat("no cached result for key ", reply.handle));
+    reply.status = absl::NotFoundError(absl::StrCat("no cached result for key ", reply.handle));
   } else {
     cache_hits_.fetch_add(1, std::memory_order_relaxed);
     reply.result = *std::move(cached);
@@ -599,12 +595,14 @@ constexpr size_t kMaxDeviceName = 256;
 constexpr int kMaxTimings = 64;
 }  // namespace
 
-absl::StatusOr<std::pair<std::string, std::string>> CompileService::TuningKey(const v1::TuningRequest& request) {
+absl::StatusOr<std::pair<std::string, std::string>> CompileService::TuningKey(
+    const v1::TuningRequest& request) {
   const std::string& device = request.device();
   if (device.empty() || device.size() > kMaxDeviceName ||
       !std::all_of(device.begin(), device.end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
     return absl::InvalidArgumentError(
-        "tuning: bad device name (rule: 1 to 256 printable ASCII characters naming the device model)");
+        "tuning: bad device name (rule: 1 to 256 printable ASCII characters naming the device "
+        "model)");
   v1::CompileOptions options = request.options();
   options.set_variant(0);  // a tuning is for the graph, whichever variant wins
   KILN_ASSIGN_OR_RETURN(Prepared p, Prepare(request.graph(), request.target(), options));
@@ -617,11 +615,12 @@ absl::StatusOr<v1::TuningResponse> CompileService::RecordTuning(const v1::Tuning
   KILN_ASSIGN_OR_RETURN(Target target, ir::DecodeTarget(request.target()));
   const int variants = target.is_cuda() ? codegen::kNumCudaVariants : codegen::kNumCpuVariants;
   if (request.variant() < 0 || request.variant() >= variants)
-    return absl::InvalidArgumentError(absl::StrCat("tuning: variant ", request.variant(), " of ", target.ToString(),
-                                                   " (rule: 0 to ", variants - 1, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("tuning: variant ", request.variant(), " of ",
+                                                   target.ToString(), " (rule: 0 to ", variants - 1,
+                                                   ")"));
   if (request.timings_size() > kMaxTimings)
-    return absl::InvalidArgumentError(absl::StrCat("tuning: ", request.timings_size(), " timings (rule: at most ",
-                                                   kMaxTimings, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("tuning: ", request.timings_size(),
+                                                   " timings (rule: at most ", kMaxTimings, ")"));
   std::vector<std::string> timings;
   for (const v1::VariantTiming& t : request.timings())
     timings.push_back(absl::StrCat(t.variant(), ":", t.median_ms()));
@@ -650,12 +649,14 @@ absl::StatusOr<v1::TuningResponse> CompileService::RecordTuning(const v1::Tuning
 
 absl::StatusOr<v1::TuningResponse> CompileService::LookupTuning(const v1::TuningRequest& request) {
   KILN_ASSIGN_OR_RETURN(auto keys, TuningKey(request));
-  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const v1::ActionResult> record, LookupCached(keys.first, absl::Now()));
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const v1::ActionResult> record,
+                        LookupCached(keys.first, absl::Now()));
   v1::TuningResponse out;
   out.set_handle(keys.second);
   if (record == nullptr) return out;
   for (const v1::KeyField& f : record->key_fields()) {
-    if (f.label() == "tuning_for" && f.value() != keys.second) return out;  // not this graph's record
+    if (f.label() == "tuning_for" && f.value() != keys.second)
+      return out;  // not this graph's record
     if (f.label() == "variant") {
       int v = 0;
       if (!absl::SimpleAtoi(f.value(), &v)) return out;
@@ -664,7 +665,8 @@ absl::StatusOr<v1::TuningResponse> CompileService::LookupTuning(const v1::Tuning
     }
     if (f.label() == "timings_ms" && !f.value().empty()) {
       for (absl::string_view item : absl::StrSplit(f.value(), ';')) {
-        std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits(':', 1));
+        std::pair<absl::string_view, absl::string_view> kv =
+            absl::StrSplit(item, absl::MaxSplits(':', 1));
         v1::VariantTiming* t = out.add_timings();
         int v = 0;
         double ms = 0;
@@ -690,7 +692,8 @@ absl::Status CheckModelKey(const std::string& model_key, const std::string& form
     return absl::InvalidArgumentError(absl::StrCat("model key '", model_key.substr(0, 80),
                                                    "' (rule: a 64-digit lowercase hex SHA-256)"));
   const bool format_ok =
-      !format.empty() && format.size() <= 64 && std::all_of(format.begin(), format.end(), [](char c) {
+      !format.empty() && format.size() <= 64 &&
+      std::all_of(format.begin(), format.end(), [](char c) {
         return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-' || c == '/';
       });
   if (!format_ok)
@@ -716,7 +719,8 @@ absl::StatusOr<v1::PutModelResponse> CompileService::PutModel(const v1::PutModel
   KILN_RETURN_IF_ERROR(CheckModelKey(request.model_key(), request.format()));
   if (request.record().empty() || request.record().size() > kMaxModelRecordBytes)
     return absl::InvalidArgumentError(absl::StrCat("model record of ", request.record().size(),
-                                                   " bytes (rule: 1 byte to ", kMaxModelRecordBytes, ")"));
+                                                   " bytes (rule: 1 byte to ", kMaxModelRecordBytes,
+                                                   ")"));
   if (request.parts_size() > kMaxModelParts)
     return absl::InvalidArgumentError(absl::StrCat("model record names ", request.parts_size(),
                                                    " parts (rule: at most ", kMaxModelParts, ")"));
@@ -724,12 +728,14 @@ absl::StatusOr<v1::PutModelResponse> CompileService::PutModel(const v1::PutModel
   for (int i = 0; i < request.parts_size(); ++i) {
     const std::string& part = request.parts(i);
     if (!IsHexKey(part))
-      return absl::InvalidArgumentError(absl::StrCat("model record part ", i, " '", part.substr(0, 80),
+      return absl::InvalidArgumentError(absl::StrCat("model record part ", i, " '",
+                                                     part.substr(0, 80),
                                                      "' (rule: a 64-digit lowercase hex handle)"));
     KILN_ASSIGN_OR_RETURN(std::shared_ptr<const v1::ActionResult> cached, LookupCached(part, now));
     if (cached == nullptr)
       return absl::FailedPreconditionError(
-          absl::StrCat("model record part ", i, " (", part, ") is not a cached result (rule: compile parts first)"));
+          absl::StrCat("model record part ", i, " (", part,
+                       ") is not a cached result (rule: compile parts first)"));
   }
   const std::string store_key = ModelStoreKey(request.format(), request.model_key());
   v1::ActionResult record;
@@ -737,8 +743,8 @@ absl::StatusOr<v1::PutModelResponse> CompileService::PutModel(const v1::PutModel
   artifact->set_kind(v1::MODEL_RECORD);
   artifact->set_digest(key::Sha256Hex(request.record()));
   artifact->set_size(static_cast<int64_t>(request.record().size()));
-  record.set_key_debug(absl::StrCat("model record ", request.model_key(), " (", request.format(), ", ",
-                                    request.parts_size(), " parts)"));
+  record.set_key_debug(absl::StrCat("model record ", request.model_key(), " (", request.format(),
+                                    ", ", request.parts_size(), " parts)"));
   for (const auto& [label, value] : std::vector<std::pair<std::string, std::string>>{
            {"model_key", request.model_key()},
            {"format", request.format()},
@@ -759,14 +765,18 @@ absl::StatusOr<v1::GetModelResponse> CompileService::GetModel(const v1::GetModel
   KILN_RETURN_IF_ERROR(CheckModelKey(request.model_key(), request.format()));
   const std::string store_key = ModelStoreKey(request.format(), request.model_key());
   const absl::Time now = absl::Now();
-  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const v1::ActionResult> record, LookupCached(store_key, now));
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<const v1::ActionResult> record,
+                        LookupCached(store_key, now));
   auto gone = [&](absl::string_view what) {
-    return absl::NotFoundError(absl::StrCat("no cached model record ", request.model_key().substr(0, 12), " (",
+    return absl::NotFoundError(absl::StrCat("no cached model record ",
+                                            request.model_key().substr(0, 12), " (",
                                             request.format(), "): ", what));
   };
   if (record == nullptr) return gone("never stored, or evicted");
-  // A record whose entry names another key (a store that mixed entries up) is no record of this one.
-  if (FieldOf(*record, "model_key") != request.model_key() || FieldOf(*record, "format") != request.format())
+  // A record whose entry names another key (a store that mixed entries up) is no record of this
+  // one.
+  if (FieldOf(*record, "model_key") != request.model_key() ||
+      FieldOf(*record, "format") != request.format())
     return gone("the stored entry names another key");
   const v1::Artifact* artifact = FindArtifact(*record, v1::MODEL_RECORD);
   if (artifact == nullptr) return gone("the stored entry has no record");
@@ -779,8 +789,10 @@ absl::StatusOr<v1::GetModelResponse> CompileService::GetModel(const v1::GetModel
   const std::string parts = FieldOf(*record, "parts");
   if (!parts.empty()) {
     for (absl::string_view part : absl::StrSplit(parts, ',')) {
-      KILN_ASSIGN_OR_RETURN(std::shared_ptr<const v1::ActionResult> result, LookupCached(std::string(part), now));
-      if (result == nullptr) return gone(absl::StrCat("its part ", part.substr(0, 12), " is no longer cached"));
+      KILN_ASSIGN_OR_RETURN(std::shared_ptr<const v1::ActionResult> result,
+                            LookupCached(std::string(part), now));
+      if (result == nullptr)
+        return gone(absl::StrCat("its part ", part.substr(0, 12), " is no longer cached"));
       v1::CompileResponse* p = out.add_parts();
       p->set_handle(std::string(part));
       *p->mutable_result() = *result;
@@ -799,8 +811,8 @@ constexpr size_t kExportScanEntries = 256;  // entries read from the store per s
 
 }  // namespace
 
-absl::StatusOr<v1::ExportEntriesResponse> CompileService::ExportEntries(const v1::ExportEntriesRequest& request,
-                                                                        size_t reply_bytes) {
+absl::StatusOr<v1::ExportEntriesResponse> CompileService::ExportEntries(
+    const v1::ExportEntriesRequest& request, size_t reply_bytes) {
   v1::ExportEntriesResponse out;
   std::string after = request.after_key();
   size_t bytes = 0;
@@ -837,7 +849,8 @@ absl::StatusOr<v1::ExportEntriesResponse> CompileService::ExportEntries(const v1
   }
 }
 
-absl::StatusOr<v1::ImportEntriesResponse> CompileService::ImportEntries(const v1::ImportEntriesRequest& request) {
+absl::StatusOr<v1::ImportEntriesResponse> CompileService::ImportEntries(
+    const v1::ImportEntriesRequest& request) {
   std::vector<v1::ActionResult> results;
   results.reserve(request.entries_size());
   for (int i = 0; i < request.entries_size(); ++i) {
@@ -862,9 +875,10 @@ absl::StatusOr<v1::ImportEntriesResponse> CompileService::ImportEntries(const v1
       KILN_RETURN_IF_ERROR(options_.sign(entry.key(), &checked));
     } else if (options_.verify_stored) {
       if (absl::Status v = options_.verify_stored(entry.key(), checked); !v.ok())
-        return refuse(absl::StrCat("its signature is not one this kilnd trusts: ", v.message(),
-                                   " (rule: import into a kilnd signing with the exporter's key, or "
-                                   "pass resign to vouch for the bundle)"));
+        return refuse(
+            absl::StrCat("its signature is not one this kilnd trusts: ", v.message(),
+                         " (rule: import into a kilnd signing with the exporter's key, or "
+                         "pass resign to vouch for the bundle)"));
     }
     results.push_back(std::move(checked));
   }
@@ -878,7 +892,8 @@ absl::StatusOr<v1::ImportEntriesResponse> CompileService::ImportEntries(const v1
       continue;
     }
     const auto& blobs = request.entries(i).blobs();
-    KILN_RETURN_IF_ERROR(store_->PutResult(key, results[i], std::vector<std::string>(blobs.begin(), blobs.end())));
+    KILN_RETURN_IF_ERROR(
+        store_->PutResult(key, results[i], std::vector<std::string>(blobs.begin(), blobs.end())));
     memory_.Put(key, std::make_shared<const v1::ActionResult>(std::move(results[i])), now);
     out.set_stored(out.stored() + 1);
   }

@@ -45,10 +45,10 @@
 namespace kiln::compile {
 
 struct CompileServiceOptions {
-  int workers = 0;          // compile threads; 0: the number of cores
+  int workers = 0;           // compile threads; 0: the number of cores
   int64_t queue_size = 256;  // jobs waiting for a worker; beyond it: ResourceExhausted
   absl::Duration negative_ttl = absl::Seconds(30);  // how long a compile failure is replayed
-  size_t memory_cache_entries = 4096;  // in-memory front of the store; 0 disables it
+  size_t memory_cache_entries = 4096;               // in-memory front of the store; 0 disables it
   absl::Duration memory_cache_ttl = absl::Seconds(2);  // how often a hot entry is revalidated
   ir::Limits limits;
   // Cluster-wide single-flight across replicas sharing a cache; nullptr: this process only.
@@ -60,8 +60,7 @@ struct CompileServiceOptions {
   // that does not is logged, counted as a corruption of the store and treated as a miss, so it
   // is compiled again and replaced. Both must be thread-safe (auth::ResultSigner is).
   std::function<absl::Status(const std::string& key, v1::ActionResult* result)> sign;
-  std::function<absl::Status(const std::string& key, const v1::ActionResult& result)>
-      verify_stored;
+  std::function<absl::Status(const std::string& key, const v1::ActionResult& result)> verify_stored;
 };
 
 // A ResourceExhausted worth retrying (the compile queue is full, not a limit of the request)
@@ -75,9 +74,9 @@ struct CompileReply {
   absl::Status status;
   std::string handle;  // the action key; empty when the input was invalid
   std::shared_ptr<const v1::ActionResult> result;  // set iff status.ok()
-  bool cache_hit = false;   // answered from the cache, not by a compile started for it
-  bool joined = false;      // waited on an identical job another request had started
-  bool negative_hit = false;  // answered from the failure cache
+  bool cache_hit = false;      // answered from the cache, not by a compile started for it
+  bool joined = false;         // waited on an identical job another request had started
+  bool negative_hit = false;   // answered from the failure cache
   bool not_persisted = false;  // compiled, but kept in memory only (the disk refused writes)
 };
 using CompileCallback = std::function<void(CompileReply)>;

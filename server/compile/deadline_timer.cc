@@ -5,7 +5,9 @@
 
 namespace kiln::compile {
 
-DeadlineTimer::DeadlineTimer() { thread_ = std::thread([this] { Loop(); }); }
+DeadlineTimer::DeadlineTimer() {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 DeadlineTimer::~DeadlineTimer() {
   {

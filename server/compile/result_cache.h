@@ -33,7 +33,7 @@ class ResultCache {
   ResultCache(size_t capacity, absl::Duration ttl);
 
   struct Lookup {
-    Result result;         // nullptr on a miss
+    Result result;            // nullptr on a miss
     bool revalidate = false;  // this caller must check the store and Put or Erase the key
   };
   // A hit, a miss, or (once per `ttl` per key) a hit this caller must revalidate.

@@ -17,7 +17,8 @@ void ToWireSizeExpr(const SizeExpr& e, v1::SizeExpr* wire) {
 
 SizeExpr FromWireSizeExpr(const v1::SizeExpr& wire) {
   SizeExpr e;
-  for (const v1::SizeTerm& t : wire.terms()) e.terms.push_back({t.coeff(), {t.exponents().begin(), t.exponents().end()}});
+  for (const v1::SizeTerm& t : wire.terms())
+    e.terms.push_back({t.coeff(), {t.exponents().begin(), t.exponents().end()}});
   return e;
 }
 
@@ -63,7 +64,8 @@ void ToWirePlan(const LaunchPlan& plan, bool has_geometry, v1::LaunchPlan* wire)
     out->set_input(sym.input);
     out->set_axis(sym.axis);
   }
-  if (!plan.index_bound_expr.terms.empty()) ToWireSizeExpr(plan.index_bound_expr, wire->mutable_index_bound());
+  if (!plan.index_bound_expr.terms.empty())
+    ToWireSizeExpr(plan.index_bound_expr, wire->mutable_index_bound());
 }
 
 void ToWireStats(const CompileStats& stats, v1::CompileStats* wire) {
@@ -115,7 +117,8 @@ LaunchPlan FromWirePlan(const v1::LaunchPlan& wire) {
   plan.index_bound_expr = FromWireSizeExpr(wire.index_bound());
   plan.workspace_bytes = wire.workspace_bytes();
   plan.abi_version = wire.abi_version();
-  for (const v1::PlanSymbol& s : wire.symbols()) plan.symbols.push_back({s.name(), s.input(), s.axis()});
+  for (const v1::PlanSymbol& s : wire.symbols())
+    plan.symbols.push_back({s.name(), s.input(), s.axis()});
   return plan;
 }
 

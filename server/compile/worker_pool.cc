@@ -21,8 +21,8 @@ absl::Status WorkerPool::Submit(Priority priority, std::function<void()> task) {
   const int64_t queued = QueuedLocked();
   if (priority == Priority::kInteractive) {
     if (queued >= capacity_) {
-      return absl::ResourceExhaustedError(
-          "compile queue is full (" + std::to_string(capacity_) + " jobs waiting); retry later");
+      return absl::ResourceExhaustedError("compile queue is full (" + std::to_string(capacity_) +
+                                          " jobs waiting); retry later");
     }
     interactive_.push_back(std::move(task));
   } else {
@@ -42,9 +42,8 @@ void WorkerPool::WorkerLoop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](WorkerPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
-            return p->exit_ || p->QueuedLocked() > 0;
-          },
+          +[](WorkerPool* p)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return p->exit_ || p->QueuedLocked() > 0; },
           this));
       if (QueuedLocked() == 0) return;  // exit_ and nothing left
       auto& queue = interactive_.empty() ? prewarm_ : interactive_;

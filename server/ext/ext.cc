@@ -52,7 +52,8 @@ bool IsPlainToken(const std::string& s, size_t max) {
 
 template <typename Request>
 compile::Priority PriorityOf(const Request& r) {
-  return r.priority() == v1::PREWARM ? compile::Priority::kPrewarm : compile::Priority::kInteractive;
+  return r.priority() == v1::PREWARM ? compile::Priority::kPrewarm
+                                     : compile::Priority::kInteractive;
 }
 
 bool IsCudaSource(const std::string& path) { return absl::EndsWith(path, ".cu"); }
@@ -67,7 +68,8 @@ bool IsCompilable(const std::string& path) {
 // The absolute path of `program` (as given when it has a '/', else on PATH), or empty.
 std::string Which(const std::string& program) {
   if (program.empty()) return "";
-  if (program.find('/') != std::string::npos) return access(program.c_str(), X_OK) == 0 ? program : "";
+  if (program.find('/') != std::string::npos)
+    return access(program.c_str(), X_OK) == 0 ? program : "";
   const char* path = std::getenv("PATH");
   for (absl::string_view dir : absl::StrSplit(path ? path : "/usr/bin:/bin", ':')) {
     std::string p = absl::StrCat(dir, "/", program);
@@ -86,18 +88,22 @@ std::string VersionOf(const std::vector<std::string>& argv) {
 
 std::string Truncated(const std::string& s) {
   if (s.size() <= kMaxLogBytes) return s;
-  return absl::StrCat(s.substr(0, kMaxLogBytes), "\n[... ", s.size() - kMaxLogBytes, " more bytes]");
+  return absl::StrCat(s.substr(0, kMaxLogBytes), "\n[... ", s.size() - kMaxLogBytes,
+                      " more bytes]");
 }
 
 absl::Status CheckFlags(const google::protobuf::RepeatedPtrField<std::string>& flags,
                         const char* field, int* total) {
   for (const std::string& f : flags) {
-    if (++*total > kMaxFlags) return absl::InvalidArgumentError(absl::StrCat("more than ", kMaxFlags, " flags"));
+    if (++*total > kMaxFlags)
+      return absl::InvalidArgumentError(absl::StrCat("more than ", kMaxFlags, " flags"));
     if (f.size() > kMaxFlagBytes || f.find('\0') != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": a flag longer than ", kMaxFlagBytes, " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": a flag longer than ", kMaxFlagBytes, " bytes"));
     }
     if (std::string why = ForbiddenFlagReason(f); !why.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": flag '", f, "' is not allowed: ", why));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": flag '", f, "' is not allowed: ", why));
     }
   }
   return absl::OkStatus();
@@ -107,46 +113,61 @@ absl::Status Validate(const v1::BuildExtensionRequest& r, bool* has_cuda) {
   if (!IsIdentifier(r.name())) {
     return absl::InvalidArgumentError(absl::StrCat("name '", r.name(), "' is not a C identifier"));
   }
-  if (!IsHexDigest(r.source_tree())) return absl::InvalidArgumentError("source_tree: not a SHA-256 digest");
+  if (!IsHexDigest(r.source_tree()))
+    return absl::InvalidArgumentError("source_tree: not a SHA-256 digest");
   if (r.compile_size() == 0) return absl::InvalidArgumentError("compile: no source to compile");
   if (r.compile_size() > 256) return absl::InvalidArgumentError("compile: more than 256 sources");
   *has_cuda = false;
   for (const std::string& c : r.compile()) {
-    if (!IsCleanRelativePath(c)) return absl::InvalidArgumentError(absl::StrCat("compile: '", c, "' is not a clean relative path"));
+    if (!IsCleanRelativePath(c))
+      return absl::InvalidArgumentError(
+          absl::StrCat("compile: '", c, "' is not a clean relative path"));
     if (!IsCompilable(c)) {
-      return absl::InvalidArgumentError(absl::StrCat("compile: '", c, "' is not a .c, .cc, .cpp, .cxx or .cu file"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("compile: '", c, "' is not a .c, .cc, .cpp, .cxx or .cu file"));
     }
     *has_cuda |= IsCudaSource(c);
   }
   if (r.include_dirs_size() > 64) return absl::InvalidArgumentError("include_dirs: more than 64");
   for (const v1::IncludeDir& d : r.include_dirs()) {
-    if (!IsHexDigest(d.tree())) return absl::InvalidArgumentError("include_dirs: a tree is not a SHA-256 digest");
+    if (!IsHexDigest(d.tree()))
+      return absl::InvalidArgumentError("include_dirs: a tree is not a SHA-256 digest");
     if (!d.subdir().empty() && !IsCleanRelativePath(d.subdir())) {
-      return absl::InvalidArgumentError(absl::StrCat("include_dirs: subdir '", d.subdir(), "' is not a clean relative path"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("include_dirs: subdir '", d.subdir(), "' is not a clean relative path"));
     }
   }
   int total = 0;
-  for (auto [flags, field] : {std::pair{&r.cflags(), "cflags"}, std::pair{&r.cuda_cflags(), "cuda_cflags"},
-                              std::pair{&r.ldflags(), "ldflags"}}) {
+  for (auto [flags, field] :
+       {std::pair{&r.cflags(), "cflags"}, std::pair{&r.cuda_cflags(), "cuda_cflags"},
+        std::pair{&r.ldflags(), "ldflags"}}) {
     if (absl::Status s = CheckFlags(*flags, field, &total); !s.ok()) return s;
   }
   if (r.cuda_archs_size() > 16) return absl::InvalidArgumentError("cuda_archs: more than 16");
   for (int sm : r.cuda_archs()) {
-    if (sm < 50 || sm > 199) return absl::InvalidArgumentError(absl::StrCat("cuda_archs: sm_", sm, " is not a CUDA architecture kilnd builds for"));
+    if (sm < 50 || sm > 199)
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda_archs: sm_", sm, " is not a CUDA architecture kilnd builds for"));
   }
   if (*has_cuda && r.cuda_archs_size() == 0) {
-    return absl::InvalidArgumentError("cuda_archs: .cu sources need at least one architecture (TORCH_CUDA_ARCH_LIST)");
+    return absl::InvalidArgumentError(
+        "cuda_archs: .cu sources need at least one architecture (TORCH_CUDA_ARCH_LIST)");
   }
-  if (!IsPlainToken(r.python_tag(), 128)) return absl::InvalidArgumentError("python_tag: not a plain token");
+  if (!IsPlainToken(r.python_tag(), 128))
+    return absl::InvalidArgumentError("python_tag: not a plain token");
   if (r.link_sonames_size() > 32) return absl::InvalidArgumentError("link_sonames: more than 32");
   for (const std::string& so : r.link_sonames()) {
-    if (!absl::StartsWith(so, "lib") || so.find(".so") == std::string::npos || !IsPlainToken(so, 128)) {
-      return absl::InvalidArgumentError(absl::StrCat("link_sonames: '", so, "' is not a library soname"));
+    if (!absl::StartsWith(so, "lib") || so.find(".so") == std::string::npos ||
+        !IsPlainToken(so, 128)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("link_sonames: '", so, "' is not a library soname"));
     }
   }
-  if (r.client_abi_size() > 32) return absl::InvalidArgumentError("client_abi: more than 32 entries");
+  if (r.client_abi_size() > 32)
+    return absl::InvalidArgumentError("client_abi: more than 32 entries");
   for (const auto& [k, v] : r.client_abi()) {
-    if (k.size() > 128 || v.size() > 1024) return absl::InvalidArgumentError("client_abi: an entry is too long");
+    if (k.size() > 128 || v.size() > 1024)
+      return absl::InvalidArgumentError("client_abi: an entry is too long");
   }
   return absl::OkStatus();
 }
@@ -156,17 +177,22 @@ absl::Status StepStatus(const absl::StatusOr<toolchain::ProcessResult>& r, const
                         double timeout_s, std::string* log) {
   if (!r.ok()) {
     if (absl::IsDeadlineExceeded(r.status())) {
-      return absl::ResourceExhaustedError(absl::StrCat(what, " ran past the build time limit (", timeout_s, " s)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what, " ran past the build time limit (", timeout_s, " s)"));
     }
     return absl::UnavailableError(absl::StrCat(what, ": ", r.status().message()));
   }
   absl::StrAppend(log, r->output);
   if (r->signal != 0) {
-    const char* limit = r->signal == SIGXCPU ? "the CPU time limit" : r->signal == SIGXFSZ ? "the output size limit" : "a limit";
-    return absl::ResourceExhaustedError(absl::StrCat(what, " was killed by signal ", r->signal, " (", limit, "):\n", Truncated(r->output)));
+    const char* limit = r->signal == SIGXCPU   ? "the CPU time limit"
+                        : r->signal == SIGXFSZ ? "the output size limit"
+                                               : "a limit";
+    return absl::ResourceExhaustedError(absl::StrCat(what, " was killed by signal ", r->signal,
+                                                     " (", limit, "):\n", Truncated(r->output)));
   }
   if (r->exit_code != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " failed (exit ", r->exit_code, "):\n", Truncated(r->output)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " failed (exit ", r->exit_code, "):\n", Truncated(r->output)));
   }
   return absl::OkStatus();
 }
@@ -180,7 +206,8 @@ std::string ForbiddenFlagReason(const std::string& flag) {
     if (absl::StartsWith(flag, pass)) {
       for (absl::string_view part : absl::StrSplit(flag.substr(strlen(pass)), ',')) {
         if (absl::StartsWith(part, "@")) return "response files are not read";
-        if (absl::StartsWith(part, "--plugin") || absl::StartsWith(part, "-plugin")) return "it loads a plugin into the linker";
+        if (absl::StartsWith(part, "--plugin") || absl::StartsWith(part, "-plugin"))
+          return "it loads a plugin into the linker";
       }
       return "";
     }
@@ -221,7 +248,8 @@ std::string ForbiddenFlagReason(const std::string& flag) {
   for (const Rule& rule : kRules) {
     if (absl::StartsWith(flag, rule.prefix)) {
       // Exact flags that merely share a prefix with a rule.
-      if (flag == "-rdynamic" || absl::StartsWith(flag, "-O") || absl::StartsWith(flag, "-pthread")) return "";
+      if (flag == "-rdynamic" || absl::StartsWith(flag, "-O") || absl::StartsWith(flag, "-pthread"))
+        return "";
       return rule.why;
     }
   }
@@ -236,8 +264,8 @@ ExtensionBuilder::ExtensionBuilder(ExtOptions options, store::ArtifactStore* sto
 
 ExtensionBuilder::~ExtensionBuilder() { pool_.Stop(absl::Now() + absl::Seconds(1)); }
 
-absl::StatusOr<std::unique_ptr<ExtensionBuilder>> ExtensionBuilder::Create(const ExtOptions& options,
-                                                                           store::ArtifactStore* store) {
+absl::StatusOr<std::unique_ptr<ExtensionBuilder>> ExtensionBuilder::Create(
+    const ExtOptions& options, store::ArtifactStore* store) {
   ExtOptions resolved = options;
   resolved.cxx = Which(options.cxx);
   resolved.nvcc = Which(options.nvcc);
@@ -297,7 +325,8 @@ std::string ExtensionBuilder::Fingerprint(bool cuda) {
   return absl::StrCat("cxx=", cxx_version_, "\nnvcc=", cuda ? nvcc_version_ : "", "\n");
 }
 
-v1::FindMissingBlobsResponse ExtensionBuilder::FindMissing(const v1::FindMissingBlobsRequest& request) {
+v1::FindMissingBlobsResponse ExtensionBuilder::FindMissing(
+    const v1::FindMissingBlobsRequest& request) {
   v1::FindMissingBlobsResponse out;
   for (const std::string& d : request.digests()) {
     if (!IsHexDigest(d) || !inputs_->Has(d)) out.add_missing(d);
@@ -305,12 +334,14 @@ v1::FindMissingBlobsResponse ExtensionBuilder::FindMissing(const v1::FindMissing
   return out;
 }
 
-absl::StatusOr<v1::UploadBlobsResponse> ExtensionBuilder::Upload(const v1::UploadBlobsRequest& request) {
+absl::StatusOr<v1::UploadBlobsResponse> ExtensionBuilder::Upload(
+    const v1::UploadBlobsRequest& request) {
   int64_t total = 0;
   for (const std::string& b : request.blobs()) total += static_cast<int64_t>(b.size());
   if (total > options_.max_upload_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("an upload of ", total, " bytes is over the limit of ",
-                                                   options_.max_upload_bytes, " per call: split it"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("an upload of ", total, " bytes is over the limit of ",
+                     options_.max_upload_bytes, " per call: split it"));
   }
   v1::UploadBlobsResponse out;
   for (const std::string& b : request.blobs()) {
@@ -333,7 +364,8 @@ bool ExtensionBuilder::ServeStored(const std::string& key, Response* response) {
 
 template <typename Response>
 std::function<void(ExtensionBuilder::Outcome)> ExtensionBuilder::Answer(
-    Response response, std::function<void(absl::Status, Response)> done, std::chrono::steady_clock::time_point start) {
+    Response response, std::function<void(absl::Status, Response)> done,
+    std::chrono::steady_clock::time_point start) {
   return [response = std::move(response), done = std::move(done), start](Outcome o) mutable {
     if (!o.status.ok()) return done(o.status, {});
     *response.mutable_result() = *o.result;
@@ -380,16 +412,20 @@ void ExtensionBuilder::GetOrBuild(const std::string& key, compile::Priority prio
 
 void ExtensionBuilder::Build(const v1::BuildExtensionRequest& request, BuildCallback done) {
   auto start = Clock::now();
-  auto ms = [start] { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };
+  auto ms = [start] {
+    return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  };
   if (!unavailable_.empty()) return done(absl::FailedPreconditionError(unavailable_), {});
   bool has_cuda = false;
   if (absl::Status s = Validate(request, &has_cuda); !s.ok()) return done(s, {});
   if (has_cuda && options_.nvcc.empty()) {
-    return done(absl::FailedPreconditionError("this server has no nvcc: it cannot build .cu sources"), {});
+    return done(
+        absl::FailedPreconditionError("this server has no nvcc: it cannot build .cu sources"), {});
   }
   v1::BuildExtensionRequest canon = request;
   canon.clear_priority();
-  const std::string key = key::Sha256Hex(absl::StrCat("kiln-ext-v1\n", Deterministic(canon), "\n", Fingerprint(has_cuda)));
+  const std::string key = key::Sha256Hex(
+      absl::StrCat("kiln-ext-v1\n", Deterministic(canon), "\n", Fingerprint(has_cuda)));
   v1::BuildExtensionResponse response;
   response.set_handle(key);
   if (ServeStored(key, &response)) {
@@ -408,13 +444,15 @@ void ExtensionBuilder::Build(const v1::BuildExtensionRequest& request, BuildCall
     response.set_server_ms(ms());
     return done(absl::OkStatus(), std::move(response));
   }
-  GetOrBuild(key, PriorityOf(request), [this, request, key] { return RunBuild(request, key); },
-             Answer(std::move(response), std::move(done), start));
+  GetOrBuild(
+      key, PriorityOf(request), [this, request, key] { return RunBuild(request, key); },
+      Answer(std::move(response), std::move(done), start));
 }
 
-absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(const v1::BuildExtensionRequest& request,
-                                                            const std::string& key) {
-  if (absl::StatusOr<std::optional<v1::ActionResult>> again = store_->GetResult(key); again.ok() && again->has_value()) {
+absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
+    const v1::BuildExtensionRequest& request, const std::string& key) {
+  if (absl::StatusOr<std::optional<v1::ActionResult>> again = store_->GetResult(key);
+      again.ok() && again->has_value()) {
     return std::move(**again);
   }
   builds_.fetch_add(1);
@@ -434,7 +472,8 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(const v1::BuildExten
   }
   std::vector<Mount> mounts;
   absl::StatusOr<std::string> src = inputs_->Materialize(request.source_tree());
-  if (!src.ok()) return absl::UnavailableError(absl::StrCat("source tree: ", src.status().message()));
+  if (!src.ok())
+    return absl::UnavailableError(absl::StrCat("source tree: ", src.status().message()));
   mounts.push_back({*src, "/src", false});
   std::vector<std::string> includes = {"-I/src"};
   absl::flat_hash_map<std::string, std::string> tree_mounts;
@@ -442,7 +481,8 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(const v1::BuildExten
     auto [it, fresh] = tree_mounts.try_emplace(d.tree(), absl::StrCat("/inc/", tree_mounts.size()));
     if (fresh) {
       absl::StatusOr<std::string> dir = inputs_->Materialize(d.tree());
-      if (!dir.ok()) return absl::UnavailableError(absl::StrCat("include tree: ", dir.status().message()));
+      if (!dir.ok())
+        return absl::UnavailableError(absl::StrCat("include tree: ", dir.status().message()));
       mounts.push_back({*dir, it->second, false});
     }
     includes.push_back(absl::StrCat("-I", it->second, d.subdir().empty() ? "" : "/", d.subdir()));
@@ -450,19 +490,24 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(const v1::BuildExten
   mounts.push_back({out, "/out", true});
   for (const std::string& c : request.compile()) {
     if (!fs::is_regular_file(fs::path(*src) / c, ec)) {
-      return absl::InvalidArgumentError(absl::StrCat("compile: '", c, "' is not in the source tree"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("compile: '", c, "' is not in the source tree"));
     }
   }
   std::string log;
   auto step = [&](const std::string& what, const std::vector<std::string>& argv) -> absl::Status {
     double left = remaining();
-    if (left <= 0) return absl::ResourceExhaustedError(absl::StrCat(what, ": the build time limit (", budget, " s) is spent"));
-    return StepStatus(RunInSandbox(options_.sandbox, mounts, "/out", argv, left), what, budget, &log);
+    if (left <= 0)
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what, ": the build time limit (", budget, " s) is spent"));
+    return StepStatus(RunInSandbox(options_.sandbox, mounts, "/out", argv, left), what, budget,
+                      &log);
   };
   for (const std::string& so : request.link_sonames()) {
-    absl::Status s = step(absl::StrCat("stub ", so), {options_.cxx, "-shared", "-nostdlib", "-o",
-                                                      absl::StrCat("/out/stubs/", so), absl::StrCat("-Wl,-soname,", so),
-                                                      "-x", "c", "/dev/null"});
+    absl::Status s =
+        step(absl::StrCat("stub ", so),
+             {options_.cxx, "-shared", "-nostdlib", "-o", absl::StrCat("/out/stubs/", so),
+              absl::StrCat("-Wl,-soname,", so), "-x", "c", "/dev/null"});
     if (!s.ok()) return s;
   }
   std::vector<std::string> objects;
@@ -494,13 +539,15 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(const v1::BuildExten
   for (const std::string& so : request.link_sonames()) link.push_back("-l:" + so);
   if (has_cuda) {
     fs::path cuda_root = fs::canonical(options_.nvcc, ec).parent_path().parent_path();
-    link.insert(link.end(), {absl::StrCat("-L", (cuda_root / "lib64").string()), "-lcudart_static", "-ldl", "-lrt", "-lpthread"});
+    link.insert(link.end(), {absl::StrCat("-L", (cuda_root / "lib64").string()), "-lcudart_static",
+                             "-ldl", "-lrt", "-lpthread"});
   }
   link.insert(link.end(), request.ldflags().begin(), request.ldflags().end());
   if (absl::Status s = step("linking", link); !s.ok()) return s;
   const std::string host_module = out + module.substr(4);
   if (fs::file_size(host_module, ec) > static_cast<uintmax_t>(options_.max_artifact_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat("the module is larger than the limit of ", options_.max_artifact_bytes, " bytes"));
+    return absl::ResourceExhaustedError(absl::StrCat("the module is larger than the limit of ",
+                                                     options_.max_artifact_bytes, " bytes"));
   }
   absl::StatusOr<std::string> bytes = toolchain::ReadFile(host_module);
   if (!bytes.ok()) return absl::InternalError("the build produced no module");
@@ -510,7 +557,8 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(const v1::BuildExten
   a->set_digest(key::Sha256Hex(*bytes));
   a->set_size(static_cast<int64_t>(bytes->size()));
   result.set_compile_log(Truncated(log));
-  result.mutable_stats()->set_toolchain_ms(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  result.mutable_stats()->set_toolchain_ms(
+      std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   result.mutable_stats()->set_total_ms(result.stats().toolchain_ms());
   for (auto [label, value] : {std::pair<std::string, std::string>{"kind", "extension"},
                               {"name", request.name()},
@@ -527,39 +575,53 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(const v1::BuildExten
   if (absl::Status s = store_->PutResult(key, result, {*bytes}); !s.ok()) {
     spdlog::warn("extension {}: not stored: {}", request.name(), std::string(s.message()));
   }
-  spdlog::info("extension {} built in {:.0f} ms ({} bytes)", request.name(), result.stats().toolchain_ms(), bytes->size());
+  spdlog::info("extension {} built in {:.0f} ms ({} bytes)", request.name(),
+               result.stats().toolchain_ms(), bytes->size());
   return result;
 }
 
 void ExtensionBuilder::CompileRaw(const v1::CompileRawKernelRequest& request, RawCallback done) {
   auto start = Clock::now();
-  auto ms = [start] { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };
+  auto ms = [start] {
+    return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  };
   if (!unavailable_.empty()) return done(absl::FailedPreconditionError(unavailable_), {});
   if (nvrtc_in_scratch_.empty()) {
-    return done(absl::FailedPreconditionError("this server has no NVRTC: it cannot compile raw CUDA kernels"), {});
+    return done(absl::FailedPreconditionError(
+                    "this server has no NVRTC: it cannot compile raw CUDA kernels"),
+                {});
   }
   if (request.source().empty() || request.source().size() > (size_t{8} << 20)) {
     return done(absl::InvalidArgumentError("source: empty or larger than 8 MiB"), {});
   }
-  if (request.name().empty() || request.name().size() > 1024 || request.name().find('\0') != std::string::npos) {
+  if (request.name().empty() || request.name().size() > 1024 ||
+      request.name().find('\0') != std::string::npos) {
     return done(absl::InvalidArgumentError("name: empty or malformed"), {});
   }
   if (request.sm() < 50 || request.sm() > 199) {
-    return done(absl::InvalidArgumentError(absl::StrCat("sm: sm_", request.sm(), " is not a CUDA architecture kilnd builds for")), {});
+    return done(absl::InvalidArgumentError(absl::StrCat(
+                    "sm: sm_", request.sm(), " is not a CUDA architecture kilnd builds for")),
+                {});
   }
-  if (request.options_size() > 128) return done(absl::InvalidArgumentError("options: more than 128"), {});
+  if (request.options_size() > 128)
+    return done(absl::InvalidArgumentError("options: more than 128"), {});
   for (const std::string& o : request.options()) {
     if (o.empty() || o[0] != '-' || o.size() > kMaxFlagBytes) {
-      return done(absl::InvalidArgumentError(absl::StrCat("options: '", o, "' is not an NVRTC option")), {});
+      return done(
+          absl::InvalidArgumentError(absl::StrCat("options: '", o, "' is not an NVRTC option")),
+          {});
     }
     if (absl::StartsWith(o, "-arch") || absl::StartsWith(o, "--gpu-architecture")) {
-      return done(absl::InvalidArgumentError(absl::StrCat("options: '", o, "': the architecture comes from `sm`")), {});
+      return done(absl::InvalidArgumentError(
+                      absl::StrCat("options: '", o, "': the architecture comes from `sm`")),
+                  {});
     }
   }
   v1::CompileRawKernelRequest canon = request;
   canon.clear_priority();
   ReadVersions();
-  const std::string key = key::Sha256Hex(absl::StrCat("kiln-raw-v1\n", Deterministic(canon), "\nnvrtc=", nvrtc_version_));
+  const std::string key = key::Sha256Hex(
+      absl::StrCat("kiln-raw-v1\n", Deterministic(canon), "\nnvrtc=", nvrtc_version_));
   v1::CompileRawKernelResponse response;
   response.set_handle(key);
   if (ServeStored(key, &response)) {
@@ -567,12 +629,13 @@ void ExtensionBuilder::CompileRaw(const v1::CompileRawKernelRequest& request, Ra
     return done(absl::OkStatus(), std::move(response));
   }
   if (absl::Status failed = failures_.Get(key, absl::Now()); !failed.ok()) return done(failed, {});
-  GetOrBuild(key, PriorityOf(request), [this, request, key] { return RunRaw(request, key); },
-             Answer(std::move(response), std::move(done), start));
+  GetOrBuild(
+      key, PriorityOf(request), [this, request, key] { return RunRaw(request, key); },
+      Answer(std::move(response), std::move(done), start));
 }
 
-absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunRaw(const v1::CompileRawKernelRequest& request,
-                                                          const std::string& key) {
+absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunRaw(
+    const v1::CompileRawKernelRequest& request, const std::string& key) {
   builds_.fetch_add(1);
   auto start = Clock::now();
   absl::StatusOr<toolchain::TempDir> tmp = toolchain::TempDir::CreateIn(scratch_path_, "raw-");
@@ -581,10 +644,12 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunRaw(const v1::CompileRawKe
   std::error_code ec;
   fs::create_directories(out, ec);
   chmod(tmp->path().c_str(), 0755);
-  if (absl::Status s = toolchain::WriteFile(out + "/kernel.cu", request.source()); !s.ok()) return s;
+  if (absl::Status s = toolchain::WriteFile(out + "/kernel.cu", request.source()); !s.ok())
+    return s;
   chmod((out + "/kernel.cu").c_str(), 0644);
   if (absl::Status s = PrepareWritable(options_.sandbox, out); !s.ok()) return s;
-  std::vector<Mount> mounts = {{out, "/out", true}, {nvrtc_in_scratch_, "/opt/kiln/kiln-nvrtc", false}};
+  std::vector<Mount> mounts = {{out, "/out", true},
+                               {nvrtc_in_scratch_, "/opt/kiln/kiln-nvrtc", false}};
   std::vector<std::string> argv = {"/opt/kiln/kiln-nvrtc", "/out/kernel.cu", "/out/kernel.cubin",
                                    absl::StrCat("sm_", request.sm()), request.name()};
   argv.insert(argv.end(), request.options().begin(), request.options().end());
@@ -608,7 +673,8 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunRaw(const v1::CompileRawKe
   result.mutable_plan()->add_steps()->set_kernel(std::string(absl::StripAsciiWhitespace(*lowered)));
   result.mutable_target()->mutable_cuda()->set_sm(request.sm());
   result.set_compile_log(Truncated(log));
-  result.mutable_stats()->set_toolchain_ms(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  result.mutable_stats()->set_toolchain_ms(
+      std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   if (options_.sign) {
     if (absl::Status signed_ok = options_.sign(key, &result); !signed_ok.ok()) return signed_ok;
   }
@@ -619,7 +685,8 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunRaw(const v1::CompileRawKe
 }
 
 ExtStats ExtensionBuilder::Stats() const {
-  return ExtStats{builds_.load(), failures_count_.load(), hits_.load(), inputs_->blobs(), inputs_->bytes()};
+  return ExtStats{builds_.load(), failures_count_.load(), hits_.load(), inputs_->blobs(),
+                  inputs_->bytes()};
 }
 
 void ExtensionBuilder::AddStats(v1::GetStatsResponse* response) const {

@@ -35,9 +35,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "kernels/toolchain/subprocess.h"
 #include "kiln/v1/service.pb.h"
 #include "server/compile/result_cache.h"
-#include "kernels/toolchain/subprocess.h"
 #include "server/compile/worker_pool.h"
 #include "server/ext/input_store.h"
 #include "server/ext/sandbox.h"
@@ -114,7 +114,8 @@ class ExtensionBuilder {
   bool ServeStored(const std::string& key, Response* response);
   // The GetOrBuild callback that answers `done` with `response` and the build's result.
   template <typename Response>
-  std::function<void(Outcome)> Answer(Response response, std::function<void(absl::Status, Response)> done,
+  std::function<void(Outcome)> Answer(Response response,
+                                      std::function<void(absl::Status, Response)> done,
                                       std::chrono::steady_clock::time_point start);
   absl::StatusOr<v1::ActionResult> RunBuild(const v1::BuildExtensionRequest& request,
                                             const std::string& key);

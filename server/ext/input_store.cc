@@ -24,8 +24,9 @@ std::string TempName(const std::string& final_path) {
 }  // namespace
 
 bool IsHexDigest(const std::string& s) {
-  return s.size() == 64 &&
-         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
 }
 
 bool IsCleanRelativePath(const std::string& path) {
@@ -152,13 +153,13 @@ absl::StatusOr<v1::InputTree> InputStore::ReadTree(const std::string& hex) {
     if (i > 0) {
       const std::string& prev = tree.files(i - 1).path();
       if (prev >= f.path()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tree ", hex.substr(0, 12), ": paths must be sorted and unique ('", prev, "', '",
-            f.path(), "')"));
+        return absl::InvalidArgumentError(absl::StrCat("tree ", hex.substr(0, 12),
+                                                       ": paths must be sorted and unique ('", prev,
+                                                       "', '", f.path(), "')"));
       }
       if (absl::StartsWith(f.path(), prev + "/")) {
-        return absl::InvalidArgumentError(absl::StrCat("tree ", hex.substr(0, 12), ": '", prev,
-                                                       "' is both a file and a folder"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tree ", hex.substr(0, 12), ": '", prev, "' is both a file and a folder"));
       }
     }
   }
@@ -194,7 +195,8 @@ absl::StatusOr<std::string> InputStore::Materialize(const std::string& tree_hex)
     std::string blob = absl::StrCat(dir_, "/blobs/", f.digest());
     if (!Has(f.digest())) {
       fs::remove_all(tmp, ec);
-      return absl::NotFoundError(absl::StrCat("input blob ", f.digest(), " ('", f.path(), "') is not held"));
+      return absl::NotFoundError(
+          absl::StrCat("input blob ", f.digest(), " ('", f.path(), "') is not held"));
     }
     ec.clear();
     fs::create_hard_link(blob, dst, ec);
@@ -203,21 +205,24 @@ absl::StatusOr<std::string> InputStore::Materialize(const std::string& tree_hex)
       absl::StatusOr<std::string> bytes = Get(f.digest());
       if (!bytes.ok() || !toolchain::WriteFile(dst.string(), *bytes).ok()) {
         fs::remove_all(tmp, ec);
-        return absl::NotFoundError(absl::StrCat("input blob ", f.digest(), " ('", f.path(), "') is not held"));
+        return absl::NotFoundError(
+            absl::StrCat("input blob ", f.digest(), " ('", f.path(), "') is not held"));
       }
       chmod(dst.c_str(), 0444);
     }
     Touch(f.digest());
   }
   // Readable by the sandbox's identity; it mounts them read-only.
-  for (auto it = fs::recursive_directory_iterator(tmp, ec); it != fs::recursive_directory_iterator(); ++it) {
+  for (auto it = fs::recursive_directory_iterator(tmp, ec);
+       it != fs::recursive_directory_iterator(); ++it) {
     if (it->is_directory(ec)) chmod(it->path().c_str(), 0755);
   }
   chmod(tmp.c_str(), 0755);
   fs::rename(tmp, final_dir, ec);
   if (ec) {
     fs::remove_all(tmp, ec);
-    if (!fs::is_directory(final_dir)) return absl::UnavailableError("cannot materialize an input tree");
+    if (!fs::is_directory(final_dir))
+      return absl::UnavailableError("cannot materialize an input tree");
   }
   Touch(tree_hex);
   return final_dir;

@@ -3,8 +3,8 @@
 //
 // Layout: <dir>/blobs/<hex digest> (the bytes, kept across restarts) and
 // <trees_dir>/<hex digest>/ (a tree's files at their paths, hard-linked from blobs/ where the
-// filesystem allows, else copied; rebuilt on demand, so it may live in a scratch folder). Every write
-// goes to a temporary name and is renamed into place, and a blob is verified against its
+// filesystem allows, else copied; rebuilt on demand, so it may live in a scratch folder). Every
+// write goes to a temporary name and is renamed into place, and a blob is verified against its
 // digest before it is kept, so a reader never sees a half-written or wrong input. Inputs are
 // not build results: they live apart from the RocksDB store (whose blobs exist only for the
 // entries naming them) and are evicted, least recently used first, beyond a byte budget.

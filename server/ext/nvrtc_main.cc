@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
   ss << in.rdbuf();
   const std::string source = ss.str();
   nvrtcProgram prog;
-  if (nvrtcCreateProgram(&prog, source.c_str(), "kernel.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS) return 2;
+  if (nvrtcCreateProgram(&prog, source.c_str(), "kernel.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS)
+    return 2;
   nvrtcAddNameExpression(prog, argv[4]);
   std::vector<std::string> options = {std::string("--gpu-architecture=") + argv[3]};
   for (int i = 5; i < argc; ++i) options.emplace_back(argv[i]);

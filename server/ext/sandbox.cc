@@ -69,8 +69,8 @@ toolchain::SandboxLimits LimitsFor(const SandboxOptions& options, double timeout
 }  // namespace
 
 absl::Status PrepareWritable(const SandboxOptions& options, const std::string& path) {
-  if (geteuid() == 0 && chown(path.c_str(), static_cast<uid_t>(options.uid),
-                              static_cast<gid_t>(options.gid)) != 0) {
+  if (geteuid() == 0 &&
+      chown(path.c_str(), static_cast<uid_t>(options.uid), static_cast<gid_t>(options.gid)) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot hand ", path, " to the sandbox user"));
   }
   return absl::OkStatus();
@@ -81,7 +81,7 @@ absl::StatusOr<toolchain::ProcessResult> RunInSandbox(const SandboxOptions& opti
                                                       const std::string& workdir,
                                                       const std::vector<std::string>& argv,
                                                       double timeout_s) {
-  std::vector<std::string> args = {options.bwrap,  "--unshare-all",  "--die-with-parent",
+  std::vector<std::string> args = {options.bwrap,   "--unshare-all", "--die-with-parent",
                                    "--new-session", "--clearenv",    "--ro-bind",
                                    "/usr",          "/usr"};
   AddRootLinks(&args);
@@ -97,9 +97,9 @@ absl::StatusOr<toolchain::ProcessResult> RunInSandbox(const SandboxOptions& opti
   for (const Mount& m : mounts) {
     args.insert(args.end(), {m.writable ? "--bind" : "--ro-bind", m.host, m.inside});
   }
-  args.insert(args.end(), {"--setenv", "PATH", "/usr/local/cuda/bin:/usr/bin:/bin", "--setenv",
-                           "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--setenv", "LC_ALL",
-                           "C", "--chdir", workdir, "--"});
+  args.insert(args.end(),
+              {"--setenv", "PATH", "/usr/local/cuda/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
+               "--setenv", "TMPDIR", "/tmp", "--setenv", "LC_ALL", "C", "--chdir", workdir, "--"});
   args.insert(args.end(), argv.begin(), argv.end());
   return toolchain::RunSandboxed(args, "/", LimitsFor(options, timeout_s));
 }
@@ -112,9 +112,9 @@ absl::Status ProbeSandbox(const SandboxOptions& options) {
                      "): install bubblewrap (Debian: apt install bubblewrap)"));
   }
   if (r->exit_code != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the build sandbox cannot run: bwrap exited with ", r->exit_code, ": ", r->output,
-        " (user namespaces must be enabled)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the build sandbox cannot run: bwrap exited with ", r->exit_code, ": ",
+                     r->output, " (user namespaces must be enabled)"));
   }
   return absl::OkStatus();
 }

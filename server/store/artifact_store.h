@@ -22,7 +22,7 @@ namespace kiln::store {
 struct StoreStats {
   int64_t hits = 0;  // AC hits
   int64_t misses = 0;
-  int64_t bytes = 0;  // CAS + AC bytes currently held
+  int64_t bytes = 0;    // CAS + AC bytes currently held
   int64_t entries = 0;  // AC entries
   int64_t evictions = 0;
   int64_t corruptions = 0;

@@ -63,8 +63,8 @@ absl::StatusOr<std::vector<std::pair<std::string, v1::ActionResult>>> RocksDbSto
     if (!get.ok()) return absl::UnavailableError(absl::StrCat("read ", key, ": ", get.ToString()));
     absl::StatusOr<AcRecord> record = DecodeAcRecord(value);
     v1::ActionResult result;
-    if (!record.ok() || !result.ParseFromArray(record->payload.data(),
-                                               static_cast<int>(record->payload.size()))) {
+    if (!record.ok() ||
+        !result.ParseFromArray(record->payload.data(), static_cast<int>(record->payload.size()))) {
       continue;  // a damaged entry is GetResult's to drop; it explains nothing
     }
     out.emplace_back(std::move(key), std::move(result));
@@ -96,8 +96,8 @@ absl::StatusOr<std::vector<std::pair<std::string, v1::ActionResult>>> RocksDbSto
     const std::string value = it->value().ToString();  // the record's payload views into it
     absl::StatusOr<AcRecord> record = DecodeAcRecord(value);
     v1::ActionResult result;
-    if (!record.ok() || !result.ParseFromArray(record->payload.data(),
-                                               static_cast<int>(record->payload.size()))) {
+    if (!record.ok() ||
+        !result.ParseFromArray(record->payload.data(), static_cast<int>(record->payload.size()))) {
       continue;  // a damaged entry is GetResult's to drop; a bundle does not carry it
     }
     out.emplace_back(it->key().ToString(), std::move(result));

@@ -12,7 +12,6 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-
 #include "kernels/key/digest.h"
 #include "kiln/v1/service.pb.h"
 

@@ -50,11 +50,10 @@ class RocksLogToSpdlog final : public rocksdb::Logger {
     std::vsnprintf(line, sizeof line, format, ap);
     // One step down: the store reports what matters to kilnd (a suspension, a corruption)
     // itself, and RocksDB calls some routine conditions errors.
-    const spdlog::level::level_enum to = level >= rocksdb::InfoLogLevel::ERROR_LEVEL
-                                             ? spdlog::level::warn
-                                         : level >= rocksdb::InfoLogLevel::WARN_LEVEL
-                                             ? spdlog::level::info
-                                             : spdlog::level::debug;
+    const spdlog::level::level_enum to =
+        level >= rocksdb::InfoLogLevel::ERROR_LEVEL  ? spdlog::level::warn
+        : level >= rocksdb::InfoLogLevel::WARN_LEVEL ? spdlog::level::info
+                                                     : spdlog::level::debug;
     spdlog::log(to, "rocksdb {}: {}", path_, line);
   }
 
@@ -432,9 +431,10 @@ void RocksDbStore::SuspendLocked(const absl::Status& why) {
   write_errors_.fetch_add(1);
   retry_at_ = absl::Now() + options_.write_retry_interval;
   if (!suspended_.exchange(true)) {
-    spdlog::error("store {}: writes suspended, results are kept in memory until the disk takes "
-                  "writes again: {}",
-                  options_.path, why.ToString());
+    spdlog::error(
+        "store {}: writes suspended, results are kept in memory until the disk takes "
+        "writes again: {}",
+        options_.path, why.ToString());
     retry_cv_.Signal();
   }
 }
@@ -497,7 +497,8 @@ bool RocksDbStore::TryResumeLocked() {
     it->second.result.SerializeToString(&payload);
     std::vector<std::string> blobs;
     for (const std::string& raw : it->second.raws) blobs.push_back(unpersisted_blobs_[raw].bytes);
-    if (absl::Status s = WriteLocked(key, it->second.result, payload, it->second.raws, blobs); !s.ok()) {
+    if (absl::Status s = WriteLocked(key, it->second.result, payload, it->second.raws, blobs);
+        !s.ok()) {
       if (IsWriteFault(s)) {
         write_errors_.fetch_add(1);
         spdlog::debug("store {}: still cannot write: {}", options_.path, s.ToString());
@@ -600,8 +601,7 @@ absl::StatusOr<std::optional<v1::ActionResult>> RocksDbStore::GetResult(const st
     absl::MutexLock lock(&mu_);
     auto it = entries_.find(key);
     // Recency is not worth a write while the disk refuses them.
-    if (it != entries_.end() && it->second.write_tick == record->write_tick &&
-        !suspended_.load()) {
+    if (it != entries_.end() && it->second.write_tick == record->write_tick && !suspended_.load()) {
       const uint64_t tick = NextTick();
       // Recency is a hint: failing to persist it costs eviction order, not this hit.
       const rocksdb::Status put = db_->Put(write_options_, lru_cf_, key, EncodeTick(tick));

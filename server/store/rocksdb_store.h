@@ -26,10 +26,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <set>
-#include <deque>
 #include <string>
 #include <thread>
 #include <utility>
@@ -141,8 +141,7 @@ class RocksDbStore : public ArtifactStore {
   // Builds and commits the batch that stores one verified result (`payload` is `result`
   // serialized; the result itself feeds the graph index).
   absl::Status WriteLocked(const std::string& key, const v1::ActionResult& result,
-                           const std::string& payload,
-                           const std::vector<std::string>& raws,
+                           const std::string& payload, const std::vector<std::string>& raws,
                            const std::vector<std::string>& blobs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static bool IsWriteFault(const absl::Status& status);

@@ -27,8 +27,8 @@ absl::Status WaitReadable(int fd, absl::Time deadline, const std::atomic<bool>* 
     // -1: wait without a timeout (an infinite deadline and nothing to watch).
     const int ms = slice == absl::InfiniteDuration()
                        ? -1
-                       : static_cast<int>(std::min<int64_t>(
-                             absl::ToInt64Milliseconds(slice) + 1, int64_t{1} << 30));
+                       : static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(slice) + 1,
+                                                            int64_t{1} << 30));
     struct pollfd pfd = {fd, POLLIN, 0};
     const int n = poll(&pfd, 1, ms);
     if (n > 0) return absl::OkStatus();  // readable, or hung up: the read tells which

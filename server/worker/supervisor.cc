@@ -176,10 +176,10 @@ absl::Status WorkerProcessCompiler::Spawn(Slot& slot) const {
     if (getppid() != parent) _exit(1);  // kilnd died before the line above took effect
     sigset_t none;
     sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);  // kilnd blocks SIGTERM for its sigwait
+    sigprocmask(SIG_SETMASK, &none, nullptr);   // kilnd blocks SIGTERM for its sigwait
     if (dup2(fds[1], kWorkerFd) < 0) _exit(1);  // dup2 clears close-on-exec
-    close_range(kWorkerFd + 1, ~0U, 0);  // nothing else of kilnd's (sockets, files) leaks in
-    dup2(STDERR_FILENO, STDOUT_FILENO);  // kilnd's stdout is for its own announcements
+    close_range(kWorkerFd + 1, ~0U, 0);         // nothing else of kilnd's (sockets, files) leaks in
+    dup2(STDERR_FILENO, STDOUT_FILENO);         // kilnd's stdout is for its own announcements
     if (options_.memory_bytes > 0) setrlimit(RLIMIT_AS, &memory);
     execv(argv[0], argv.data());
     _exit(127);
@@ -211,8 +211,7 @@ std::string WorkerProcessCompiler::Replace(Slot& slot, bool already_dying) {
   // Started at once, so the replacement loads while this request's error goes out.
   restarts_.fetch_add(1, std::memory_order_relaxed);
   if (absl::Status s = Spawn(slot); !s.ok()) {
-    spdlog::error("cannot start a compile worker (retried on the next compile): {}",
-                  s.ToString());
+    spdlog::error("cannot start a compile worker (retried on the next compile): {}", s.ToString());
   }
   return how;
 }
@@ -279,8 +278,7 @@ absl::StatusOr<CompileResult> WorkerProcessCompiler::RunOn(Slot& slot,
   if (slot.pid == 0) {
     // The replacement could not be started when the last worker was lost: try again.
     if (absl::Status s = Spawn(slot); !s.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot start a compile worker: ", s.message()));
+      return absl::UnavailableError(absl::StrCat("cannot start a compile worker: ", s.message()));
     }
   }
   const pid_t pid = slot.pid;
@@ -291,8 +289,8 @@ absl::StatusOr<CompileResult> WorkerProcessCompiler::RunOn(Slot& slot,
   absl::Status io = WriteFrame(slot.fd, request);
   if (io.ok()) io = ReadFrame(slot.fd, &response, deadline, &cancel);
   if (io.ok() && response.id() != request.id()) {
-    io = absl::DataLossError(absl::StrCat("answer to request ", response.id(), ", not ",
-                                          request.id()));
+    io = absl::DataLossError(
+        absl::StrCat("answer to request ", response.id(), ", not ", request.id()));
   }
 
   if (!io.ok()) {
@@ -307,18 +305,18 @@ absl::StatusOr<CompileResult> WorkerProcessCompiler::RunOn(Slot& slot,
       timeouts_.fetch_add(1, std::memory_order_relaxed);
       Replace(slot, /*already_dying=*/false);
       spdlog::warn("compile worker {} ran past {} s; killed", pid, options_.timeout_s);
-      return absl::DeadlineExceededError(absl::StrCat(
-          "compile worker ran past its ", options_.timeout_s,
-          " s limit (--worker-timeout-s) and was killed"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("compile worker ran past its ", options_.timeout_s,
+                       " s limit (--worker-timeout-s) and was killed"));
     }
     // The stream ended or broke: the worker died, or is about to.
     crashes_.fetch_add(1, std::memory_order_relaxed);
     const std::string how = Replace(slot, /*already_dying=*/true);
     spdlog::error("compile worker {} lost during a compile: {} ({})", pid, how, io.ToString());
     if (how.rfind(absl::StrCat("signal ", SIGXCPU, " "), 0) == 0) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the compile ran past its CPU-time limit of ", options_.cpu_seconds,
-          " s (--worker-cpu-s); its worker was killed"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the compile ran past its CPU-time limit of ", options_.cpu_seconds,
+                       " s (--worker-cpu-s); its worker was killed"));
     }
     return absl::InternalError(absl::StrCat("compile worker crashed: ", how));
   }
@@ -328,7 +326,8 @@ absl::StatusOr<CompileResult> WorkerProcessCompiler::RunOn(Slot& slot,
   }
   CompileResult result;
   for (v1::WorkerArtifact& a : *response.mutable_artifacts()) {
-    result.artifacts.push_back({static_cast<ArtifactKind>(a.kind()), std::move(*a.mutable_bytes())});
+    result.artifacts.push_back(
+        {static_cast<ArtifactKind>(a.kind()), std::move(*a.mutable_bytes())});
   }
   result.plan = compile::FromWirePlan(response.plan());
   result.log = std::move(*response.mutable_log());

@@ -66,8 +66,8 @@ absl::Status ReadFrame(int fd, google::protobuf::MessageLite* out, absl::Time de
 
 struct WorkerConfig {
   PipelineConfig pipeline;
-  double cpu_seconds = 0;           // per compile; 0: no cap
-  std::string fault_injection;      // tests only; see the contract above
+  double cpu_seconds = 0;       // per compile; 0: no cap
+  std::string fault_injection;  // tests only; see the contract above
 };
 
 // Serves compile requests on `fd` until the stream ends. Returns the process exit code.
@@ -79,10 +79,10 @@ struct WorkerProcessOptions {
   // The worker's command line: argv[0] is the executable (e.g. "/proc/self/exe"), then its
   // flags; "--compile-worker-fd=N" is appended.
   std::vector<std::string> argv;
-  int workers = 1;            // processes; at most this many compiles run at once
-  int64_t memory_bytes = 0;   // RLIMIT_AS of each worker; 0: no cap
-  double timeout_s = 0;       // wall clock per compile; 0: no limit
-  double cpu_seconds = 0;     // reported in messages only; the worker enforces it (WorkerConfig)
+  int workers = 1;           // processes; at most this many compiles run at once
+  int64_t memory_bytes = 0;  // RLIMIT_AS of each worker; 0: no cap
+  double timeout_s = 0;      // wall clock per compile; 0: no limit
+  double cpu_seconds = 0;    // reported in messages only; the worker enforces it (WorkerConfig)
 };
 
 class WorkerProcessCompiler final : public compile::Compiler {

@@ -66,8 +66,8 @@ double CpuSecondsUsed() {
 void SetCpuAllowance(double seconds) {
   struct rlimit rl {};
   getrlimit(RLIMIT_CPU, &rl);
-  rl.rlim_cur = seconds > 0 ? static_cast<rlim_t>(std::ceil(CpuSecondsUsed() + seconds))
-                            : rl.rlim_max;
+  rl.rlim_cur =
+      seconds > 0 ? static_cast<rlim_t>(std::ceil(CpuSecondsUsed() + seconds)) : rl.rlim_max;
   setrlimit(RLIMIT_CPU, &rl);
 }
 
@@ -135,8 +135,9 @@ int RunCompileWorker(int fd, const WorkerConfig& config) {
       response.Clear();
       response.set_id(request.id());
       response.set_code(static_cast<int32_t>(absl::StatusCode::kResourceExhausted));
-      response.set_message("the compile ran out of memory: it needs more than the worker's "
-                           "memory limit (--worker-memory)");
+      response.set_message(
+          "the compile ran out of memory: it needs more than the worker's "
+          "memory limit (--worker-memory)");
     } catch (const std::exception& e) {
       response.Clear();
       response.set_id(request.id());

@@ -78,8 +78,8 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    std::printf("%8lld %10.1f %8.1f %14.1f %15.1f %8d\n", static_cast<long long>(n), decode_ms, key_ms, cpu_ms,
-                cuda_ms, cpu->num_kernels);
+    std::printf("%8lld %10.1f %8.1f %14.1f %15.1f %8d\n", static_cast<long long>(n), decode_ms,
+                key_ms, cpu_ms, cuda_ms, cpu->num_kernels);
     std::fflush(stdout);
   }
   return 0;

@@ -79,9 +79,10 @@ Flags ParseFlags(int argc, char** argv) {
         at = comma + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: hit_bench [--address=HOST:PORT] [--seconds=S] "
-                           "[--clients=1,16] [--shared-channel] [--kilnd=PATH] "
-                           "[--cold-runs=N] [--kilnd-arg=FLAG ...]\n");
+      std::fprintf(stderr,
+                   "usage: hit_bench [--address=HOST:PORT] [--seconds=S] "
+                   "[--clients=1,16] [--shared-channel] [--kilnd=PATH] "
+                   "[--cold-runs=N] [--kilnd-arg=FLAG ...]\n");
       std::exit(2);
     }
   }
@@ -269,8 +270,8 @@ int Main(int argc, char** argv) {
   std::printf("kilnd at %s; hit key %.12s (%s)\n\n", address.c_str(), warm.handle().c_str(),
               warm.cache_hit() ? "already cached" : "compiled now");
 
-  std::printf("%-22s %8s %10s %9s %9s %9s %11s %7s\n", "cache-hit Compile", "clients",
-              "requests", "p50 ms", "p99 ms", "mean ms", "hits/s", "errors");
+  std::printf("%-22s %8s %10s %9s %9s %9s %11s %7s\n", "cache-hit Compile", "clients", "requests",
+              "p50 ms", "p99 ms", "mean ms", "hits/s", "errors");
   for (int clients : flags.seconds > 0 ? flags.clients : std::vector<int>{}) {
     HitResult r = MeasureHits(address, request, clients, flags.shared_channel, flags.seconds);
     std::printf("%-22s %8d %10zu %9.3f %9.3f %9.3f %11.0f %7d\n", "", r.clients, r.requests,
@@ -281,10 +282,10 @@ int Main(int argc, char** argv) {
 
   // Medians over --cold-runs fresh keys. "outside ms" is the server's time not spent in the
   // pipeline itself (decode, key, store, and the hop to a worker process when there is one).
-  std::printf("\n%-32s %5s %11s %11s %13s %12s %8s\n", "cold compile (fresh key), p50",
-              "runs", "client ms", "server ms", "toolchain ms", "outside ms", "kernels");
-  std::mt19937 rng(static_cast<uint32_t>(
-      std::chrono::system_clock::now().time_since_epoch().count()));
+  std::printf("\n%-32s %5s %11s %11s %13s %12s %8s\n", "cold compile (fresh key), p50", "runs",
+              "client ms", "server ms", "toolchain ms", "outside ms", "kernels");
+  std::mt19937 rng(
+      static_cast<uint32_t>(std::chrono::system_clock::now().time_since_epoch().count()));
   const size_t num_graphs = SampleGraphs(0).size();
   auto median = [](std::vector<double> v) {
     if (v.empty()) return 0.0;

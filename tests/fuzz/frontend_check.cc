@@ -83,7 +83,8 @@ absl::Status FrontendChecker::CheckFrontendInput(std::string_view bytes) const {
                                               generated.status().ToString(), "\ngraph:\n",
                                               graph->ToString()));
     if (generated.ok() && generated->source.empty())
-      return absl::InternalError(absl::StrCat("frontend for ", target.ToString(), ": empty source"));
+      return absl::InternalError(
+          absl::StrCat("frontend for ", target.ToString(), ": empty source"));
   }
   return absl::OkStatus();
 }

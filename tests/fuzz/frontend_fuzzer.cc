@@ -25,7 +25,8 @@ extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto* checker = Checker();
-  absl::Status s = checker->CheckFrontendInput(std::string_view(reinterpret_cast<const char*>(data), size));
+  absl::Status s =
+      checker->CheckFrontendInput(std::string_view(reinterpret_cast<const char*>(data), size));
   if (!s.ok()) {
     std::fprintf(stderr, "frontend contract broken: %s\n", s.ToString().c_str());
     std::abort();  // libFuzzer saves the input as a crash

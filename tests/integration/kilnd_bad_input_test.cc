@@ -27,8 +27,10 @@ v1::CompileRequest WithGraph(const WireGraph& g) { return MakeRequest(g.graph())
 
 std::vector<BadCase> Cases() {
   std::vector<BadCase> cases;
-  cases.push_back({"empty graph", [] { return MakeRequest(v1::Graph()); },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"empty"}});
+  cases.push_back({"empty graph",
+                   [] { return MakeRequest(v1::Graph()); },
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"empty"}});
   cases.push_back({"cycle (forward reference)",
                    [] {
                      // node 0 = add(x, node 1), node 1 = neg(node 0): a cycle, which in SSA
@@ -39,7 +41,8 @@ std::vector<BadCase> Cases() {
                      g.Output(g.Op("neg", {x + 1}, {}, "loop_b"));
                      return WithGraph(g);
                    },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "add", "loop_a", "before"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"node 0", "add", "loop_a", "before"}});
   cases.push_back({"use of an undefined value",
                    [] {
                      WireGraph g;
@@ -47,7 +50,8 @@ std::vector<BadCase> Cases() {
                      g.Output(g.Op("mul", {x, 99}, {}, "bad_mul"));
                      return WithGraph(g);
                    },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "mul", "bad_mul", "99"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"node 0", "mul", "bad_mul", "99"}});
   cases.push_back({"unknown op",
                    [] {
                      WireGraph g;
@@ -55,7 +59,8 @@ std::vector<BadCase> Cases() {
                      g.Output(g.Op("frobnicate", {x}, {}, "mystery"));
                      return WithGraph(g);
                    },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "frobnicate", "unknown op"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"node 0", "frobnicate", "unknown op"}});
   cases.push_back({"wrong arity",
                    [] {
                      WireGraph g;
@@ -63,7 +68,8 @@ std::vector<BadCase> Cases() {
                      g.Output(g.Op("sin", {x, x}, {}, "two_arg_sin"));
                      return WithGraph(g);
                    },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "sin", "arity"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"node 0", "sin", "arity"}});
   cases.push_back({"bad attribute",
                    [] {
                      WireGraph g;
@@ -71,7 +77,8 @@ std::vector<BadCase> Cases() {
                      g.Output(g.Op("reshape", {x}, {{"shape", WireGraph::Str("six")}}, "rs"));
                      return WithGraph(g);
                    },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "reshape", "shape"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"node 0", "reshape", "shape"}});
   cases.push_back({"bad dtype",
                    [] {
                      WireGraph g;
@@ -79,7 +86,8 @@ std::vector<BadCase> Cases() {
                      g.Output(g.Op("neg", {x}));
                      return WithGraph(g);
                    },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"input 0", "dtype"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"input 0", "dtype"}});
   cases.push_back({"broadcast mismatch",
                    [] {
                      WireGraph g;
@@ -88,7 +96,8 @@ std::vector<BadCase> Cases() {
                      g.Output(g.Op("add", {a, b}, {}, "mismatch"));
                      return WithGraph(g);
                    },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "add", "broadcast", "[3]"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"node 0", "add", "broadcast", "[3]"}});
   cases.push_back({"negative dimension",
                    [] {
                      WireGraph g;
@@ -96,7 +105,8 @@ std::vector<BadCase> Cases() {
                      g.Output(g.Op("neg", {x}));
                      return WithGraph(g);
                    },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"input 0", "negative"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"input 0", "negative"}});
   cases.push_back({"overflowing dimensions",
                    [] {
                      WireGraph g;
@@ -104,7 +114,8 @@ std::vector<BadCase> Cases() {
                      g.Output(g.Op("neg", {x}));
                      return WithGraph(g);
                    },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"input 0", "overflow"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"input 0", "overflow"}});
   cases.push_back({"over the node limit",
                    [] {
                      WireGraph g;
@@ -113,7 +124,8 @@ std::vector<BadCase> Cases() {
                      g.Output(v);
                      return WithGraph(g);
                    },
-                   grpc::StatusCode::RESOURCE_EXHAUSTED, {"100001", "limit", "max_nodes"}});
+                   grpc::StatusCode::RESOURCE_EXHAUSTED,
+                   {"100001", "limit", "max_nodes"}});
   cases.push_back({"unknown attribute (axis for axes)",
                    [] {
                      WireGraph g;
@@ -130,7 +142,8 @@ std::vector<BadCase> Cases() {
                      g.Output(g.Op("concat", {x, x}, {{"axis", WireGraph::Str("0")}}, "cat"));
                      return WithGraph(g);
                    },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "concat", "'axis'", "must be an int", "rule"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"node 0", "concat", "'axis'", "must be an int", "rule"}});
   cases.push_back({"integer constant that does not fit its dtype",
                    [] {
                      WireGraph g;
@@ -142,17 +155,21 @@ std::vector<BadCase> Cases() {
                      g.Output(g.Op("add", {x, k}));
                      return WithGraph(g);
                    },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "constant", "big", "300", "i8", "rule"}});
-  cases.push_back({"full value that does not fit its dtype",
-                   [] {
-                     WireGraph g;
-                     v1::AttrValue value, dtype;
-                     value.set_f(1e300);
-                     dtype.set_dtype(v1::I32);
-                     g.Output(g.Op("full", {}, {{"shape", WireGraph::Ints({3})}, {"value", value}, {"dtype", dtype}}, "f"));
-                     return WithGraph(g);
-                   },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "full", "does not fit i32", "rule"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"node 0", "constant", "big", "300", "i8", "rule"}});
+  cases.push_back(
+      {"full value that does not fit its dtype",
+       [] {
+         WireGraph g;
+         v1::AttrValue value, dtype;
+         value.set_f(1e300);
+         dtype.set_dtype(v1::I32);
+         g.Output(g.Op("full", {},
+                       {{"shape", WireGraph::Ints({3})}, {"value", value}, {"dtype", dtype}}, "f"));
+         return WithGraph(g);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"node 0", "full", "does not fit i32", "rule"}});
   cases.push_back({"max over an empty axis",
                    [] {
                      WireGraph g;
@@ -160,30 +177,36 @@ std::vector<BadCase> Cases() {
                      g.Output(g.Op("max", {x}, {{"axes", WireGraph::Ints({1})}}, "m"));
                      return WithGraph(g);
                    },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "max", "empty axis 1", "rule"}});
-  cases.push_back({"norm ord=inf over an empty axis",
-                   [] {
-                     WireGraph g;
-                     const int x = g.Input("x", v1::F32, {3, 0});
-                     v1::AttrValue ord;
-                     ord.set_f(std::numeric_limits<double>::infinity());
-                     g.Output(g.Op("norm", {x}, {{"axes", WireGraph::Ints({1})}, {"ord", ord}}, "n"));
-                     return WithGraph(g);
-                   },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"node 0", "norm", "empty axis", "rule"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"node 0", "max", "empty axis 1", "rule"}});
+  cases.push_back(
+      {"norm ord=inf over an empty axis",
+       [] {
+         WireGraph g;
+         const int x = g.Input("x", v1::F32, {3, 0});
+         v1::AttrValue ord;
+         ord.set_f(std::numeric_limits<double>::infinity());
+         g.Output(g.Op("norm", {x}, {{"axes", WireGraph::Ints({1})}, {"ord", ord}}, "n"));
+         return WithGraph(g);
+       },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       {"node 0", "norm", "empty axis", "rule"}});
   cases.push_back({"unknown cpu isa",
                    [] { return MakeRequest(SinCosGraph(8), CpuTarget("x86-64-v9")); },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"isa", "x86-64-v9"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"isa", "x86-64-v9"}});
   cases.push_back({"unknown cuda sm",
                    [] {
                      v1::Target t;
                      t.mutable_cuda()->set_sm(42);
                      return MakeRequest(SinCosGraph(8), t);
                    },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"sm_42"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"sm_42"}});
   cases.push_back({"no target",
                    [] { return MakeRequest(SinCosGraph(8), v1::Target()); },
-                   grpc::StatusCode::INVALID_ARGUMENT, {"target"}});
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   {"target"}});
   return cases;
 }
 
@@ -288,7 +311,8 @@ TEST_F(KilndBadInputTest, FormerInternalErrorsCompile) {
     cuda.mutable_cuda()->set_sm(90);
     s = Compile(MakeRequest(graph, cuda), &resp);
     // No NVRTC on this host is FAILED_PRECONDITION; with it, the CUDA source must build.
-    EXPECT_TRUE(s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_TRUE(s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION)
+        << s.error_message();
   }
 }
 

@@ -231,7 +231,9 @@ TEST_F(KilndCompileTest, AlgebraicRewritesOptionReachesTheWorker) {
     v1::GetSourceResponse source;
     EXPECT_TRUE(stub->GetSource(&ctx, sreq, &source).ok());
     int n = 0;
-    for (size_t at = source.source().find("_acc = "); at != std::string::npos; at = source.source().find("_acc = ", at + 1)) ++n;
+    for (size_t at = source.source().find("_acc = "); at != std::string::npos;
+         at = source.source().find("_acc = ", at + 1))
+      ++n;
     return n;
   };
   std::string on, off;
@@ -250,8 +252,8 @@ TEST_F(KilndCompileTest, PrewarmStreamsOneEventPerRequest) {
   const int kRequests = 4;
   for (int i = 0; i < kRequests; ++i) {
     // Two distinct graphs, each twice, and one bad request.
-    ASSERT_TRUE(stream->Write(MakeRequest(SinCosGraph(256, 1.0 + (i % 2)), CpuTarget(),
-                                          v1::PREWARM)));
+    ASSERT_TRUE(
+        stream->Write(MakeRequest(SinCosGraph(256, 1.0 + (i % 2)), CpuTarget(), v1::PREWARM)));
   }
   ASSERT_TRUE(stream->Write(MakeRequest(v1::Graph(), CpuTarget(), v1::PREWARM)));
   stream->WritesDone();
@@ -287,7 +289,8 @@ TEST_F(KilndCompileTest, SigtermLetsTheCompileInFlightFinish) {
   auto stub = kilnd.Stub();
   v1::CompileResponse resp;
   grpc::Status status;
-  std::thread client([&] { status = CompileOnce(*stub, MakeRequest(SinCosGraph(4096, 3.0)), &resp); });
+  std::thread client(
+      [&] { status = CompileOnce(*stub, MakeRequest(SinCosGraph(4096, 3.0)), &resp); });
   // Wait until the compile is running (or queued) on the server, then ask kilnd to stop.
   for (int i = 0; i < 500; ++i) {
     grpc::ClientContext ctx;
@@ -318,8 +321,8 @@ TEST_F(KilndCompileTest, HealthServiceAnswersServing) {
   std::condition_variable cv;
   bool done = false;
   grpc::Status status;
-  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                    &response, [&](grpc::Status s) {
+  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status s) {
                       std::lock_guard<std::mutex> lock(mu);
                       status = s;
                       done = true;

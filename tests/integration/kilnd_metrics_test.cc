@@ -84,8 +84,7 @@ TEST(KilndMetricsTest, ScrapeAfterCompileAndHit) {
     httplib::Result metrics = http.Get("/metrics");
     ASSERT_TRUE(metrics) << httplib::to_string(metrics.error());
     EXPECT_EQ(metrics->status, 200);
-    EXPECT_EQ(metrics->get_header_value("Content-Type").rfind("text/plain; version=0.0.4", 0),
-              0u)
+    EXPECT_EQ(metrics->get_header_value("Content-Type").rfind("text/plain; version=0.0.4", 0), 0u)
         << metrics->get_header_value("Content-Type");
     const std::string& page = metrics->body;
     const std::map<std::string, double> samples = Samples(page);
@@ -97,22 +96,34 @@ TEST(KilndMetricsTest, ScrapeAfterCompileAndHit) {
 
     // Every metric the endpoint promises, each with its HELP and TYPE lines.
     const std::pair<const char*, const char*> kMetrics[] = {
-        {"kiln_requests_total", "counter"},        {"kiln_cache_hits_total", "counter"},
-        {"kiln_compiles_total", "counter"},        {"kiln_compile_failures_total", "counter"},
-        {"kiln_joined_in_flight_total", "counter"}, {"kiln_negative_hits_total", "counter"},
-        {"kiln_rejected_total", "counter"},        {"kiln_queue_depth", "gauge"},
-        {"kiln_in_flight", "gauge"},               {"kiln_workers", "gauge"},
-        {"kiln_uptime_seconds", "gauge"},          {"kiln_store_hits_total", "counter"},
-        {"kiln_store_misses_total", "counter"},    {"kiln_store_bytes", "gauge"},
-        {"kiln_store_entries", "gauge"},           {"kiln_store_evictions_total", "counter"},
+        {"kiln_requests_total", "counter"},
+        {"kiln_cache_hits_total", "counter"},
+        {"kiln_compiles_total", "counter"},
+        {"kiln_compile_failures_total", "counter"},
+        {"kiln_joined_in_flight_total", "counter"},
+        {"kiln_negative_hits_total", "counter"},
+        {"kiln_rejected_total", "counter"},
+        {"kiln_queue_depth", "gauge"},
+        {"kiln_in_flight", "gauge"},
+        {"kiln_workers", "gauge"},
+        {"kiln_uptime_seconds", "gauge"},
+        {"kiln_store_hits_total", "counter"},
+        {"kiln_store_misses_total", "counter"},
+        {"kiln_store_bytes", "gauge"},
+        {"kiln_store_entries", "gauge"},
+        {"kiln_store_evictions_total", "counter"},
         {"kiln_store_corruptions_total", "counter"},
         {"kiln_store_capacity_bytes", "gauge"},
-        {"kiln_store_writes_suspended", "gauge"},  {"kiln_store_write_errors_total", "counter"},
+        {"kiln_store_writes_suspended", "gauge"},
+        {"kiln_store_write_errors_total", "counter"},
         {"kiln_store_unpersisted_total", "counter"},
         {"kiln_store_write_resumes_total", "counter"},
-        {"kiln_worker_crashes_total", "counter"},  {"kiln_worker_timeouts_total", "counter"},
-        {"kiln_worker_cancels_total", "counter"},  {"kiln_worker_restarts_total", "counter"},
-        {"kiln_ext_builds_total", "counter"},      {"kiln_ext_failures_total", "counter"},
+        {"kiln_worker_crashes_total", "counter"},
+        {"kiln_worker_timeouts_total", "counter"},
+        {"kiln_worker_cancels_total", "counter"},
+        {"kiln_worker_restarts_total", "counter"},
+        {"kiln_ext_builds_total", "counter"},
+        {"kiln_ext_failures_total", "counter"},
         {"kiln_ext_cache_hits_total", "counter"},
     };
     const std::string text = "\n" + page;  // every line, the first too, follows a newline

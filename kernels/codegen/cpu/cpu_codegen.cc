@@ -5,10 +5,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/c_expr.h"
-#include "kernels/codegen/expr_rewrite.h"
-#include "kernels/lower/lower.h"
 #include "kernels/codegen/cpu/cpu_emitter.h"
 #include "kernels/codegen/cpu/cpu_lanes.h"
+#include "kernels/codegen/expr_rewrite.h"
+#include "kernels/lower/lower.h"
 
 namespace kiln::codegen {
 namespace {
@@ -20,10 +20,14 @@ constexpr int64_t kMinParallelWork = 1 << 14;
 
 std::string BufferName(const Buffer& b, int id) {
   switch (b.role) {
-    case Buffer::Role::kInput: return absl::StrCat("in", b.index);
-    case Buffer::Role::kOutput: return absl::StrCat("out", b.index);
-    case Buffer::Role::kTemp: return absl::StrCat("tmp", b.index);
-    case Buffer::Role::kConst: return absl::StrCat("kconst", b.index);
+    case Buffer::Role::kInput:
+      return absl::StrCat("in", b.index);
+    case Buffer::Role::kOutput:
+      return absl::StrCat("out", b.index);
+    case Buffer::Role::kTemp:
+      return absl::StrCat("tmp", b.index);
+    case Buffer::Role::kConst:
+      return absl::StrCat("kconst", b.index);
   }
   return absl::StrCat("b", id);
 }
@@ -42,16 +46,19 @@ std::string ConstArray(const Buffer& b) {
   if (b.dtype == ir::DType::kF16 || b.dtype == ir::DType::kBF16) type = "float";
   if (b.dtype == ir::DType::kF16 || b.dtype == ir::DType::kBF16) {
     vals.clear();
-    for (int64_t k = 0; k < n; ++k) vals.push_back(Literal(ir::DType::kF32, b.value.AsDouble(k), 0));
+    for (int64_t k = 0; k < n; ++k)
+      vals.push_back(Literal(ir::DType::kF32, b.value.AsDouble(k), 0));
   }
-  return absl::StrCat("static const ", type, " kconst", b.index, "[", n, "] = {", absl::StrJoin(vals, ", "), "};");
+  return absl::StrCat("static const ", type, " kconst", b.index, "[", n, "] = {",
+                      absl::StrJoin(vals, ", "), "};");
 }
 
 // Symbolic sizes (ABI version 2): each function that needs them reads them from `kiln_sz`.
 std::string SizePrologue(int num_symbols) {
   std::string s;
   for (int k = 0; k < num_symbols; ++k)
-    absl::StrAppend(&s, "  const int64_t kiln_s", k, " = kiln_sz[", k, "];\n  (void)kiln_s", k, ";\n");
+    absl::StrAppend(&s, "  const int64_t kiln_s", k, " = kiln_sz[", k, "];\n  (void)kiln_s", k,
+                    ";\n");
   return s;
 }
 
@@ -94,7 +101,8 @@ std::vector<Concat> ConcatsAlongInnermost(const schedule::Kernel& k, ExprPool* p
     if (!out.empty()) {
       if (c.pieces.size() != out[0].pieces.size()) return {};
       for (size_t j = 0; j < c.pieces.size(); ++j)
-        if (c.pieces[j].lo != out[0].pieces[j].lo || c.pieces[j].hi != out[0].pieces[j].hi) return {};
+        if (c.pieces[j].lo != out[0].pieces[j].lo || c.pieces[j].hi != out[0].pieces[j].hi)
+          return {};
     }
     out.push_back(std::move(c));
   }
@@ -107,13 +115,14 @@ struct KernelText {
 };
 
 // Kernel parameters: every buffer the kernel touches, read-only ones const.
-KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k, const CpuVariant& variant,
-                          int num_symbols) {
+KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
+                          const CpuVariant& variant, int num_symbols) {
   int nvars = static_cast<int>(k.extents.size());
   std::vector<std::string> var_names;
   for (int v = 0; v < nvars; ++v) var_names.push_back(absl::StrCat("i", v));
   std::vector<std::string> names;
-  for (size_t b = 0; b < p.buffers.size(); ++b) names.push_back(BufferName(p.buffers[b], static_cast<int>(b)));
+  for (size_t b = 0; b < p.buffers.size(); ++b)
+    names.push_back(BufferName(p.buffers[b], static_cast<int>(b)));
 
   CpuKernelEmitter em(p, k, var_names, names);
   int rank = k.num_loops;
@@ -128,22 +137,26 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
   const int64_t inner_reduce = rank > 0 && lanes.lanes == 0 ? ReducedLengthIn(k, rank - 1) : 0;
   const bool simd_outputs = inner_reduce < kMinVectorReduce;
   if (lanes.lanes > 0)
-    em.set_lanes({static_cast<size_t>(rank), rank - 1, lanes.lanes, lanes.split_rows, lanes.max_unroll});
+    em.set_lanes(
+        {static_cast<size_t>(rank), rank - 1, lanes.lanes, lanes.split_rows, lanes.max_unroll});
   // The loops' order, outermost first: the output's dimensions in order, except that a
   // transposing kernel's tiled loop p goes just outside the innermost one (its tile loops
   // go outside both; the loops between them stay outside the tiles).
-  const TransposeTiles tiles = lanes.lanes == 0 && simd_outputs ? PlanTranspose(p, k) : TransposeTiles{};
+  const TransposeTiles tiles =
+      lanes.lanes == 0 && simd_outputs ? PlanTranspose(p, k) : TransposeTiles{};
   // Outputs that concatenate pieces along the innermost loop: one loop per piece, each
   // computing its piece alone (one select per element computed every piece, its loads
   // clamped into range, which made them gathers).
   ExprPool pool;
-  const std::vector<Concat> concats =
-      rank > 0 && tiles.p < 0 && simd_outputs && lanes.lanes == 0 ? ConcatsAlongInnermost(k, &pool) : std::vector<Concat>{};
+  const std::vector<Concat> concats = rank > 0 && tiles.p < 0 && simd_outputs && lanes.lanes == 0
+                                          ? ConcatsAlongInnermost(k, &pool)
+                                          : std::vector<Concat>{};
   // A short innermost loop (the 3 channels of an HWC image) is unrolled, and the loop outside
   // it is the vector loop: vectorised, 3 lanes of 16 did the work (a u8 HWC image normalised
   // to f32, [1080, 1920, 3]: 4.6 ms, against 1.0 ms unrolled inside a vector loop over pixels).
-  const bool short_inner = rank >= 2 && simd_outputs && lanes.lanes == 0 && tiles.p < 0 && concats.empty() &&
-                           k.extents[rank - 1] <= kMaxUnrolledInner && k.extents[rank - 2] >= kMinVectorLoop;
+  const bool short_inner = rank >= 2 && simd_outputs && lanes.lanes == 0 && tiles.p < 0 &&
+                           concats.empty() && k.extents[rank - 1] <= kMaxUnrolledInner &&
+                           k.extents[rank - 2] >= kMinVectorLoop;
   if (rank > 0 && simd_outputs) em.set_simd_scope(short_inner ? rank - 1 : rank);
   std::vector<int> order;
   for (int d = 0; d < rank; ++d)
@@ -164,10 +177,14 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
       const schedule::KernelOutput& out = k.outputs[o];
       std::string v = em.Emit(concats.empty() ? out.value : concats[o].pieces[j].value);
       const Buffer& b = p.buffers[out.buffer];
-      const std::string at = b.shape == k.domain ? em.Address(out.buffer, idx) : lower::ToC(flat, em.var_names());
-      std::string stored = b.dtype == ir::DType::kBool ? v : absl::StrCat("(", ComputeTypeName(b.dtype), ")(", v, ")");
-      em.AddStatement(absl::StrCat(lanes.lanes > 0 ? std::string(1, CpuKernelEmitter::kLaneMark) : "",
-                                   names[out.buffer], "[", at, "] = ", StoreConvert(b.dtype, stored), ";"));
+      const std::string at =
+          b.shape == k.domain ? em.Address(out.buffer, idx) : lower::ToC(flat, em.var_names());
+      std::string stored = b.dtype == ir::DType::kBool
+                               ? v
+                               : absl::StrCat("(", ComputeTypeName(b.dtype), ")(", v, ")");
+      em.AddStatement(
+          absl::StrCat(lanes.lanes > 0 ? std::string(1, CpuKernelEmitter::kLaneMark) : "",
+                       names[out.buffer], "[", at, "] = ", StoreConvert(b.dtype, stored), ";"));
     }
     if (j + 1 < num_pieces) piece_stmts.push_back(em.PopScope());
   }
@@ -196,7 +213,8 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
     std::vector<std::string> stmts = em.PopScope();
     bool outer = at == 0, inner = at == rank - 1;
     if (inner && lanes.lanes > 0) {
-      body = LaneTileLoop(em.AssembleLanes(stmts), k.extents[d], lanes, outer && lanes.parallel_tiles);
+      body =
+          LaneTileLoop(em.AssembleLanes(stmts), k.extents[d], lanes, outer && lanes.parallel_tiles);
       continue;
     }
     stmts.insert(stmts.end(), body.begin(), body.end());
@@ -209,10 +227,11 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
       const std::string i = absl::StrCat("i", d);
       for (size_t j = 0; j < num_pieces; ++j) {
         const Piece& piece = concats[0].pieces[j];
-        std::vector<std::string> head = {parallel ? "#pragma omp parallel for simd num_threads(nt) schedule(static)"
-                                                  : "#pragma omp simd",
-                                         absl::StrCat("for (int64_t ", i, " = ", piece.lo, "; ", i, " < ", piece.hi,
-                                                      "; ++", i, ") {")};
+        std::vector<std::string> head = {
+            parallel ? "#pragma omp parallel for simd num_threads(nt) schedule(static)"
+                     : "#pragma omp simd",
+            absl::StrCat("for (int64_t ", i, " = ", piece.lo, "; ", i, " < ", piece.hi, "; ++", i,
+                         ") {")};
         std::vector<std::string> piece_loop = wrap(std::move(head), std::move(piece_stmts[j]));
         body.insert(body.end(), piece_loop.begin(), piece_loop.end());
       }
@@ -234,7 +253,9 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
       std::vector<std::string> x_tiles = tile_loop(rank - 1);
       body = wrap(std::move(x_tiles), std::move(body));
       std::vector<std::string> p_tiles = tile_loop(d);
-      if (parallel) p_tiles.insert(p_tiles.begin(), "#pragma omp parallel for num_threads(nt) schedule(static)");
+      if (parallel)
+        p_tiles.insert(p_tiles.begin(),
+                       "#pragma omp parallel for num_threads(nt) schedule(static)");
       body = wrap(std::move(p_tiles), std::move(body));
     }
   }
@@ -252,7 +273,8 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
     if (!indexed.count(names[b])) continue;
     bool written = false;
     for (const auto& o : k.outputs) written |= o.buffer == static_cast<int>(b);
-    params.push_back(absl::StrCat(written ? "" : "const ", StorageType(buf.dtype, false), "* __restrict ", names[b]));
+    params.push_back(absl::StrCat(written ? "" : "const ", StorageType(buf.dtype, false),
+                                  "* __restrict ", names[b]));
     out.params.push_back(static_cast<int>(b));
   }
   if (num_symbols > 0) params.push_back("const int64_t* __restrict kiln_sz");
@@ -265,7 +287,8 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
 
 }  // namespace
 
-std::string GenerateCpu(const schedule::Program& p, const CompileOptions& options, int num_symbols) {
+std::string GenerateCpu(const schedule::Program& p, const CompileOptions& options,
+                        int num_symbols) {
   const bool symbolic = num_symbols > 0;
   std::string src;
   absl::StrAppend(&src, "// Generated by kiln: ", p.kernels.size(), " kernel(s).\n");
@@ -290,10 +313,12 @@ std::string GenerateCpu(const schedule::Program& p, const CompileOptions& option
       if (b.role == Buffer::Role::kTemp)
         absl::StrAppend(&src, "  kiln_ws += (((int64_t)", b.bytes, "LL) + 63) / 64 * 64;\n");
     absl::StrAppend(&src, "  return kiln_ws;\n}\n\n");
-    absl::StrAppend(&src, kExport,
-                    " int kiln_run(void* const* args, const int64_t* kiln_sz, void* workspace, int nt) {\n");
-    absl::StrAppend(&src, "  for (int k = 0; k < ", num_symbols, "; ++k)\n    if (kiln_sz[k] < 0) return 1;\n",
-                    SizePrologue(num_symbols), "  int64_t kiln_ws = 0;\n  (void)kiln_ws;\n");
+    absl::StrAppend(
+        &src, kExport,
+        " int kiln_run(void* const* args, const int64_t* kiln_sz, void* workspace, int nt) {\n");
+    absl::StrAppend(&src, "  for (int k = 0; k < ", num_symbols,
+                    "; ++k)\n    if (kiln_sz[k] < 0) return 1;\n", SizePrologue(num_symbols),
+                    "  int64_t kiln_ws = 0;\n  (void)kiln_ws;\n");
   } else {
     absl::StrAppend(&src, kExport, " int kiln_run(void* const* args, void* workspace, int nt) {\n");
   }
@@ -305,20 +330,25 @@ std::string GenerateCpu(const schedule::Program& p, const CompileOptions& option
     std::string t = StorageType(buf.dtype, false);
     switch (buf.role) {
       case Buffer::Role::kInput:
-        absl::StrAppend(&src, "  const ", t, "* ", names[b], " = (const ", t, "*)args[", buf.index, "];\n");
+        absl::StrAppend(&src, "  const ", t, "* ", names[b], " = (const ", t, "*)args[", buf.index,
+                        "];\n");
         break;
       case Buffer::Role::kOutput:
-        absl::StrAppend(&src, "  ", t, "* ", names[b], " = (", t, "*)args[", p.num_inputs + buf.index, "];\n");
+        absl::StrAppend(&src, "  ", t, "* ", names[b], " = (", t, "*)args[",
+                        p.num_inputs + buf.index, "];\n");
         break;
       case Buffer::Role::kTemp:
         if (symbolic) {
-          absl::StrAppend(&src, "  ", t, "* ", names[b], " = (", t, "*)((char*)workspace + kiln_ws);\n",
-                          "  kiln_ws += (((int64_t)", buf.bytes, "LL) + 63) / 64 * 64;\n");
+          absl::StrAppend(&src, "  ", t, "* ", names[b], " = (", t,
+                          "*)((char*)workspace + kiln_ws);\n", "  kiln_ws += (((int64_t)",
+                          buf.bytes, "LL) + 63) / 64 * 64;\n");
         } else {
-          absl::StrAppend(&src, "  ", t, "* ", names[b], " = (", t, "*)((char*)workspace + ", buf.offset, ");\n");
+          absl::StrAppend(&src, "  ", t, "* ", names[b], " = (", t, "*)((char*)workspace + ",
+                          buf.offset, ");\n");
         }
         break;
-      case Buffer::Role::kConst: break;
+      case Buffer::Role::kConst:
+        break;
     }
   }
   for (size_t i = 0; i < p.kernels.size(); ++i) {

@@ -23,6 +23,7 @@ inline constexpr uint32_t kCpuSymbolicAbiVersion = 2;
 // `num_symbols` > 0: the program is a sample of a symbolic graph; the unit exports ABI
 // version 2, every function reads the sizes as `kiln_s<k>`, and temps are laid out at run
 // time (kernels/codegen/symbolic.h turns the sample's numbers into expressions of them).
-std::string GenerateCpu(const schedule::Program& program, const CompileOptions& options, int num_symbols = 0);
+std::string GenerateCpu(const schedule::Program& program, const CompileOptions& options,
+                        int num_symbols = 0);
 
 }  // namespace kiln::codegen

@@ -42,7 +42,8 @@ void CpuKernelEmitter::EmitReduce(const Expr& e, const std::string& result, size
   if (parallel_top_reduce && target == 0 && !hoisting_) ParallelizeTopReduce(e, result, target);
 }
 
-void CpuKernelEmitter::ParallelizeTopReduce(const Expr& e, const std::string& result, size_t target) {
+void CpuKernelEmitter::ParallelizeTopReduce(const Expr& e, const std::string& result,
+                                            size_t target) {
   if (e.op == "argmax" || e.op == "argmin") return;
   int64_t work = 1;
   for (int rv : e.rvars) work *= kernel_.extents[rv];
@@ -55,8 +56,10 @@ void CpuKernelEmitter::ParallelizeTopReduce(const Expr& e, const std::string& re
   size_t i = stmts.size();
   // Declarations are the unindented lines (the combine step of max/min, `acc = v > acc ? ...`,
   // also holds `decl`, but inside the loop, indented).
-  while (i > 0 && (stmts[i - 1].find(decl) == std::string::npos || stmts[i - 1].rfind(" ", 0) == 0)) --i;
-  while (i < stmts.size() && stmts[i].rfind("for (", 0) != 0 && stmts[i].rfind("#pragma", 0) != 0) ++i;
+  while (i > 0 && (stmts[i - 1].find(decl) == std::string::npos || stmts[i - 1].rfind(" ", 0) == 0))
+    --i;
+  while (i < stmts.size() && stmts[i].rfind("for (", 0) != 0 && stmts[i].rfind("#pragma", 0) != 0)
+    ++i;
   if (i == stmts.size()) return;
   // A block loop's no-unroll line may not stand between `omp parallel for` and its loop (and
   // a loop run across threads is not unrolled).
@@ -75,7 +78,8 @@ void CpuKernelEmitter::ParallelizeTopReduce(const Expr& e, const std::string& re
 bool CpuKernelEmitter::Hoist(const lower::ExprPtr& ep, size_t target, std::string* ref) {
   const Expr& e = *ep;
   if (!tables_ || hoisting_) return false;
-  if (e.kind == Expr::Kind::kLoad || e.kind == Expr::Kind::kConst || e.kind == Expr::Kind::kIndex) return false;
+  if (e.kind == Expr::Kind::kLoad || e.kind == Expr::Kind::kConst || e.kind == Expr::Kind::kIndex)
+    return false;
   const std::vector<int> fv = e.FreeVars();
   if (fv.empty()) return false;  // the prologue computes it once already
   // The variables it reads, in the order of the scopes binding them; and whether a loop
@@ -93,7 +97,8 @@ bool CpuKernelEmitter::Hoist(const lower::ExprPtr& ep, size_t target, std::strin
       invariant = true;
     }
   }
-  if (!invariant || order.size() != fv.size() || elements > kMaxTableElements || HasReduction(e)) return false;
+  if (!invariant || order.size() != fv.size() || elements > kMaxTableElements || HasReduction(e))
+    return false;
 
   lower::Affine idx = lower::Affine::Const(0);
   int64_t stride = 1;
@@ -128,7 +133,8 @@ bool CpuKernelEmitter::Hoist(const lower::ExprPtr& ep, size_t target, std::strin
     const std::string& iv = var_names_[order[k]];
     std::vector<std::string> loop;
     if (k + 1 == order.size()) loop.push_back("#pragma omp simd");
-    loop.push_back(absl::StrCat("for (int64_t ", iv, " = 0; ", iv, " < ", kernel_.extents[order[k]], "; ++", iv, ") {"));
+    loop.push_back(absl::StrCat("for (int64_t ", iv, " = 0; ", iv, " < ", kernel_.extents[order[k]],
+                                "; ++", iv, ") {"));
     for (std::string& s : stmts) loop.push_back("  " + s);
     loop.push_back("}");
     body = std::move(loop);
@@ -143,10 +149,12 @@ bool CpuKernelEmitter::Hoist(const lower::ExprPtr& ep, size_t target, std::strin
   return true;
 }
 
-std::string CpuKernelEmitter::Define(size_t target, const Expr& e, const std::string& name, const std::string& text) {
+std::string CpuKernelEmitter::Define(size_t target, const Expr& e, const std::string& name,
+                                     const std::string& text) {
   if (!InLanes(target) || hoisting_) return ScopedEmitter::Define(target, e, name, text);
   auto& stmts = scopes_[target].stmts;
-  stmts.push_back(absl::StrCat(std::string(1, kDeclMark), ComputeTypeName(e.dtype), " ", name, "[", lanes_.lanes, "];"));
+  stmts.push_back(absl::StrCat(std::string(1, kDeclMark), ComputeTypeName(e.dtype), " ", name, "[",
+                               lanes_.lanes, "];"));
   stmts.push_back(absl::StrCat(std::string(1, kLaneMark), name, "[kl] = ", text, ";"));
   return name + "[kl]";
 }
@@ -155,7 +163,8 @@ std::string CpuKernelEmitter::ValueRef(size_t target, const std::string& name) {
   return InLanes(target) && !hoisting_ ? name + "[kl]" : name;
 }
 
-std::vector<std::string> CpuKernelEmitter::LaneLoop(const std::vector<std::string>& body, bool simd) const {
+std::vector<std::string> CpuKernelEmitter::LaneLoop(const std::vector<std::string>& body,
+                                                    bool simd) const {
   std::vector<std::string> loop;
   if (simd) loop.push_back("#pragma omp simd");
   loop.push_back("for (int64_t kl = 0; kl < kn; ++kl) {");
@@ -165,7 +174,8 @@ std::vector<std::string> CpuKernelEmitter::LaneLoop(const std::vector<std::strin
   return loop;
 }
 
-std::vector<std::string> CpuKernelEmitter::AssembleLanes(const std::vector<std::string>& stmts) const {
+std::vector<std::string> CpuKernelEmitter::AssembleLanes(
+    const std::vector<std::string>& stmts) const {
   std::vector<std::string> decls, out, run;
   auto flush = [&] {
     if (run.empty()) return;
@@ -197,7 +207,8 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
   const ir::DType vt = arg ? e.args[0]->dtype : e.dtype;
   const bool nan_flag = (op == "max" || op == "min") && ir::IsFloat(vt);
   const std::string acc = result + "_acc";
-  const std::string ctype = (op == "any" || op == "all") ? "unsigned char" : ComputeTypeName(vt);  // see EmitReduce
+  const std::string ctype =
+      (op == "any" || op == "all") ? "unsigned char" : ComputeTypeName(vt);  // see EmitReduce
   const std::string dims = absl::StrCat("[", lanes_.lanes, "]");
   const std::string decl(1, kDeclMark), lane(1, kLaneMark);
   // Float sums over a long innermost reduced loop run it in blocks (see set_sum_block): each
@@ -206,10 +217,12 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
   // blocks of an eighth of the row sums' length keep the additions per accumulator alike.
   const int inner = e.rvars.back();
   const int64_t block_rows = sum_block_ / 8;
-  const bool blocked = block_rows > 0 && op == "sum" && ir::IsFloat(vt) && kernel_.extents[inner] > block_rows;
+  const bool blocked =
+      block_rows > 0 && op == "sum" && ir::IsFloat(vt) && kernel_.extents[inner] > block_rows;
   const std::string blk = blocked ? result + "_blk" : acc;
-  std::vector<std::string> pre = {absl::StrCat(decl, blocked ? "double" : ctype, " ", acc, dims, ";"),
-                                  absl::StrCat(lane, acc, "[kl] = ", blocked ? "0.0" : ReduceInit(op, vt), ";")};
+  std::vector<std::string> pre = {
+      absl::StrCat(decl, blocked ? "double" : ctype, " ", acc, dims, ";"),
+      absl::StrCat(lane, acc, "[kl] = ", blocked ? "0.0" : ReduceInit(op, vt), ";")};
   if (nan_flag) {
     pre.push_back(absl::StrCat(decl, "int ", acc, "_nan", dims, ";"));
     pre.push_back(absl::StrCat(lane, acc, "_nan[kl] = 0;"));
@@ -224,7 +237,8 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
   int unroll = 1;
   if (op == "sum" && !InSymbolicSample())
     for (int u : {4, 2})
-      if (u <= lanes_.max_unroll && kernel_.extents[inner] % u == 0 && kernel_.extents[inner] >= 2 * u) {
+      if (u <= lanes_.max_unroll && kernel_.extents[inner] % u == 0 &&
+          kernel_.extents[inner] >= 2 * u) {
         unroll = u;
         break;
       }
@@ -246,15 +260,18 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
   std::string v = row_values[0];
   if (unroll == 2) v = absl::StrCat("(", row_values[0], " + ", row_values[1], ")");
   if (unroll == 4)
-    v = absl::StrCat("((", row_values[0], " + ", row_values[1], ") + (", row_values[2], " + ", row_values[3], "))");
+    v = absl::StrCat("((", row_values[0], " + ", row_values[1], ") + (", row_values[2], " + ",
+                     row_values[3], "))");
   std::string combine;
   if (arg) {
     // First index wins ties; the first NaN wins over numbers (NumPy).
     const std::string lin = FlatReducedIndex(e);
     const std::string a = acc + "[kl]";
     std::string better = absl::StrCat(v, op == "argmax" ? " > " : " < ", a);
-    if (ir::IsFloat(vt)) better = absl::StrCat("(", better, ") || (", v, " != ", v, " && ", a, " == ", a, ")");
-    combine = absl::StrCat("if (", better, ") { ", a, " = ", v, "; ", result, "_idx[kl] = ", lin, "; }");
+    if (ir::IsFloat(vt))
+      better = absl::StrCat("(", better, ") || (", v, " != ", v, " && ", a, " == ", a, ")");
+    combine =
+        absl::StrCat("if (", better, ") { ", a, " = ", v, "; ", result, "_idx[kl] = ", lin, "; }");
   } else {
     combine = absl::StrReplaceAll(ReduceCombine(op, "KILN_ACC", v, vt),
                                   {{"KILN_ACC_nan", acc + "_nan[kl]"}, {"KILN_ACC", blk + "[kl]"}});
@@ -271,12 +288,14 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
     const std::string& iv = var_names_[e.rvars[k]];
     std::vector<std::string> wrapped;
     if (k == 0 && lanes_.split_rows && !arg) {
-      std::string clause = absl::StrCat("#pragma omp parallel for num_threads(nt) schedule(static) reduction(",
-                                        ReduceClauseOp(op), ":", acc, "[:", lanes_.lanes, "])");
+      std::string clause =
+          absl::StrCat("#pragma omp parallel for num_threads(nt) schedule(static) reduction(",
+                       ReduceClauseOp(op), ":", acc, "[:", lanes_.lanes, "])");
       if (nan_flag) absl::StrAppend(&clause, " reduction(|:", acc, "_nan[:", lanes_.lanes, "])");
       wrapped.push_back(clause);
     }
-    const std::string step = k + 1 == e.rvars.size() && unroll > 1 ? absl::StrCat(" += ", unroll) : "";
+    const std::string step =
+        k + 1 == e.rvars.size() && unroll > 1 ? absl::StrCat(" += ", unroll) : "";
     const int64_t extent = kernel_.extents[e.rvars[k]];
     if (blocked && k + 1 == e.rvars.size()) {
       // for (iv_b ...) { blk = 0; for (iv = iv_b; iv < iv_e; ...) {lanes}; acc += blk; }
@@ -284,13 +303,16 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
       if (wrapped.empty()) wrapped.push_back(kNoUnroll);  // see ScopedEmitter::EmitReduce
       std::vector<std::string> head = BlockLoopHead(start, end, extent, block_rows);
       wrapped.push_back(head[0]);
-      std::vector<std::string> block = {head[1].substr(2), absl::StrCat(ctype, " ", blk, dims, ";")};
-      for (std::string& s : LaneLoop({absl::StrCat(blk, "[kl] = ", ReduceInit(op, vt), ";")}, true)) block.push_back(s);
+      std::vector<std::string> block = {head[1].substr(2),
+                                        absl::StrCat(ctype, " ", blk, dims, ";")};
+      for (std::string& s : LaneLoop({absl::StrCat(blk, "[kl] = ", ReduceInit(op, vt), ";")}, true))
+        block.push_back(s);
       block.push_back(absl::StrCat("for (int64_t ", iv, " = ", start, "; ", iv, " < ", end, "; ",
                                    step.empty() ? "++" + iv : iv + step, ") {"));
       for (std::string& s : loop) block.push_back("  " + s);
       block.push_back("}");
-      for (std::string& s : LaneLoop({absl::StrCat(acc, "[kl] += ", blk, "[kl];")}, true)) block.push_back(s);
+      for (std::string& s : LaneLoop({absl::StrCat(acc, "[kl] += ", blk, "[kl];")}, true))
+        block.push_back(s);
       for (std::string& s : block) wrapped.push_back("  " + s);
       wrapped.push_back("}");
       loop = std::move(wrapped);
@@ -304,7 +326,9 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
   }
   std::string value = arg ? absl::StrCat(result, "_idx[kl]") : acc + "[kl]";
   if (blocked) value = absl::StrCat("(", ctype, ")", acc, "[kl]");
-  if (nan_flag) value = absl::StrCat("(", acc, "_nan[kl] ? ", Literal(vt, __builtin_nan(""), 0), " : ", acc, "[kl])");
+  if (nan_flag)
+    value = absl::StrCat("(", acc, "_nan[kl] ? ", Literal(vt, __builtin_nan(""), 0), " : ", acc,
+                         "[kl])");
   if (op == "any" || op == "all") value = absl::StrCat("(", acc, "[kl] != 0)");
   std::vector<std::string>& out = scopes_[target].stmts;
   out.insert(out.end(), pre.begin(), pre.end());

@@ -20,7 +20,6 @@
 #pragma once
 
 #include <map>
-
 #include <string>
 #include <vector>
 
@@ -61,14 +60,16 @@ class CpuKernelEmitter : public ScopedEmitter {
  protected:
   void EmitReduce(const lower::Expr& e, const std::string& result, size_t target) override;
   bool Hoist(const lower::ExprPtr& e, size_t target, std::string* ref) override;
-  std::string Define(size_t target, const lower::Expr& e, const std::string& name, const std::string& text) override;
+  std::string Define(size_t target, const lower::Expr& e, const std::string& name,
+                     const std::string& text) override;
   std::string ValueRef(size_t target, const std::string& name) override;
 
  private:
   // The lane scope is identified by its depth and the variable it binds: a reduction placed
   // above the tile (a whole-tensor mean in the prologue) has loop scopes of the same depth.
   bool InLanes(size_t target) const {
-    return lanes_.lanes > 0 && target == lanes_.scope && target < scopes_.size() && scopes_[target].var == lanes_.var;
+    return lanes_.lanes > 0 && target == lanes_.scope && target < scopes_.size() &&
+           scopes_[target].var == lanes_.var;
   }
   void EmitLaneReduce(const lower::Expr& e, const std::string& result, size_t target);
   void ParallelizeTopReduce(const lower::Expr& e, const std::string& result, size_t target);

@@ -109,26 +109,29 @@ LanePlan PlanLanes(const schedule::Program& p, const schedule::Kernel& k, int64_
   // While sampling a symbolic graph, full tiles of max_lanes: a balanced width is a quotient of
   // the extent, which no expression of the sizes gives.
   const int64_t tiles = (extent + max_lanes - 1) / max_lanes;
-  int64_t lanes = InSymbolicSample() && extent > max_lanes ? max_lanes : (extent + tiles - 1) / tiles;
+  int64_t lanes =
+      InSymbolicSample() && extent > max_lanes ? max_lanes : (extent + tiles - 1) / tiles;
   if (lanes > 16) lanes = (lanes + 15) / 16 * 16;
   plan.lanes = std::min(lanes, extent);
   if (k.num_loops == 1 && extent * f.reduced >= min_parallel_work) {
-    if (tiles >= kMinParallelTiles || (variant.prefer_tiles && tiles > 1)) plan.parallel_tiles = true;
-    else plan.split_rows = true;
+    if (tiles >= kMinParallelTiles || (variant.prefer_tiles && tiles > 1))
+      plan.parallel_tiles = true;
+    else
+      plan.split_rows = true;
   }
   return plan;
 }
 
-std::vector<std::string> LaneTileLoop(const std::vector<std::string>& body, int64_t extent, const LanePlan& plan,
-                                      bool parallel) {
+std::vector<std::string> LaneTileLoop(const std::vector<std::string>& body, int64_t extent,
+                                      const LanePlan& plan, bool parallel) {
   std::vector<std::string> loop;
   if (parallel) loop.push_back("#pragma omp parallel for num_threads(nt) schedule(static)");
   loop.push_back(absl::StrCat("for (int64_t kb = 0; kb < ", extent, "; kb += ", plan.lanes, ") {"));
   if (extent % plan.lanes == 0 && !InSymbolicSample()) {
     loop.push_back(absl::StrCat("  const int64_t kn = ", plan.lanes, ";"));
   } else {
-    loop.push_back(absl::StrCat("  const int64_t kn = kb + ", plan.lanes, " <= ", extent, " ? ", plan.lanes, " : ",
-                                extent, " - kb;"));
+    loop.push_back(absl::StrCat("  const int64_t kn = kb + ", plan.lanes, " <= ", extent, " ? ",
+                                plan.lanes, " : ", extent, " - kb;"));
   }
   for (const std::string& s : body) loop.push_back("  " + s);
   loop.push_back("}");

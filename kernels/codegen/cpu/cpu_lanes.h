@@ -52,7 +52,7 @@ TransposeTiles PlanTranspose(const schedule::Program& p, const schedule::Kernel&
 
 // The tile loop over an output loop of `extent` (its variable is defined per lane inside
 // `body`, see CpuKernelEmitter::AssembleLanes).
-std::vector<std::string> LaneTileLoop(const std::vector<std::string>& body, int64_t extent, const LanePlan& plan,
-                                      bool parallel);
+std::vector<std::string> LaneTileLoop(const std::vector<std::string>& body, int64_t extent,
+                                      const LanePlan& plan, bool parallel);
 
 }  // namespace kiln::codegen

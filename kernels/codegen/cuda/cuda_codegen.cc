@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/c_expr.h"
+#include "kernels/codegen/cuda/cuda_kernel.h"
 #include "kernels/codegen/expr_rewrite.h"
 #include "kernels/codegen/plan.h"
-#include "kernels/codegen/cuda/cuda_kernel.h"
 #include "kernels/codegen/variants.h"
 #include "kernels/lower/lower.h"
 
@@ -39,7 +39,9 @@ std::string ConstArray(const Buffer& b) {
                       absl::StrJoin(vals, ", "), "};");
 }
 
-bool Needs(const std::string& text, const char* what) { return text.find(what) != std::string::npos; }
+bool Needs(const std::string& text, const char* what) {
+  return text.find(what) != std::string::npos;
+}
 
 // ---- A pointwise kernel stored from the reduction loop of the kernel after it.
 //
@@ -63,7 +65,8 @@ std::set<int> ReadBuffers(const schedule::Kernel& k) {
   std::set<int> out;
   for (const schedule::KernelOutput& o : k.outputs)
     for (const lower::Expr* n : Nodes(o.value))
-      if ((n->kind == lower::Expr::Kind::kLoad || n->kind == lower::Expr::Kind::kGather) && n->buffer >= 0)
+      if ((n->kind == lower::Expr::Kind::kLoad || n->kind == lower::Expr::Kind::kGather) &&
+          n->buffer >= 0)
         out.insert(n->buffer);
   return out;
 }
@@ -74,13 +77,15 @@ std::set<int> ReadBuffers(const schedule::Kernel& k) {
 // contiguous one: a column sum, which the code generator walks as column tiles; a row
 // reduction's strategy is chosen by the contiguity of what it reads, which inlining changes),
 // and nothing reads it outside a reduction.
-bool ReadOnlyInReductions(const lower::ExprPtr& root, const std::set<int>& stored, const std::vector<Buffer>& buffers,
-                          const lower::VarExtents& ext) {
+bool ReadOnlyInReductions(const lower::ExprPtr& root, const std::set<int>& stored,
+                          const std::vector<Buffer>& buffers, const lower::VarExtents& ext) {
   std::set<std::pair<const lower::Expr*, const lower::Expr*>> seen;
   bool ok = true;
-  std::function<void(const lower::Expr*, const lower::Expr*)> walk = [&](const lower::Expr* n, const lower::Expr* in) {
+  std::function<void(const lower::Expr*, const lower::Expr*)> walk = [&](const lower::Expr* n,
+                                                                         const lower::Expr* in) {
     if (!ok || !seen.insert({n, in}).second) return;
-    if ((n->kind == lower::Expr::Kind::kLoad || n->kind == lower::Expr::Kind::kGather) && stored.count(n->buffer)) {
+    if ((n->kind == lower::Expr::Kind::kLoad || n->kind == lower::Expr::Kind::kGather) &&
+        stored.count(n->buffer)) {
       if (!in || n->kind == lower::Expr::Kind::kGather ||
           Coefficient(FlatAddress(buffers[n->buffer], n->index), in->rvars.back()) == 1) {
         ok = false;
@@ -91,7 +96,8 @@ bool ReadOnlyInReductions(const lower::ExprPtr& root, const std::set<int>& store
       for (size_t d = 0; d < b.shape.size(); ++d) {
         if (b.shape[d] == 1) continue;
         const int v = PlainVar(n->index[d]);
-        if (v < 0 || v >= static_cast<int>(ext.size()) || ext[v] != b.shape[d] || !vars.insert(v).second) {
+        if (v < 0 || v >= static_cast<int>(ext.size()) || ext[v] != b.shape[d] ||
+            !vars.insert(v).second) {
           ok = false;
           return;
         }
@@ -112,7 +118,8 @@ bool FuseIntoNextReduction(schedule::Program* unit, size_t i, ExprPool* pool, st
   std::set<int> stored;
   for (const schedule::KernelOutput& o : a.outputs) {
     const Buffer& buf = unit->buffers[o.buffer];
-    if (buf.dtype == ir::DType::kF16 || buf.dtype == ir::DType::kBF16 || buf.shape != a.domain) return false;
+    if (buf.dtype == ir::DType::kF16 || buf.dtype == ir::DType::kBF16 || buf.shape != a.domain)
+      return false;
     // Concatenated pieces stay in their pointwise kernel, which branches to one piece per
     // vector; a reduction loop would compute every piece for every element.
     for (const lower::Expr* n : Nodes(o.value))
@@ -155,13 +162,16 @@ bool FuseIntoNextReduction(schedule::Program* unit, size_t i, ExprPool* pool, st
   away.affine = [&](const lower::Affine& x) {
     lower::Affine y = x;
     for (size_t k = 0; k < a.extents.size(); ++k)
-      y = lower::Substitute(y, static_cast<int>(k), lower::Affine::Var(shift + static_cast<int>(k)), moved);
+      y = lower::Substitute(y, static_cast<int>(k), lower::Affine::Var(shift + static_cast<int>(k)),
+                            moved);
     return y;
   };
   std::unordered_map<int, lower::ExprPtr> value_of;
   for (const schedule::KernelOutput& o : a.outputs)
-    value_of[o.buffer] = Rewrite(lower::MakeCast(o.value, unit->buffers[o.buffer].dtype), away, pool);
-  lower::VarExtents into(shift + a.extents.size(), 1);  // the reduction kernel's, then the moved ones
+    value_of[o.buffer] =
+        Rewrite(lower::MakeCast(o.value, unit->buffers[o.buffer].dtype), away, pool);
+  lower::VarExtents into(shift + a.extents.size(),
+                         1);  // the reduction kernel's, then the moved ones
   for (size_t v = 0; v < b.extents.size(); ++v) into[v] = b.extents[v];
   for (size_t k = 0; k < a.extents.size(); ++k) into[shift + k] = a.extents[k];
   RewriteRules swap;
@@ -189,8 +199,8 @@ bool FuseIntoNextReduction(schedule::Program* unit, size_t i, ExprPool* pool, st
   };
   for (schedule::KernelOutput& o : b.outputs) o.value = Rewrite(o.value, swap, pool);
   b.fused_values.insert(b.fused_values.begin(), a.fused_values.begin(), a.fused_values.end());
-  absl::StrAppend(report, "cuda: ", a.name, " is stored from ", b.name, "'s reduction loop (", b.name,
-                  " computes its values where it reads them)\n");
+  absl::StrAppend(report, "cuda: ", a.name, " is stored from ", b.name, "'s reduction loop (",
+                  b.name, " computes its values where it reads them)\n");
   unit->kernels.erase(unit->kernels.begin() + static_cast<long>(i));
   return true;
 }
@@ -209,26 +219,46 @@ std::string FuseStoresIntoReductions(schedule::Program* unit) {
 int SmCount(int sm) {
   // Reference parts: the data-centre part where there is one, else a common one.
   switch (sm) {
-    case 50: return 16;   // GTX 980
-    case 52: return 24;   // Tesla M40
-    case 53: return 1;    // Jetson Nano
-    case 60: return 56;   // Tesla P100
-    case 61: return 30;   // Tesla P40
-    case 62: return 2;    // Jetson TX2
-    case 70: return 80;   // Tesla V100
-    case 72: return 8;    // Jetson Xavier
-    case 75: return 40;   // Tesla T4
-    case 80: return 108;  // A100
-    case 86: return 84;   // A40
-    case 87: return 16;   // Jetson Orin
-    case 89: return 142;  // L40S
-    case 90: return 132;  // H100 SXM
-    case 100: return 148;  // B200
-    case 103: return 148;  // B300
-    case 110: return 20;   // Jetson Thor
-    case 120: return 188;  // RTX PRO 6000
-    case 121: return 48;   // DGX Spark
-    default: return 100;
+    case 50:
+      return 16;  // GTX 980
+    case 52:
+      return 24;  // Tesla M40
+    case 53:
+      return 1;  // Jetson Nano
+    case 60:
+      return 56;  // Tesla P100
+    case 61:
+      return 30;  // Tesla P40
+    case 62:
+      return 2;  // Jetson TX2
+    case 70:
+      return 80;  // Tesla V100
+    case 72:
+      return 8;  // Jetson Xavier
+    case 75:
+      return 40;  // Tesla T4
+    case 80:
+      return 108;  // A100
+    case 86:
+      return 84;  // A40
+    case 87:
+      return 16;  // Jetson Orin
+    case 89:
+      return 142;  // L40S
+    case 90:
+      return 132;  // H100 SXM
+    case 100:
+      return 148;  // B200
+    case 103:
+      return 148;  // B300
+    case 110:
+      return 20;  // Jetson Thor
+    case 120:
+      return 188;  // RTX PRO 6000
+    case 121:
+      return 48;  // DGX Spark
+    default:
+      return 100;
   }
 }
 
@@ -255,7 +285,8 @@ absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Ta
     cfg.index_type = "int";
     cfg.num_symbols = num_symbols;
     // Indices count elements (pointers are typed), so element counts bound them.
-    for (const Buffer& b : unit.buffers) index_bound += b.bytes / std::max<int64_t>(ir::DTypeSize(b.dtype), 1);
+    for (const Buffer& b : unit.buffers)
+      index_bound += b.bytes / std::max<int64_t>(ir::DTypeSize(b.dtype), 1);
     for (const schedule::Kernel& k : unit.kernels) {
       // Flat indices run over the output loops, or over the variables of reductions.
       int64_t loops = 1, reduced = 1;
@@ -282,7 +313,8 @@ absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Ta
   std::string kernels;
   for (const cuda::KernelFunction& f : fns) {
     if (f.grid == 0 || f.grid > 0x7fffffffu)
-      return absl::InvalidArgumentError(absl::StrCat("kernel ", f.name, ": ", f.grid, " blocks do not fit one launch"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("kernel ", f.name, ": ", f.grid, " blocks do not fit one launch"));
     PlanStep step;
     step.kernel = f.name;
     step.grid[0] = f.grid;
@@ -297,11 +329,13 @@ absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Ta
     for (int b : f.buffers) step.args.push_back(plan_index[b]);
     out.plan.steps.push_back(std::move(step));
     absl::StrAppend(&kernels, "\n", f.text);
-    absl::StrAppend(&out.report, "cuda ", f.name, ": ", f.strategy, "; grid ", f.grid, ", block ", f.block, "\n");
+    absl::StrAppend(&out.report, "cuda ", f.name, ": ", f.strategy, "; grid ", f.grid, ", block ",
+                    f.block, "\n");
   }
 
   std::string& src = out.source;
-  absl::StrAppend(&src, "// Generated by kiln for sm_", target.sm, ": ", fns.size(), " launch(es).\n");
+  absl::StrAppend(&src, "// Generated by kiln for sm_", target.sm, ": ", fns.size(),
+                  " launch(es).\n");
   std::string consts;
   for (const Buffer& b : unit.buffers)
     if (b.role == Buffer::Role::kConst) absl::StrAppend(&consts, ConstArray(b), "\n");

@@ -39,7 +39,6 @@ struct CudaUnit {
 absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Target& target,
                                       const CompileOptions& options, int num_symbols = 0);
 
-
 // Streaming multiprocessors of the reference part of an architecture (e.g. sm_90: H100 SXM,
 // 132). Used only to size grids; any part of the architecture runs the code correctly.
 int SmCount(int sm);

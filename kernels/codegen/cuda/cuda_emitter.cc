@@ -11,10 +11,13 @@ using lower::Affine;
 using lower::Expr;
 using lower::ExprPtr;
 
-std::string LoadKey(int buffer, const Affine& addr) { return absl::StrCat(buffer, "@", AffineKey(addr)); }
+std::string LoadKey(int buffer, const Affine& addr) {
+  return absl::StrCat(buffer, "@", AffineKey(addr));
+}
 
-CudaEmitter::CudaEmitter(schedule::Program* program, schedule::Kernel* kernel, std::vector<std::string> var_names,
-                         std::vector<std::string> buffer_names, ExprPool* pool, std::string index_type)
+CudaEmitter::CudaEmitter(schedule::Program* program, schedule::Kernel* kernel,
+                         std::vector<std::string> var_names, std::vector<std::string> buffer_names,
+                         ExprPool* pool, std::string index_type)
     : ScopedEmitter(*program, *kernel, std::move(var_names), std::move(buffer_names)),
       program_(program),
       kernel_ext_(kernel),
@@ -52,8 +55,14 @@ ExprPtr CudaEmitter::RegisterRead(int reg_buffer, ir::DType t, int64_t element, 
 
 // ---- Lane groups.
 
-CudaEmitter::LaneGroup::LaneGroup(CudaEmitter* em, int var, Affine first, int V, int dep_var, int64_t cache_offset)
-    : em_(em), var_(var), first_(std::move(first)), V_(V), dep_var_(dep_var), cache_offset_(cache_offset) {}
+CudaEmitter::LaneGroup::LaneGroup(CudaEmitter* em, int var, Affine first, int V, int dep_var,
+                                  int64_t cache_offset)
+    : em_(em),
+      var_(var),
+      first_(std::move(first)),
+      V_(V),
+      dep_var_(dep_var),
+      cache_offset_(cache_offset) {}
 
 ExprPtr CudaEmitter::LaneGroup::Lane(const ExprPtr& tree, int u) {
   const lower::VarExtents& ext = em_->extents();
@@ -93,7 +102,8 @@ ExprPtr CudaEmitter::LaneGroup::Lane(const ExprPtr& tree, int u) {
   return Rewrite(tree, rules, em_->pool());
 }
 
-std::vector<int> CudaEmitter::LaneGroup::MakeRagged(const std::string& end, const std::string& count) {
+std::vector<int> CudaEmitter::LaneGroup::MakeRagged(const std::string& end,
+                                                    const std::string& count) {
   count_ = count;
   std::vector<int> vars;
   for (int u = 1; u < V_; ++u) {
@@ -101,8 +111,8 @@ std::vector<int> CudaEmitter::LaneGroup::MakeRagged(const std::string& end, cons
     const int v = em_->NewVar(em_->extents()[var_], name);  // the range's values, as `var` has
     const std::string at = em_->Text(lower::AddConst(first_, u));
     // A ternary, not min(): `at` and `end` may differ in width (int index, 64-bit sizes).
-    clamped_[u] = {v, absl::StrCat("const ", em_->index_type(), " ", name, " = (", at, " < ", end, ") ? ", at, " : ",
-                                   end, " - 1;")};
+    clamped_[u] = {v, absl::StrCat("const ", em_->index_type(), " ", name, " = (", at, " < ", end,
+                                   ") ? ", at, " : ", end, " - 1;")};
     vars.push_back(v);
   }
   return vars;
@@ -112,23 +122,28 @@ ExprPtr CudaEmitter::LaneGroup::VectorRead(const Expr& load, const Affine& addr,
   std::string key = LoadKey(load.buffer, addr);
   auto it = vectors_.find(key);
   if (it == vectors_.end()) {
-    const ir::DType dtype = em_->program().buffers[load.buffer].dtype;  // copied: the next line grows buffers
+    const ir::DType dtype =
+        em_->program().buffers[load.buffer].dtype;  // copied: the next line grows buffers
     std::string name = absl::StrCat("kv", em_->next_temp_++);
     int reg = em_->AddRegisterArray(dtype, V_, name);
     Affine start = lower::Substitute(addr, var_, first_, em_->extents());
-    fills_.push_back(absl::StrCat("__align__(16) ", StorageType(dtype, true), " ", name, "[", V_, "];"));
+    fills_.push_back(
+        absl::StrCat("__align__(16) ", StorageType(dtype, true), " ", name, "[", V_, "];"));
     if (count_.empty())
-      fills_.push_back(absl::StrCat("kiln_vload<", V_, ">(", name, ", ", em_->buffer_names_[load.buffer], " + (",
-                                    em_->Text(start), "));"));
+      fills_.push_back(absl::StrCat("kiln_vload<", V_, ">(", name, ", ",
+                                    em_->buffer_names_[load.buffer], " + (", em_->Text(start),
+                                    "));"));
     else
-      fills_.push_back(absl::StrCat("kiln_vload_n<", V_, ">(", name, ", ", em_->buffer_names_[load.buffer], " + (",
-                                    em_->Text(start), "), ", count_, ");"));
+      fills_.push_back(absl::StrCat("kiln_vload_n<", V_, ">(", name, ", ",
+                                    em_->buffer_names_[load.buffer], " + (", em_->Text(start),
+                                    "), ", count_, ");"));
     it = vectors_.emplace(key, reg).first;
   }
   return em_->RegisterRead(it->second, load.dtype, u, dep_var_);
 }
 
-void CudaEmitter::EmitRowLoop(const RowSplit& s, int var, bool use_cache, const std::string& extra_guard,
+void CudaEmitter::EmitRowLoop(const RowSplit& s, int var, bool use_cache,
+                              const std::string& extra_guard,
                               const std::function<void(LaneGroup&, int)>& lane,
                               const std::function<void(LaneGroup&, const std::string&)>& after) {
   const int64_t step = static_cast<int64_t>(s.V) * s.TR;
@@ -148,7 +163,8 @@ void CudaEmitter::EmitRowLoop(const RowSplit& s, int var, bool use_cache, const 
   };
   if (s.unrolled) {
     for (int64_t q = 0; q < s.Q; ++q) {
-      Affine first = lower::Add(s.base, lower::AddConst(lower::Scale(Affine::Var(kt_var), s.V), step * q));
+      Affine first =
+          lower::Add(s.base, lower::AddConst(lower::Scale(Affine::Var(kt_var), s.V), step * q));
       std::string e0 = Text(first);
       bool guard = s.tail || !(whole && step * (q + 1) <= s.extent);
       PushScope(kt_var);
@@ -165,7 +181,8 @@ void CudaEmitter::EmitRowLoop(const RowSplit& s, int var, bool use_cache, const 
   // The loop: every q (looped), or the q past the unrolled ones (a tail).
   const std::string from = s.tail ? absl::StrCat(s.Q) : "0";
   int kq = NewVar(s.Q, absl::StrCat("kq", next_temp_++));
-  Affine first = lower::Add(s.base, lower::Add(lower::Scale(Affine::Var(kt_var), s.V), lower::Scale(Affine::Var(kq), step)));
+  Affine first = lower::Add(s.base, lower::Add(lower::Scale(Affine::Var(kt_var), s.V),
+                                               lower::Scale(Affine::Var(kq), step)));
   std::string e0 = Text(first);
   PushScope(kq);
   LaneGroup g(this, var, first, s.V, kq, -1);
@@ -174,8 +191,8 @@ void CudaEmitter::EmitRowLoop(const RowSplit& s, int var, bool use_cache, const 
   std::vector<std::string> stmts = PopScope();
   std::vector<std::string> out;
   const std::string trips = s.q_text.empty() ? absl::StrCat(s.Q) : s.q_text;
-  out.push_back(absl::StrCat("for (", index_type_, " ", var_names_[kq], " = ", from, "; ", var_names_[kq], " < ", trips,
-                             "; ++", var_names_[kq], ") {"));
+  out.push_back(absl::StrCat("for (", index_type_, " ", var_names_[kq], " = ", from, "; ",
+                             var_names_[kq], " < ", trips, "; ++", var_names_[kq], ") {"));
   std::vector<std::string> inner;
   block(join(absl::StrCat(e0, " < ", end), extra_guard), g.fills(), stmts, &inner);
   for (std::string& l : inner) out.push_back("  " + l);
@@ -202,13 +219,19 @@ ReduceText Describe(const Expr& e, const std::string& result) {
   t.nan_flag = (op == "max" || op == "min") && ir::IsFloat(t.vt);
   t.acc = result + "_acc";
   t.ctype = t.boolean ? "int" : ComputeTypeName(t.vt);
-  t.op_struct = op == "sum" ? "kiln_op_sum" : op == "prod" ? "kiln_op_prod" : op == "max" ? "kiln_op_max"
-              : op == "min" ? "kiln_op_min" : op == "any" ? "kiln_op_or" : "kiln_op_and";
+  t.op_struct = op == "sum"    ? "kiln_op_sum"
+                : op == "prod" ? "kiln_op_prod"
+                : op == "max"  ? "kiln_op_max"
+                : op == "min"  ? "kiln_op_min"
+                : op == "any"  ? "kiln_op_or"
+                               : "kiln_op_and";
   return t;
 }
 
-std::vector<std::string> Prelude(const ReduceText& t, const std::string& op, const std::string& result) {
-  std::vector<std::string> pre = {absl::StrCat(t.ctype, " ", t.acc, " = ", ReduceInit(op, t.vt), ";")};
+std::vector<std::string> Prelude(const ReduceText& t, const std::string& op,
+                                 const std::string& result) {
+  std::vector<std::string> pre = {
+      absl::StrCat(t.ctype, " ", t.acc, " = ", ReduceInit(op, t.vt), ";")};
   if (t.nan_flag) pre.push_back(absl::StrCat("int ", t.acc, "_nan = 0;"));
   if (t.arg) pre.push_back(absl::StrCat("long long ", result, "_idx = 0;"));
   return pre;
@@ -216,12 +239,13 @@ std::vector<std::string> Prelude(const ReduceText& t, const std::string& op, con
 
 // Folds a value (and its index) into the accumulator, keeping the first of equal values and
 // letting the first NaN win, like the sequential loops.
-std::string Combine(const ReduceText& t, const std::string& op, const std::string& result, const std::string& v,
-                    const std::string& idx) {
+std::string Combine(const ReduceText& t, const std::string& op, const std::string& result,
+                    const std::string& v, const std::string& idx) {
   if (!t.arg) return ReduceCombine(op, t.acc, v, t.vt);
   const char* cmp = op == "argmax" ? ">" : "<";
   std::string better = absl::StrCat(v, " ", cmp, " ", t.acc);
-  if (ir::IsFloat(t.vt)) better = absl::StrCat("(", better, ") || (", v, " != ", v, " && ", t.acc, " == ", t.acc, ")");
+  if (ir::IsFloat(t.vt))
+    better = absl::StrCat("(", better, ") || (", v, " != ", v, " && ", t.acc, " == ", t.acc, ")");
   return absl::StrCat("if (", better, ") { ", t.acc, " = ", v, "; ", result, "_idx = ", idx, "; }");
 }
 
@@ -229,7 +253,8 @@ std::string Combine(const ReduceText& t, const std::string& op, const std::strin
 std::vector<std::string> Finish(const ReduceText& t, const Expr& e, const std::string& result) {
   std::string value = t.arg ? absl::StrCat(result, "_idx") : t.acc;
   if (t.boolean) value = absl::StrCat("(", t.acc, " != 0)");
-  std::vector<std::string> out = {absl::StrCat("const ", ComputeTypeName(e.dtype), " ", result, " = ", value, ";")};
+  std::vector<std::string> out = {
+      absl::StrCat("const ", ComputeTypeName(e.dtype), " ", result, " = ", value, ";")};
   if (t.arg) out.push_back(absl::StrCat("const ", t.ctype, " ", result, "_v = ", t.acc, ";"));
   return out;
 }
@@ -250,7 +275,8 @@ void CudaEmitter::EmitReduce(const Expr& e, const std::string& result, size_t ta
   }
 }
 
-void CudaEmitter::EmitCoopReduce(const Expr& e, const CoopReduce& r, const std::string& result, size_t target) {
+void CudaEmitter::EmitCoopReduce(const Expr& e, const CoopReduce& r, const std::string& result,
+                                 size_t target) {
   std::vector<Scope> saved(scopes_.begin() + target + 1, scopes_.end());
   scopes_.resize(target + 1);
   const std::string& op = e.op;
@@ -281,12 +307,14 @@ void CudaEmitter::EmitCoopReduce(const Expr& e, const CoopReduce& r, const std::
   if (TR > 32) smem_bytes = std::max(smem_bytes, 512);
   std::string smem = TR > 32 ? "kiln_smem" : "nullptr";
   if (t.nan_flag)
-    AddStatement(absl::StrCat(t.acc, " = ", t.acc, "_nan ? ", Literal(t.vt, __builtin_nan(""), 0), " : ", t.acc, ";"));
+    AddStatement(absl::StrCat(t.acc, " = ", t.acc, "_nan ? ", Literal(t.vt, __builtin_nan(""), 0),
+                              " : ", t.acc, ";"));
   if (t.arg) {
-    AddStatement(absl::StrCat("kiln_row_arg<", TR, ", ", op == "argmax" ? "true" : "false", ">(", t.acc, ", ",
-                              result, "_idx, ", smem, ");"));
+    AddStatement(absl::StrCat("kiln_row_arg<", TR, ", ", op == "argmax" ? "true" : "false", ">(",
+                              t.acc, ", ", result, "_idx, ", smem, ");"));
   } else {
-    AddStatement(absl::StrCat(t.acc, " = kiln_row_reduce<", TR, ", ", t.op_struct, ">(", t.acc, ", ", smem, ");"));
+    AddStatement(absl::StrCat(t.acc, " = kiln_row_reduce<", TR, ", ", t.op_struct, ">(", t.acc,
+                              ", ", smem, ");"));
   }
   for (std::string& s : Finish(t, e, result)) AddStatement(std::move(s));
   scopes_.insert(scopes_.end(), saved.begin(), saved.end());
@@ -298,8 +326,8 @@ bool CudaEmitter::EmitColumnGroup(const std::vector<const Expr*>& nodes) {
   const size_t target = TargetScope(*nodes[0]);
   for (const Expr* e : nodes) {
     const CoopReduce& r = coop.at(e);
-    if (r.y_groups <= 0 || r.var != r0.var || r.y_groups != r0.y_groups || r.col_begin != r0.col_begin ||
-        r.col_end != r0.col_end || TargetScope(*e) != target)
+    if (r.y_groups <= 0 || r.var != r0.var || r.y_groups != r0.y_groups ||
+        r.col_begin != r0.col_begin || r.col_end != r0.col_end || TargetScope(*e) != target)
       return false;
     for (size_t i = 0; i <= target; ++i)
       if (scopes_[i].cache.count(e)) return false;  // emitted already
@@ -311,8 +339,8 @@ bool CudaEmitter::EmitColumnGroup(const std::vector<const Expr*>& nodes) {
   return true;
 }
 
-void CudaEmitter::EmitColumnReduces(const std::vector<const Expr*>& nodes, const std::vector<std::string>& results,
-                                    size_t target) {
+void CudaEmitter::EmitColumnReduces(const std::vector<const Expr*>& nodes,
+                                    const std::vector<std::string>& results, size_t target) {
   std::vector<Scope> saved(scopes_.begin() + target + 1, scopes_.end());
   scopes_.resize(target + 1);
   const CoopReduce& r = coop.at(nodes[0]);
@@ -329,10 +357,12 @@ void CudaEmitter::EmitColumnReduces(const std::vector<const Expr*>& nodes, const
     AddStatement(Combine(texts[j], nodes[j]->op, results[j], v, absl::StrCat("(long long)", ev)));
   }
   std::vector<std::string> stmts = PopScope();
-  const std::string first = r.col_begin.empty() ? var_names_[ky_var] : absl::StrCat(r.col_begin, " + ", var_names_[ky_var]);
+  const std::string first = r.col_begin.empty()
+                                ? var_names_[ky_var]
+                                : absl::StrCat(r.col_begin, " + ", var_names_[ky_var]);
   const std::string end = r.col_end.empty() ? absl::StrCat(extents()[r.var]) : r.col_end;
-  AddStatement(absl::StrCat("for (", index_type_, " ", ev, " = ", first, "; ", ev, " < ", end, "; ", ev,
-                            " += ", r.y_groups, ") {"));
+  AddStatement(absl::StrCat("for (", index_type_, " ", ev, " = ", first, "; ", ev, " < ", end, "; ",
+                            ev, " += ", r.y_groups, ") {"));
   for (std::string& s : stmts) AddStatement("  " + s);
   AddStatement("}");
   smem_bytes = std::max(smem_bytes, r.y_groups * 32 * 16);
@@ -340,13 +370,15 @@ void CudaEmitter::EmitColumnReduces(const std::vector<const Expr*>& nodes, const
     const ReduceText& t = texts[j];
     const std::string& op = nodes[j]->op;
     if (t.nan_flag)
-      AddStatement(absl::StrCat(t.acc, " = ", t.acc, "_nan ? ", Literal(t.vt, __builtin_nan(""), 0), " : ", t.acc, ";"));
+      AddStatement(absl::StrCat(t.acc, " = ", t.acc, "_nan ? ", Literal(t.vt, __builtin_nan(""), 0),
+                                " : ", t.acc, ";"));
     if (t.arg) {
-      AddStatement(absl::StrCat("kiln_col_arg<", r.y_groups, ", ", op == "argmax" ? "true" : "false", ">(", t.acc,
-                                ", ", results[j], "_idx, kiln_smem);"));
+      AddStatement(absl::StrCat("kiln_col_arg<", r.y_groups, ", ",
+                                op == "argmax" ? "true" : "false", ">(", t.acc, ", ", results[j],
+                                "_idx, kiln_smem);"));
     } else {
-      AddStatement(absl::StrCat(t.acc, " = kiln_col_reduce<", r.y_groups, ", ", t.op_struct, ">(", t.acc,
-                                ", kiln_smem);"));
+      AddStatement(absl::StrCat(t.acc, " = kiln_col_reduce<", r.y_groups, ", ", t.op_struct, ">(",
+                                t.acc, ", kiln_smem);"));
     }
     for (std::string& s : Finish(t, *nodes[j], results[j])) AddStatement(std::move(s));
   }

@@ -25,21 +25,21 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/codegen/expr_rewrite.h"
 #include "kernels/codegen/emitter.h"
+#include "kernels/codegen/expr_rewrite.h"
 
 namespace kiln::codegen::cuda {
 
 // How the threads of a row cover a flat index range.
 struct RowSplit {
-  int64_t extent = 1;     // elements in the range (a whole row, or the total of a slice set)
-  int V = 1;              // lanes per vector; extent % V == 0
-  int TR = 1;             // threads per row (a power of two)
-  int64_t Q = 1;          // vectors per thread
-  bool unrolled = true;   // q is a literal (Q small) or a loop variable
-  lower::Affine base;     // first index (a multiple of V): 0, or a slice start
-  std::string end;        // C text of the end bound; empty: `extent`
-  std::string q_text;     // looped: C text of the trip count when not the literal Q
+  int64_t extent = 1;    // elements in the range (a whole row, or the total of a slice set)
+  int V = 1;             // lanes per vector; extent % V == 0
+  int TR = 1;            // threads per row (a power of two)
+  int64_t Q = 1;         // vectors per thread
+  bool unrolled = true;  // q is a literal (Q small) or a loop variable
+  lower::Affine base;    // first index (a multiple of V): 0, or a slice start
+  std::string end;       // C text of the end bound; empty: `extent`
+  std::string q_text;    // looped: C text of the trip count when not the literal Q
   // Unrolled with a tail: q < Q are unrolled (guarded, and read from the row cache when there
   // is one), then a loop takes q from Q to q_text. For rows whose length varies with the sizes:
   // a row that fits in Q vectors per thread is read once, a longer one loops over the rest.
@@ -49,25 +49,25 @@ struct RowSplit {
 // Loads of a row held in registers for the whole kernel.
 struct RowCache {
   struct Entry {
-    std::string name;  // register array
-    int buffer;        // the buffer read
+    std::string name;    // register array
+    int buffer;          // the buffer read
     lower::Affine addr;  // flat address in the row variable
     ir::DType dtype;
-    int reg_buffer;    // the register array as a buffer of the emitter's program
+    int reg_buffer;  // the register array as a buffer of the emitter's program
   };
-  int var = -1;                       // the row's flat variable
+  int var = -1;                          // the row's flat variable
   std::map<std::string, Entry> entries;  // key: LoadKey()
 };
 std::string LoadKey(int buffer, const lower::Affine& addr);
 
 // A reduction computed cooperatively by the threads of a row (or of a column tile).
 struct CoopReduce {
-  lower::ExprPtr body;        // in terms of `var`, the flat reduction index
+  lower::ExprPtr body;  // in terms of `var`, the flat reduction index
   int var = -1;
-  RowSplit split;             // row mode
-  bool use_cache = false;     // body loads may come from the row cache (same split as it)
-  int index_buffer = -1;      // argmin/argmax over partial results: their indices
-  int y_groups = 0;           // > 0: column-tile mode: y-group ky of y_groups takes e = ky + y_groups*j
+  RowSplit split;          // row mode
+  bool use_cache = false;  // body loads may come from the row cache (same split as it)
+  int index_buffer = -1;   // argmin/argmax over partial results: their indices
+  int y_groups = 0;  // > 0: column-tile mode: y-group ky of y_groups takes e = ky + y_groups*j
   // Column-tile mode over a chunk of the range (a split column reduction's partials): C text
   // of the chunk's first index and end bound; empty: the whole range.
   std::string col_begin, col_end;
@@ -77,8 +77,9 @@ class CudaEmitter : public ScopedEmitter {
  public:
   // `program` and `kernel` are private copies this emitter may extend (new variables,
   // register arrays); they must outlive it.
-  CudaEmitter(schedule::Program* program, schedule::Kernel* kernel, std::vector<std::string> var_names,
-              std::vector<std::string> buffer_names, ExprPool* pool, std::string index_type);
+  CudaEmitter(schedule::Program* program, schedule::Kernel* kernel,
+              std::vector<std::string> var_names, std::vector<std::string> buffer_names,
+              ExprPool* pool, std::string index_type);
 
   int NewVar(int64_t extent, const std::string& name);
   // A register array of `n` elements of `t` the emitter's loads can name.
@@ -91,19 +92,20 @@ class CudaEmitter : public ScopedEmitter {
   lower::ExprPtr RegisterRead(int reg_buffer, ir::DType t, int64_t element, int dep_var);
 
   // Thread variables, set by the kernel generator before emitting.
-  int kt_var = -1;             // thread within the row
-  int ky_var = -1;             // column-tile y-group
-  int threads_per_row = 1;     // TR of cooperative reductions (template argument)
+  int kt_var = -1;          // thread within the row
+  int ky_var = -1;          // column-tile y-group
+  int threads_per_row = 1;  // TR of cooperative reductions (template argument)
   const RowCache* cache = nullptr;
   std::map<const lower::Expr*, CoopReduce> coop;  // reductions not run sequentially
-  int smem_bytes = 0;          // shared scratch the cooperative reductions need
+  int smem_bytes = 0;                             // shared scratch the cooperative reductions need
 
   // One C block of lanes: rebuilds trees per lane and collects the vector loads they share.
   class LaneGroup {
    public:
     // `var` takes the value `first + u` in lane u; register reads depend on `dep_var` so
     // they stay inside the block. `cache_offset`: the cache element of lane 0, or -1.
-    LaneGroup(CudaEmitter* em, int var, lower::Affine first, int V, int dep_var, int64_t cache_offset);
+    LaneGroup(CudaEmitter* em, int var, lower::Affine first, int V, int dep_var,
+              int64_t cache_offset);
     lower::ExprPtr Lane(const lower::ExprPtr& tree, int u);
     const std::vector<std::string>& fills() const { return fills_; }
     // Makes this the group of a ragged range of `end` elements (C text), whose last vector
@@ -153,9 +155,10 @@ class CudaEmitter : public ScopedEmitter {
   std::string ReducePragma(const lower::Expr&, const std::string&) const override { return ""; }
 
  private:
-  void EmitCoopReduce(const lower::Expr& e, const CoopReduce& r, const std::string& result, size_t target);
-  void EmitColumnReduces(const std::vector<const lower::Expr*>& nodes, const std::vector<std::string>& results,
-                         size_t target);
+  void EmitCoopReduce(const lower::Expr& e, const CoopReduce& r, const std::string& result,
+                      size_t target);
+  void EmitColumnReduces(const std::vector<const lower::Expr*>& nodes,
+                         const std::vector<std::string>& results, size_t target);
 
   schedule::Program* program_;
   schedule::Kernel* kernel_ext_;

@@ -3,8 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/codegen/c_expr.h"
-#include "kernels/lower/lower.h"
 #include "kernels/codegen/cuda/kernel_gen.h"
+#include "kernels/lower/lower.h"
 
 namespace kiln::codegen::cuda {
 namespace internal {
@@ -62,11 +62,13 @@ absl::StatusOr<std::vector<KernelFunction>> KernelGen::Run() {
     Pointwise();
   } else if (r_inner >= 64 && contiguous) {
     Row(rank - 1);
-  } else if (r_inner < 64 || n_out >= int64_t{8} * cfg_.sm_count * kPointwiseBlock || Varies(n_out)) {
+  } else if (r_inner < 64 || n_out >= int64_t{8} * cfg_.sm_count * kPointwiseBlock ||
+             Varies(n_out)) {
     // A number of outputs that varies with the sizes is taken to be large (one thread each).
     Pointwise();
   } else {
-    int64_t y = Pow2Floor(std::max<int64_t>(1, int64_t{8} * cfg_.sm_count * kPointwiseBlock / n_out));
+    int64_t y =
+        Pow2Floor(std::max<int64_t>(1, int64_t{8} * cfg_.sm_count * kPointwiseBlock / n_out));
     y = std::clamp<int64_t>(std::min(y, Pow2Floor(r_inner)), 2, 32);
     // Split into chunks, the kernel then reduces each output's partials as a column tile too
     // (a y-group per partial: a few loads per thread, not a loop over all of them).
@@ -89,14 +91,16 @@ std::unique_ptr<Fn> KernelGen::NewFn() {
   return fn;
 }
 
-std::vector<std::string> KernelGen::DefineVars(Fn& fn, const std::vector<int>& vars, const std::string& flat) {
+std::vector<std::string> KernelGen::DefineVars(Fn& fn, const std::vector<int>& vars,
+                                               const std::string& flat) {
   std::vector<std::string> out;
   const lower::VarExtents& ext = fn.em->extents();
   int64_t inner = 1;
   for (int k = static_cast<int>(vars.size()) - 1; k >= 0; --k) {
     std::string v = inner == 1 ? flat : absl::StrCat("(", flat, ") / ", inner);
     if (k > 0) v = absl::StrCat("(", v, ") % ", ext[vars[k]]);
-    out.push_back(absl::StrCat("const ", cfg_.index_type, " ", fn.em->var_names()[vars[k]], " = ", v, ";"));
+    out.push_back(
+        absl::StrCat("const ", cfg_.index_type, " ", fn.em->var_names()[vars[k]], " = ", v, ";"));
     inner *= ext[vars[k]];
   }
   return out;
@@ -112,7 +116,8 @@ void KernelGen::RegisterPartialReductions(Fn& fn, const std::vector<ExprPtr>& tr
       r.var = n->rvars[0];
       int64_t g = fn.em->extents()[r.var];
       r.split.extent = g;
-      r.split.V = PickV({r.body}, r.var, g, it->second >= 0 ? 8 : 0, fn.prog);  // indices are 8 bytes
+      r.split.V =
+          PickV({r.body}, r.var, g, it->second >= 0 ? 8 : 0, fn.prog);  // indices are 8 bytes
       r.split.TR = tr;
       r.split.Q = CeilDiv(g, int64_t{r.split.V} * tr);
       r.split.unrolled = r.split.Q <= kMaxUnrolledVectors;
@@ -121,7 +126,8 @@ void KernelGen::RegisterPartialReductions(Fn& fn, const std::vector<ExprPtr>& tr
     }
 }
 
-KernelFunction KernelGen::Finish(Fn& fn, const std::string& name, const std::vector<std::string>& body, int64_t work,
+KernelFunction KernelGen::Finish(Fn& fn, const std::string& name,
+                                 const std::vector<std::string>& body, int64_t work,
                                  int64_t per_block, int block, std::string strategy) {
   std::string lines;
   for (const std::string& l : fn.head) absl::StrAppend(&lines, "  ", l, "\n");
@@ -129,7 +135,8 @@ KernelFunction KernelGen::Finish(Fn& fn, const std::string& name, const std::vec
   KernelFunction f;
   f.name = name;
   const int64_t grid = CeilDiv(work, per_block);
-  f.grid = grid > 0xffffffffLL ? 0xffffffffu : static_cast<uint32_t>(grid);  // GenerateCuda refuses it
+  f.grid =
+      grid > 0xffffffffLL ? 0xffffffffu : static_cast<uint32_t>(grid);  // GenerateCuda refuses it
   f.grid_work = work;
   f.grid_per_block = per_block;
   f.block = static_cast<uint32_t>(block);
@@ -142,7 +149,8 @@ KernelFunction KernelGen::Finish(Fn& fn, const std::string& name, const std::vec
     const std::vector<int>& also = fn.em->stored_also();
     bool w = std::count(fn.written.begin(), fn.written.end(), static_cast<int>(b)) > 0 ||
              std::count(also.begin(), also.end(), static_cast<int>(b)) > 0;
-    params.push_back(absl::StrCat(w ? "" : "const ", StorageType(buf.dtype, true), "* __restrict__ ", BufferName(buf)));
+    params.push_back(absl::StrCat(w ? "" : "const ", StorageType(buf.dtype, true),
+                                  "* __restrict__ ", BufferName(buf)));
     f.buffers.push_back(static_cast<int>(b));
   }
   for (int k = 0; k < cfg_.num_symbols; ++k) params.push_back(absl::StrCat("const int kiln_s", k));
@@ -150,13 +158,15 @@ KernelFunction KernelGen::Finish(Fn& fn, const std::string& name, const std::vec
   f.text = absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", block, ") ", name, "(",
                         absl::StrJoin(params, ", "), ") {\n");
   if (fn.em->smem_bytes > 0)
-    absl::StrAppend(&f.text, "  __shared__ __align__(16) char kiln_smem[", fn.em->smem_bytes, "];\n");
+    absl::StrAppend(&f.text, "  __shared__ __align__(16) char kiln_smem[", fn.em->smem_bytes,
+                    "];\n");
   absl::StrAppend(&f.text, lines, "}\n");
   return f;
 }
 
 std::string KernelGen::StoreText(const Buffer& b, const std::string& v) {
-  std::string stored = b.dtype == ir::DType::kBool ? v : absl::StrCat("(", ComputeTypeName(b.dtype), ")(", v, ")");
+  std::string stored =
+      b.dtype == ir::DType::kBool ? v : absl::StrCat("(", ComputeTypeName(b.dtype), ")(", v, ")");
   return StoreConvert(b.dtype, stored);
 }
 
@@ -193,7 +203,8 @@ void KernelGen::SplitGlobals(bool* direct) {
     max_level = std::max(max_level, l);
   }
   int64_t G = Varies(rmax) ? int64_t{4} * cfg_.sm_count
-                           : std::clamp<int64_t>(CeilDiv(rmax, int64_t{kPartialBlock} * 4), 1, int64_t{4} * cfg_.sm_count);
+                           : std::clamp<int64_t>(CeilDiv(rmax, int64_t{kPartialBlock} * 4), 1,
+                                                 int64_t{4} * cfg_.sm_count);
   if (G > 4) G = CeilDiv(G, 4) * 4;
   std::unordered_map<const Expr*, ExprPtr> replaced;
   RewriteRules swap;
@@ -211,7 +222,8 @@ void KernelGen::SplitGlobals(bool* direct) {
       items.push_back(Rewrite(self, swap, &pool_));
       bool arg = g->op == "argmax" || g->op == "argmin";
       bool boolean = g->op == "any" || g->op == "all";
-      ir::DType vt = boolean ? ir::DType::kBool : ir::ComputeType(arg ? g->args[0]->dtype : g->dtype);
+      ir::DType vt =
+          boolean ? ir::DType::kBool : ir::ComputeType(arg ? g->args[0]->dtype : g->dtype);
       vals.push_back(AddTemp(vt, {G}));
       idxs.push_back(arg ? AddTemp(ir::DType::kI64, {G}) : -1);
       originals.push_back(g);
@@ -236,7 +248,8 @@ void KernelGen::Partials(const std::vector<ExprPtr>& items, const std::vector<in
   em.threads_per_row = B;
   fn->head = {absl::StrCat("const ", cfg_.index_type, " kt = threadIdx.x;"),
               absl::StrCat("const ", cfg_.index_type, " kb = blockIdx.x;")};
-  std::string strategy = absl::StrCat("whole-tensor partials, level ", level, ": ", G, " blocks of ", B);
+  std::string strategy =
+      absl::StrCat("whole-tensor partials, level ", level, ": ", G, " blocks of ", B);
   for (size_t j = 0; j < items.size(); ++j) {
     const Expr& g = *items[j];
     int64_t R = ReduceExtent(g, em.extents());
@@ -263,13 +276,14 @@ void KernelGen::Partials(const std::vector<ExprPtr>& items, const std::vector<in
       const std::string kbq = absl::StrCat("kbq", j);
       int bq = em.NewVar(R, kbq);
       fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " ", kbq, " = ", sq, " * kb;"));
-      fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " ", end, " = ", V, " * (", kbq, " + ", sq, ") < ", R,
-                                      " ? ", V, " * (", kbq, " + ", sq, ") : ", R, ";"));
+      fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " ", end, " = ", V, " * (", kbq,
+                                      " + ", sq, ") < ", R, " ? ", V, " * (", kbq, " + ", sq,
+                                      ") : ", R, ";"));
       r.split.base = lower::Scale(Affine::Var(bq), V);
       r.split.q_text = absl::StrCat("((", sq, " + ", B - 1, ") / ", B, ")");
     } else {
-      fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " ", end, " = ", S, " * kb + ", S, " < ", R, " ? ", S,
-                                      " * kb + ", S, " : ", R, ";"));
+      fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " ", end, " = ", S, " * kb + ", S,
+                                      " < ", R, " ? ", S, " * kb + ", S, " : ", R, ";"));
       r.split.base = lower::Scale(Affine::Var(kb), S);
     }
     em.coop[items[j].get()] = r;
@@ -285,7 +299,8 @@ void KernelGen::Partials(const std::vector<ExprPtr>& items, const std::vector<in
     stores.push_back(absl::StrCat("  ", BufferName(vb), "[kb] = ", arg ? name + "_v" : name, ";"));
     fn->written.push_back(vals[j]);
     if (arg) {
-      stores.push_back(absl::StrCat("  ", BufferName(fn->prog.buffers[idxs[j]]), "[kb] = ", name, ";"));
+      stores.push_back(
+          absl::StrCat("  ", BufferName(fn->prog.buffers[idxs[j]]), "[kb] = ", name, ";"));
       fn->written.push_back(idxs[j]);
     }
   }
@@ -299,8 +314,9 @@ void KernelGen::Partials(const std::vector<ExprPtr>& items, const std::vector<in
 int KernelGen::AddTemp(ir::DType t, ir::Shape shape) {
   Buffer b;
   b.role = Buffer::Role::kTemp;
-  b.index = static_cast<int>(std::count_if(unit_->buffers.begin(), unit_->buffers.end(),
-                                           [](const Buffer& o) { return o.role == Buffer::Role::kTemp; }));
+  b.index = static_cast<int>(
+      std::count_if(unit_->buffers.begin(), unit_->buffers.end(),
+                    [](const Buffer& o) { return o.role == Buffer::Role::kTemp; }));
   b.dtype = t;
   b.strides = lower::ContiguousStrides(shape);
   b.bytes = Product(shape, 0, shape.size()) * ir::DTypeSize(t);
@@ -311,7 +327,8 @@ int KernelGen::AddTemp(ir::DType t, ir::Shape shape) {
   return static_cast<int>(unit_->buffers.size()) - 1;
 }
 
-ExprPtr KernelGen::ReduceOverPartials(const Expr& original, int buffer, int64_t G, std::vector<Affine> inner) {
+ExprPtr KernelGen::ReduceOverPartials(const Expr& original, int buffer, int64_t G,
+                                      std::vector<Affine> inner) {
   kern_.extents.push_back(G);
   const int pg = static_cast<int>(kern_.extents.size()) - 1;
   Expr ld;
@@ -365,9 +382,11 @@ int64_t KernelGen::SplitColumns(int y) {
       AddFreeVars(o.value, &fv);
       for (const Expr* n : Nodes(o.value)) {
         if (n->kind != Expr::Kind::kReduce || over_partials.count(n)) continue;
-        if (partial_index_.count(n)) return G;  // whole-tensor partials read here: keep to one scheme
+        if (partial_index_.count(n))
+          return G;  // whole-tensor partials read here: keep to one scheme
         const std::vector<int>& vs = fv.at(n);
-        if (vs.empty() || vs.back() >= rank) continue;  // nested in another reduction: runs in its loop
+        if (vs.empty() || vs.back() >= rank)
+          continue;  // nested in another reduction: runs in its loop
         if (n->op == "argmax" || n->op == "argmin") return G;
         ExprPtr self = pool_.Intern(Expr(*n));
         if (std::find(items.begin(), items.end(), self) != items.end()) continue;
@@ -375,8 +394,8 @@ int64_t KernelGen::SplitColumns(int y) {
         // later level (run in this launch, the inner one would be reduced per chunk).
         bool waits = false;
         for (const Expr* m : Nodes(n->args[0]))
-          waits = waits || (m->kind == Expr::Kind::kReduce && !over_partials.count(m) && fv.count(m) &&
-                            !fv.at(m).empty() && fv.at(m).back() < rank);
+          waits = waits || (m->kind == Expr::Kind::kReduce && !over_partials.count(m) &&
+                            fv.count(m) && !fv.at(m).empty() && fv.at(m).back() < rank);
         if (waits) {
           deferred = true;
           continue;
@@ -399,8 +418,9 @@ int64_t KernelGen::SplitColumns(int y) {
     shape.insert(shape.end(), loops_.begin(), loops_.end());
     std::vector<int> vals;
     for (const ExprPtr& item : items)
-      vals.push_back(
-          AddTemp(item->op == "any" || item->op == "all" ? ir::DType::kBool : ir::ComputeType(item->dtype), shape));
+      vals.push_back(AddTemp(
+          item->op == "any" || item->op == "all" ? ir::DType::kBool : ir::ComputeType(item->dtype),
+          shape));
     ColumnPartials(items, vals, G, y, level);
     // The reductions become reductions over their G partials.
     std::vector<Affine> at;

@@ -45,7 +45,7 @@ struct KernelConfig {
 
 struct KernelFunction {
   std::string name;
-  std::string text;          // the function definition
+  std::string text;  // the function definition
   uint32_t grid = 1;
   uint32_t block = 1;
   // grid == ceil(grid_work / grid_per_block): what a symbolic plan's launcher evaluates.
@@ -56,9 +56,9 @@ struct KernelFunction {
   int64_t guard_value = 0;
   int64_t guard_min = 0;
   int64_t guard_max = 0;
-  std::vector<int> buffers;  // program buffers it takes, in parameter order
+  std::vector<int> buffers;         // program buffers it takes, in parameter order
   std::vector<std::string> params;  // its parameter declarations ("const float* __restrict__ in0")
-  std::string strategy;      // one line for the fusion report
+  std::string strategy;             // one line for the fusion report
 };
 
 // Generates the functions of `unit->kernels[index]`, in launch order. Partial-result

@@ -30,9 +30,11 @@ int64_t WidestOutput(const schedule::Program& p, const schedule::Kernel& k) {
 
 // Stores the lane values `vals` of an output at flat index `at` (lane 0), one vector store
 // when there are several.
-void StoreLanes(CudaEmitter& em, const std::string& bname, const Buffer& b, const std::vector<std::string>& vals,
-                const std::string& at, const std::string& guard, int* counter,
-                const std::function<std::string(const std::string&)>& conv, const std::string& count = "") {
+void StoreLanes(CudaEmitter& em, const std::string& bname, const Buffer& b,
+                const std::vector<std::string>& vals, const std::string& at,
+                const std::string& guard, int* counter,
+                const std::function<std::string(const std::string&)>& conv,
+                const std::string& count = "") {
   std::string pre = guard.empty() ? "" : absl::StrCat("if (", guard, ") ");
   if (vals.size() == 1) {
     em.AddStatement(absl::StrCat(pre, bname, "[", at, "] = ", conv(vals[0]), ";"));
@@ -41,13 +43,15 @@ void StoreLanes(CudaEmitter& em, const std::string& bname, const Buffer& b, cons
   std::vector<std::string> conv_vals;
   for (const std::string& v : vals) conv_vals.push_back(conv(v));
   std::string arr = absl::StrCat("ko", (*counter)++);
-  em.AddStatement(absl::StrCat("__align__(16) ", StorageType(b.dtype, true), " ", arr, "[", vals.size(), "] = {",
-                               absl::StrJoin(conv_vals, ", "), "};"));
+  em.AddStatement(absl::StrCat("__align__(16) ", StorageType(b.dtype, true), " ", arr, "[",
+                               vals.size(), "] = {", absl::StrJoin(conv_vals, ", "), "};"));
   if (!count.empty()) {  // the last vector of a ragged range: only `count` elements are left
-    em.AddStatement(absl::StrCat(pre, "kiln_vstore_n<", vals.size(), ">(", bname, " + (", at, "), ", arr, ", ", count, ");"));
+    em.AddStatement(absl::StrCat(pre, "kiln_vstore_n<", vals.size(), ">(", bname, " + (", at, "), ",
+                                 arr, ", ", count, ");"));
     return;
   }
-  em.AddStatement(absl::StrCat(pre, "kiln_vstore<", vals.size(), ">(", bname, " + (", at, "), ", arr, ");"));
+  em.AddStatement(
+      absl::StrCat(pre, "kiln_vstore<", vals.size(), ">(", bname, " + (", at, "), ", arr, ");"));
 }
 
 // Pops `n` scopes; returns their statements, outermost scope first.
@@ -57,14 +61,16 @@ std::vector<std::vector<std::string>> PopScopes(CudaEmitter& em, size_t n) {
   return parts;
 }
 
-void Append(std::vector<std::string>* out, const std::vector<std::string>& lines, const std::string& pad = "") {
+void Append(std::vector<std::string>* out, const std::vector<std::string>& lines,
+            const std::string& pad = "") {
   for (const std::string& l : lines) out->push_back(pad + l);
 }
 
 // Reductions whose free variables all lie in `allowed` (output variables), found in `trees`
 // and, transitively, in the bodies `body_of` gives for them.
-std::vector<const Expr*> FindReductions(const std::vector<ExprPtr>& trees, const std::set<int>& allowed,
-                                        bool allow_empty, const std::unordered_map<const Expr*, int>& skip,
+std::vector<const Expr*> FindReductions(const std::vector<ExprPtr>& trees,
+                                        const std::set<int>& allowed, bool allow_empty,
+                                        const std::unordered_map<const Expr*, int>& skip,
                                         const std::function<ExprPtr(const Expr*)>& body_of) {
   std::vector<const Expr*> found;
   std::vector<ExprPtr> work = trees;
@@ -171,7 +177,8 @@ void KernelGen::Pointwise() {
     if (pieces.empty() || concats[j].Splits(x, V) ||
         (var != x && std::find(vars.begin(), vars.end(), var) == vars.end()))
       continue;
-    const std::string at = var == x ? em.Text(lower::Scale(Affine::Var(xq), V)) : em.var_names()[var];
+    const std::string at =
+        var == x ? em.Text(lower::Scale(Affine::Var(xq), V)) : em.var_names()[var];
     const std::string arr = absl::StrCat("kb", counter++);
     em.AddStatement(absl::StrCat(ComputeTypeName(trees[j]->dtype), " ", arr, "[", V, "];"));
     std::vector<std::string> chain;
@@ -200,14 +207,17 @@ void KernelGen::Pointwise() {
   for (size_t j = 0; j < trees.size(); ++j) {
     const Buffer& b = fn->prog.buffers[kern_.outputs[j].buffer];
     fn->written.push_back(kern_.outputs[j].buffer);
-    StoreLanes(em, BufferName(b), b, vals[j], V == 1 ? "kv" : absl::StrCat(V, " * kv"), "", &counter,
-               [&](const std::string& v) { return StoreText(b, v); }, ragged);
+    StoreLanes(
+        em, BufferName(b), b, vals[j], V == 1 ? "kv" : absl::StrCat(V, " * kv"), "", &counter,
+        [&](const std::string& v) { return StoreText(b, v); }, ragged);
   }
   auto parts = PopScopes(em, vars.size() + 1 + lane_vars.size());
-  if (!em.coop.empty()) fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " kt = threadIdx.x;"));
+  if (!em.coop.empty())
+    fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " kt = threadIdx.x;"));
   // The prologue runs in every thread of the block: it may hold block-wide reductions.
   std::vector<std::string> body = parts[0];
-  body.push_back(absl::StrCat("const ", cfg_.index_type, " kv = blockIdx.x * ", B, " + threadIdx.x;"));
+  body.push_back(
+      absl::StrCat("const ", cfg_.index_type, " kv = blockIdx.x * ", B, " + threadIdx.x;"));
   body.push_back(absl::StrCat("if (kv < ", nv_text, ") {"));
   Append(&body, DefineVars(*fn, vars, "kv"), "  ");
   Append(&body, g.fills(), "  ");
@@ -239,12 +249,14 @@ void KernelGen::Row(int p) {
     // write them in vectors: a second body in the same function, chosen by that test.
     std::string aligned_if;
     KernelFunction v = RowFn(p, band.threads, name + "_v", &rows, &work, true, &aligned_if);
-    if (!aligned_if.empty() && v.params == f.params && v.block == f.block && v.grid_per_block == f.grid_per_block)
+    if (!aligned_if.empty() && v.params == f.params && v.block == f.block &&
+        v.grid_per_block == f.grid_per_block)
       f = AlignedOr(v, f, aligned_if, name);
     f.guard_value = work;
     f.guard_min = lo;
     f.guard_max = band.max_length;
-    absl::StrAppend(&f.strategy, "; runs for rows of ", lo, band.max_length ? absl::StrCat("..", band.max_length) : "+");
+    absl::StrAppend(&f.strategy, "; runs for rows of ", lo,
+                    band.max_length ? absl::StrCat("..", band.max_length) : "+");
     fns_.push_back(std::move(f));
     lo = band.max_length + 1;
   }
@@ -265,10 +277,12 @@ KernelFunction KernelGen::AlignedOr(const KernelFunction& aligned, const KernelF
   const std::string call = absl::StrCat("(", absl::StrJoin(args, ", "), ");");
   KernelFunction f = general;
   f.name = name;
-  f.text = absl::StrCat(as_device(aligned, name + "_v"), as_device(general, name + "_g"), "extern \"C\" __global__ void __launch_bounds__(",
-                        general.block, ") ", name, "(", absl::StrJoin(general.params, ", "), ") {\n  if (", condition,
+  f.text = absl::StrCat(as_device(aligned, name + "_v"), as_device(general, name + "_g"),
+                        "extern \"C\" __global__ void __launch_bounds__(", general.block, ") ",
+                        name, "(", absl::StrJoin(general.params, ", "), ") {\n  if (", condition,
                         ") ", name, "_v", call, "\n  else ", name, "_g", call, "\n}\n");
-  f.strategy = absl::StrCat(general.strategy, "; where ", condition, ": ", aligned.strategy.substr(aligned.strategy.find(", ") + 2));
+  f.strategy = absl::StrCat(general.strategy, "; where ", condition, ": ",
+                            aligned.strategy.substr(aligned.strategy.find(", ") + 2));
   return f;
 }
 
@@ -320,12 +334,15 @@ KernelFunction KernelGen::RowFn(int p, int64_t threads, const std::string& name,
     for (const ExprPtr& t : trees)
       for (const Expr* n : Nodes(t))
         if (partial_index_.count(n)) work = std::max(work, em.extents()[n->rvars[0]]);
-  int64_t TR = std::clamp<int64_t>(Pow2Ceil(CeilDiv(work, kRowElementsPerThread)), rows == 1 ? 32 : 1, 1024);
+  int64_t TR =
+      std::clamp<int64_t>(Pow2Ceil(CeilDiv(work, kRowElementsPerThread)), rows == 1 ? 32 : 1, 1024);
   // A row whose length varies with the sizes: four warps walk it in a loop when the rows vary
   // too (many rows: each block short), a whole block when they are few and fixed.
   const bool varying_row = Varies(work);
   if (varying_row)
-    TR = threads > 0 ? threads : Varies(rows) || rows >= int64_t{4} * cfg_.sm_count ? kVaryingRowThreads : 1024;
+    TR = threads > 0                                          ? threads
+         : Varies(rows) || rows >= int64_t{4} * cfg_.sm_count ? kVaryingRowThreads
+                                                              : 1024;
   *rows_out = rows;
   *work_out = work;
   // Rows that stream no memory of their own along the row (an outer product reduced, every
@@ -334,11 +351,15 @@ KernelFunction KernelGen::RowFn(int p, int64_t threads, const std::string& name,
   // each finish sooner than a block-wide tree.
   std::vector<ExprPtr> row_bodies = trees;
   for (const Expr* n : coops) row_bodies.push_back(found[n].body);
-  if (!varying_row && rows >= int64_t{4} * cfg_.sm_count && !StreamsAlong(row_bodies, E, fn->prog) &&
-      std::none_of(coops.begin(), coops.end(), [&](const Expr* n) { return StreamsAlong({found[n].body}, found[n].var, fn->prog); }))
+  if (!varying_row && rows >= int64_t{4} * cfg_.sm_count &&
+      !StreamsAlong(row_bodies, E, fn->prog) &&
+      std::none_of(coops.begin(), coops.end(), [&](const Expr* n) {
+        return StreamsAlong({found[n].body}, found[n].var, fn->prog);
+      }))
     TR = std::min(TR, std::max<int64_t>(32, Pow2Ceil(CeilDiv(work, kComputeRowElementsPerThread))));
   if (cfg_.row_threads_shift > 0) TR = std::min<int64_t>(TR << cfg_.row_threads_shift, 1024);
-  if (cfg_.row_threads_shift < 0) TR = std::max<int64_t>(TR >> -cfg_.row_threads_shift, rows == 1 ? 32 : 1);
+  if (cfg_.row_threads_shift < 0)
+    TR = std::max<int64_t>(TR >> -cfg_.row_threads_shift, rows == 1 ? 32 : 1);
   const int64_t RPB = TR <= 32 && rows > 1 ? 128 / TR : 1;
   const int64_t block = TR * RPB;
   em.kt_var = em.NewVar(TR, "kt");
@@ -401,7 +422,8 @@ KernelFunction KernelGen::RowFn(int p, int64_t threads, const std::string& name,
     int64_t words = 0;
     for (auto& [key, u] : users) {
       if (u.first.size() < 2) continue;
-      const Buffer b = fn->prog.buffers[u.second->buffer];  // a copy: AddRegisterArray grows buffers
+      const Buffer b =
+          fn->prog.buffers[u.second->buffer];  // a copy: AddRegisterArray grows buffers
       int64_t w = row.Q * row.V * std::max<int64_t>(1, ir::DTypeSize(b.dtype) / 4);
       if (words + w > kCacheBudgetWords) continue;
       words += w;
@@ -426,8 +448,8 @@ KernelFunction KernelGen::RowFn(int p, int64_t threads, const std::string& name,
       r.split.V = PickV({r.body}, r.var, r.split.extent, 0, fn->prog);
       r.split.TR = static_cast<int>(TR);
       r.split.Q = CeilDiv(r.split.extent, r.split.V * TR);
-      r.split.unrolled = r.split.Q <= kMaxUnrolledVectors && r.split.Q * r.split.V <= kMaxUnrolledElements &&
-                         !Varies(r.split.extent);
+      r.split.unrolled = r.split.Q <= kMaxUnrolledVectors &&
+                         r.split.Q * r.split.V <= kMaxUnrolledElements && !Varies(r.split.extent);
       if (Varies(r.split.extent)) r.split.q_text = CeilDivText(r.split.extent, r.split.V * TR);
     }
     em.coop[n] = r;
@@ -441,7 +463,8 @@ KernelFunction KernelGen::RowFn(int p, int64_t threads, const std::string& name,
   const std::string& it = cfg_.index_type;
   fn->head.push_back(RPB == 1 ? absl::StrCat("const ", it, " kt = threadIdx.x;")
                               : absl::StrCat("const ", it, " kt = threadIdx.x % ", TR, ";"));
-  std::string kr_raw = RPB == 1 ? "blockIdx.x" : absl::StrCat("blockIdx.x * ", RPB, " + threadIdx.x / ", TR);
+  std::string kr_raw =
+      RPB == 1 ? "blockIdx.x" : absl::StrCat("blockIdx.x * ", RPB, " + threadIdx.x / ", TR);
   std::string row_ok;
   if (ir::StaticFactor(rows) % RPB == 0) {
     fn->head.push_back(absl::StrCat("const ", it, " kr = ", kr_raw, ";"));
@@ -462,12 +485,15 @@ KernelFunction KernelGen::RowFn(int p, int64_t threads, const std::string& name,
       std::string e0 = em.Text(first);
       std::vector<std::string> load, zero;
       if (vec) {
-        load.push_back(absl::StrCat("kiln_vload<", row.V, ">(", e.name, " + ", q * row.V, ", ", bname, " + (",
-                                    em.Text(lower::Substitute(e.addr, E, first, em.extents())), "));"));
+        load.push_back(
+            absl::StrCat("kiln_vload<", row.V, ">(", e.name, " + ", q * row.V, ", ", bname, " + (",
+                         em.Text(lower::Substitute(e.addr, E, first, em.extents())), "));"));
       }
       for (int u = 0; u < row.V; ++u) {
-        std::string at = em.Text(lower::Substitute(e.addr, E, lower::AddConst(first, u), em.extents()));
-        if (!vec) load.push_back(absl::StrCat(e.name, "[", q * row.V + u, "] = ", bname, "[", at, "];"));
+        std::string at =
+            em.Text(lower::Substitute(e.addr, E, lower::AddConst(first, u), em.extents()));
+        if (!vec)
+          load.push_back(absl::StrCat(e.name, "[", q * row.V + u, "] = ", bname, "[", at, "];"));
         zero.push_back(absl::StrCat(e.name, "[", q * row.V + u, "] = ", t, "();"));
       }
       if (row.V * TR * (q + 1) <= L && !row.tail) {
@@ -506,16 +532,19 @@ KernelFunction KernelGen::RowFn(int p, int64_t threads, const std::string& name,
     for (size_t j = 0; j < trees.size(); ++j) {
       std::string v = em.Emit(trees[j]);  // first: emitting may add register arrays to buffers
       const Buffer& b = fn->prog.buffers[kern_.outputs[j].buffer];
-      StoreLanes(em, BufferName(b), b, {v}, "kr", guard, &counter, [&](const std::string& s) { return StoreText(b, s); });
+      StoreLanes(em, BufferName(b), b, {v}, "kr", guard, &counter,
+                 [&](const std::string& s) { return StoreText(b, s); });
     }
   }
   for (const auto& o : kern_.outputs) fn->written.push_back(o.buffer);
   std::vector<std::string> body;
   for (auto& part : PopScopes(em, outer.size() + 1)) Append(&body, part);
-  std::string strategy = absl::StrCat("row: ", rows, " row(s) of ", L, ", ", TR, " thread(s) per row, ", RPB,
-                                      " row(s) per block, ", row.Q, " x ", row.V, " element(s) per thread",
-                                      row.unrolled ? "" : " (looped)", ", ", coops.size(), " cooperative reduction(s)");
-  if (!cached_names.empty()) absl::StrAppend(&strategy, ", registers hold ", absl::StrJoin(cached_names, " "));
+  std::string strategy = absl::StrCat(
+      "row: ", rows, " row(s) of ", L, ", ", TR, " thread(s) per row, ", RPB, " row(s) per block, ",
+      row.Q, " x ", row.V, " element(s) per thread", row.unrolled ? "" : " (looped)", ", ",
+      coops.size(), " cooperative reduction(s)");
+  if (!cached_names.empty())
+    absl::StrAppend(&strategy, ", registers hold ", absl::StrJoin(cached_names, " "));
   if (aligned_if != nullptr) *aligned_if = row.V > 1 ? assumed->Condition() : "";
   return Finish(*fn, name, body, rows, RPB, static_cast<int>(block), strategy);
 }
@@ -547,7 +576,8 @@ void KernelGen::ColumnHead(Fn& fn, int y, const std::string& column_block) {
   const std::string& it = cfg_.index_type;
   fn.head.push_back(absl::StrCat("const ", it, " kt = threadIdx.x;"));
   fn.head.push_back(absl::StrCat("const ", it, " ky = threadIdx.x >> 5;"));
-  fn.head.push_back(absl::StrCat("const ", it, " kc_raw = ", column_block, " * 32 + (threadIdx.x & 31);"));
+  fn.head.push_back(
+      absl::StrCat("const ", it, " kc_raw = ", column_block, " * 32 + (threadIdx.x & 31);"));
   fn.head.push_back(absl::StrCat("const bool kc_ok = kc_raw < ", N, ";"));
   fn.head.push_back(absl::StrCat("const ", it, " kc = kc_ok ? kc_raw : ", N - 1, ";"));
   std::vector<int> vars;
@@ -571,7 +601,8 @@ void KernelGen::ColumnTile(int y) {
   std::set<int> allowed(vars.begin(), vars.end());
   std::unordered_map<const Expr*, CoopReduce> found;
   auto body_of = [&](const Expr* n) {
-    const int var = em.NewVar(ReduceExtent(*n, em.extents()), absl::StrCat("e", em.extents().size()));
+    const int var =
+        em.NewVar(ReduceExtent(*n, em.extents()), absl::StrCat("e", em.extents().size()));
     found[n] = ColumnReduce(*n, var, y, em, &pool_);
     return found[n].body;
   };
@@ -592,16 +623,16 @@ void KernelGen::ColumnTile(int y) {
   }
   std::vector<std::string> body;
   for (auto& part : PopScopes(em, vars.size() + 1)) Append(&body, part);
-  std::string strategy = absl::StrCat("column tile: ", N, " output(s), 32 per block, ", y, " y-group(s), ",
-                                      coops.size(), " split reduction(s)");
+  std::string strategy = absl::StrCat("column tile: ", N, " output(s), 32 per block, ", y,
+                                      " y-group(s), ", coops.size(), " split reduction(s)");
   fns_.push_back(Finish(*fn, kern_.name, body, N, 32, block, strategy));
 }
 
 // The partials of a split column reduction (KernelGen::SplitColumns): block b takes columns
 // b % (N / 32) and chunk kg = b / (N / 32) of each range; reductions over ranges of one length
 // share one loop.
-void KernelGen::ColumnPartials(const std::vector<ExprPtr>& items, const std::vector<int>& vals, int64_t G, int y,
-                               int level) {
+void KernelGen::ColumnPartials(const std::vector<ExprPtr>& items, const std::vector<int>& vals,
+                               int64_t G, int y, int level) {
   std::unique_ptr<Fn> fn = NewFn();
   CudaEmitter& em = *fn->em;
   const int rank = static_cast<int>(loops_.size());
@@ -609,8 +640,8 @@ void KernelGen::ColumnPartials(const std::vector<ExprPtr>& items, const std::vec
   const int64_t cols = CeilDiv(N, 32);
   fn->head.push_back(absl::StrCat("const ", cfg_.index_type, " kg = blockIdx.x / ", cols, ";"));
   ColumnHead(*fn, y, absl::StrCat("(blockIdx.x % ", cols, ")"));
-  std::string strategy = absl::StrCat("column partials: ", N, " output(s), 32 per block, ", y, " y-group(s), ", G,
-                                      " chunk(s) of");
+  std::string strategy = absl::StrCat("column partials: ", N, " output(s), 32 per block, ", y,
+                                      " y-group(s), ", G, " chunk(s) of");
   std::map<int64_t, int> var_of_extent;  // reductions of one length walk one variable (one loop)
   for (size_t j = 0; j < items.size(); ++j) {
     const int64_t R = ReduceExtent(*items[j], em.extents());
@@ -619,7 +650,8 @@ void KernelGen::ColumnPartials(const std::vector<ExprPtr>& items, const std::vec
     CoopReduce r = ColumnReduce(*items[j], at->second, y, em, &pool_);
     const std::string S = Varies(R) ? CeilDivText(R, G) : absl::StrCat(CeilDiv(R, G));
     r.col_begin = absl::StrCat(S, " * kg");
-    r.col_end = absl::StrCat("(", S, " * kg + ", S, " < ", R, " ? ", S, " * kg + ", S, " : ", R, ")");
+    r.col_end =
+        absl::StrCat("(", S, " * kg + ", S, " < ", R, " ? ", S, " * kg + ", S, " : ", R, ")");
     em.coop[items[j].get()] = r;
     absl::StrAppend(&strategy, j ? "," : "", " ", S, " of ", R);
   }
@@ -635,13 +667,14 @@ void KernelGen::ColumnPartials(const std::vector<ExprPtr>& items, const std::vec
   for (size_t j = 0; j < items.size(); ++j) {
     std::string v = em.Emit(items[j]);
     fn->written.push_back(vals[j]);
-    em.AddStatement(absl::StrCat("if (ky == 0 && kc_ok) ", BufferName(fn->prog.buffers[vals[j]]), "[kg * ", N, " + kc] = ",
-                                 v, ";"));
+    em.AddStatement(absl::StrCat("if (ky == 0 && kc_ok) ", BufferName(fn->prog.buffers[vals[j]]),
+                                 "[kg * ", N, " + kc] = ", v, ";"));
   }
   std::vector<std::string> body;
   for (auto& part : PopScopes(em, rank + 1)) Append(&body, part);
-  fns_.push_back(Finish(*fn, level == 0 ? absl::StrCat(kern_.name, "_c") : absl::StrCat(kern_.name, "_c", level), body,
-                        cols * G * 32, 32, 32 * y, strategy));
+  fns_.push_back(Finish(
+      *fn, level == 0 ? absl::StrCat(kern_.name, "_c") : absl::StrCat(kern_.name, "_c", level),
+      body, cols * G * 32, 32, 32 * y, strategy));
 }
 
 }  // namespace kiln::codegen::cuda::internal

@@ -39,7 +39,8 @@ struct RowBand {
   int64_t threads;     // per row
   int64_t max_length;  // the band's longest row (0: unbounded)
 };
-inline constexpr RowBand kVaryingRowBands[] = {{16, 128}, {64, 512}, {256, 2048}, {512, 4096}, {1024, 0}};
+inline constexpr RowBand kVaryingRowBands[] = {
+    {16, 128}, {64, 512}, {256, 2048}, {512, 4096}, {1024, 0}};
 // Threads per row where the length varies but one kernel serves (RowBand unused): a warp.
 inline constexpr int64_t kVaryingRowThreads = 32;
 // Vectors per thread of such a row that are unrolled (and may be kept in registers): rows of up
@@ -83,10 +84,14 @@ inline int64_t Product(const ir::Shape& s, size_t from, size_t to) {
 
 inline std::string BufferName(const Buffer& b) {
   switch (b.role) {
-    case Buffer::Role::kInput: return absl::StrCat("in", b.index);
-    case Buffer::Role::kOutput: return absl::StrCat("out", b.index);
-    case Buffer::Role::kTemp: return absl::StrCat("tmp", b.index);
-    case Buffer::Role::kConst: return absl::StrCat("kconst", b.index);
+    case Buffer::Role::kInput:
+      return absl::StrCat("in", b.index);
+    case Buffer::Role::kOutput:
+      return absl::StrCat("out", b.index);
+    case Buffer::Role::kTemp:
+      return absl::StrCat("tmp", b.index);
+    case Buffer::Role::kConst:
+      return absl::StrCat("kconst", b.index);
   }
   return "";
 }
@@ -104,9 +109,10 @@ inline void AddFreeVars(const ExprPtr& root, FreeVarMap* fv) {
     }
     std::sort(vs.begin(), vs.end());
     vs.erase(std::unique(vs.begin(), vs.end()), vs.end());
-    vs.erase(std::remove_if(vs.begin(), vs.end(),
-                            [&](int v) { return std::count(n->rvars.begin(), n->rvars.end(), v) > 0; }),
-             vs.end());
+    vs.erase(
+        std::remove_if(vs.begin(), vs.end(),
+                       [&](int v) { return std::count(n->rvars.begin(), n->rvars.end(), v) > 0; }),
+        vs.end());
     (*fv)[n] = std::move(vs);
   }
 }
@@ -120,7 +126,7 @@ inline int64_t ReduceExtent(const Expr& e, const lower::VarExtents& ext) {
 // Vector width for a flat range: 16 bytes of the widest element among the contiguous loads
 // (and `min_bytes`, the outputs' widest), at most 8 lanes, dividing the extent.
 inline int PickV(const std::vector<ExprPtr>& trees, int var, int64_t extent, int64_t min_bytes,
-          const schedule::Program& prog) {
+                 const schedule::Program& prog) {
   int64_t widest = min_bytes;
   for (const ExprPtr& t : trees)
     for (const Expr* n : Nodes(t)) {
@@ -159,12 +165,13 @@ class KernelGen {
  private:
   std::unique_ptr<Fn> NewFn();
   // Lines defining `vars` (row-major over their extents) from the flat index text `flat`.
-  std::vector<std::string> DefineVars(Fn& fn, const std::vector<int>& vars, const std::string& flat);
+  std::vector<std::string> DefineVars(Fn& fn, const std::vector<int>& vars,
+                                      const std::string& flat);
   // Reductions over partial results (left by SplitGlobals) are cooperative over `tr` threads.
   void RegisterPartialReductions(Fn& fn, const std::vector<ExprPtr>& trees, int tr);
   // The function, launched on ceil(work / per_block) blocks of `block` threads.
-  KernelFunction Finish(Fn& fn, const std::string& name, const std::vector<std::string>& body, int64_t work,
-                        int64_t per_block, int block, std::string strategy);
+  KernelFunction Finish(Fn& fn, const std::string& name, const std::vector<std::string>& body,
+                        int64_t work, int64_t per_block, int block, std::string strategy);
   std::string StoreText(const Buffer& b, const std::string& v);
   // A temporary of shape `shape` in the workspace (256-byte aligned); returns its buffer.
   int AddTemp(ir::DType t, ir::Shape shape);
@@ -179,7 +186,8 @@ class KernelGen {
                 const std::vector<int>& idx_buffers, int64_t G, int level);
   // `original` (a reduction) as the same reduction over G partials in `buffer`, at index
   // [g, inner...] for a new variable g of extent G.
-  ExprPtr ReduceOverPartials(const Expr& original, int buffer, int64_t G, std::vector<Affine> inner);
+  ExprPtr ReduceOverPartials(const Expr& original, int buffer, int64_t G,
+                             std::vector<Affine> inner);
   // Column reductions over long ranges with few outputs: partial launches over chunks of the
   // range, the reductions rewritten to read them; returns the number of chunks, or 0 (nothing
   // changed) where a column tile alone fills the device or the reductions do not qualify.
@@ -188,8 +196,8 @@ class KernelGen {
   // G partials, which each thread sums itself.
   int64_t SplitColumns(int y);
   // `level`: 0 for the first partials launch, 1 for one that reads the first's, and so on.
-  void ColumnPartials(const std::vector<ExprPtr>& items, const std::vector<int>& val_buffers, int64_t G, int y,
-                      int level);
+  void ColumnPartials(const std::vector<ExprPtr>& items, const std::vector<int>& val_buffers,
+                      int64_t G, int y, int level);
   // The strategies (cuda_strategies.cc).
   void Pointwise();
   void Row(int p);  // outer variables 0..p, one row per outer index
@@ -198,10 +206,10 @@ class KernelGen {
   // `aligned` (a row length that varies): vectors along the row as though its length, and
   // every stride that varies, were a multiple of the vector width; `*aligned_if` is then the
   // C condition under which that holds (empty: no vectors came of it).
-  KernelFunction RowFn(int p, int64_t threads, const std::string& name, int64_t* rows, int64_t* work,
-                       bool aligned = false, std::string* aligned_if = nullptr);
-  KernelFunction AlignedOr(const KernelFunction& aligned, const KernelFunction& general, const std::string& condition,
-                           const std::string& name);
+  KernelFunction RowFn(int p, int64_t threads, const std::string& name, int64_t* rows,
+                       int64_t* work, bool aligned = false, std::string* aligned_if = nullptr);
+  KernelFunction AlignedOr(const KernelFunction& aligned, const KernelFunction& general,
+                           const std::string& condition, const std::string& name);
   void ColumnTile(int y);
 
   schedule::Program* unit_;
@@ -209,7 +217,8 @@ class KernelGen {
   schedule::Kernel kern_;
   ir::Shape loops_;  // output loop extents (size-1 dimensions have no loop)
   ExprPool pool_;
-  std::unordered_map<const Expr*, int> partial_index_;  // reductions over partials -> index buffer (or -1)
+  std::unordered_map<const Expr*, int>
+      partial_index_;  // reductions over partials -> index buffer (or -1)
   std::vector<KernelFunction> fns_;
 };
 

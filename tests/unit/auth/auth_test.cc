@@ -338,7 +338,8 @@ TEST(Keygen, WritesPrivateKeyOwnerOnlyAndNeverOverwrites) {
   EXPECT_TRUE(absl::IsFailedPrecondition(WriteKeyPair(dir / "k", dir / "k2.pub")));
   EXPECT_FALSE(SigningKey::FromPemFile(dir / "k.pub").ok()) << "a public key cannot sign";
   EXPECT_TRUE(TrustedKeys::FromPemFiles({dir / "k.pub"}).ok());
-  EXPECT_FALSE(TrustedKeys::FromPemFiles({dir / "k"}).ok()) << "a private key is no trusted public key";
+  EXPECT_FALSE(TrustedKeys::FromPemFiles({dir / "k"}).ok())
+      << "a private key is no trusted public key";
   EXPECT_FALSE(TrustedKeys::FromPemFiles({dir / "missing"}).ok());
 }
 

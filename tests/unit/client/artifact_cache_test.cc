@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/key/digest.h"
 #include "gtest/gtest.h"
+#include "kernels/key/digest.h"
 
 namespace kiln::client {
 namespace {
@@ -59,7 +59,10 @@ class ArtifactCacheTest : public ::testing::Test {
 
   std::string root_;
   std::unique_ptr<ArtifactCache> cache_;
-  const std::string bytes_ = std::string("\x7f" "ELF pretend kernel library\0\1\2", 30);
+  const std::string bytes_ = std::string(
+      "\x7f"
+      "ELF pretend kernel library\0\1\2",
+      30);
   const std::string digest_ = key::Sha256Hex(bytes_);
   std::atomic<int> fetch_calls_{0};
 };
@@ -160,11 +163,12 @@ TEST_F(ArtifactCacheTest, TheFinalNameAppearsOnlyWhenTheBytesAreWhole) {
   auto found = cache_->Find(digest_);
   ASSERT_TRUE(found.ok());
   EXPECT_FALSE(found->has_value());
-  auto loaded = cache_->GetOrFetch(digest_, [&](const std::string& d) -> absl::StatusOr<std::string> {
-    // While the fetch runs nothing is at the final name yet.
-    EXPECT_FALSE(fs::exists(path));
-    return Server()(d);
-  });
+  auto loaded =
+      cache_->GetOrFetch(digest_, [&](const std::string& d) -> absl::StatusOr<std::string> {
+        // While the fetch runs nothing is at the final name yet.
+        EXPECT_FALSE(fs::exists(path));
+        return Server()(d);
+      });
   ASSERT_TRUE(loaded.ok());
   EXPECT_EQ(ReadAll(path), bytes_);
 }

@@ -15,14 +15,14 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/key/digest.h"
-#include "wire/wire.h"
 #include "client/cpp/kiln.h"
 #include "gtest/gtest.h"
 #include "kernels/ir/builder.h"
 #include "kernels/ir/decode.h"
+#include "kernels/key/digest.h"
 #include "tests/integration/kilnd_process.h"
 #include "tests/unit/client/test_support.h"
+#include "wire/wire.h"
 
 namespace kiln::client {
 namespace {
@@ -171,23 +171,29 @@ TEST_F(ClientDaemonTest, SymbolicSoftmaxRunsAtEverySize) {
 
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 3.0f);
-  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 3}, {0, 7}, {37, 129}, {3, 1000}}) {
+  for (auto [rows, cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {2, 3}, {0, 7}, {37, 129}, {3, 1000}}) {
     const std::vector<int64_t> sizes = {rows, cols};
     absl::StatusOr<std::vector<int64_t>> shape = cpu.Shape(v1::OUTPUT, 0, sizes);
     ASSERT_TRUE(shape.ok()) << shape.status();
     EXPECT_EQ(*shape, sizes);
     std::vector<float> x(rows * cols), y(rows * cols, -1.0f);
     for (float& v : x) v = dist(rng);
-    absl::Status ran = cpu.RunSized(sizes, {{x.data(), x.size() * 4}}, {{y.data(), y.size() * 4}}, 2);
+    absl::Status ran =
+        cpu.RunSized(sizes, {{x.data(), x.size() * 4}}, {{y.data(), y.size() * 4}}, 2);
     ASSERT_TRUE(ran.ok()) << ran;
     const std::vector<float> want = Softmax(x, rows, cols);
-    for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], want[i], 1e-6f) << rows << "x" << cols << " at " << i;
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_NEAR(y[i], want[i], 1e-6f) << rows << "x" << cols << " at " << i;
   }
   std::vector<float> small(4), out(8);
   const std::vector<int64_t> two_by_four = {2, 4};
-  EXPECT_EQ(cpu.RunSized(two_by_four, {{small.data(), small.size() * 4}}, {{out.data(), out.size() * 4}}).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(cpu.Run({{small.data(), 16}}, {{out.data(), 32}}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      cpu.RunSized(two_by_four, {{small.data(), small.size() * 4}}, {{out.data(), out.size() * 4}})
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cpu.Run({{small.data(), 16}}, {{out.data(), 32}}).code(),
+            absl::StatusCode::kFailedPrecondition);
   const std::vector<int64_t> negative = {-1, 4};
   EXPECT_EQ(cpu.RunSized(negative, {{small.data(), 16}}, {{out.data(), 32}}).code(),
             absl::StatusCode::kInvalidArgument);
@@ -227,8 +233,7 @@ TEST_F(ClientDaemonTest, LookupSourceStatsAndFetchThroughTheClient) {
             absl::StatusCode::kNotFound);
   EXPECT_EQ(client.FetchArtifact("../etc/passwd").status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(client.GetResult(std::string(64, 'f')).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(client.GetResult(std::string(64, 'f')).status().code(), absl::StatusCode::kNotFound);
 
   absl::StatusOr<v1::GetStatsResponse> stats = client.GetStats();
   ASSERT_TRUE(stats.ok()) << stats.status();
@@ -259,8 +264,7 @@ TEST_F(ClientDaemonTest, LoaderChecksAbiVersionAndBufferSizes) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(kernel->Run({{x.data(), x.size() * 4}}, {{y.data(), 4}}).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(kernel->Run({}, {{y.data(), y.size() * 4}}).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kernel->Run({}, {{y.data(), y.size() * 4}}).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(kernel->Run({{x.data(), x.size() * 4}}, {{y.data(), y.size() * 4}}).ok());
   const std::vector<float> want = Softmax(x, 3, 8);
   for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], want[i], 1e-6f) << i;
@@ -273,8 +277,7 @@ TEST_F(ClientDaemonTest, BadGraphIsInvalidArgumentAndNotRetried) {
   bad.mutable_nodes(0)->set_op("no_such_op");
   absl::StatusOr<v1::CompileResponse> compiled = session->client().Compile(bad, HostCpuTarget());
   EXPECT_EQ(compiled.status().code(), absl::StatusCode::kInvalidArgument) << compiled.status();
-  EXPECT_NE(compiled.status().message().find("no_such_op"), std::string::npos)
-      << compiled.status();
+  EXPECT_NE(compiled.status().message().find("no_such_op"), std::string::npos) << compiled.status();
   EXPECT_EQ(session->CompileAndLoad(v1::Graph()).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(session->client().stats().retries, 0);
@@ -298,8 +301,8 @@ TEST_F(ClientDaemonTest, PrewarmReportsOneEventPerRequest) {
     r.set_priority(v1::PREWARM);
   }
   std::vector<v1::PrewarmEvent> events;
-  absl::Status status = session->client().Prewarm(
-      requests, [&](const v1::PrewarmEvent& e) { events.push_back(e); });
+  absl::Status status =
+      session->client().Prewarm(requests, [&](const v1::PrewarmEvent& e) { events.push_back(e); });
   ASSERT_TRUE(status.ok()) << status;
   ASSERT_EQ(events.size(), 3u);
   for (const v1::PrewarmEvent& e : events) {

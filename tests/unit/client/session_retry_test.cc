@@ -53,10 +53,16 @@ class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
     if (const char* old = getenv(name)) old_ = old, had_ = true;
-    if (value) setenv(name, value, 1); else unsetenv(name);
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
   }
   ~ScopedEnv() {
-    if (had_) setenv(name_, old_.c_str(), 1); else unsetenv(name_);
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
   }
 
  private:
@@ -239,7 +245,8 @@ TEST_F(SessionTest, SymbolicCudaPlanReachesTheLoaderWhole) {
   g.mutable_nodes(1)->add_inputs(0);
   g.add_outputs(1);
   g.add_outputs(2);
-  absl::StatusOr<v1::CompileResponse> r = (*client)->Compile(g, CudaTarget(90), {}, absl::Now() + absl::Seconds(120));
+  absl::StatusOr<v1::CompileResponse> r =
+      (*client)->Compile(g, CudaTarget(90), {}, absl::Now() + absl::Seconds(120));
   ASSERT_TRUE(r.ok()) << r.status();
   CudaPlan plan = CudaPlanFromWire(r->result().plan());
   ASSERT_TRUE(plan.symbolic());
@@ -269,8 +276,8 @@ TEST_F(SessionTest, SymbolicCudaPlanReachesTheLoaderWhole) {
 }
 
 TEST_F(SessionTest, ExampleProgramRunsOnTheCpu) {
-  const std::string command = std::string(KILN_EXAMPLE_PATH) + " --server " +
-                              kilnd_->address() + " --target cpu --rows 33 --cols 70 2>&1";
+  const std::string command = std::string(KILN_EXAMPLE_PATH) + " --server " + kilnd_->address() +
+                              " --target cpu --rows 33 --cols 70 2>&1";
   ::setenv("KILN_CACHE_DIR", (*dir_ + "/example-cache").c_str(), 1);
   FILE* pipe = popen(command.c_str(), "r");
   ASSERT_NE(pipe, nullptr);

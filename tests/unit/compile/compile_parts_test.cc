@@ -25,10 +25,12 @@ TEST(WorkerPoolTest, RunsInteractiveBeforePrewarmAndRefusesWhenFull) {
   absl::Notification started;
   absl::Mutex mu;
   std::vector<int> order;
-  ASSERT_TRUE(pool.Submit(Priority::kInteractive, [&] {
-                    started.Notify();
-                    release.WaitForNotification();
-                  }).ok());
+  ASSERT_TRUE(pool.Submit(Priority::kInteractive,
+                          [&] {
+                            started.Notify();
+                            release.WaitForNotification();
+                          })
+                  .ok());
   started.WaitForNotification();
   auto record = [&](int tag) {
     return [&, tag] {
@@ -58,10 +60,12 @@ TEST(WorkerPoolTest, StopDropsWhatIsStillQueuedAtTheDeadline) {
   absl::Notification release;
   absl::Notification started;
   std::atomic<int> ran{0};
-  ASSERT_TRUE(pool.Submit(Priority::kInteractive, [&] {
-                    started.Notify();
-                    release.WaitForNotification();
-                  }).ok());
+  ASSERT_TRUE(pool.Submit(Priority::kInteractive,
+                          [&] {
+                            started.Notify();
+                            release.WaitForNotification();
+                          })
+                  .ok());
   started.WaitForNotification();
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool.Submit(Priority::kInteractive, [&] { ++ran; }).ok());
   std::thread releaser([&] {
@@ -117,7 +121,7 @@ TEST(ResultCacheTest, EvictsLeastRecentlyUsed) {
   cache.Put("a", ResultWithLog("a"), t0);
   cache.Put("b", ResultWithLog("b"), t0);
   ASSERT_NE(cache.Get("a", t0).result, nullptr);  // a is now the most recent
-  cache.Put("c", ResultWithLog("c"), t0);        // evicts b
+  cache.Put("c", ResultWithLog("c"), t0);         // evicts b
   EXPECT_EQ(cache.Get("b", t0).result, nullptr);
   EXPECT_EQ(cache.Get("a", t0).result->compile_log(), "a");
   EXPECT_EQ(cache.Get("c", t0).result->compile_log(), "c");
@@ -164,10 +168,8 @@ TEST(ResultConvertTest, DigestsSizesPlanAndOrder) {
   CompileResult compiled;
   compiled.artifacts.push_back({ArtifactKind::kSharedObject, "binary"});
   compiled.artifacts.push_back({ArtifactKind::kSource, "int main;"});
-  compiled.plan.buffers.push_back(
-      {BufferRole::kInput, 0, ir::DType::kF32, {2, 3}, 24, 0, {}, {}});
-  compiled.plan.buffers.push_back(
-      {BufferRole::kTemp, 0, ir::DType::kF64, {4}, 32, 64, {}, {}});
+  compiled.plan.buffers.push_back({BufferRole::kInput, 0, ir::DType::kF32, {2, 3}, 24, 0, {}, {}});
+  compiled.plan.buffers.push_back({BufferRole::kTemp, 0, ir::DType::kF64, {4}, 32, 64, {}, {}});
   compiled.plan.steps.push_back({});
   compiled.plan.steps.back().kernel = "k0";
   compiled.plan.steps.back().args = {0, 1};

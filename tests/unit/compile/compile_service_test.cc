@@ -411,10 +411,8 @@ TEST_F(CompileServiceTest, MemoryFrontStopsServingWhatTheStoreEvicted) {
 
 TEST_F(CompileServiceTest, GetResultChecksTheHandle) {
   Start();
-  EXPECT_EQ(service_->GetResult("not-a-key").status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(service_->GetResult(std::string(64, 'a')).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(service_->GetResult("not-a-key").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(service_->GetResult(std::string(64, 'a')).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CompileServiceTest, ShutdownAnswersQueuedWaitersUnavailable) {

@@ -23,9 +23,8 @@ class FakeCompiler final : public compile::Compiler {
 
   absl::StatusOr<CompileResult> Compile(const ir::Graph& graph, const Target&,
                                         const CompileOptions&) override {
-    const int64_t tag = graph.inputs.empty() || graph.inputs[0].shape.empty()
-                            ? -1
-                            : graph.inputs[0].shape[0];
+    const int64_t tag =
+        graph.inputs.empty() || graph.inputs[0].shape.empty() ? -1 : graph.inputs[0].shape[0];
     {
       absl::MutexLock lock(&mu_);
       started_.push_back(tag);

@@ -39,7 +39,8 @@ class SandboxTest : public ::testing::Test {
   }
 
   toolchain::ProcessResult Shell(const std::string& script, double timeout_s = 20) {
-    auto r = RunInSandbox(options_, {{dir_->path(), "/out", true}}, "/out", {"/bin/sh", "-c", script}, timeout_s);
+    auto r = RunInSandbox(options_, {{dir_->path(), "/out", true}}, "/out",
+                          {"/bin/sh", "-c", script}, timeout_s);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : toolchain::ProcessResult{};
   }
@@ -49,7 +50,8 @@ class SandboxTest : public ::testing::Test {
 };
 
 TEST_F(SandboxTest, RunsAndWritesOnlyItsOutputFolder) {
-  toolchain::ProcessResult r = Shell("echo built > /out/result && touch /usr/kiln-x 2>&1; echo rc=$?");
+  toolchain::ProcessResult r =
+      Shell("echo built > /out/result && touch /usr/kiln-x 2>&1; echo rc=$?");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("rc=1"), std::string::npos) << "wrote into /usr: " << r.output;
   std::ifstream f(dir_->path() + "/result");
@@ -71,9 +73,11 @@ TEST_F(SandboxTest, SeesNoHostEnvironment) {
 
 TEST_F(SandboxTest, SeesNoHostFiles) {
   // A secret beside the sandbox's folder, and the host's own files: none is visible.
-  const std::string secret = std::filesystem::path(dir_->path()).parent_path() / "kiln-sandbox-secret";
+  const std::string secret =
+      std::filesystem::path(dir_->path()).parent_path() / "kiln-sandbox-secret";
   { std::ofstream(secret) << "top-secret-value\n"; }
-  toolchain::ProcessResult r = Shell(absl::StrCat("cat ", secret, " /etc/passwd /etc/hostname /root/.bashrc 2>&1; ls /home /var /etc 2>&1"));
+  toolchain::ProcessResult r = Shell(absl::StrCat(
+      "cat ", secret, " /etc/passwd /etc/hostname /root/.bashrc 2>&1; ls /home /var /etc 2>&1"));
   std::filesystem::remove(secret);
   EXPECT_EQ(r.output.find("top-secret-value"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("root:x:"), std::string::npos) << r.output;
@@ -107,7 +111,8 @@ TEST_F(SandboxTest, ForkBombStopsAtTheProcessCap) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(s, 30);
   // The cap, not the machine, stopped it.
-  EXPECT_TRUE(r.output.find("fork") != std::string::npos || r.output.find("Resource temporarily") != std::string::npos)
+  EXPECT_TRUE(r.output.find("fork") != std::string::npos ||
+              r.output.find("Resource temporarily") != std::string::npos)
       << r.output;
   // The host still forks (this very call runs a child).
   auto after = toolchain::RunSandboxed({"/bin/true"}, "/", {});
@@ -117,21 +122,24 @@ TEST_F(SandboxTest, ForkBombStopsAtTheProcessCap) {
 
 TEST_F(SandboxTest, EndlessCommandIsKilledAtItsDeadline) {
   const auto start = std::chrono::steady_clock::now();
-  auto r = RunInSandbox(options_, {}, "/", {"/bin/sh", "-c", "exec >/dev/null 2>&1; while :; do :; done"}, 2);
+  auto r = RunInSandbox(options_, {}, "/",
+                        {"/bin/sh", "-c", "exec >/dev/null 2>&1; while :; do :; done"}, 2);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
   EXPECT_LT(s, 10);
 }
 
 TEST(ForbiddenFlags, CodeLoadingFlagsAreNamed) {
-  for (const char* f : {"-fplugin=/tmp/x.so", "-fplugin-arg-x-y", "-specs=/tmp/s", "--specs=/tmp/s", "-B/tmp",
-                        "-wrapper", "-fuse-ld=/tmp/ld", "@/tmp/args", "-Wl,--plugin,/tmp/p.so",
-                        "-Xcompiler=-fplugin=/x.so", "-ccbin", "--compiler-bindir=/tmp", "-o", "--run",
-                        "-iplugindir=/tmp", "-optf", "--options-file"}) {
+  for (const char* f :
+       {"-fplugin=/tmp/x.so", "-fplugin-arg-x-y", "-specs=/tmp/s", "--specs=/tmp/s", "-B/tmp",
+        "-wrapper", "-fuse-ld=/tmp/ld", "@/tmp/args", "-Wl,--plugin,/tmp/p.so",
+        "-Xcompiler=-fplugin=/x.so", "-ccbin", "--compiler-bindir=/tmp", "-o", "--run",
+        "-iplugindir=/tmp", "-optf", "--options-file"}) {
     EXPECT_FALSE(ForbiddenFlagReason(f).empty()) << f;
   }
-  for (const char* f : {"-O3", "-DNDEBUG", "-std=c++20", "-Wall", "-fPIC", "-I/src/include", "-lm", "-Wl,-O1",
-                        "-pthread", "-rdynamic", "--expt-relaxed-constexpr", "-Xcompiler=-fopenmp", "-g"}) {
+  for (const char* f :
+       {"-O3", "-DNDEBUG", "-std=c++20", "-Wall", "-fPIC", "-I/src/include", "-lm", "-Wl,-O1",
+        "-pthread", "-rdynamic", "--expt-relaxed-constexpr", "-Xcompiler=-fopenmp", "-g"}) {
     EXPECT_TRUE(ForbiddenFlagReason(f).empty()) << f;
   }
 }

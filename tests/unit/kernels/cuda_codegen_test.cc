@@ -37,7 +37,9 @@ TEST(CudaNvrtc, EveryOpCompilesForSm80AndSm90) {
       ASSERT_TRUE(r.ok()) << r.status();
       ASSERT_GE(r->artifacts.size(), 4u);
       EXPECT_EQ(r->artifacts[0].kind, ArtifactKind::kCubin);
-      EXPECT_EQ(r->artifacts[0].bytes.substr(0, 4), "\x7f" "ELF");
+      EXPECT_EQ(r->artifacts[0].bytes.substr(0, 4),
+                "\x7f"
+                "ELF");
       EXPECT_EQ(r->artifacts[1].kind, ArtifactKind::kPtx);
       EXPECT_NE(r->artifacts[1].bytes.find(absl::StrCat(".target sm_", sm)), std::string::npos);
       EXPECT_EQ(r->artifacts[2].kind, ArtifactKind::kSource);
@@ -64,15 +66,20 @@ TEST(CudaNvrtc, OuterProductSumsCompileForSm80AndSm90) {
     CompileOptions options;
     const char* strategy;
   } cases[] = {
-      {OuterProductSum(1024, 64, nullptr, DType::kF32), CompileOptions{}, "8 thread(s) per row, 16 row(s) per block"},
-      {OuterProductSum(1024, 64, nullptr, DType::kF32), off, "128 thread(s) per row, 1 row(s) per block"},
-      {OuterProductSum(1024, 64, "exp", DType::kF32), CompileOptions{}, "128 thread(s) per row, 1 row(s) per block"},
+      {OuterProductSum(1024, 64, nullptr, DType::kF32), CompileOptions{},
+       "8 thread(s) per row, 16 row(s) per block"},
+      {OuterProductSum(1024, 64, nullptr, DType::kF32), off,
+       "128 thread(s) per row, 1 row(s) per block"},
+      {OuterProductSum(1024, 64, "exp", DType::kF32), CompileOptions{},
+       "128 thread(s) per row, 1 row(s) per block"},
   };
   for (int sm : {80, 90})
     for (const auto& c : cases) {
       auto r = testing::SharedPipeline().Compile(c.g, CudaTarget(sm), c.options);
       ASSERT_TRUE(r.ok()) << r.status();
-      EXPECT_EQ(r->artifacts[0].bytes.substr(0, 4), "\x7f" "ELF");
+      EXPECT_EQ(r->artifacts[0].bytes.substr(0, 4),
+                "\x7f"
+                "ELF");
       EXPECT_NE(r->artifacts[3].bytes.find(c.strategy), std::string::npos) << r->artifacts[3].bytes;
     }
 }
@@ -82,7 +89,8 @@ TEST(CudaNvrtc, OuterProductSumsCompileForSm80AndSm90) {
 TEST(CudaNvrtc, VariantsBuildAndApplyTheirKnobs) {
   REQUIRE_NVRTC();
   ir::Graph g = Make({Ty(DType::kF32, {1000, 300}), Ty(DType::kF32, {4096})}, [](ir::Builder& b) {
-    return std::vector<ValueId>{*b.Add("softmax", {0}, {{"axis", int64_t{-1}}}), *b.Add("exp", {1})};
+    return std::vector<ValueId>{*b.Add("softmax", {0}, {{"axis", int64_t{-1}}}),
+                                *b.Add("exp", {1})};
   });
   auto report = [&](int variant) {
     CompileOptions o;
@@ -134,7 +142,8 @@ TEST(CudaFusion, ReferenceWorkloadsAreOneLaunch) {
 }
 
 TEST(CudaFusion, ReportNamesStrategies) {
-  auto gen = testing::SharedPipeline().Generate(Softmax(32768, 4096), CudaTarget(90), CompileOptions{});
+  auto gen =
+      testing::SharedPipeline().Generate(Softmax(32768, 4096), CudaTarget(90), CompileOptions{});
   ASSERT_TRUE(gen.ok()) << gen.status();
   EXPECT_NE(gen->fusion_report.find("cuda k0: row"), std::string::npos) << gen->fusion_report;
   EXPECT_NE(gen->fusion_report.find("registers hold in0"), std::string::npos) << gen->fusion_report;
@@ -142,7 +151,9 @@ TEST(CudaFusion, ReportNamesStrategies) {
   // Memory-bound pointwise kernels use 16-byte accesses.
   auto add = testing::SharedPipeline().Generate(
       Make({Ty(DType::kF32, {1 << 20}), Ty(DType::kF32, {1 << 20})},
-           [](ir::Builder& b) { return std::vector<ValueId>{*b.Add("add", {0, 1})}; }),
+           [](ir::Builder& b) {
+             return std::vector<ValueId>{*b.Add("add", {0, 1})};
+           }),
       CudaTarget(90), CompileOptions{});
   ASSERT_TRUE(add.ok());
   EXPECT_NE(add->source.find("kiln_vstore<4>"), std::string::npos) << add->source;

@@ -93,7 +93,8 @@ extern "C" char __stop_kiln_emu_shared[] __attribute__((weak, visibility("hidden
 
 inline void __syncthreads() { kiln_emu::Barrier(); }
 
-template <typename T> T __shfl_xor_sync(unsigned, T v, int mask) {
+template <typename T>
+T __shfl_xor_sync(unsigned, T v, int mask) {
   static_assert(sizeof(T) <= 8, "shuffle of a wide type");
   unsigned me = threadIdx.x;
   unsigned long long bits = 0;
@@ -161,21 +162,23 @@ extern "C" int kiln_emu_launch(void* fn, unsigned grid, unsigned block, void** a
   kiln_emu::num_args = nargs;
   auto entry = [](void** a) { kiln_emu::kCallers[kiln_emu::num_args](kiln_emu::kernel, a); };
   const size_t kStack = 256 * 1024;
-  char* stacks = static_cast<char*>(
-      mmap(nullptr, kStack * block, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+  char* stacks = static_cast<char*>(mmap(nullptr, kStack * block, PROT_READ | PROT_WRITE,
+                                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
   if (stacks == MAP_FAILED) abort();
   kiln_emu::grid_dim = {grid, 1, 1};
   kiln_emu::block_dim = {block, 1, 1};
   static unsigned long long launches = 0;
   const char* seed_text = getenv("KILN_EMU_SEED");
-  std::mt19937_64 rng((seed_text ? strtoull(seed_text, nullptr, 10) : 1ull) * 1000003ull + launches++);
+  std::mt19937_64 rng((seed_text ? strtoull(seed_text, nullptr, 10) : 1ull) * 1000003ull +
+                      launches++);
   std::vector<unsigned> block_order(grid), thread_order(block);
   std::iota(block_order.begin(), block_order.end(), 0u);
   std::iota(thread_order.begin(), thread_order.end(), 0u);
   std::shuffle(block_order.begin(), block_order.end(), rng);
   for (unsigned b : block_order) {
     if (__start_kiln_emu_shared != nullptr && __stop_kiln_emu_shared != nullptr)
-      memset(__start_kiln_emu_shared, static_cast<int>(rng() & 0xff), __stop_kiln_emu_shared - __start_kiln_emu_shared);
+      memset(__start_kiln_emu_shared, static_cast<int>(rng() & 0xff),
+             __stop_kiln_emu_shared - __start_kiln_emu_shared);
     Block blk;
     blk.fibers.resize(block);
     blk.slots.assign(block, 0);
@@ -209,7 +212,8 @@ extern "C" int kiln_emu_launch(void* fn, unsigned grid, unsigned block, void** a
       }
       if (done == block) break;
       if (done != 0 && waiting != 0) {
-        fprintf(stderr, "emulation: block %u: %u thread(s) returned while %u wait at a barrier\n", b, done, waiting);
+        fprintf(stderr, "emulation: block %u: %u thread(s) returned while %u wait at a barrier\n",
+                b, done, waiting);
         abort();
       }
     }

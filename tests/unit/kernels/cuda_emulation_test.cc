@@ -12,7 +12,9 @@ using ir::ValueId;
 using namespace kiln::testing;  // NOLINT: test helpers
 
 ir::Graph Binary(const char* op, std::vector<ir::TensorType> in) {
-  return Make(std::move(in), [&](ir::Builder& b) { return std::vector<ValueId>{*b.Add(op, {0, 1})}; });
+  return Make(std::move(in), [&](ir::Builder& b) {
+    return std::vector<ValueId>{*b.Add(op, {0, 1})};
+  });
 }
 
 // out = f(a, b) with NumPy broadcasting, in double on the host: a reference that shares no
@@ -44,50 +46,65 @@ double Minus(double x, double y) { return x - y; }
 double Times(double x, double y) { return x * y; }
 
 ir::Graph Reduce(const char* op, ir::TensorType in, ir::AttrMap attrs) {
-  return Make({std::move(in)}, [&](ir::Builder& b) { return std::vector<ValueId>{*b.Add(op, {0}, attrs)}; });
+  return Make({std::move(in)},
+              [&](ir::Builder& b) { return std::vector<ValueId>{*b.Add(op, {0}, attrs)}; });
 }
 
 // Checked against host references, not the CPU backend, so that a bug in code both backends
 // share (expression printing, lowering, scheduling) fails here too.
 TEST(CudaEmulation, Pointwise) {
-  ExpectMatchesCpu(Binary("add", {Ty(DType::kF32, {1000}), Ty(DType::kF32, {1000})}), nullptr,  // vectors of 4
+  ExpectMatchesCpu(Binary("add", {Ty(DType::kF32, {1000}), Ty(DType::kF32, {1000})}),
+                   nullptr,  // vectors of 4
                    BroadcastReference({1000}, {1000}, Plus));
-  ExpectMatchesCpu(Binary("add", {Ty(DType::kF32, {37, 129}), Ty(DType::kF32, {37, 129})}), nullptr,  // scalar lanes
+  ExpectMatchesCpu(Binary("add", {Ty(DType::kF32, {37, 129}), Ty(DType::kF32, {37, 129})}),
+                   nullptr,  // scalar lanes
                    BroadcastReference({37, 129}, {37, 129}, Plus));
-  ExpectMatchesCpu(Binary("mul", {Ty(DType::kF32, {64, 48}), Ty(DType::kF32, {48})}), nullptr,  // row broadcast
+  ExpectMatchesCpu(Binary("mul", {Ty(DType::kF32, {64, 48}), Ty(DType::kF32, {48})}),
+                   nullptr,  // row broadcast
                    BroadcastReference({64, 48}, {48}, Times));
-  ExpectMatchesCpu(Binary("sub", {Ty(DType::kF64, {64, 48}), Ty(DType::kF64, {64, 1})}), nullptr,  // column broadcast
+  ExpectMatchesCpu(Binary("sub", {Ty(DType::kF64, {64, 48}), Ty(DType::kF64, {64, 1})}),
+                   nullptr,  // column broadcast
                    BroadcastReference({64, 48}, {64, 1}, Minus));
-  ExpectMatchesCpu(Binary("add", {Ty(DType::kI8, {256}), Ty(DType::kF16, {256})}), nullptr,  // mixed types
+  ExpectMatchesCpu(Binary("add", {Ty(DType::kI8, {256}), Ty(DType::kF16, {256})}),
+                   nullptr,  // mixed types
                    BroadcastReference({256}, {256}, Plus));
   ExpectMatchesCpu(SinCos(1024), nullptr, SinCosReference);
 }
 
 TEST(CudaEmulation, Views) {
   // Transposed and sliced reads (no vector loads), concat, iota, strided input.
-  ExpectMatchesCpu(Make({Ty(DType::kF32, {24, 16})}, [](ir::Builder& b) {
-    auto t = *b.Add("permute", {0}, {{"dims", ir::IntList{1, 0}}});
-    auto s = *b.Add("slice", {t}, {{"axes", ir::IntList{1}}, {"starts", ir::IntList{20}}, {"stops", ir::IntList{2}},
-                                   {"steps", ir::IntList{-3}}});
-    auto c = *b.Add("concat", {s, s}, {{"axis", int64_t{0}}});
-    auto i = *b.Add("iota", {}, {{"shape", ir::IntList{32, 6}}, {"axis", int64_t{1}}, {"dtype", DType::kF32}});
-    return std::vector<ValueId>{*b.Add("add", {c, i})};
-  }),
-                   nullptr, [](const std::vector<HostTensor>& in, std::vector<HostTensor>* out) {
-                     // t = x^T [16, 24]; s[r][j] = t[r][20 - 3j]; c = s stacked twice; + column index.
-                     for (int64_t r = 0; r < 32; ++r)
-                       for (int64_t j = 0; j < 6; ++j)
-                         (*out)[0].Set(r * 6 + j, in[0].At((20 - 3 * j) * 16 + r % 16) + static_cast<double>(j));
-                   });
+  ExpectMatchesCpu(
+      Make({Ty(DType::kF32, {24, 16})},
+           [](ir::Builder& b) {
+             auto t = *b.Add("permute", {0}, {{"dims", ir::IntList{1, 0}}});
+             auto s = *b.Add("slice", {t},
+                             {{"axes", ir::IntList{1}},
+                              {"starts", ir::IntList{20}},
+                              {"stops", ir::IntList{2}},
+                              {"steps", ir::IntList{-3}}});
+             auto c = *b.Add("concat", {s, s}, {{"axis", int64_t{0}}});
+             auto i = *b.Add(
+                 "iota", {},
+                 {{"shape", ir::IntList{32, 6}}, {"axis", int64_t{1}}, {"dtype", DType::kF32}});
+             return std::vector<ValueId>{*b.Add("add", {c, i})};
+           }),
+      nullptr, [](const std::vector<HostTensor>& in, std::vector<HostTensor>* out) {
+        // t = x^T [16, 24]; s[r][j] = t[r][20 - 3j]; c = s stacked twice; + column index.
+        for (int64_t r = 0; r < 32; ++r)
+          for (int64_t j = 0; j < 6; ++j)
+            (*out)[0].Set(r * 6 + j, in[0].At((20 - 3 * j) * 16 + r % 16) + static_cast<double>(j));
+      });
   ir::TensorType strided = Ty(DType::kF32, {16, 24});
   strided.strides = {1, 16};
-  ExpectMatchesCpu(Make({strided, Ty(DType::kF16, {24})}, [](ir::Builder& b) {
-    return std::vector<ValueId>{*b.Add("mul", {0, 1})};
-  }),
+  ExpectMatchesCpu(Make({strided, Ty(DType::kF16, {24})},
+                        [](ir::Builder& b) {
+                          return std::vector<ValueId>{*b.Add("mul", {0, 1})};
+                        }),
                    nullptr, [](const std::vector<HostTensor>& in, std::vector<HostTensor>* out) {
                      // Element (i, j) of the input lies at i * 1 + j * 16.
                      for (int64_t i = 0; i < 16; ++i)
-                       for (int64_t j = 0; j < 24; ++j) (*out)[0].Set(i * 24 + j, in[0].At(i + 16 * j) * in[1].At(j));
+                       for (int64_t j = 0; j < 24; ++j)
+                         (*out)[0].Set(i * 24 + j, in[0].At(i + 16 * j) * in[1].At(j));
                    });
 }
 
@@ -97,14 +114,18 @@ TEST(CudaEmulation, Views) {
 // boundaries that split vectors (the select expression, every piece computed).
 TEST(CudaEmulation, ConcatenatedPieces) {
   auto pieces = [](int64_t w0, int64_t w1, int64_t axis, DType out) {
-    return Make({Ty(DType::kF32, {16, 64}), Ty(DType::kF32, {16, w0}), Ty(DType::kF32, {16, w1})}, [=](ir::Builder& b) {
-      auto a = *b.Add("slice", {0}, {{"axes", ir::IntList{1}}, {"starts", ir::IntList{8}}, {"stops", ir::IntList{8 + w0}}});
-      auto s = *b.Add("sigmoid", {a});
-      auto e = *b.Add("mul", {*b.Add("exp", {1}), a});
-      auto t = *b.Add("tanh", {2});
-      ValueId c = *b.Add("concat", {s, e, t}, {{"axis", axis}});
-      return std::vector<ValueId>{*b.Add("cast", {c}, {{"dtype", out}})};
-    });
+    return Make({Ty(DType::kF32, {16, 64}), Ty(DType::kF32, {16, w0}), Ty(DType::kF32, {16, w1})},
+                [=](ir::Builder& b) {
+                  auto a = *b.Add("slice", {0},
+                                  {{"axes", ir::IntList{1}},
+                                   {"starts", ir::IntList{8}},
+                                   {"stops", ir::IntList{8 + w0}}});
+                  auto s = *b.Add("sigmoid", {a});
+                  auto e = *b.Add("mul", {*b.Add("exp", {1}), a});
+                  auto t = *b.Add("tanh", {2});
+                  ValueId c = *b.Add("concat", {s, e, t}, {{"axis", axis}});
+                  return std::vector<ValueId>{*b.Add("cast", {c}, {{"dtype", out}})};
+                });
   };
   auto reference = [](int64_t w0, int64_t w1) {
     return [=](const std::vector<HostTensor>& in, std::vector<HostTensor>* out) {
@@ -125,11 +146,13 @@ TEST(CudaEmulation, ConcatenatedPieces) {
   };
   ExpectMatchesCpu(pieces(32, 64, 1, DType::kF32), nullptr, reference(32, 64));  // vectors of 4
   ExpectMatchesCpu(pieces(8, 16, 1, DType::kF16), nullptr, reference(8, 16));    // vectors of 8
-  ExpectMatchesCpu(pieces(6, 10, 1, DType::kF32), nullptr, reference(6, 10));     // vectors of 2
-  ExpectMatchesCpu(pieces(6, 4, 1, DType::kF32), nullptr, reference(6, 4));       // boundaries inside vectors
+  ExpectMatchesCpu(pieces(6, 10, 1, DType::kF32), nullptr, reference(6, 10));    // vectors of 2
+  ExpectMatchesCpu(pieces(6, 4, 1, DType::kF32), nullptr,
+                   reference(6, 4));  // boundaries inside vectors
   // Along the rows: [16, 8] pieces stacked, then a tree of 20 pieces along the columns.
   ExpectMatchesCpu(Make({Ty(DType::kF32, {16, 8}), Ty(DType::kF32, {16, 8})}, [](ir::Builder& b) {
-    return std::vector<ValueId>{*b.Add("concat", {*b.Add("exp", {0}), *b.Add("neg", {1}), 0}, {{"axis", int64_t{0}}})};
+    return std::vector<ValueId>{
+        *b.Add("concat", {*b.Add("exp", {0}), *b.Add("neg", {1}), 0}, {{"axis", int64_t{0}}})};
   }));
   ExpectMatchesCpu(Make({Ty(DType::kF32, {8, 4})}, [](ir::Builder& b) {
     std::vector<ValueId> parts;
@@ -163,22 +186,26 @@ TEST(CudaEmulation, Gather) {
 // draw the numbers the CPU backend draws, bit for bit, as a dropout, a mask, row sums of an f16
 // draw and a layer_norm of a noisy input.
 TEST(CudaEmulation, Uniform) {
-  ExpectMatchesCpu(Make({Ty(DType::kI64, {}), Ty(DType::kF32, {64, 300}), Ty(DType::kF16, {33, 130})},
-                        [](ir::Builder& b) {
-    auto scalar = [&](double v) {
-      return *b.Add("full", {}, {{"shape", ir::IntList{}}, {"value", v}, {"dtype", DType::kF32}});
-    };
-    auto u = *b.Add("uniform", {0, 1}, {{"stream", int64_t{1}}});
-    auto keep = *b.Add("ge", {*b.Add("uniform", {0, 1}, {{"stream", int64_t{2}}}), scalar(0.1)});
-    auto dropped = *b.Add("where", {keep, *b.Add("mul", {1, scalar(1 / 0.9)}), scalar(0)});
-    auto u16 = *b.Add("uniform", {0, 2}, {{"stream", int64_t{3}}, {"dtype", DType::kF16}});
-    const ir::IntList swap = {1, 0};
-    auto xt = *b.Add("permute", {1}, {{"dims", swap}});
-    auto t = *b.Add("permute", {*b.Add("uniform", {0, xt})}, {{"dims", swap}});
-    auto noisy = *b.Add("add", {1, u});
-    return std::vector<ValueId>{u, keep, dropped, *b.Add("sum", {u16}, {{"axes", ir::IntList{1}}}), t,
-                                *b.Add("layer_norm", {noisy})};
-  }));
+  ExpectMatchesCpu(
+      Make({Ty(DType::kI64, {}), Ty(DType::kF32, {64, 300}), Ty(DType::kF16, {33, 130})},
+           [](ir::Builder& b) {
+             auto scalar = [&](double v) {
+               return *b.Add("full", {},
+                             {{"shape", ir::IntList{}}, {"value", v}, {"dtype", DType::kF32}});
+             };
+             auto u = *b.Add("uniform", {0, 1}, {{"stream", int64_t{1}}});
+             auto keep =
+                 *b.Add("ge", {*b.Add("uniform", {0, 1}, {{"stream", int64_t{2}}}), scalar(0.1)});
+             auto dropped = *b.Add("where", {keep, *b.Add("mul", {1, scalar(1 / 0.9)}), scalar(0)});
+             auto u16 = *b.Add("uniform", {0, 2}, {{"stream", int64_t{3}}, {"dtype", DType::kF16}});
+             const ir::IntList swap = {1, 0};
+             auto xt = *b.Add("permute", {1}, {{"dims", swap}});
+             auto t = *b.Add("permute", {*b.Add("uniform", {0, xt})}, {{"dims", swap}});
+             auto noisy = *b.Add("add", {1, u});
+             return std::vector<ValueId>{u,       keep,
+                                         dropped, *b.Add("sum", {u16}, {{"axes", ir::IntList{1}}}),
+                                         t,       *b.Add("layer_norm", {noisy})};
+           }));
 }
 
 // A pointwise result that a column sum reads (a gelu-like backward and its bias gradient; a
@@ -192,18 +219,21 @@ TEST(CudaEmulation, PointwiseStoredFromColumnReduction) {
   };
   std::vector<ir::Graph> cases;
   for (int64_t rows : {int64_t{2048}, int64_t{100}}) {
-    cases.push_back(Make({Ty(DType::kF32, {rows, 96}), Ty(DType::kF32, {rows, 96})}, [&](ir::Builder& b) {
-                       auto slope = *b.Add("where", {*b.Add("gt", {1, scalar(b, 0)}), scalar(b, 1.0), scalar(b, 0.1)});
-                       auto v = *b.Add("mul", {0, slope});
-                       return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{0}}})};
-                     }));
+    cases.push_back(
+        Make({Ty(DType::kF32, {rows, 96}), Ty(DType::kF32, {rows, 96})}, [&](ir::Builder& b) {
+          auto slope =
+              *b.Add("where", {*b.Add("gt", {1, scalar(b, 0)}), scalar(b, 1.0), scalar(b, 0.1)});
+          auto v = *b.Add("mul", {0, slope});
+          return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{0}}})};
+        }));
   }
-  cases.push_back(Make({Ty(DType::kF32, {16, 40, 64}), Ty(DType::kBool, {16, 40, 64})}, [&](ir::Builder& b) {
-                     auto v = *b.Add("where", {1, *b.Add("mul", {0, scalar(b, 1.25)}), scalar(b, 0)});
-                     auto sq = *b.Add("mul", {v, v});
-                     return std::vector<ValueId>{*b.Add("sum", {v}, {{"axes", ir::IntList{0, 1}}}),
-                                                 *b.Add("sum", {sq}, {{"axes", ir::IntList{0, 1}}}), v};
-                   }));
+  cases.push_back(
+      Make({Ty(DType::kF32, {16, 40, 64}), Ty(DType::kBool, {16, 40, 64})}, [&](ir::Builder& b) {
+        auto v = *b.Add("where", {1, *b.Add("mul", {0, scalar(b, 1.25)}), scalar(b, 0)});
+        auto sq = *b.Add("mul", {v, v});
+        return std::vector<ValueId>{*b.Add("sum", {v}, {{"axes", ir::IntList{0, 1}}}),
+                                    *b.Add("sum", {sq}, {{"axes", ir::IntList{0, 1}}}), v};
+      }));
   for (const ir::Graph& c : cases) {
     ExpectMatchesCpu(c);
     auto gen = SharedPipeline().Generate(c, CudaTarget(90), CompileOptions{});
@@ -213,31 +243,32 @@ TEST(CudaEmulation, PointwiseStoredFromColumnReduction) {
   // Read again by a later kernel: the reduction kernel stores every element before it runs.
   cases.clear();
   cases.push_back(Make({Ty(DType::kF32, {2048, 96})}, [&](ir::Builder& b) {
-                     auto v = *b.Add("exp", {0});
-                     auto s = *b.Add("sum", {v}, {{"axes", ir::IntList{0}}});
-                     return std::vector<ValueId>{v, s, *b.Add("add", {v, s})};
-                   }));
+    auto v = *b.Add("exp", {0});
+    auto s = *b.Add("sum", {v}, {{"axes", ir::IntList{0}}});
+    return std::vector<ValueId>{v, s, *b.Add("add", {v, s})};
+  }));
   // f16: the sums would read values that the stored ones round; kept apart.
   cases.push_back(Make({Ty(DType::kF16, {2048, 96})}, [&](ir::Builder& b) {
-                     auto v = *b.Add("exp", {0});
-                     return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{0}}})};
-                   }));
+    auto v = *b.Add("exp", {0});
+    return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{0}}})};
+  }));
   // A row sum (its strategy goes by what it reads contiguously) and concatenated pieces (their
   // kernel branches per piece): kept apart.
   cases.push_back(Make({Ty(DType::kF32, {2048, 96})}, [&](ir::Builder& b) {
-                     auto v = *b.Add("exp", {0});
-                     return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{1}}})};
-                   }));
-  cases.push_back(Make({Ty(DType::kF32, {2048, 32}), Ty(DType::kF32, {2048, 64})}, [&](ir::Builder& b) {
-                     auto v = *b.Add("concat", {*b.Add("exp", {0}), *b.Add("sigmoid", {1})},
-                                     {{"axis", int64_t{1}}});
-                     return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{0}}})};
-                   }));
+    auto v = *b.Add("exp", {0});
+    return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{1}}})};
+  }));
+  cases.push_back(Make({Ty(DType::kF32, {2048, 32}), Ty(DType::kF32, {2048, 64})}, [&](ir::Builder&
+                                                                                           b) {
+    auto v = *b.Add("concat", {*b.Add("exp", {0}), *b.Add("sigmoid", {1})}, {{"axis", int64_t{1}}});
+    return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{0}}})};
+  }));
   for (size_t i = 0; i < cases.size(); ++i) {
     ExpectMatchesCpu(cases[i]);
     auto gen = SharedPipeline().Generate(cases[i], CudaTarget(90), CompileOptions{});
     ASSERT_TRUE(gen.ok()) << gen.status();
-    EXPECT_EQ(gen->fusion_report.find("is stored from") != std::string::npos, i == 0) << gen->fusion_report;
+    EXPECT_EQ(gen->fusion_report.find("is stored from") != std::string::npos, i == 0)
+        << gen->fusion_report;
   }
 }
 
@@ -256,25 +287,27 @@ TEST(CudaEmulation, BinaryOpsEveryDtype) {
 }
 
 TEST(CudaEmulation, ReductionsEveryDtype) {
-  for (DType t : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI32, DType::kI8, DType::kBool}) {
+  for (DType t : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI32, DType::kI8,
+                  DType::kBool}) {
     SCOPED_TRACE(ir::DTypeName(t));
     ExpectMatchesCpu(AllReductions(t, {37, 129}));
   }
 }
 
 TEST(CudaEmulation, RowKernels) {
-  ExpectMatchesCpu(Softmax(37, 129));                 // 32 threads per row, 4 rows per block, cached
-  ExpectMatchesCpu(Softmax(6, 4096));                 // 512 threads per row, shared memory, vectors
-  ExpectMatchesCpu(Softmax(3, 50000, DType::kF32));   // looped row
-  ExpectMatchesCpu(Softmax(50, 7, DType::kF16));      // short rows
+  ExpectMatchesCpu(Softmax(37, 129));                // 32 threads per row, 4 rows per block, cached
+  ExpectMatchesCpu(Softmax(6, 4096));                // 512 threads per row, shared memory, vectors
+  ExpectMatchesCpu(Softmax(3, 50000, DType::kF32));  // looped row
+  ExpectMatchesCpu(Softmax(50, 7, DType::kF16));     // short rows
   ExpectMatchesCpu(LayerNormGelu(64, 256));
   ExpectMatchesCpu(LayerNormGelu(16, 200, DType::kBF16));
   // Normalizing over the last two axes, with weight and bias.
-  ExpectMatchesCpu(Make({Ty(DType::kF32, {4, 6, 10}), Ty(DType::kF32, {6, 10}), Ty(DType::kF32, {6, 10})},
-                        [](ir::Builder& b) {
-                          return std::vector<ValueId>{
-                              *b.Add("layer_norm", {0, 1, 2}, {{"axes", ir::IntList{-2, -1}}})};
-                        }));
+  ExpectMatchesCpu(
+      Make({Ty(DType::kF32, {4, 6, 10}), Ty(DType::kF32, {6, 10}), Ty(DType::kF32, {6, 10})},
+           [](ir::Builder& b) {
+             return std::vector<ValueId>{
+                 *b.Add("layer_norm", {0, 1, 2}, {{"axes", ir::IntList{-2, -1}}})};
+           }));
   // A row reduction over a small per-element reduction: z = sum(x, 2); z - max(z, 1).
   ExpectMatchesCpu(Make({Ty(DType::kF32, {20, 64, 3})}, [](ir::Builder& b) {
     auto z = *b.Add("sum", {0}, {{"axes", ir::IntList{2}}});
@@ -291,7 +324,8 @@ TEST(CudaEmulation, RowKernels) {
 TEST(CudaEmulation, PerOutputReductions) {
   ExpectMatchesCpu(KMeans(1001, 5, DType::kF64));
   ExpectMatchesCpu(KMeans(1000, 8, DType::kF32));
-  ExpectMatchesCpu(Reduce("sum", Ty(DType::kF32, {300, 700}), {{"axes", ir::IntList{1}}}));  // block per output
+  ExpectMatchesCpu(
+      Reduce("sum", Ty(DType::kF32, {300, 700}), {{"axes", ir::IntList{1}}}));  // block per output
   ExpectMatchesCpu(Reduce("max", Ty(DType::kF32, {40, 300}), {{"axes", ir::IntList{1}}}),
                    [](int, HostTensor* t) {  // NaN in some rows
                      float* p = reinterpret_cast<float*>(t->data.get());
@@ -321,8 +355,9 @@ TEST(CudaEmulation, ColumnTiles) {
   ExpectMatchesCpu(Reduce("sum", Ty(DType::kF32, {2000, 48}), {{"axes", ir::IntList{0}}}));
   ExpectMatchesCpu(Reduce("var", Ty(DType::kF64, {1500, 40}), {{"axes", ir::IntList{0}}}));
   ExpectMatchesCpu(Reduce("argmin", Ty(DType::kI32, {3000, 40}), {{"axis", int64_t{0}}}));
-  ExpectMatchesCpu(Reduce("max", Ty(DType::kF32, {2000, 33}), {{"axes", ir::IntList{0}}}),
-                   [](int, HostTensor* t) { reinterpret_cast<float*>(t->data.get())[1999 * 33 + 4] = NAN; });
+  ExpectMatchesCpu(
+      Reduce("max", Ty(DType::kF32, {2000, 33}), {{"axes", ir::IntList{0}}}),
+      [](int, HostTensor* t) { reinterpret_cast<float*>(t->data.get())[1999 * 33 + 4] = NAN; });
 }
 
 // Column sums of a matrix times a per-row vector (a layer_norm backward's weight gradient):
@@ -368,7 +403,9 @@ TEST(CudaEmulation, SplitColumnReductions) {
   ExpectMatchesCpu(two_axes, eighths);
   ir::Graph max = Reduce("max", Ty(DType::kF32, {4000, 33}), {{"axes", ir::IntList{0}}});
   split(max);
-  ExpectMatchesCpu(max, [](int, HostTensor* t) { reinterpret_cast<float*>(t->data.get())[3999 * 33 + 4] = NAN; });
+  ExpectMatchesCpu(max, [](int, HostTensor* t) {
+    reinterpret_cast<float*>(t->data.get())[3999 * 33 + 4] = NAN;
+  });
   ir::Graph any = Reduce("any", Ty(DType::kBool, {4000, 20}), {{"axes", ir::IntList{0}}});
   split(any);
   ExpectMatchesCpu(any, [](int, HostTensor* t) {
@@ -377,12 +414,15 @@ TEST(CudaEmulation, SplitColumnReductions) {
   });
   ExpectMatchesCpu(Reduce("sum", Ty(DType::kF16, {4096, 48}), {{"axes", ir::IntList{0}}}), eighths);
   // A layer_norm backward's weight and bias gradients, scaled afterwards.
-  ir::Graph ln = Make({Ty(DType::kF32, {6000, 96}), Ty(DType::kF32, {6000, 1})}, [](ir::Builder& b) {
-    auto prod = *b.Add("mul", {0, 1});
-    auto wsum = *b.Add("sum", {prod}, {{"axes", ir::IntList{0}}});
-    auto two = *b.Add("full", {}, {{"shape", ir::IntList{}}, {"value", 2.0}, {"dtype", DType::kF32}});
-    return std::vector<ValueId>{*b.Add("mul", {wsum, two}), *b.Add("sum", {0}, {{"axes", ir::IntList{0}}})};
-  });
+  ir::Graph ln =
+      Make({Ty(DType::kF32, {6000, 96}), Ty(DType::kF32, {6000, 1})}, [](ir::Builder& b) {
+        auto prod = *b.Add("mul", {0, 1});
+        auto wsum = *b.Add("sum", {prod}, {{"axes", ir::IntList{0}}});
+        auto two =
+            *b.Add("full", {}, {{"shape", ir::IntList{}}, {"value", 2.0}, {"dtype", DType::kF32}});
+        return std::vector<ValueId>{*b.Add("mul", {wsum, two}),
+                                    *b.Add("sum", {0}, {{"axes", ir::IntList{0}}})};
+      });
   split(ln);
   ExpectMatchesCpu(ln, eighths);
   // A variance: its sum of squared deviations reads the mean, so it is split in a second
@@ -391,9 +431,11 @@ TEST(CudaEmulation, SplitColumnReductions) {
   ir::Graph var = Reduce("var", Ty(DType::kF32, {8000, 64}), {{"axes", ir::IntList{0}}});
   auto var_gen = SharedPipeline().Generate(var, CudaTarget(90), CompileOptions{});
   ASSERT_TRUE(var_gen.ok()) << var_gen.status();
-  EXPECT_NE(var_gen->fusion_report.find("k0_c1: column partials"), std::string::npos) << var_gen->fusion_report;
+  EXPECT_NE(var_gen->fusion_report.find("k0_c1: column partials"), std::string::npos)
+      << var_gen->fusion_report;
   ExpectMatchesCpu(var, [](int, HostTensor* t) {
-    for (int64_t k = 0; k < t->elements; ++k) t->Set(k, 0.5 + static_cast<double>((k * 7) % 5 - 2) / 4);
+    for (int64_t k = 0; k < t->elements; ++k)
+      t->Set(k, 0.5 + static_cast<double>((k * 7) % 5 - 2) / 4);
   });
 }
 
@@ -412,7 +454,8 @@ TEST(CudaEmulation, OutputsOfAnotherShapeShareTheKernel) {
       const double s = in[0].At(f) + in[1].At(f);
       (*out)[0].Set(f, s);
       (*out)[1].Set(f, s * s);
-      // t[i][j] = exp(r[j][i]), r the [40, 96] view of the sum: r[j][i] is the sum's element j*96+i.
+      // t[i][j] = exp(r[j][i]), r the [40, 96] view of the sum: r[j][i] is the sum's element
+      // j*96+i.
       const int64_t i = f / 40, j = f % 40;
       (*out)[2].Set(f, std::exp(in[0].At(j * 96 + i) + in[1].At(j * 96 + i)));
     }
@@ -435,8 +478,10 @@ TEST(CudaEmulation, WholeTensorReductions) {
                      double mean = 0, ss = 0;
                      for (int64_t i = 0; i < 100000; ++i) mean += in[0].At(i);
                      mean /= 100000;
-                     for (int64_t i = 0; i < 100000; ++i) ss += (in[0].At(i) - mean) * (in[0].At(i) - mean);
-                     *reinterpret_cast<float*>((*out)[0].data.get()) = static_cast<float>(ss / 100000);
+                     for (int64_t i = 0; i < 100000; ++i)
+                       ss += (in[0].At(i) - mean) * (in[0].At(i) - mean);
+                     *reinterpret_cast<float*>((*out)[0].data.get()) =
+                         static_cast<float>(ss / 100000);
                    });
   ExpectMatchesCpu(Reduce("argmin", Ty(DType::kF32, {100000}), {}), [](int, HostTensor* t) {
     float* p = reinterpret_cast<float*>(t->data.get());

@@ -33,11 +33,13 @@ TEST(CudaGolden, Sm90) {
     if (!fs::exists(graph_file)) continue;
     SCOPED_TRACE(entry.path().string());
     v1::Graph wire;
-    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(testing::SlurpFile(graph_file.string()), &wire));
+    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+        testing::SlurpFile(graph_file.string()), &wire));
     auto g = ir::DecodeGraph(wire);
     ASSERT_TRUE(g.ok()) << g.status();
     auto gen = testing::SharedPipeline().Generate(*g, testing::CudaTarget(90), CompileOptions{});
-    if (!gen.ok() && gen.status().code() == absl::StatusCode::kFailedPrecondition) GTEST_SKIP() << gen.status();
+    if (!gen.ok() && gen.status().code() == absl::StatusCode::kFailedPrecondition)
+      GTEST_SKIP() << gen.status();
     ASSERT_TRUE(gen.ok()) << gen.status();
     CheckOrUpdate(entry.path() / "kernel.cu", gen->source);
     CheckOrUpdate(entry.path() / "report.txt", gen->fusion_report);

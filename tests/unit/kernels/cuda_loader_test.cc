@@ -3,11 +3,12 @@
 // emulation on host memory. Checks that the loader launches the plan's steps in order with
 // the buffers and workspace the plan names, through both the C++ and the C API, and that the
 // results match the CPU backend.
+#include "client/cpp/cuda_loader.h"
+
 #include <dlfcn.h>
 
 #include <cstdlib>
 
-#include "client/cpp/cuda_loader.h"
 #include "tests/unit/kernels/cuda_test_util.h"
 
 namespace kiln {
@@ -32,7 +33,8 @@ class FakeDriver : public ::testing::Test {
     const char* bin = std::getenv("KILN_BINARY_DIR");
     if (!bin) GTEST_SKIP() << "KILN_BINARY_DIR not set";
     ASSERT_NE(compiled_, nullptr);
-    driver_ = dlopen((std::string(bin) + "/tests/unit/kernels/libfake_cuda.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+    driver_ = dlopen((std::string(bin) + "/tests/unit/kernels/libfake_cuda.so").c_str(),
+                     RTLD_NOW | RTLD_LOCAL);
     ASSERT_NE(driver_, nullptr) << dlerror();
     use_library_ = reinterpret_cast<void (*)(void*)>(dlsym(driver_, "fake_cuda_use_library"));
     launch_count_ = reinterpret_cast<int (*)()>(dlsym(driver_, "fake_cuda_launch_count"));
@@ -41,12 +43,13 @@ class FakeDriver : public ::testing::Test {
 
   // Compiles `graph` (text format) with kilnc into `dir`/out and makes the fake driver run
   // its kernels in emulation; `emu` keeps the emulated unit loaded.
-  void KilncFolder(const std::string& dir, const std::string& graph, std::unique_ptr<EmulatedUnit>* emu) {
+  void KilncFolder(const std::string& dir, const std::string& graph,
+                   std::unique_ptr<EmulatedUnit>* emu) {
     const char* bin = std::getenv("KILN_BINARY_DIR");
     ASSERT_TRUE(toolchain::WriteFile(dir + "/g.txtpb", graph).ok());
     auto r = toolchain::RunSandboxed(
-        {std::string(bin) + "/kernels/kilnc", "g.txtpb", "--target", "cuda:sm_90", "--out", "out"}, dir,
-        toolchain::SandboxLimits{});
+        {std::string(bin) + "/kernels/kilnc", "g.txtpb", "--target", "cuda:sm_90", "--out", "out"},
+        dir, toolchain::SandboxLimits{});
     ASSERT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? r->output : r.status().ToString());
     auto unit = EmulatedUnit::Build(SlurpFile(dir + "/out/kernel.cu"));
     ASSERT_TRUE(unit.ok()) << unit.status();
@@ -127,7 +130,8 @@ TEST_F(FakeDriver, RunsEveryStepWithThePlansBuffers) {
 
   std::mt19937 rng(7);
   HostTensor x = RandomTensor(DType::kF32, 300 * 1000, &rng);
-  HostTensor soft = HostTensor::Make(DType::kF32, 300 * 1000), total = HostTensor::Make(DType::kF32, 1);
+  HostTensor soft = HostTensor::Make(DType::kF32, 300 * 1000),
+             total = HostTensor::Make(DType::kF32, 1);
   void* buffers[] = {x.data.get(), soft.data.get(), total.data.get()};
   int before = launch_count_();
   ASSERT_TRUE(module->Run(buffers, nullptr, nullptr, &error)) << error;
@@ -138,7 +142,8 @@ TEST_F(FakeDriver, RunsEveryStepWithThePlansBuffers) {
   ExpectSoftmaxAndSum(x, soft, total);
 
   // The host path (Session's Run on a CUDA result): copies in, the same launches, copies out.
-  HostTensor soft_host = HostTensor::Make(DType::kF32, 300 * 1000), total_host = HostTensor::Make(DType::kF32, 1);
+  HostTensor soft_host = HostTensor::Make(DType::kF32, 300 * 1000),
+             total_host = HostTensor::Make(DType::kF32, 1);
   const void* inputs[] = {x.data.get()};
   void* outputs[] = {soft_host.data.get(), total_host.data.get()};
   before = launch_count_();
@@ -158,11 +163,13 @@ TEST_F(FakeDriver, SkipsStepsWithAnEmptyGrid) {
   ASSERT_GE(plan.steps.size(), 2u);
   plan.steps[0].grid[0] = 0;
   std::string error;
-  auto module = client::CudaModule::Load(compiled->artifacts[0].bytes, compiled->artifacts[1].bytes, plan, &error);
+  auto module = client::CudaModule::Load(compiled->artifacts[0].bytes, compiled->artifacts[1].bytes,
+                                         plan, &error);
   ASSERT_NE(module, nullptr) << error;
   std::mt19937 rng(3);
   HostTensor x = RandomTensor(DType::kF32, 300 * 1000, &rng);
-  HostTensor soft = HostTensor::Make(DType::kF32, 300 * 1000), total = HostTensor::Make(DType::kF32, 1);
+  HostTensor soft = HostTensor::Make(DType::kF32, 300 * 1000),
+             total = HostTensor::Make(DType::kF32, 1);
   void* buffers[] = {x.data.get(), soft.data.get(), total.data.get()};
   const int before = launch_count_();
   ASSERT_TRUE(module->Run(buffers, nullptr, nullptr, &error)) << error;
@@ -174,11 +181,12 @@ TEST_F(FakeDriver, CApiLoadsAKilncFolder) {
   auto dir = toolchain::TempDir::Create("kiln-loader-");
   ASSERT_TRUE(dir.ok());
   std::unique_ptr<EmulatedUnit> emu;
-  ASSERT_NO_FATAL_FAILURE(KilncFolder(dir->path(),
-                                      "inputs { name: \"x\" type { dtype: F32 shape: 300 shape: 1000 } }\n"
-                                      "nodes { op: \"softmax\" inputs: 0 }\nnodes { op: \"sum\" inputs: 0 }\n"
-                                      "outputs: 1 outputs: 2\n",
-                                      &emu));
+  ASSERT_NO_FATAL_FAILURE(
+      KilncFolder(dir->path(),
+                  "inputs { name: \"x\" type { dtype: F32 shape: 300 shape: 1000 } }\n"
+                  "nodes { op: \"softmax\" inputs: 0 }\nnodes { op: \"sum\" inputs: 0 }\n"
+                  "outputs: 1 outputs: 2\n",
+                  &emu));
 
   kiln_cuda_module* m = kiln_cuda_load_dir((dir->path() + "/out").c_str());
   ASSERT_NE(m, nullptr) << kiln_cuda_last_error();
@@ -187,8 +195,10 @@ TEST_F(FakeDriver, CApiLoadsAKilncFolder) {
   EXPECT_GT(kiln_cuda_workspace_bytes(m), 0);
   std::mt19937 rng(8);
   HostTensor x = RandomTensor(DType::kF32, 300 * 1000, &rng);
-  HostTensor soft = HostTensor::Make(DType::kF32, 300 * 1000), total = HostTensor::Make(DType::kF32, 1);
-  HostTensor ws = HostTensor::Make(DType::kU8, kiln_cuda_workspace_bytes(m));  // a caller's workspace
+  HostTensor soft = HostTensor::Make(DType::kF32, 300 * 1000),
+             total = HostTensor::Make(DType::kF32, 1);
+  HostTensor ws =
+      HostTensor::Make(DType::kU8, kiln_cuda_workspace_bytes(m));  // a caller's workspace
   void* buffers[] = {x.data.get(), soft.data.get(), total.data.get()};
   ASSERT_EQ(kiln_cuda_run(m, buffers, ws.data.get(), nullptr), 0) << kiln_cuda_last_error();
   ExpectSoftmaxAndSum(x, soft, total);
@@ -199,7 +209,8 @@ TEST_F(FakeDriver, CApiLoadsAKilncFolder) {
   json.replace(json.find("\"abi_version\": 1"), 16, "\"abi_version\": 9");
   std::string cubin = SlurpFile(dir->path() + "/out/kernel.cubin");
   EXPECT_EQ(kiln_cuda_load(cubin.data(), cubin.size(), nullptr, json.c_str()), nullptr);
-  EXPECT_NE(std::string(kiln_cuda_last_error()).find("ABI version 9"), std::string::npos) << kiln_cuda_last_error();
+  EXPECT_NE(std::string(kiln_cuda_last_error()).find("ABI version 9"), std::string::npos)
+      << kiln_cuda_last_error();
 }
 
 // A plan with symbolic sizes (ABI version 2) through the C API: softmax over rows of symbolic
@@ -210,31 +221,36 @@ TEST_F(FakeDriver, CApiRunsASymbolicPlanAtEverySize) {
   auto dir = toolchain::TempDir::Create("kiln-loader-sym-");
   ASSERT_TRUE(dir.ok());
   std::unique_ptr<EmulatedUnit> emu;
-  ASSERT_NO_FATAL_FAILURE(KilncFolder(
-      dir->path(),
-      "inputs { name: \"x\" type { dtype: F32 shape: 300 shape: 1000 dim_symbols: \"R\" dim_symbols: \"C\" } }\n"
-      "nodes { op: \"softmax\" inputs: 0 }\nnodes { op: \"sum\" inputs: 0 }\noutputs: 1 outputs: 2\n",
-      &emu));
+  ASSERT_NO_FATAL_FAILURE(KilncFolder(dir->path(),
+                                      "inputs { name: \"x\" type { dtype: F32 shape: 300 shape: "
+                                      "1000 dim_symbols: \"R\" dim_symbols: \"C\" } }\n"
+                                      "nodes { op: \"softmax\" inputs: 0 }\nnodes { op: \"sum\" "
+                                      "inputs: 0 }\noutputs: 1 outputs: 2\n",
+                                      &emu));
 
   kiln_cuda_module* m = kiln_cuda_load_dir((dir->path() + "/out").c_str());
   ASSERT_NE(m, nullptr) << kiln_cuda_last_error();
   ASSERT_EQ(kiln_cuda_num_symbols(m), 2);
   void* none[] = {nullptr, nullptr, nullptr};
   EXPECT_EQ(kiln_cuda_run(m, none, nullptr, nullptr), -1);  // a symbolic plan needs sizes
-  EXPECT_NE(std::string(kiln_cuda_last_error()).find("RunSized"), std::string::npos) << kiln_cuda_last_error();
+  EXPECT_NE(std::string(kiln_cuda_last_error()).find("RunSized"), std::string::npos)
+      << kiln_cuda_last_error();
 
   std::mt19937 rng(9);
-  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{300, 1000}, {7, 130}, {1, 1}, {33, 4097}, {0, 5}}) {
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {300, 1000}, {7, 130}, {1, 1}, {33, 4097}, {0, 5}}) {
     SCOPED_TRACE(::testing::Message() << rows << " x " << cols);
     const int64_t sizes[] = {rows, cols};
     const int64_t ws_bytes = kiln_cuda_workspace_bytes_sized(m, sizes, 2);
     ASSERT_GE(ws_bytes, 0) << kiln_cuda_last_error();
     HostTensor x = RandomTensor(DType::kF32, rows * cols, &rng);
-    HostTensor soft = HostTensor::Make(DType::kF32, rows * cols), total = HostTensor::Make(DType::kF32, 1);
+    HostTensor soft = HostTensor::Make(DType::kF32, rows * cols),
+               total = HostTensor::Make(DType::kF32, 1);
     HostTensor ws = HostTensor::Make(DType::kU8, std::max<int64_t>(ws_bytes, 1));
     void* buffers[] = {x.data.get(), soft.data.get(), total.data.get()};
     const int before = launch_count_();
-    ASSERT_EQ(kiln_cuda_run_sized(m, buffers, ws.data.get(), nullptr, sizes, 2), 0) << kiln_cuda_last_error();
+    ASSERT_EQ(kiln_cuda_run_sized(m, buffers, ws.data.get(), nullptr, sizes, 2), 0)
+        << kiln_cuda_last_error();
     if (rows * cols > 0) {
       EXPECT_GT(launch_count_(), before);
     }
@@ -253,22 +269,27 @@ TEST_F(FakeDriver, CApiRunsASymbolicPlanAtEverySize) {
   {
     const int64_t sizes[] = {64, 3000};
     HostTensor x = RandomTensor(DType::kF32, 64 * 3000, &rng);
-    HostTensor soft = HostTensor::Make(DType::kF32, 64 * 3000), total = HostTensor::Make(DType::kF32, 1);
+    HostTensor soft = HostTensor::Make(DType::kF32, 64 * 3000),
+               total = HostTensor::Make(DType::kF32, 1);
     void* buffers[] = {x.data.get(), soft.data.get(), total.data.get()};
-    ASSERT_EQ(kiln_cuda_run_sized(m, buffers, nullptr, nullptr, sizes, 2), 0) << kiln_cuda_last_error();
+    ASSERT_EQ(kiln_cuda_run_sized(m, buffers, nullptr, nullptr, sizes, 2), 0)
+        << kiln_cuda_last_error();
     double sum = 0;
     for (int64_t i = 0; i < 64 * 3000; ++i) sum += x.At(i);
     EXPECT_NEAR(total.At(0), sum, 1e-3 * (1 + std::fabs(sum)));
   }
   const int64_t one[] = {4};
   EXPECT_EQ(kiln_cuda_run_sized(m, none, nullptr, nullptr, one, 1), -1);
-  EXPECT_NE(std::string(kiln_cuda_last_error()).find("2 symbols"), std::string::npos) << kiln_cuda_last_error();
+  EXPECT_NE(std::string(kiln_cuda_last_error()).find("2 symbols"), std::string::npos)
+      << kiln_cuda_last_error();
   const int64_t negative[] = {4, -1};
   EXPECT_EQ(kiln_cuda_run_sized(m, none, nullptr, nullptr, negative, 2), -1);
-  EXPECT_NE(std::string(kiln_cuda_last_error()).find("negative"), std::string::npos) << kiln_cuda_last_error();
+  EXPECT_NE(std::string(kiln_cuda_last_error()).find("negative"), std::string::npos)
+      << kiln_cuda_last_error();
   const int64_t huge[] = {int64_t{1} << 20, int64_t{1} << 12};
   EXPECT_EQ(kiln_cuda_workspace_bytes_sized(m, huge, 2), -1);
-  EXPECT_NE(std::string(kiln_cuda_last_error()).find("32-bit"), std::string::npos) << kiln_cuda_last_error();
+  EXPECT_NE(std::string(kiln_cuda_last_error()).find("32-bit"), std::string::npos)
+      << kiln_cuda_last_error();
   kiln_cuda_free(m);
 }
 

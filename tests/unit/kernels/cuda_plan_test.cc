@@ -29,9 +29,9 @@ TEST(CudaPlanJson, KilncWritesWhatTheLoaderReads) {
       "outputs: 1 outputs: 2\n";
   ASSERT_TRUE(toolchain::WriteFile(dir->path() + "/g.txtpb", graph).ok());
   toolchain::SandboxLimits limits;
-  auto r = toolchain::RunSandboxed({std::string(bin) + "/kernels/kilnc", "g.txtpb", "--target", "cuda:sm_90", "--out",
-                                    "out"},
-                                   dir->path(), limits);
+  auto r = toolchain::RunSandboxed(
+      {std::string(bin) + "/kernels/kilnc", "g.txtpb", "--target", "cuda:sm_90", "--out", "out"},
+      dir->path(), limits);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->exit_code, 0) << r->output;
   for (const char* f : {"kernel.cubin", "kernel.ptx", "kernel.cu", "report.txt", "plan.json"})
@@ -39,13 +39,17 @@ TEST(CudaPlanJson, KilncWritesWhatTheLoaderReads) {
 
   CudaPlan plan;
   std::string error;
-  ASSERT_TRUE(client::ParseCudaPlan(testing::SlurpFile(dir->path() + "/out/plan.json"), &plan, &error)) << error;
+  ASSERT_TRUE(
+      client::ParseCudaPlan(testing::SlurpFile(dir->path() + "/out/plan.json"), &plan, &error))
+      << error;
 
-  auto gen = testing::SharedPipeline().Generate(testing::Verified([&] {
-    v1::Graph wire;
-    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(graph, &wire));
-    return *ir::DecodeGraph(wire);
-  }()), testing::CudaTarget(90), CompileOptions{});
+  auto gen = testing::SharedPipeline().Generate(
+      testing::Verified([&] {
+        v1::Graph wire;
+        EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(graph, &wire));
+        return *ir::DecodeGraph(wire);
+      }()),
+      testing::CudaTarget(90), CompileOptions{});
   ASSERT_TRUE(gen.ok()) << gen.status();
   const LaunchPlan& want = gen->plan;
   EXPECT_EQ(plan.abi_version, want.abi_version);
@@ -65,7 +69,8 @@ TEST(CudaPlanJson, KilncWritesWhatTheLoaderReads) {
     EXPECT_EQ(plan.steps[i].kernel, want.steps[i].kernel);
     EXPECT_EQ(plan.steps[i].grid[0], want.steps[i].grid[0]);
     EXPECT_EQ(plan.steps[i].block[0], want.steps[i].block[0]);
-    EXPECT_EQ(plan.steps[i].args, std::vector<int>(want.steps[i].args.begin(), want.steps[i].args.end()));
+    EXPECT_EQ(plan.steps[i].args,
+              std::vector<int>(want.steps[i].args.begin(), want.steps[i].args.end()));
   }
 }
 
@@ -74,12 +79,14 @@ TEST(CudaPlanJson, RejectsBadPlans) {
   std::string error;
   EXPECT_FALSE(client::ParseCudaPlan("{", &plan, &error));
   EXPECT_NE(error.find("malformed"), std::string::npos) << error;
-  EXPECT_FALSE(client::ParseCudaPlan("{\"abi_version\": 1, \"buffers\": [], \"steps\": []}", &plan, &error));
+  EXPECT_FALSE(
+      client::ParseCudaPlan("{\"abi_version\": 1, \"buffers\": [], \"steps\": []}", &plan, &error));
   EXPECT_NE(error.find("workspace_bytes"), std::string::npos) << error;
-  EXPECT_FALSE(client::ParseCudaPlan(
-      "{\"abi_version\": 1, \"workspace_bytes\": 0, \"buffers\": [], \"steps\": [{\"kernel\": \"k0\", \"grid\": [1,1,1], "
-      "\"block\": [32,1,1], \"shared_bytes\": 0, \"args\": [0]}]}",
-      &plan, &error));
+  EXPECT_FALSE(
+      client::ParseCudaPlan("{\"abi_version\": 1, \"workspace_bytes\": 0, \"buffers\": [], "
+                            "\"steps\": [{\"kernel\": \"k0\", \"grid\": [1,1,1], "
+                            "\"block\": [32,1,1], \"shared_bytes\": 0, \"args\": [0]}]}",
+                            &plan, &error));
   EXPECT_NE(error.find("out of range"), std::string::npos) << error;
 }
 
@@ -113,17 +120,23 @@ TEST(CudaPlanJson, SizeExpressions) {
   EXPECT_EQ(e.Eval(huge), INT64_MAX);  // overflow saturates, so bound checks refuse it
   // A symbolic plan needs every symbol to name an input axis, and positive grid_per_block.
   CudaPlan plan;
-  EXPECT_FALSE(client::ParseCudaPlan(
-      "{\"abi_version\": 2, \"workspace_bytes\": 0, \"buffers\": [{\"role\": \"input\", \"index\": 0, "
-      "\"dtype\": \"f32\", \"shape\": [-1], \"bytes\": -1, \"offset\": 0, \"shape_exprs\": [\"N\"], "
-      "\"bytes_expr\": \"4*N\"}], \"symbols\": [{\"name\": \"N\", \"input\": 3, \"axis\": 0}], \"steps\": []}",
-      &plan, &error));
+  EXPECT_FALSE(
+      client::ParseCudaPlan("{\"abi_version\": 2, \"workspace_bytes\": 0, \"buffers\": [{\"role\": "
+                            "\"input\", \"index\": 0, "
+                            "\"dtype\": \"f32\", \"shape\": [-1], \"bytes\": -1, \"offset\": 0, "
+                            "\"shape_exprs\": [\"N\"], "
+                            "\"bytes_expr\": \"4*N\"}], \"symbols\": [{\"name\": \"N\", \"input\": "
+                            "3, \"axis\": 0}], \"steps\": []}",
+                            &plan, &error));
   EXPECT_NE(error.find("names no input"), std::string::npos) << error;
   EXPECT_FALSE(client::ParseCudaPlan(
-      "{\"abi_version\": 2, \"workspace_bytes\": 0, \"buffers\": [{\"role\": \"input\", \"index\": 0, "
-      "\"dtype\": \"f32\", \"shape\": [-1], \"bytes\": -1, \"offset\": 0, \"shape_exprs\": [\"N\"], "
+      "{\"abi_version\": 2, \"workspace_bytes\": 0, \"buffers\": [{\"role\": \"input\", \"index\": "
+      "0, "
+      "\"dtype\": \"f32\", \"shape\": [-1], \"bytes\": -1, \"offset\": 0, \"shape_exprs\": "
+      "[\"N\"], "
       "\"bytes_expr\": \"4*N\"}], \"symbols\": [{\"name\": \"N\", \"input\": 0, \"axis\": 0}], "
-      "\"steps\": [{\"kernel\": \"k0\", \"grid\": [0,1,1], \"block\": [256,1,1], \"shared_bytes\": 0, "
+      "\"steps\": [{\"kernel\": \"k0\", \"grid\": [0,1,1], \"block\": [256,1,1], \"shared_bytes\": "
+      "0, "
       "\"args\": [0], \"grid_work\": \"N\", \"grid_per_block\": 0}]}",
       &plan, &error));
   EXPECT_NE(error.find("grid_per_block"), std::string::npos) << error;
@@ -132,16 +145,22 @@ TEST(CudaPlanJson, SizeExpressions) {
 // Launch-time choices: guarded steps run where guard_min <= guard <= guard_max (0: unbounded).
 TEST(CudaPlanJson, GuardedSteps) {
   auto json = [](const std::string& guards) {
-    return "{\"abi_version\": 2, \"workspace_bytes\": 0, \"buffers\": [{\"role\": \"input\", \"index\": 0, "
-           "\"dtype\": \"f32\", \"shape\": [-1, -1], \"bytes\": -1, \"offset\": 0, \"shape_exprs\": [\"R\", \"L\"], "
-           "\"bytes_expr\": \"4*R*L\"}], \"symbols\": [{\"name\": \"R\", \"input\": 0, \"axis\": 0}, "
-           "{\"name\": \"L\", \"input\": 0, \"axis\": 1}], \"steps\": [{\"kernel\": \"a\", \"grid\": [0,1,1], "
-           "\"block\": [128,1,1], \"shared_bytes\": 0, \"args\": [0], \"grid_work\": \"R\", \"grid_per_block\": 8" +
+    return "{\"abi_version\": 2, \"workspace_bytes\": 0, \"buffers\": [{\"role\": \"input\", "
+           "\"index\": 0, "
+           "\"dtype\": \"f32\", \"shape\": [-1, -1], \"bytes\": -1, \"offset\": 0, "
+           "\"shape_exprs\": [\"R\", \"L\"], "
+           "\"bytes_expr\": \"4*R*L\"}], \"symbols\": [{\"name\": \"R\", \"input\": 0, \"axis\": "
+           "0}, "
+           "{\"name\": \"L\", \"input\": 0, \"axis\": 1}], \"steps\": [{\"kernel\": \"a\", "
+           "\"grid\": [0,1,1], "
+           "\"block\": [128,1,1], \"shared_bytes\": 0, \"args\": [0], \"grid_work\": \"R\", "
+           "\"grid_per_block\": 8" +
            guards + "}]}";
   };
   CudaPlan plan;
   std::string error;
-  ASSERT_TRUE(client::ParseCudaPlan(json(", \"guard\": \"L\", \"guard_min\": 129, \"guard_max\": 512"), &plan, &error))
+  ASSERT_TRUE(client::ParseCudaPlan(
+      json(", \"guard\": \"L\", \"guard_min\": 129, \"guard_max\": 512"), &plan, &error))
       << error;
   ASSERT_EQ(plan.steps.size(), 1u);
   const CudaPlan::Step& s = plan.steps[0];
@@ -150,13 +169,15 @@ TEST(CudaPlanJson, GuardedSteps) {
     const int64_t sizes[] = {3, L};
     EXPECT_EQ(s.Runs(sizes), runs) << L;
   }
-  ASSERT_TRUE(client::ParseCudaPlan(json(", \"guard\": \"2*L\", \"guard_min\": 100, \"guard_max\": 0"), &plan, &error));
+  ASSERT_TRUE(client::ParseCudaPlan(
+      json(", \"guard\": \"2*L\", \"guard_min\": 100, \"guard_max\": 0"), &plan, &error));
   const int64_t long_rows[] = {1, 1 << 20}, short_rows[] = {1, 49};
   EXPECT_TRUE(plan.steps[0].Runs(long_rows));
   EXPECT_FALSE(plan.steps[0].Runs(short_rows));
   ASSERT_TRUE(client::ParseCudaPlan(json(""), &plan, &error));
   EXPECT_TRUE(plan.steps[0].Runs(short_rows));  // no guard: always
-  EXPECT_FALSE(client::ParseCudaPlan(json(", \"guard\": \"L\", \"guard_min\": 600, \"guard_max\": 512"), &plan, &error));
+  EXPECT_FALSE(client::ParseCudaPlan(
+      json(", \"guard\": \"L\", \"guard_min\": 600, \"guard_max\": 512"), &plan, &error));
   EXPECT_NE(error.find("guard range 600..512"), std::string::npos) << error;
 }
 
@@ -171,7 +192,8 @@ TEST(CudaLoader, WithoutADriverLoadFailsCleanly) {
   EXPECT_EQ(client::CudaModule::Load("not a cubin", "", plan, &error), nullptr);
   EXPECT_NE(error.find("libcuda.so.1"), std::string::npos) << error;
   EXPECT_EQ(kiln_cuda_load_dir("/nonexistent"), nullptr);
-  EXPECT_NE(std::string(kiln_cuda_last_error()).find("plan.json"), std::string::npos) << kiln_cuda_last_error();
+  EXPECT_NE(std::string(kiln_cuda_last_error()).find("plan.json"), std::string::npos)
+      << kiln_cuda_last_error();
 }
 
 }  // namespace

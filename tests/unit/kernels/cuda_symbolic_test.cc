@@ -37,8 +37,9 @@ using Body = std::function<std::vector<ValueId>(ir::Builder&)>;
 
 // The graph with `values` in its symbolic dimensions; with `symbolic`, the dimensions are
 // marked as the symbols `names` (values then being the first sample).
-ir::Graph Build(const std::vector<Input>& inputs, const Body& body, const std::vector<std::string>& names,
-                const std::vector<int64_t>& values, bool symbolic) {
+ir::Graph Build(const std::vector<Input>& inputs, const Body& body,
+                const std::vector<std::string>& names, const std::vector<int64_t>& values,
+                bool symbolic) {
   ir::Graph in;
   for (const Input& i : inputs) {
     ir::TensorType t;
@@ -67,7 +68,8 @@ HostTensor Guarded(const HostTensor& t, bool exact_end) {
   const size_t bytes = static_cast<size_t>(t.bytes());
   const size_t span = exact_end ? bytes : (bytes + 15) / 16 * 16;
   const size_t data = (span + page - 1) / page * page;
-  void* base = mmap(nullptr, data + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* base =
+      mmap(nullptr, data + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED) std::abort();
   char* mem = static_cast<char*>(base);
   if (mprotect(mem + data, page, PROT_NONE) != 0) std::abort();
@@ -84,8 +86,9 @@ HostTensor Guarded(const HostTensor& t, bool exact_end) {
 // guarded step only where its guard holds. `choice` >= 0 overrides the guards: the guarded
 // steps whose guard_min is the choice-th smallest run whatever the sizes (every kernel of a
 // launch-time choice must be right at any size, not only in its band).
-absl::Status RunSized(EmulatedUnit& emu, const LaunchPlan& plan, const std::vector<HostTensor>& tensors,
-                      int num_inputs, const std::vector<int64_t>& sizes, unsigned char poison, int choice = -1) {
+absl::Status RunSized(EmulatedUnit& emu, const LaunchPlan& plan,
+                      const std::vector<HostTensor>& tensors, int num_inputs,
+                      const std::vector<int64_t>& sizes, unsigned char poison, int choice = -1) {
   std::set<int64_t> mins;
   for (const PlanStep& s : plan.steps)
     if (s.guarded()) mins.insert(s.guard_min);
@@ -108,12 +111,19 @@ absl::Status RunSized(EmulatedUnit& emu, const LaunchPlan& plan, const std::vect
   size_t temp = 0;
   for (const PlanBuffer& b : plan.buffers) {
     switch (b.role) {
-      case BufferRole::kInput: ptrs.push_back(tensors[b.index].data.get()); break;
-      case BufferRole::kOutput: ptrs.push_back(tensors[num_inputs + b.index].data.get()); break;
-      case BufferRole::kTemp: ptrs.push_back(ws.data.get() + offsets[temp++]); break;
+      case BufferRole::kInput:
+        ptrs.push_back(tensors[b.index].data.get());
+        break;
+      case BufferRole::kOutput:
+        ptrs.push_back(tensors[num_inputs + b.index].data.get());
+        break;
+      case BufferRole::kTemp:
+        ptrs.push_back(ws.data.get() + offsets[temp++]);
+        break;
     }
   }
-  auto* launch = reinterpret_cast<int (*)(void*, unsigned, unsigned, void**, int)>(dlsym(emu.handle(), "kiln_emu_launch"));
+  auto* launch = reinterpret_cast<int (*)(void*, unsigned, unsigned, void**, int)>(
+      dlsym(emu.handle(), "kiln_emu_launch"));
   for (const PlanStep& s : plan.steps) {
     if (s.grid_per_block <= 0) return absl::InternalError("a symbolic step without grid_per_block");
     if (!runs(s)) continue;
@@ -132,16 +142,19 @@ absl::Status RunSized(EmulatedUnit& emu, const LaunchPlan& plan, const std::vect
 }
 
 // Generates `body` once for the symbols `names` and checks it at every size set in `runs`.
-void ExpectSymbolicMatchesCpu(const std::vector<Input>& inputs, const Body& body, const std::vector<std::string>& names,
+void ExpectSymbolicMatchesCpu(const std::vector<Input>& inputs, const Body& body,
+                              const std::vector<std::string>& names,
                               const std::vector<std::vector<int64_t>>& runs) {
   std::vector<int64_t> first;
-  for (size_t k = 0; k < names.size(); ++k) first.push_back(ir::SampleValue(static_cast<int>(k), 0));
+  for (size_t k = 0; k < names.size(); ++k)
+    first.push_back(ir::SampleValue(static_cast<int>(k), 0));
   ir::Graph sym = Build(inputs, body, names, first, true);
   auto gen = SharedPipeline().Generate(sym, CudaTarget(90), CompileOptions{});
   ASSERT_TRUE(gen.ok()) << gen.status();
   ASSERT_EQ(gen->plan.abi_version, codegen::kCudaSymbolicAbiVersion);
   ASSERT_EQ(gen->plan.symbols.size(), names.size());
-  if (std::getenv("KILN_TEST_DUMP") != nullptr) std::fprintf(stderr, "%s\n%s", gen->fusion_report.c_str(), gen->source.c_str());
+  if (std::getenv("KILN_TEST_DUMP") != nullptr)
+    std::fprintf(stderr, "%s\n%s", gen->fusion_report.c_str(), gen->source.c_str());
   auto emu = EmulatedUnit::Build(gen->source);
   ASSERT_TRUE(emu.ok()) << emu.status() << "\n" << gen->source;
   for (const std::vector<int64_t>& sizes : runs) {
@@ -149,7 +162,8 @@ void ExpectSymbolicMatchesCpu(const std::vector<Input>& inputs, const Body& body
     ir::Graph g = Build(inputs, body, names, sizes, false);
     std::mt19937 rng(static_cast<unsigned>(sizes[0] + 7));
     std::vector<HostTensor> ins, want, got, again;
-    for (const ir::TensorType& t : g.inputs) ins.push_back(RandomTensor(t.dtype, Elements(t.shape), &rng));
+    for (const ir::TensorType& t : g.inputs)
+      ins.push_back(RandomTensor(t.dtype, Elements(t.shape), &rng));
     for (size_t o = 0; o < g.outputs.size(); ++o) {
       const ir::TensorType& t = g.TypeOf(g.outputs[o]);
       // The plan's output shapes at these sizes are the static graph's.
@@ -181,7 +195,8 @@ void ExpectSymbolicMatchesCpu(const std::vector<Input>& inputs, const Body& body
       if (s.guarded()) choices.insert(s.guard_min);
     for (int c = 0; c < static_cast<int>(choices.size()); ++c) {
       std::vector<HostTensor> forced = guarded;
-      for (const HostTensor& w : want) forced.push_back(HostTensor::Make(w.dtype, w.elements, kPoisonA));
+      for (const HostTensor& w : want)
+        forced.push_back(HostTensor::Make(w.dtype, w.elements, kPoisonA));
       ASSERT_TRUE(RunSized(**emu, gen->plan, forced, g.num_inputs(), sizes, kPoisonA, c).ok());
       for (size_t o = 0; o < want.size(); ++o)
         for (int64_t i = 0; i < want[o].elements; ++i)
@@ -198,8 +213,8 @@ void ExpectSymbolicMatchesCpu(const std::vector<Input>& inputs, const Body& body
         const double w = want[o].At(i), c = got[o].At(i);
         if (!Close(want[o].dtype, c, w) || !got[o].SameBits(again[o], i)) {
           ++failures;
-          ADD_FAILURE() << "output " << o << " element " << i << ": cuda " << c << " (" << again[o].At(i)
-                        << " with the other poison), expected " << w;
+          ADD_FAILURE() << "output " << o << " element " << i << ": cuda " << c << " ("
+                        << again[o].At(i) << " with the other poison), expected " << w;
         }
       }
     if (failures) {
@@ -214,97 +229,125 @@ const std::vector<std::vector<int64_t>> kOneSymbol = {{1}, {2}, {7}, {37}, {130}
 TEST(CudaSymbolic, Pointwise) {
   REQUIRE_NVRTC();
   // Vectors of 4 along a static row of 48, rows counted by N; a broadcast row.
-  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym, 48}}, {DType::kF32, {48}}},
-                           [](ir::Builder& b) {
-                             auto s = *b.Add("mul", {0, 1});
-                             return std::vector<ValueId>{*b.Add("tanh", {s})};
-                           },
-                           {"N"}, kOneSymbol);
+  ExpectSymbolicMatchesCpu(
+      {{DType::kF32, {kSym, 48}}, {DType::kF32, {48}}},
+      [](ir::Builder& b) {
+        auto s = *b.Add("mul", {0, 1});
+        return std::vector<ValueId>{*b.Add("tanh", {s})};
+      },
+      {"N"}, kOneSymbol);
   // A flat range of varying length: vectors of 4, the last one partial at sizes no vector
   // width divides (1, 2, 7, 37, 130).
-  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym}}, {DType::kF32, {kSym}}},
-                           [](ir::Builder& b) {
-                             auto s = *b.Add("sin", {0});
-                             return std::vector<ValueId>{*b.Add("add", {*b.Add("mul", {s, s}), 1})};
-                           },
-                           {"N"}, kOneSymbol);
+  ExpectSymbolicMatchesCpu(
+      {{DType::kF32, {kSym}}, {DType::kF32, {kSym}}},
+      [](ir::Builder& b) {
+        auto s = *b.Add("sin", {0});
+        return std::vector<ValueId>{*b.Add("add", {*b.Add("mul", {s, s}), 1})};
+      },
+      {"N"}, kOneSymbol);
   // The innermost dimension itself symbolic: scalar lanes.
-  ExpectSymbolicMatchesCpu({{DType::kF16, {3, kSym}}, {DType::kF16, {3, 1}}},
-                           [](ir::Builder& b) { return std::vector<ValueId>{*b.Add("add", {0, 1})}; }, {"T"},
-                           kOneSymbol);
+  ExpectSymbolicMatchesCpu(
+      {{DType::kF16, {3, kSym}}, {DType::kF16, {3, 1}}},
+      [](ir::Builder& b) {
+        return std::vector<ValueId>{*b.Add("add", {0, 1})};
+      },
+      {"T"}, kOneSymbol);
   // Concatenations: along the rows (pieces of N rows each, a branch per piece chosen by a
   // bound that is a size), and along a row of varying length (pieces of T columns).
-  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym, 8}}, {DType::kF32, {kSym, 8}}},
-                           [](ir::Builder& b) {
-                             return std::vector<ValueId>{
-                                 *b.Add("concat", {*b.Add("exp", {0}), *b.Add("neg", {1}), 0}, {{"axis", int64_t{0}}})};
-                           },
-                           {"N"}, kOneSymbol);
-  ExpectSymbolicMatchesCpu({{DType::kF32, {3, kSym}}, {DType::kF32, {3, kSym}}},
-                           [](ir::Builder& b) {
-                             return std::vector<ValueId>{
-                                 *b.Add("concat", {*b.Add("tanh", {0}), *b.Add("sin", {1}), 1}, {{"axis", int64_t{1}}})};
-                           },
-                           {"T"}, kOneSymbol);
+  ExpectSymbolicMatchesCpu(
+      {{DType::kF32, {kSym, 8}}, {DType::kF32, {kSym, 8}}},
+      [](ir::Builder& b) {
+        return std::vector<ValueId>{
+            *b.Add("concat", {*b.Add("exp", {0}), *b.Add("neg", {1}), 0}, {{"axis", int64_t{0}}})};
+      },
+      {"N"}, kOneSymbol);
+  ExpectSymbolicMatchesCpu(
+      {{DType::kF32, {3, kSym}}, {DType::kF32, {3, kSym}}},
+      [](ir::Builder& b) {
+        return std::vector<ValueId>{
+            *b.Add("concat", {*b.Add("tanh", {0}), *b.Add("sin", {1}), 1}, {{"axis", int64_t{1}}})};
+      },
+      {"T"}, kOneSymbol);
 }
 
 TEST(CudaSymbolic, RowsOfVaryingLengthAndCount) {
   REQUIRE_NVRTC();
   // softmax over T of [B, T]: rows vary in length and count.
-  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym - 1, kSym}}},
-                           [](ir::Builder& b) { return std::vector<ValueId>{*b.Add("softmax", {0}, {{"axis", int64_t{-1}}})}; },
-                           {"T", "B"}, {{1, 1}, {5, 3}, {129, 2}, {300, 1}, {0, 2}, {3, 0}, {128, 3}, {64, 9}, {700, 2}, {2100, 1},
-                                        {4500, 1}});
+  ExpectSymbolicMatchesCpu(
+      {{DType::kF32, {kSym - 1, kSym}}},
+      [](ir::Builder& b) {
+        return std::vector<ValueId>{*b.Add("softmax", {0}, {{"axis", int64_t{-1}}})};
+      },
+      {"T", "B"},
+      {{1, 1},
+       {5, 3},
+       {129, 2},
+       {300, 1},
+       {0, 2},
+       {3, 0},
+       {128, 3},
+       {64, 9},
+       {700, 2},
+       {2100, 1},
+       {4500, 1}});
   // layer_norm with weight and bias over a varying f16 length: lengths that are multiples of
   // the vector width take the vector body (rows start aligned), the others the scalar one.
-  ExpectSymbolicMatchesCpu({{DType::kF16, {kSym - 1, kSym}}, {DType::kF16, {kSym}}, {DType::kF16, {kSym}}},
-                           [](ir::Builder& b) {
-                             return std::vector<ValueId>{*b.Add("layer_norm", {0, 1, 2}, {{"axes", ir::IntList{-1}}})};
-                           },
-                           {"T", "B"}, {{8, 3}, {13, 2}, {200, 5}, {1, 1}, {600, 2}, {602, 1}, {3000, 1}});
+  ExpectSymbolicMatchesCpu(
+      {{DType::kF16, {kSym - 1, kSym}}, {DType::kF16, {kSym}}, {DType::kF16, {kSym}}},
+      [](ir::Builder& b) {
+        return std::vector<ValueId>{*b.Add("layer_norm", {0, 1, 2}, {{"axes", ir::IntList{-1}}})};
+      },
+      {"T", "B"}, {{8, 3}, {13, 2}, {200, 5}, {1, 1}, {600, 2}, {602, 1}, {3000, 1}});
   // layer_norm over a static 64: a varying number of rows, several per block.
-  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym, 64}}},
-                           [](ir::Builder& b) {
-                             return std::vector<ValueId>{*b.Add("layer_norm", {0}, {{"axes", ir::IntList{-1}}})};
-                           },
-                           {"N"}, kOneSymbol);
+  ExpectSymbolicMatchesCpu(
+      {{DType::kF32, {kSym, 64}}},
+      [](ir::Builder& b) {
+        return std::vector<ValueId>{*b.Add("layer_norm", {0}, {{"axes", ir::IntList{-1}}})};
+      },
+      {"N"}, kOneSymbol);
 }
 
 TEST(CudaSymbolic, ColumnsAndWholeTensorReductions) {
   REQUIRE_NVRTC();
   // A sum down a symbolic axis 0 (a few outputs, long strided reductions).
-  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym, 40}}},
-                           [](ir::Builder& b) {
-                             return std::vector<ValueId>{*b.Add("sum", {0}, {{"axes", ir::IntList{0}}})};
-                           },
-                           {"N"}, {{1}, {3}, {100}, {0}});
+  ExpectSymbolicMatchesCpu(
+      {{DType::kF32, {kSym, 40}}},
+      [](ir::Builder& b) {
+        return std::vector<ValueId>{*b.Add("sum", {0}, {{"axes", ir::IntList{0}}})};
+      },
+      {"N"}, {{1}, {3}, {100}, {0}});
   // Whole-tensor reductions feeding pointwise work: x - mean(x), and an argmax.
-  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym}}},
-                           [](ir::Builder& b) {
-                             auto m = *b.Add("mean", {0}, {{"axes", ir::IntList{0}}, {"keepdim", true}});
-                             auto d = *b.Add("sub", {0, m});
-                             return std::vector<ValueId>{d, *b.Add("argmax", {0}, {{"axis", int64_t{0}}})};
-                           },
-                           {"N"}, {{7}, {300}});
+  ExpectSymbolicMatchesCpu(
+      {{DType::kF32, {kSym}}},
+      [](ir::Builder& b) {
+        auto m = *b.Add("mean", {0}, {{"axes", ir::IntList{0}}, {"keepdim", true}});
+        auto d = *b.Add("sub", {0, m});
+        return std::vector<ValueId>{d, *b.Add("argmax", {0}, {{"axis", int64_t{0}}})};
+      },
+      {"N"}, {{7}, {300}});
   // A pointwise result and its column sums (a dropout's gradient and a bias gradient) over
   // symbolic rows: stored from the sums' loop (kernels/codegen/cuda/cuda_codegen.cc).
-  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym, 96}}, {DType::kBool, {kSym, 96}}},
-                           [](ir::Builder& b) {
-                             auto s = *b.Add("full", {}, {{"shape", ir::IntList{}}, {"value", 1.25}, {"dtype", DType::kF32}});
-                             auto z = *b.Add("full", {}, {{"shape", ir::IntList{}}, {"value", 0.0}, {"dtype", DType::kF32}});
-                             auto v = *b.Add("where", {1, *b.Add("mul", {0, s}), z});
-                             return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{0}}})};
-                           },
-                           {"N"}, {{1}, {5}, {2048}, {0}});
+  ExpectSymbolicMatchesCpu(
+      {{DType::kF32, {kSym, 96}}, {DType::kBool, {kSym, 96}}},
+      [](ir::Builder& b) {
+        auto s =
+            *b.Add("full", {}, {{"shape", ir::IntList{}}, {"value", 1.25}, {"dtype", DType::kF32}});
+        auto z =
+            *b.Add("full", {}, {{"shape", ir::IntList{}}, {"value", 0.0}, {"dtype", DType::kF32}});
+        auto v = *b.Add("where", {1, *b.Add("mul", {0, s}), z});
+        return std::vector<ValueId>{v, *b.Add("sum", {v}, {{"axes", ir::IntList{0}}})};
+      },
+      {"N"}, {{1}, {5}, {2048}, {0}});
 }
 
 // Sizes around the vector widths (2 and 4 lanes): the last vector partial or whole.
-const std::vector<std::vector<int64_t>> kRaggedSizes = {{0}, {1}, {2}, {3}, {4}, {5}, {7}, {37}, {130}, {257}};
+const std::vector<std::vector<int64_t>> kRaggedSizes = {{0}, {1}, {2},  {3},   {4},
+                                                        {5}, {7}, {37}, {130}, {257}};
 
 // The k-means assignment: the index of the nearest of K = 8 centres for each of N points.
 std::vector<ValueId> Assign(ir::Builder& b, ValueId points, ValueId centres) {
   auto c = *b.Add("unsqueeze", {centres}, {{"axes", ir::IntList{1}}});  // [K, 1, 2]
-  auto d = *b.Add("sub", {points, c});                                    // [K, N, 2]
+  auto d = *b.Add("sub", {points, c});                                  // [K, N, 2]
   auto dist = *b.Add("sum", {*b.Add("mul", {d, d})}, {{"axes", ir::IntList{2}}});
   return {*b.Add("argmin", {dist}, {{"axis", int64_t{0}}})};
 }
@@ -317,43 +360,49 @@ TEST(CudaSymbolic, RaggedLanesWithReductionsAndStridedLoads) {
   for (DType t : {DType::kF32, DType::kF64}) {
     SCOPED_TRACE(ir::DTypeName(t));
     // k-means with the centres a constant: int64 indices, two per 16-byte store.
-    ExpectSymbolicMatchesCpu({{t, {kSym, 2}, true}},
-                             [t](ir::Builder& b) {
-                               ir::Constant k;
-                               k.dtype = t;
-                               k.shape = {8, 2};
-                               for (int i = 0; i < 16; ++i) k.f.push_back(0.25 * i - 1.5);
-                               return Assign(b, 0, *b.Add("constant", {}, {{"value", k}}));
-                             },
-                             {"N"}, kRaggedSizes);
+    ExpectSymbolicMatchesCpu(
+        {{t, {kSym, 2}, true}},
+        [t](ir::Builder& b) {
+          ir::Constant k;
+          k.dtype = t;
+          k.shape = {8, 2};
+          for (int i = 0; i < 16; ++i) k.f.push_back(0.25 * i - 1.5);
+          return Assign(b, 0, *b.Add("constant", {}, {{"value", k}}));
+        },
+        {"N"}, kRaggedSizes);
     // ... and with the centres an input.
-    ExpectSymbolicMatchesCpu({{t, {kSym, 2}, true}, {t, {8, 2}, true}},
-                             [](ir::Builder& b) { return Assign(b, 0, 1); }, {"N"}, kRaggedSizes);
+    ExpectSymbolicMatchesCpu(
+        {{t, {kSym, 2}, true}, {t, {8, 2}, true}}, [](ir::Builder& b) { return Assign(b, 0, 1); },
+        {"N"}, kRaggedSizes);
   }
   // A row sum of a strided [N, 3] times a contiguous [N] (vector loads, 4 lanes), and beside
   // it the row's argmax (int64: 2 lanes).
-  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym}}, {DType::kF32, {kSym, 3}, true}},
-                           [](ir::Builder& b) {
-                             auto s = *b.Add("sum", {1}, {{"axes", ir::IntList{1}}});
-                             return std::vector<ValueId>{*b.Add("mul", {0, s})};
-                           },
-                           {"N"}, kRaggedSizes);
-  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym}}, {DType::kF32, {kSym, 3}, true}},
-                           [](ir::Builder& b) {
-                             auto s = *b.Add("sum", {1}, {{"axes", ir::IntList{1}}});
-                             return std::vector<ValueId>{*b.Add("mul", {0, s}),
-                                                         *b.Add("argmax", {1}, {{"axis", int64_t{1}}})};
-                           },
-                           {"N"}, kRaggedSizes);
+  ExpectSymbolicMatchesCpu(
+      {{DType::kF32, {kSym}}, {DType::kF32, {kSym, 3}, true}},
+      [](ir::Builder& b) {
+        auto s = *b.Add("sum", {1}, {{"axes", ir::IntList{1}}});
+        return std::vector<ValueId>{*b.Add("mul", {0, s})};
+      },
+      {"N"}, kRaggedSizes);
+  ExpectSymbolicMatchesCpu(
+      {{DType::kF32, {kSym}}, {DType::kF32, {kSym, 3}, true}},
+      [](ir::Builder& b) {
+        auto s = *b.Add("sum", {1}, {{"axes", ir::IntList{1}}});
+        return std::vector<ValueId>{*b.Add("mul", {0, s}),
+                                    *b.Add("argmax", {1}, {{"axis", int64_t{1}}})};
+      },
+      {"N"}, kRaggedSizes);
 }
 
 TEST(CudaSymbolic, RaggedStrategyNamesThePartialVector) {
   REQUIRE_NVRTC();
-  ir::Graph g = Build({{DType::kF32, {kSym, 2}}, {DType::kF32, {8, 2}}}, [](ir::Builder& b) { return Assign(b, 0, 1); }, {"N"},
-                      {ir::SampleValue(0, 0)}, true);
+  ir::Graph g = Build(
+      {{DType::kF32, {kSym, 2}}, {DType::kF32, {8, 2}}},
+      [](ir::Builder& b) { return Assign(b, 0, 1); }, {"N"}, {ir::SampleValue(0, 0)}, true);
   auto gen = SharedPipeline().Generate(g, CudaTarget(90), CompileOptions{});
   ASSERT_TRUE(gen.ok()) << gen.status();
-  EXPECT_NE(gen->fusion_report.find("x 2 element(s) (the last partial)"), std::string::npos) << gen->fusion_report;
+  EXPECT_NE(gen->fusion_report.find("x 2 element(s) (the last partial)"), std::string::npos)
+      << gen->fusion_report;
   EXPECT_NE(gen->source.find("kiln_vstore_n<2>"), std::string::npos) << gen->source;
 }
 
@@ -361,12 +410,14 @@ TEST(CudaSymbolic, RefusalsNameTheRule) {
   REQUIRE_NVRTC();
   // A slice inside a symbolic axis means different elements at different sizes: refused with
   // INVALID_ARGUMENT naming the node and the rule, as on the CPU.
-  ir::Graph g = Build({{DType::kF32, {kSym, 4}}},
-                      [](ir::Builder& b) {
-                        return std::vector<ValueId>{*b.Add("slice", {0}, {{"axes", ir::IntList{0}}, {"starts", ir::IntList{1}},
-                                                                          {"stops", ir::IntList{3}}})};
-                      },
-                      {"N"}, {ir::SampleValue(0, 0)}, true);
+  ir::Graph g = Build(
+      {{DType::kF32, {kSym, 4}}},
+      [](ir::Builder& b) {
+        return std::vector<ValueId>{*b.Add(
+            "slice", {0},
+            {{"axes", ir::IntList{0}}, {"starts", ir::IntList{1}}, {"stops", ir::IntList{3}}})};
+      },
+      {"N"}, {ir::SampleValue(0, 0)}, true);
   auto gen = SharedPipeline().Generate(g, CudaTarget(90), CompileOptions{});
   ASSERT_FALSE(gen.ok());
   EXPECT_EQ(gen.status().code(), absl::StatusCode::kInvalidArgument);

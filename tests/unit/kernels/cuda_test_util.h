@@ -5,11 +5,11 @@
 
 #include <dlfcn.h>
 
-#include <functional>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -66,42 +66,70 @@ struct HostTensor {
   void Set(int64_t i, double v) {
     char* p = data.get();
     switch (dtype) {
-      case ir::DType::kF16: reinterpret_cast<_Float16*>(p)[i] = static_cast<_Float16>(v); break;
+      case ir::DType::kF16:
+        reinterpret_cast<_Float16*>(p)[i] = static_cast<_Float16>(v);
+        break;
       case ir::DType::kBF16: {
         float f = static_cast<float>(v);
         uint32_t u;
         std::memcpy(&u, &f, 4);
-        reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+        reinterpret_cast<uint16_t*>(p)[i] =
+            static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
         break;
       }
-      case ir::DType::kF32: reinterpret_cast<float*>(p)[i] = static_cast<float>(v); break;
-      case ir::DType::kF64: reinterpret_cast<double*>(p)[i] = v; break;
-      case ir::DType::kI8: reinterpret_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
-      case ir::DType::kI16: reinterpret_cast<int16_t*>(p)[i] = static_cast<int16_t>(v); break;
-      case ir::DType::kI32: reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-      case ir::DType::kI64: reinterpret_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-      case ir::DType::kU8: reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-      case ir::DType::kBool: reinterpret_cast<uint8_t*>(p)[i] = v != 0; break;
+      case ir::DType::kF32:
+        reinterpret_cast<float*>(p)[i] = static_cast<float>(v);
+        break;
+      case ir::DType::kF64:
+        reinterpret_cast<double*>(p)[i] = v;
+        break;
+      case ir::DType::kI8:
+        reinterpret_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+        break;
+      case ir::DType::kI16:
+        reinterpret_cast<int16_t*>(p)[i] = static_cast<int16_t>(v);
+        break;
+      case ir::DType::kI32:
+        reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+        break;
+      case ir::DType::kI64:
+        reinterpret_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+        break;
+      case ir::DType::kU8:
+        reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+        break;
+      case ir::DType::kBool:
+        reinterpret_cast<uint8_t*>(p)[i] = v != 0;
+        break;
     }
   }
   double At(int64_t i) const {
     const char* p = data.get();
     switch (dtype) {
-      case ir::DType::kF16: return static_cast<double>(reinterpret_cast<const _Float16*>(p)[i]);
+      case ir::DType::kF16:
+        return static_cast<double>(reinterpret_cast<const _Float16*>(p)[i]);
       case ir::DType::kBF16: {
         uint32_t u = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[i]) << 16;
         float f;
         std::memcpy(&f, &u, 4);
         return f;
       }
-      case ir::DType::kF32: return reinterpret_cast<const float*>(p)[i];
-      case ir::DType::kF64: return reinterpret_cast<const double*>(p)[i];
-      case ir::DType::kI8: return reinterpret_cast<const int8_t*>(p)[i];
-      case ir::DType::kI16: return reinterpret_cast<const int16_t*>(p)[i];
-      case ir::DType::kI32: return reinterpret_cast<const int32_t*>(p)[i];
-      case ir::DType::kI64: return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
-      case ir::DType::kU8: return reinterpret_cast<const uint8_t*>(p)[i];
-      case ir::DType::kBool: return reinterpret_cast<const uint8_t*>(p)[i];
+      case ir::DType::kF32:
+        return reinterpret_cast<const float*>(p)[i];
+      case ir::DType::kF64:
+        return reinterpret_cast<const double*>(p)[i];
+      case ir::DType::kI8:
+        return reinterpret_cast<const int8_t*>(p)[i];
+      case ir::DType::kI16:
+        return reinterpret_cast<const int16_t*>(p)[i];
+      case ir::DType::kI32:
+        return reinterpret_cast<const int32_t*>(p)[i];
+      case ir::DType::kI64:
+        return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
+      case ir::DType::kU8:
+        return reinterpret_cast<const uint8_t*>(p)[i];
+      case ir::DType::kBool:
+        return reinterpret_cast<const uint8_t*>(p)[i];
     }
     return 0;
   }
@@ -121,7 +149,9 @@ inline HostTensor RandomTensor(ir::DType t, int64_t n, std::mt19937* rng, double
   char* p = h.data.get();
   for (int64_t i = 0; i < n; ++i) {
     switch (t) {
-      case ir::DType::kF16: reinterpret_cast<_Float16*>(p)[i] = static_cast<_Float16>(nd(*rng)); break;
+      case ir::DType::kF16:
+        reinterpret_cast<_Float16*>(p)[i] = static_cast<_Float16>(nd(*rng));
+        break;
       case ir::DType::kBF16: {
         float f = static_cast<float>(nd(*rng));
         uint32_t u;
@@ -129,14 +159,30 @@ inline HostTensor RandomTensor(ir::DType t, int64_t n, std::mt19937* rng, double
         reinterpret_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(u >> 16);
         break;
       }
-      case ir::DType::kF32: reinterpret_cast<float*>(p)[i] = static_cast<float>(nd(*rng)); break;
-      case ir::DType::kF64: reinterpret_cast<double*>(p)[i] = nd(*rng); break;
-      case ir::DType::kI8: reinterpret_cast<int8_t*>(p)[i] = static_cast<int8_t>(small(*rng)); break;
-      case ir::DType::kI16: reinterpret_cast<int16_t*>(p)[i] = static_cast<int16_t>(small(*rng)); break;
-      case ir::DType::kI32: reinterpret_cast<int32_t*>(p)[i] = small(*rng); break;
-      case ir::DType::kI64: reinterpret_cast<int64_t*>(p)[i] = small(*rng); break;
-      case ir::DType::kU8: reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(positive(*rng)); break;
-      case ir::DType::kBool: reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(bit(*rng)); break;
+      case ir::DType::kF32:
+        reinterpret_cast<float*>(p)[i] = static_cast<float>(nd(*rng));
+        break;
+      case ir::DType::kF64:
+        reinterpret_cast<double*>(p)[i] = nd(*rng);
+        break;
+      case ir::DType::kI8:
+        reinterpret_cast<int8_t*>(p)[i] = static_cast<int8_t>(small(*rng));
+        break;
+      case ir::DType::kI16:
+        reinterpret_cast<int16_t*>(p)[i] = static_cast<int16_t>(small(*rng));
+        break;
+      case ir::DType::kI32:
+        reinterpret_cast<int32_t*>(p)[i] = small(*rng);
+        break;
+      case ir::DType::kI64:
+        reinterpret_cast<int64_t*>(p)[i] = small(*rng);
+        break;
+      case ir::DType::kU8:
+        reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(positive(*rng));
+        break;
+      case ir::DType::kBool:
+        reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(bit(*rng));
+        break;
     }
   }
   return h;
@@ -161,19 +207,22 @@ class EmulatedUnit {
     const std::string& d = u->dir_.path();
     for (const auto& [name, text] : codegen::RuntimeHeaders(/*cuda=*/true))
       KILN_RETURN_IF_ERROR(toolchain::WriteFile(d + "/" + name, text));
-    KILN_RETURN_IF_ERROR(toolchain::WriteFile(
-        d + "/cuda_emulation.h", SlurpFile(std::string(src) + "/tests/unit/kernels/cuda_emulation.h")));
+    KILN_RETURN_IF_ERROR(
+        toolchain::WriteFile(d + "/cuda_emulation.h",
+                             SlurpFile(std::string(src) + "/tests/unit/kernels/cuda_emulation.h")));
     KILN_RETURN_IF_ERROR(toolchain::WriteFile(d + "/kernel.cu", source));
     toolchain::SandboxLimits limits;
     limits.timeout_s = 120;
-    auto r = toolchain::RunSandboxed({"g++", "-std=c++20", "-O1", "-fPIC", "-shared", "-w", "-DKILN_CUDA_EMULATION",
-                                      "-include", "cuda_emulation.h", "-I.", "-x", "c++", "kernel.cu", "-o", "k.so"},
-                                     d, limits);
+    auto r = toolchain::RunSandboxed(
+        {"g++", "-std=c++20", "-O1", "-fPIC", "-shared", "-w", "-DKILN_CUDA_EMULATION", "-include",
+         "cuda_emulation.h", "-I.", "-x", "c++", "kernel.cu", "-o", "k.so"},
+        d, limits);
     if (!r.ok()) return r.status();
     if (r->exit_code != 0) return absl::InternalError("emulation build failed:\n" + r->output);
     u->handle_ = dlopen((d + "/k.so").c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!u->handle_) return absl::InternalError(dlerror());
-    u->launch_ = reinterpret_cast<int (*)(void*, unsigned, unsigned, void**, int)>(dlsym(u->handle_, "kiln_emu_launch"));
+    u->launch_ = reinterpret_cast<int (*)(void*, unsigned, unsigned, void**, int)>(
+        dlsym(u->handle_, "kiln_emu_launch"));
     return u;
   }
   ~EmulatedUnit() {
@@ -184,13 +233,20 @@ class EmulatedUnit {
   // `tensors`: the graph's inputs then its outputs, as for the CPU library.
   absl::Status Run(const LaunchPlan& plan, const std::vector<HostTensor>& tensors, int num_inputs,
                    unsigned char poison = 0xff) {
-    HostTensor ws = HostTensor::Make(ir::DType::kU8, std::max<int64_t>(plan.workspace_bytes, 1), poison);
+    HostTensor ws =
+        HostTensor::Make(ir::DType::kU8, std::max<int64_t>(plan.workspace_bytes, 1), poison);
     std::vector<void*> ptrs;
     for (const PlanBuffer& b : plan.buffers) {
       switch (b.role) {
-        case BufferRole::kInput: ptrs.push_back(tensors[b.index].data.get()); break;
-        case BufferRole::kOutput: ptrs.push_back(tensors[num_inputs + b.index].data.get()); break;
-        case BufferRole::kTemp: ptrs.push_back(ws.data.get() + b.offset); break;
+        case BufferRole::kInput:
+          ptrs.push_back(tensors[b.index].data.get());
+          break;
+        case BufferRole::kOutput:
+          ptrs.push_back(tensors[num_inputs + b.index].data.get());
+          break;
+        case BufferRole::kTemp:
+          ptrs.push_back(ws.data.get() + b.offset);
+          break;
       }
     }
     for (const PlanStep& s : plan.steps) {
@@ -217,10 +273,12 @@ inline bool Close(ir::DType t, double a, double b) {
   if (!ir::IsFloat(t)) return a == b;
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
   if (std::isinf(a) || std::isinf(b)) return a == b;
-  double rtol = t == ir::DType::kF64 ? 1e-10 : t == ir::DType::kF32 ? 2e-5 : t == ir::DType::kF16 ? 4e-3 : 2e-2;
+  double rtol = t == ir::DType::kF64   ? 1e-10
+                : t == ir::DType::kF32 ? 2e-5
+                : t == ir::DType::kF16 ? 4e-3
+                                       : 2e-2;
   return std::fabs(a - b) <= rtol * (1 + std::fabs(b));
 }
-
 
 using ir::AttrMap;
 using ir::DType;
@@ -229,8 +287,8 @@ using ir::ValueId;
 // Tests that build cubins need NVRTC, which the build has when CMake found the CUDA toolkit.
 // Without it they skip, saying so; with KILN_REQUIRE_NVRTC=1 in the environment (a machine
 // that must have the toolkit) they fail instead.
-#define REQUIRE_NVRTC()                                                                         \
-  if (!::kiln::testing::HaveNvrtc()) {                                                          \
+#define REQUIRE_NVRTC()                                                                          \
+  if (!::kiln::testing::HaveNvrtc()) {                                                           \
     if (std::getenv("KILN_REQUIRE_NVRTC") != nullptr) FAIL() << "no NVRTC in this build";        \
     GTEST_SKIP() << "no NVRTC in this build (the CUDA toolkit was not found at configure time)"; \
   }
@@ -248,7 +306,8 @@ inline ir::Graph Verified(ir::Graph g) {
 }
 
 // Builds a graph from `inputs` with `body` adding nodes and returning the outputs.
-inline ir::Graph Make(std::vector<ir::TensorType> inputs, const std::function<std::vector<ValueId>(ir::Builder&)>& body) {
+inline ir::Graph Make(std::vector<ir::TensorType> inputs,
+                      const std::function<std::vector<ValueId>(ir::Builder&)>& body) {
   ir::Graph in;
   in.inputs = std::move(inputs);
   ir::Builder b(in);
@@ -261,7 +320,8 @@ inline ir::Graph Make(std::vector<ir::TensorType> inputs, const std::function<st
 // arithmetic: a few warps per row (KernelGen::Row).
 // f64 by default: the sums cancel (random signs), so f32 results of two summation orders
 // differ in their leading digits.
-inline ir::Graph OuterProductSum(int64_t rows, int64_t d, const char* f, ir::DType t = ir::DType::kF64) {
+inline ir::Graph OuterProductSum(int64_t rows, int64_t d, const char* f,
+                                 ir::DType t = ir::DType::kF64) {
   return Make({Ty(t, {rows, d}), Ty(t, {rows, d})}, [&](ir::Builder& b) {
     auto xe = *b.Add("unsqueeze", {0}, {{"axes", ir::IntList{2}}});
     auto ye = *b.Add("unsqueeze", {1}, {{"axes", ir::IntList{1}}});
@@ -273,17 +333,20 @@ inline ir::Graph OuterProductSum(int64_t rows, int64_t d, const char* f, ir::DTy
 
 using Mutator = std::function<void(int input, HostTensor* t)>;
 // Fills the expected outputs from the inputs, in place of the CPU backend.
-using Reference = std::function<void(const std::vector<HostTensor>& inputs, std::vector<HostTensor>* outputs)>;
+using Reference =
+    std::function<void(const std::vector<HostTensor>& inputs, std::vector<HostTensor>* outputs)>;
 
 // Runs `g` through the CPU backend (or `reference`, preferred where the test can compute the
 // result on the host: a bug shared by both backends survives a comparison between them) and
 // the emulated CUDA unit on the same random inputs, and compares the outputs. The unit runs
 // twice, its outputs and workspace poisoned with kPoisonA and then kPoisonB: the two runs must
 // agree bit for bit, so an element left unwritten fails whatever the reference holds there.
-inline void ExpectMatchesCpu(const ir::Graph& g, const Mutator& mutate = nullptr, const Reference& reference = nullptr) {
+inline void ExpectMatchesCpu(const ir::Graph& g, const Mutator& mutate = nullptr,
+                             const Reference& reference = nullptr) {
   auto gen = SharedPipeline().Generate(g, CudaTarget(90), CompileOptions{});
   ASSERT_TRUE(gen.ok()) << gen.status();
-  if (std::getenv("KILN_TEST_DUMP") != nullptr) std::fprintf(stderr, "%s\n%s", gen->fusion_report.c_str(), gen->source.c_str());
+  if (std::getenv("KILN_TEST_DUMP") != nullptr)
+    std::fprintf(stderr, "%s\n%s", gen->fusion_report.c_str(), gen->source.c_str());
   auto emu = EmulatedUnit::Build(gen->source);
   ASSERT_TRUE(emu.ok()) << emu.status() << "\n" << gen->source;
   std::mt19937 rng(1);
@@ -324,36 +387,42 @@ inline void ExpectMatchesCpu(const ir::Graph& g, const Mutator& mutate = nullptr
       double w = want[o].At(i), c = got[o].At(i);
       if (!Close(want[o].dtype, c, w) || !got[o].SameBits(again[o], i)) {
         ++failures;
-        ADD_FAILURE() << "output " << o << " (" << ir::DTypeName(want[o].dtype) << ") element " << i << ": cuda " << c
-                      << " (" << again[o].At(i) << " with the other poison), expected " << w;
+        ADD_FAILURE() << "output " << o << " (" << ir::DTypeName(want[o].dtype) << ") element " << i
+                      << ": cuda " << c << " (" << again[o].At(i)
+                      << " with the other poison), expected " << w;
       }
     }
   }
   if (failures) ADD_FAILURE() << gen->fusion_report << gen->source;
 }
 
-inline const char* kUnaryOps[] = {"neg",   "abs",   "sign",  "exp",     "exp2",  "expm1", "log",        "log2",
-                           "log1p", "sqrt",  "rsqrt", "sin",     "cos",   "tan",   "tanh",       "asin",
-                           "acos",  "atan",  "sinh",  "cosh",    "sigmoid", "erf", "floor",      "ceil",
-                           "round", "trunc", "reciprocal", "logical_not", "isnan", "isinf", "bitwise_not",
-                           "gelu",  "elu",   "silu",  "softplus", "relu", "leaky_relu", "hardtanh"};
-inline const char* kBinaryOps[] = {"add", "sub", "mul", "div", "floordiv", "remainder", "pow", "maximum",
-                            "minimum", "atan2", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
-                            "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor"};
-inline const char* kReduceOps[] = {"sum", "prod", "max", "min", "any", "all", "mean", "var", "std", "argmax", "argmin",
-                            "logsumexp", "norm"};
+inline const char* kUnaryOps[] = {
+    "neg",   "abs",   "sign",       "exp",         "exp2",       "expm1",   "log",         "log2",
+    "log1p", "sqrt",  "rsqrt",      "sin",         "cos",        "tan",     "tanh",        "asin",
+    "acos",  "atan",  "sinh",       "cosh",        "sigmoid",    "erf",     "floor",       "ceil",
+    "round", "trunc", "reciprocal", "logical_not", "isnan",      "isinf",   "bitwise_not", "gelu",
+    "elu",   "silu",  "softplus",   "relu",        "leaky_relu", "hardtanh"};
+inline const char* kBinaryOps[] = {
+    "add",         "sub",         "mul",        "div",        "floordiv",    "remainder",
+    "pow",         "maximum",     "minimum",    "atan2",      "eq",          "ne",
+    "lt",          "le",          "gt",         "ge",         "logical_and", "logical_or",
+    "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor"};
+inline const char* kReduceOps[] = {"sum", "prod", "max",    "min",    "any",       "all", "mean",
+                                   "var", "std",  "argmax", "argmin", "logsumexp", "norm"};
 
 inline std::vector<std::string> ExpectedRejections(DType t, const std::string& family);
 
 // Adds `op` when the type rules accept it; records it in `rejected` when they refuse it.
-inline void AddOrRecord(ir::Builder& b, const std::string& op, std::vector<ValueId> inputs, const AttrMap& attrs,
-                        std::vector<ValueId>* outs, std::vector<std::string>* rejected) {
+inline void AddOrRecord(ir::Builder& b, const std::string& op, std::vector<ValueId> inputs,
+                        const AttrMap& attrs, std::vector<ValueId>* outs,
+                        std::vector<std::string>* rejected) {
   absl::StatusOr<ValueId> v = b.Add(op, std::move(inputs), attrs);
   if (v.ok()) {
     outs->push_back(*v);
     return;
   }
-  EXPECT_NE(v.status().message().find(op + ": " + op), std::string_view::npos) << v.status();  // names the op
+  EXPECT_NE(v.status().message().find(op + ": " + op), std::string_view::npos)
+      << v.status();  // names the op
   if (rejected->empty() || rejected->back() != op) rejected->push_back(op);
 }
 
@@ -368,14 +437,16 @@ inline ir::Graph AllElementwise(DType t, const ir::Shape& shape, bool binary) {
   std::vector<std::string> rejected;
   if (binary) {
     for (const char* op : kBinaryOps) AddOrRecord(b, op, {0, 1}, {}, &outs, &rejected);
-    if (auto c = b.Add("gt", {0, 1}); c.ok()) AddOrRecord(b, "where", {*c, 0, 1}, {}, &outs, &rejected);
+    if (auto c = b.Add("gt", {0, 1}); c.ok())
+      AddOrRecord(b, "where", {*c, 0, 1}, {}, &outs, &rejected);
   } else {
     for (const char* op : kUnaryOps) AddOrRecord(b, op, {0}, {}, &outs, &rejected);
     AddOrRecord(b, "clamp", {0}, {{"min", -1.5}, {"max", 2.0}}, &outs, &rejected);
     for (DType to : {DType::kF32, DType::kI32, DType::kBool, DType::kF16})
       AddOrRecord(b, "cast", {0}, {{"dtype", to}}, &outs, &rejected);
   }
-  EXPECT_EQ(rejected, ExpectedRejections(t, binary ? "binary" : "unary")) << "dtype " << ir::DTypeName(t);
+  EXPECT_EQ(rejected, ExpectedRejections(t, binary ? "binary" : "unary"))
+      << "dtype " << ir::DTypeName(t);
   return Verified(b.Finish(outs));
 }
 
@@ -400,21 +471,23 @@ inline ir::Graph AllReductions(DType t, const ir::Shape& shape) {
   return Verified(b.Finish(outs));
 }
 
-inline const ir::DType kAllTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI32,
-                           DType::kI64, DType::kI8,  DType::kU8,  DType::kBool};
+inline const ir::DType kAllTypes[] = {DType::kF32,  DType::kF64, DType::kF16,
+                                      DType::kBF16, DType::kI32, DType::kI64,
+                                      DType::kI8,   DType::kU8,  DType::kBool};
 
 // The ops of each family the type rules refuse for a dtype (kernels/ir/OPS.md), in the
 // order of kUnaryOps, kBinaryOps and kReduceOps.
 inline std::vector<std::string> ExpectedRejections(DType t, const std::string& family) {
   const bool fl = ir::IsFloat(t);
   if (family == "unary") {
-    if (fl) return {"bitwise_not"};  // bit operations take integers and bool
+    if (fl) return {"bitwise_not"};                 // bit operations take integers and bool
     if (t == DType::kBool) return {"neg", "sign"};  // NumPy refuses them for bool
     return {};
   }
   if (family == "binary") {
     if (fl) return {"bitwise_and", "bitwise_or", "bitwise_xor"};
-    if (t == DType::kBool) return {"sub", "floordiv", "remainder", "pow"};  // NumPy refuses them for bool
+    if (t == DType::kBool)
+      return {"sub", "floordiv", "remainder", "pow"};  // NumPy refuses them for bool
     return {};
   }
   return {};  // every reduction takes every type
@@ -441,13 +514,15 @@ inline std::vector<double> HostSoftmaxRows(const HostTensor& x, int64_t rows, in
   for (int64_t r = 0; r < rows; ++r) {
     double m = -INFINITY, sum = 0;
     for (int64_t j = 0; j < cols; ++j) m = std::max(m, x.At(r * cols + j));
-    for (int64_t j = 0; j < cols; ++j) sum += (out[r * cols + j] = std::exp(x.At(r * cols + j) - m));
+    for (int64_t j = 0; j < cols; ++j)
+      sum += (out[r * cols + j] = std::exp(x.At(r * cols + j) - m));
     for (int64_t j = 0; j < cols; ++j) out[r * cols + j] /= sum;
   }
   return out;
 }
 inline ir::Graph Softmax(int64_t r, int64_t c, DType t = DType::kF32) {
-  return Make({Ty(t, {r, c})}, [](ir::Builder& b) { return std::vector<ValueId>{*b.Add("softmax", {0})}; });
+  return Make({Ty(t, {r, c})},
+              [](ir::Builder& b) { return std::vector<ValueId>{*b.Add("softmax", {0})}; });
 }
 inline ir::Graph LayerNormGelu(int64_t r, int64_t c, DType t = DType::kF32) {
   return Make({Ty(t, {r, c})}, [](ir::Builder& b) {

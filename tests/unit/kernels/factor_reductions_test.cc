@@ -30,7 +30,8 @@ ir::Graph Factored(ir::Graph g) {
 std::vector<size_t> SumAxes(const ir::Graph& g) {
   std::vector<size_t> out;
   for (const ir::Node& n : g.nodes)
-    if (n.op == "sum") out.push_back(n.Ints("axes").empty() ? n.type.Rank() : n.Ints("axes").size());
+    if (n.op == "sum")
+      out.push_back(n.Ints("axes").empty() ? n.type.Rank() : n.Ints("axes").size());
   return out;
 }
 
@@ -81,7 +82,8 @@ TEST(FactorReductions, TermsConstantsMeanAndCounts) {
   // mean over (1, 2) of  -2 * x[i,j] * y[i,k] / w[i]  +  x[i,j]  -  z[i,k] * 3
   const int64_t n = 9, d = 6;
   ir::Graph in;
-  in.inputs = {Ty(DType::kF64, {n, d}), Ty(DType::kF64, {n, d}), Ty(DType::kF64, {n, 1}), Ty(DType::kF64, {n, d})};
+  in.inputs = {Ty(DType::kF64, {n, d}), Ty(DType::kF64, {n, d}), Ty(DType::kF64, {n, 1}),
+               Ty(DType::kF64, {n, d})};
   ir::Builder b(in);
   auto xe = *b.Add("unsqueeze", {0}, {{"axes", ir::IntList{2}}});
   auto ye = *b.Add("unsqueeze", {1}, {{"axes", ir::IntList{1}}});

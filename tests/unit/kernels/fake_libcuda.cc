@@ -28,7 +28,8 @@ extern "C" {
 // Test hooks.
 void fake_cuda_use_library(void* handle) {
   emulated = handle;
-  emu_launch = reinterpret_cast<int (*)(void*, unsigned, unsigned, void**, int)>(dlsym(handle, "kiln_emu_launch"));
+  emu_launch = reinterpret_cast<int (*)(void*, unsigned, unsigned, void**, int)>(
+      dlsym(handle, "kiln_emu_launch"));
 }
 int fake_cuda_launch_count() { return static_cast<int>(launched.size()); }
 const char* fake_cuda_launched(int i) { return launched[i].c_str(); }
@@ -50,7 +51,10 @@ int cuDevicePrimaryCtxRetain(void** ctx, int) {
 }
 int cuModuleLoadData(void** module, const void* image) {
   const char* p = static_cast<const char*>(image);
-  bool cubin = std::memcmp(p, "\x7f" "ELF", 4) == 0;
+  bool cubin = std::memcmp(p,
+                           "\x7f"
+                           "ELF",
+                           4) == 0;
   bool ptx = std::strstr(p, ".target") != nullptr;
   if (!cubin && !ptx) return 200;  // CUDA_ERROR_INVALID_IMAGE
   *module = emulated;
@@ -65,10 +69,11 @@ int cuModuleGetFunction(void** fn, void* module, const char* name) {
   *fn = rec;
   return 0;
 }
-int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                   unsigned shared, void*, void** params, void** extra) {
+int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                   unsigned bz, unsigned shared, void*, void** params, void** extra) {
   auto* rec = static_cast<std::pair<void*, std::string>*>(fn);
-  if (gy != 1 || gz != 1 || by != 1 || bz != 1 || shared != 0 || extra) return 1;  // CUDA_ERROR_INVALID_VALUE
+  if (gy != 1 || gz != 1 || by != 1 || bz != 1 || shared != 0 || extra)
+    return 1;  // CUDA_ERROR_INVALID_VALUE
   // Parameters are all device pointers: count them by the kernel's arity, which the emulated
   // library cannot tell us, so pass up to 16 and let the kernel read what it declares.
   std::vector<void*> args;

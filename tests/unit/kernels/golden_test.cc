@@ -31,7 +31,8 @@ void CheckOrUpdate(const fs::path& p, const std::string& actual) {
   EXPECT_EQ(Slurp(p), actual) << "generated output differs from " << p;
 }
 
-void RunBackend(const std::string& backend, const std::string& target_text, const std::string& source_name) {
+void RunBackend(const std::string& backend, const std::string& target_text,
+                const std::string& source_name) {
   const char* src = std::getenv("KILN_SOURCE_DIR");
   ASSERT_NE(src, nullptr);
   fs::path root = fs::path(src) / "tests/golden" / backend;
@@ -46,12 +47,15 @@ void RunBackend(const std::string& backend, const std::string& target_text, cons
     auto g = ir::DecodeGraph(wire);
     ASSERT_TRUE(g.ok()) << g.status();
     v1::Target wt;
-    if (backend == "cuda") wt.mutable_cuda()->set_sm(std::stoi(target_text));
-    else wt.mutable_cpu()->set_isa(target_text);
+    if (backend == "cuda")
+      wt.mutable_cuda()->set_sm(std::stoi(target_text));
+    else
+      wt.mutable_cpu()->set_isa(target_text);
     auto t = ir::DecodeTarget(wt);
     ASSERT_TRUE(t.ok());
     auto gen = testing::SharedPipeline().Generate(*g, *t, CompileOptions{});
-    if (backend == "cuda" && !gen.ok() && gen.status().code() == absl::StatusCode::kFailedPrecondition)
+    if (backend == "cuda" && !gen.ok() &&
+        gen.status().code() == absl::StatusCode::kFailedPrecondition)
       GTEST_SKIP() << gen.status();
     ASSERT_TRUE(gen.ok()) << gen.status();
     CheckOrUpdate(entry.path() / source_name, gen->source);

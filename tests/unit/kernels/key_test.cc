@@ -55,11 +55,11 @@ TEST(Key, IndependentOfNodeOrderAndNames) {
 
 TEST(Key, ChangesWithEverySemanticChange) {
   std::string k = KeyOf(Build(false, false));
-  EXPECT_NE(k, KeyOf(Build(false, false, 3.0)));              // a constant
-  EXPECT_NE(k, KeyOf(Build(false, false, 2.0, DType::kF64)));  // a dtype
+  EXPECT_NE(k, KeyOf(Build(false, false, 3.0)));                  // a constant
+  EXPECT_NE(k, KeyOf(Build(false, false, 2.0, DType::kF64)));     // a dtype
   EXPECT_NE(k, KeyOf(Build(false, false, 2.0, DType::kF32, 9)));  // a shape
-  EXPECT_NE(k, KeyOf(Build(false, false), "x86-64-v4"));       // the target
-  EXPECT_NE(k, KeyOf(Build(false, false), "x86-64-v3", 2));    // an option
+  EXPECT_NE(k, KeyOf(Build(false, false), "x86-64-v4"));          // the target
+  EXPECT_NE(k, KeyOf(Build(false, false), "x86-64-v3", 2));       // an option
   Target t;
   EXPECT_NE(k, key::ComputeKey(Build(false, false), t, CompileOptions{}, "toolchain-2").digest);
 }
@@ -85,7 +85,8 @@ TEST(Key, DebugStringIsLabelled) {
   Target t;
   auto k = key::ComputeKey(Build(false, false), t, CompileOptions{}, "toolchain-1");
   std::string s = k.DebugString();
-  for (const char* label : {"key_format:", "graph:", "target: cpu:x86-64-v3", "options:", "toolchain: toolchain-1", "digest:"})
+  for (const char* label : {"key_format:", "graph:", "target: cpu:x86-64-v3",
+                            "options:", "toolchain: toolchain-1", "digest:"})
     EXPECT_NE(s.find(label), std::string::npos) << label << "\n" << s;
   EXPECT_EQ(k.digest.size(), 64u);
 }

@@ -43,12 +43,15 @@ TEST(Pipeline, SinCosChainIsOneKernel) {
   auto dir = toolchain::TempDir::Create("kiln-needed-");
   ASSERT_TRUE(dir.ok());
   ASSERT_TRUE(toolchain::WriteFile(dir->path() + "/k.so", res->artifacts[0].bytes).ok());
-  auto deps = toolchain::RunSandboxed({"readelf", "-d", "k.so"}, dir->path(), toolchain::SandboxLimits{});
+  auto deps =
+      toolchain::RunSandboxed({"readelf", "-d", "k.so"}, dir->path(), toolchain::SandboxLimits{});
   ASSERT_TRUE(deps.ok());
   for (size_t at = deps->output.find("Shared library: ["); at != std::string::npos;
        at = deps->output.find("Shared library: [", at + 1)) {
     std::string lib = deps->output.substr(at + 17, deps->output.find(']', at) - at - 17);
-    EXPECT_TRUE(lib == "libc.so.6" || lib == "libm.so.6" || lib == "libmvec.so.1" || lib == "libgomp.so.1") << lib;
+    EXPECT_TRUE(lib == "libc.so.6" || lib == "libm.so.6" || lib == "libmvec.so.1" ||
+                lib == "libgomp.so.1")
+        << lib;
   }
   std::vector<float> xs(1000), out(1000, -1);
   std::mt19937 rng(1);
@@ -56,7 +59,8 @@ TEST(Pipeline, SinCosChainIsOneKernel) {
   for (float& v : xs) v = d(rng);
   ASSERT_EQ(k.Run({xs.data(), out.data()}), 0);
   for (int i = 0; i < 1000; ++i) {
-    const double sx = std::sin(static_cast<double>(xs[i])), cx = std::cos(static_cast<double>(xs[i]));
+    const double sx = std::sin(static_cast<double>(xs[i])),
+                 cx = std::cos(static_cast<double>(xs[i]));
     const double want = xs[i] * sx + cx * cx - sx;
     EXPECT_NEAR(out[i], want, 2e-5 * (1 + std::fabs(want))) << i << " x=" << xs[i];
   }
@@ -118,7 +122,8 @@ TEST(Pipeline, RowSoftmaxIsOneKernel) {
     double m = -INFINITY, s = 0;
     for (int64_t j = 0; j < c; ++j) m = std::max<double>(m, x[i * c + j]);
     for (int64_t j = 0; j < c; ++j) s += std::exp(x[i * c + j] - m);
-    for (int64_t j = 0; j < c; ++j) EXPECT_NEAR(out[i * c + j], std::exp(x[i * c + j] - m) / s, 1e-6);
+    for (int64_t j = 0; j < c; ++j)
+      EXPECT_NEAR(out[i * c + j], std::exp(x[i * c + j] - m) / s, 1e-6);
   }
 }
 
@@ -182,7 +187,10 @@ TEST(Fusion, LltmTailIsOneKernelWithTwoOutputs) {
   in.inputs = {Ty(DType::kF32, {batch, 3 * s}), Ty(DType::kF32, {batch, s})};
   ir::Builder b(in);
   auto part = [&](int k) {
-    return *b.Add("slice", {0}, {{"axes", ir::IntList{1}}, {"starts", ir::IntList{k * s}}, {"stops", ir::IntList{(k + 1) * s}}});
+    return *b.Add("slice", {0},
+                  {{"axes", ir::IntList{1}},
+                   {"starts", ir::IntList{k * s}},
+                   {"stops", ir::IntList{(k + 1) * s}}});
   };
   auto ig = *b.Add("sigmoid", {part(0)});
   auto og = *b.Add("sigmoid", {part(1)});

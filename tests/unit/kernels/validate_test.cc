@@ -1,6 +1,6 @@
 // Validation at the door: every bad graph is rejected with the node, the op and the rule.
-#include "gtest/gtest.h"
 #include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
 #include "kernels/ir/decode.h"
 
 namespace kiln {
@@ -15,7 +15,8 @@ absl::Status Decode(const std::string& text, ir::Limits limits = {}) {
 void ExpectError(const std::string& text, absl::StatusCode code, std::vector<std::string> needles) {
   absl::Status s = Decode(text);
   EXPECT_EQ(s.code(), code) << s;
-  for (const std::string& n : needles) EXPECT_NE(s.message().find(n), std::string::npos) << "'" << n << "' not in: " << s.message();
+  for (const std::string& n : needles)
+    EXPECT_NE(s.message().find(n), std::string::npos) << "'" << n << "' not in: " << s.message();
 }
 
 constexpr char kX[] = "inputs { name: 'x' type { dtype: F32 shape: 4 shape: 3 } } ";
@@ -27,28 +28,47 @@ TEST(Validate, AcceptsGoodGraph) {
 TEST(Validate, RejectsBadGraphsNamingNodeOpAndRule) {
   using C = absl::StatusCode;
   ExpectError("", C::kInvalidArgument, {"empty graph"});
-  ExpectError(std::string(kX) + "nodes { op: 'exp' inputs: 2 name: 'loop' } nodes { op: 'exp' inputs: 1 } outputs: 2",
-              C::kInvalidArgument, {"node 0", "exp", "loop", "before it is defined", "cycles"});
-  ExpectError(std::string(kX) + "nodes { op: 'exp' inputs: 7 } outputs: 1", C::kInvalidArgument, {"node 0", "undefined value 7"});
-  ExpectError(std::string(kX) + "nodes { op: 'frobnicate' inputs: 0 } outputs: 1", C::kInvalidArgument, {"node 0", "unknown op 'frobnicate'"});
-  ExpectError(std::string(kX) + "nodes { op: 'add' inputs: 0 } outputs: 1", C::kInvalidArgument, {"node 0 (add)", "wrong arity", "takes 2"});
-  ExpectError(std::string(kX) + "nodes { op: 'sum' inputs: 0 attrs { key: 'axes' value { s: 'one' } } } outputs: 1",
-              C::kInvalidArgument, {"node 0 (sum)", "attribute 'axes'"});
-  ExpectError(std::string(kX) + "nodes { op: 'sum' inputs: 0 attrs { key: 'axes' value { ints { values: 5 } } } } outputs: 1",
+  ExpectError(
+      std::string(kX) +
+          "nodes { op: 'exp' inputs: 2 name: 'loop' } nodes { op: 'exp' inputs: 1 } outputs: 2",
+      C::kInvalidArgument, {"node 0", "exp", "loop", "before it is defined", "cycles"});
+  ExpectError(std::string(kX) + "nodes { op: 'exp' inputs: 7 } outputs: 1", C::kInvalidArgument,
+              {"node 0", "undefined value 7"});
+  ExpectError(std::string(kX) + "nodes { op: 'frobnicate' inputs: 0 } outputs: 1",
+              C::kInvalidArgument, {"node 0", "unknown op 'frobnicate'"});
+  ExpectError(std::string(kX) + "nodes { op: 'add' inputs: 0 } outputs: 1", C::kInvalidArgument,
+              {"node 0 (add)", "wrong arity", "takes 2"});
+  ExpectError(
+      std::string(kX) +
+          "nodes { op: 'sum' inputs: 0 attrs { key: 'axes' value { s: 'one' } } } outputs: 1",
+      C::kInvalidArgument, {"node 0 (sum)", "attribute 'axes'"});
+  ExpectError(std::string(kX) +
+                  "nodes { op: 'sum' inputs: 0 attrs { key: 'axes' value { ints { values: 5 } } } "
+                  "} outputs: 1",
               C::kInvalidArgument, {"node 0 (sum)", "axis 5 out of range"});
-  ExpectError("inputs { type { dtype: DTYPE_UNSPECIFIED shape: 4 } } nodes { op: 'exp' inputs: 0 } outputs: 1",
-              C::kInvalidArgument, {"input 0", "dtype"});
-  ExpectError(std::string(kX) + "inputs { name: 'y' type { dtype: F32 shape: 5 } } nodes { op: 'add' inputs: 0 inputs: 1 } outputs: 2",
+  ExpectError(
+      "inputs { type { dtype: DTYPE_UNSPECIFIED shape: 4 } } nodes { op: 'exp' inputs: 0 } "
+      "outputs: 1",
+      C::kInvalidArgument, {"input 0", "dtype"});
+  ExpectError(std::string(kX) +
+                  "inputs { name: 'y' type { dtype: F32 shape: 5 } } nodes { op: 'add' inputs: 0 "
+                  "inputs: 1 } outputs: 2",
               C::kInvalidArgument, {"node 0 (add)", "broadcast mismatch", "[4,3]", "[5]"});
-  ExpectError("inputs { name: 'n' type { dtype: F32 shape: -3 } } nodes { op: 'exp' inputs: 0 } outputs: 1",
-              C::kInvalidArgument, {"input 0 ('n')", "negative dimension"});
-  ExpectError("inputs { type { dtype: F32 shape: 4611686018427387904 shape: 8 } } nodes { op: 'exp' inputs: 0 } outputs: 1",
-              C::kInvalidArgument, {"input 0", "overflows"});
+  ExpectError(
+      "inputs { name: 'n' type { dtype: F32 shape: -3 } } nodes { op: 'exp' inputs: 0 } outputs: 1",
+      C::kInvalidArgument, {"input 0 ('n')", "negative dimension"});
+  ExpectError(
+      "inputs { type { dtype: F32 shape: 4611686018427387904 shape: 8 } } nodes { op: 'exp' "
+      "inputs: 0 } outputs: 1",
+      C::kInvalidArgument, {"input 0", "overflows"});
   ExpectError(std::string(kX) + "nodes { op: 'bitwise_and' inputs: 0 inputs: 0 } outputs: 1",
               C::kInvalidArgument, {"node 0 (bitwise_and)", "integer or bool"});
-  ExpectError(std::string(kX) + "nodes { op: 'reshape' inputs: 0 attrs { key: 'shape' value { ints { values: 5 } } } } outputs: 1",
+  ExpectError(std::string(kX) +
+                  "nodes { op: 'reshape' inputs: 0 attrs { key: 'shape' value { ints { values: 5 } "
+                  "} } } outputs: 1",
               C::kInvalidArgument, {"node 0 (reshape)", "element count"});
-  ExpectError(std::string(kX) + "nodes { op: 'exp' inputs: 0 } outputs: 9", C::kInvalidArgument, {"output", "undefined value 9"});
+  ExpectError(std::string(kX) + "nodes { op: 'exp' inputs: 0 } outputs: 9", C::kInvalidArgument,
+              {"output", "undefined value 9"});
 }
 
 TEST(Validate, LimitsAreResourceExhausted) {

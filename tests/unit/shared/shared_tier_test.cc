@@ -341,8 +341,9 @@ TEST_F(SharedTierTest, AHolderThatLostItsLeaseNeitherReleasesNorRenewsTheNewOne)
   const std::string renewed(64, 'b');
   ASSERT_EQ(renewing.Acquire(renewed, absl::InfiniteFuture(), never), Claim::kOwner);
   ASSERT_EQ(RedisCall(redis_.port(), {"DEL", LeaseKey(renewed)})->integer, 1);
-  ASSERT_EQ(RedisCall(redis_.port(), {"SET", LeaseKey(renewed), "someone-else", "PX", "5000"})->type,
-            REDIS_REPLY_STATUS);
+  ASSERT_EQ(
+      RedisCall(redis_.port(), {"SET", LeaseKey(renewed), "someone-else", "PX", "5000"})->type,
+      REDIS_REPLY_STATUS);
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
   v1::GetStatsResponse stats;
   while (absl::Now() < deadline) {

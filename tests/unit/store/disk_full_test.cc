@@ -53,7 +53,8 @@ class DiskFullTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (geteuid() != 0) {
-      if (DiskFullRequired()) GTEST_FAIL() << "KILN_REQUIRE_DISK_FULL=1, but mounting a small tmpfs needs root";
+      if (DiskFullRequired())
+        GTEST_FAIL() << "KILN_REQUIRE_DISK_FULL=1, but mounting a small tmpfs needs root";
       GTEST_SKIP() << "mounting a small tmpfs needs root";
     }
     mount_ = std::filesystem::path(::testing::TempDir()) / absl::StrCat("kiln_full_", getpid());
@@ -61,7 +62,8 @@ class DiskFullTest : public ::testing::Test {
     if (mount("tmpfs", mount_.c_str(), "tmpfs", 0, "size=24m") != 0) {
       const std::string why = strerror(errno);
       std::filesystem::remove(mount_);
-      if (DiskFullRequired()) GTEST_FAIL() << "KILN_REQUIRE_DISK_FULL=1, but no tmpfs can be mounted: " << why;
+      if (DiskFullRequired())
+        GTEST_FAIL() << "KILN_REQUIRE_DISK_FULL=1, but no tmpfs can be mounted: " << why;
       GTEST_SKIP() << "cannot mount a tmpfs here: " << why;
     }
     mounted_ = true;

@@ -25,7 +25,6 @@ namespace {
 
 using ::testing::Optional;
 
-
 class RocksDbStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -277,7 +276,8 @@ TEST_F(RocksDbStoreTest, ListResultsPagesInKeyOrderWithoutCountingUse) {
   };
   EXPECT_EQ(keys("", 3), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(keys("c", 3), (std::vector<std::string>{"d"}));
-  EXPECT_EQ(keys("bb", 10), (std::vector<std::string>{"c", "d"}));  // after a key that is not stored
+  EXPECT_EQ(keys("bb", 10),
+            (std::vector<std::string>{"c", "d"}));  // after a key that is not stored
   EXPECT_TRUE(keys("d", 10).empty());
   EXPECT_EQ(store_->Stats().hits, 0);
   EXPECT_EQ(store_->Stats().misses, 0);

@@ -140,8 +140,7 @@ TEST_F(WorkerProcessCompilerTest, CrashIsAnErrorAndTheWorkerIsReplaced) {
   ASSERT_EQ(before.size(), 1u);
   absl::StatusOr<CompileResult> crashed = compiler->Compile(Graph(3, "crash"), cpu_, options_);
   ASSERT_TRUE(absl::IsInternal(crashed.status())) << crashed.status();
-  EXPECT_NE(crashed.status().message().find("compile worker crashed: signal 11"),
-            std::string::npos)
+  EXPECT_NE(crashed.status().message().find("compile worker crashed: signal 11"), std::string::npos)
       << crashed.status();
   const std::vector<pid_t> after = compiler->WorkerPids();
   ASSERT_EQ(after.size(), 1u);
@@ -202,7 +201,8 @@ TEST_F(WorkerProcessCompilerTest, IdleWorkersSleep) {
   for (pid_t pid : pids) before.push_back(CpuSeconds(pid));
   absl::SleepFor(absl::Seconds(1));
   for (size_t i = 0; i < pids.size(); ++i) {
-    EXPECT_LT(CpuSeconds(pids[i]) - before[i], 0.1) << "worker " << pids[i] << " is busy while idle";
+    EXPECT_LT(CpuSeconds(pids[i]) - before[i], 0.1)
+        << "worker " << pids[i] << " is busy while idle";
   }
 }
 

@@ -27,11 +27,10 @@
 // Why native: a part called from Python cost 26-30 µs of host time on an H100 host (argument
 // checks, one torch.empty per output at ~6 µs each, ctypes launches), against a few µs here.
 #define PY_SSIZE_T_CLEAN  // y# formats take Py_ssize_t lengths
-#include <Python.h>
-
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <Python.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -52,8 +51,7 @@ using kiln::client::CudaSizeExpr;
 // ------------------------------------------------------------------ CudaModule objects
 
 struct PyModule {
-  PyObject_HEAD
-  CudaModule* module;
+  PyObject_HEAD CudaModule* module;
 };
 
 void ModuleDealloc(PyObject* self) {
@@ -73,8 +71,9 @@ PyTypeObject MakeType(const char* name, Py_ssize_t size, destructor dealloc, con
   return t;
 }
 
-PyTypeObject ModuleType = MakeType("kiln_native.CudaModule", sizeof(PyModule), ModuleDealloc,
-                                   "A CUDA artifact loaded by the C++ client's loader in the current context.");
+PyTypeObject ModuleType =
+    MakeType("kiln_native.CudaModule", sizeof(PyModule), ModuleDealloc,
+             "A CUDA artifact loaded by the C++ client's loader in the current context.");
 
 // cuda_load(cubin: bytes, ptx: bytes, plan_json: str) -> CudaModule
 PyObject* CudaLoad(PyObject*, PyObject* args) {
@@ -90,14 +89,12 @@ PyObject* CudaLoad(PyObject*, PyObject* args) {
   bool parsed = false;
   // Without the GIL: a graph's parts load from several threads, and the driver's module load
   // is most of the time. The buffers belong to `args`, which the caller keeps alive.
-  Py_BEGIN_ALLOW_THREADS
-  parsed = kiln::client::ParseCudaPlan(json, &plan, &error);
+  Py_BEGIN_ALLOW_THREADS parsed = kiln::client::ParseCudaPlan(json, &plan, &error);
   if (parsed) {
-    m = CudaModule::Load(std::string_view(cubin, cubin_len), std::string_view(ptx, ptx_len), std::move(plan),
-                         &error);
+    m = CudaModule::Load(std::string_view(cubin, cubin_len), std::string_view(ptx, ptx_len),
+                         std::move(plan), &error);
   }
-  Py_END_ALLOW_THREADS
-  if (!parsed) {
+  Py_END_ALLOW_THREADS if (!parsed) {
     PyErr_SetString(PyExc_ValueError, ("plan: " + error).c_str());
     return nullptr;
   }
@@ -115,10 +112,10 @@ PyObject* CudaLoad(PyObject*, PyObject* args) {
 
 struct Operand {
   at::ScalarType dtype = at::kFloat;
-  std::vector<CudaSizeExpr> shape;      // symbolic parts
-  std::vector<int64_t> fixed;           // static parts
-  std::vector<int64_t> strides;         // inputs: the accepted strides (with `exact_strides`)
-  bool exact_strides = false;           // false: any contiguous tensor
+  std::vector<CudaSizeExpr> shape;  // symbolic parts
+  std::vector<int64_t> fixed;       // static parts
+  std::vector<int64_t> strides;     // inputs: the accepted strides (with `exact_strides`)
+  bool exact_strides = false;       // false: any contiguous tensor
 };
 
 using CpuRun1 = int (*)(void* const*, void*, int);
@@ -126,18 +123,17 @@ using CpuRun2 = int (*)(void* const*, const int64_t*, void*, int);
 using CpuWorkspace = int64_t (*)(const int64_t*);
 
 struct PyPart {
-  PyObject_HEAD
-  at::Device device;  // the CPU, or the CUDA device the kernels were loaded on
+  PyObject_HEAD at::Device device;  // the CPU, or the CUDA device the kernels were loaded on
   std::vector<Operand> inputs;
   std::vector<Operand> outputs;
-  std::vector<int> results;                   // output index per result
-  std::vector<std::pair<int, int>> symbols;   // (input, axis) per symbol
-  int64_t workspace_bytes;                    // static parts
+  std::vector<int> results;                  // output index per result
+  std::vector<std::pair<int, int>> symbols;  // (input, axis) per symbol
+  int64_t workspace_bytes;                   // static parts
   void* cpu_run;
-  CpuWorkspace cpu_workspace;                 // CPU symbolic parts
-  PyObject* module_obj;                       // CUDA: the PyModule (owned reference)
-  PyObject* stream_fn;                        // CUDA: callable(device index) -> CUstream
-  PyObject* device_arg;                       // CUDA: the device index as a Python int
+  CpuWorkspace cpu_workspace;  // CPU symbolic parts
+  PyObject* module_obj;        // CUDA: the PyModule (owned reference)
+  PyObject* stream_fn;         // CUDA: callable(device index) -> CUstream
+  PyObject* device_arg;        // CUDA: the device index as a Python int
 };
 
 void PartDealloc(PyObject* self) {
@@ -196,7 +192,8 @@ bool ReadOperand(PyObject* item, const std::vector<std::string>& names, Operand*
     std::string error;
     if (!kiln::client::ParseCudaSizeExpr(text, names, &e, &error)) {
       Py_DECREF(fast);
-      PyErr_SetString(PyExc_ValueError, ("shape expression '" + std::string(text) + "': " + error).c_str());
+      PyErr_SetString(PyExc_ValueError,
+                      ("shape expression '" + std::string(text) + "': " + error).c_str());
       return false;
     }
     if (names.empty()) out->fixed.push_back(e.Eval(nullptr));
@@ -210,7 +207,8 @@ bool ReadOperand(PyObject* item, const std::vector<std::string>& names, Operand*
   return true;
 }
 
-bool ReadOperands(PyObject* list, const std::vector<std::string>& names, std::vector<Operand>* out) {
+bool ReadOperands(PyObject* list, const std::vector<std::string>& names,
+                  std::vector<Operand>* out) {
   PyObject* fast = PySequence_Fast(list, "expected a sequence of operands");
   if (!fast) return false;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
@@ -225,8 +223,9 @@ bool ReadOperands(PyObject* list, const std::vector<std::string>& names, std::ve
   return true;
 }
 
-PyTypeObject PartType = MakeType("kiln_native.Part", sizeof(PyPart), PartDealloc,
-                                 "A kiln part's kernels with everything a call needs prepared (see runner.cc).");
+PyTypeObject PartType =
+    MakeType("kiln_native.Part", sizeof(PyPart), PartDealloc,
+             "A kiln part's kernels with everything a call needs prepared (see runner.cc).");
 
 // make_part(device_index, runner, stream_fn, symbols, symbol_names, inputs, outputs, results,
 //           workspace_bytes)
@@ -239,13 +238,14 @@ PyObject* MakePart(PyObject*, PyObject* args) {
   int device_index = -1;
   PyObject *runner, *stream_fn, *symbols, *names_obj, *inputs, *outputs, *results;
   long long workspace_bytes = 0;
-  if (!PyArg_ParseTuple(args, "iOOOOOOOL", &device_index, &runner, &stream_fn, &symbols, &names_obj, &inputs,
-                        &outputs, &results, &workspace_bytes))
+  if (!PyArg_ParseTuple(args, "iOOOOOOOL", &device_index, &runner, &stream_fn, &symbols, &names_obj,
+                        &inputs, &outputs, &results, &workspace_bytes))
     return nullptr;
   auto* p = PyObject_New(PyPart, &PartType);
   if (!p) return nullptr;
-  new (&p->device) at::Device(device_index >= 0 ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index))
-                                                : at::Device(at::kCPU));
+  new (&p->device) at::Device(
+      device_index >= 0 ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index))
+                        : at::Device(at::kCPU));
   new (&p->inputs) std::vector<Operand>();
   new (&p->outputs) std::vector<Operand>();
   new (&p->results) std::vector<int>();
@@ -274,9 +274,11 @@ PyObject* MakePart(PyObject*, PyObject* args) {
   }
   Py_DECREF(fast);
   std::vector<int64_t> flat, res;
-  if (!ReadInts(symbols, &flat) || flat.size() != 2 * names.size() || !ReadOperands(inputs, names, &p->inputs) ||
-      !ReadOperands(outputs, names, &p->outputs) || !ReadInts(results, &res)) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "symbols: expected (input, axis) pairs, one per name");
+  if (!ReadInts(symbols, &flat) || flat.size() != 2 * names.size() ||
+      !ReadOperands(inputs, names, &p->inputs) || !ReadOperands(outputs, names, &p->outputs) ||
+      !ReadInts(results, &res)) {
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_ValueError, "symbols: expected (input, axis) pairs, one per name");
     Py_DECREF(self);
     return nullptr;
   }
@@ -313,7 +315,8 @@ PyObject* MakePart(PyObject*, PyObject* args) {
     }
     const CudaPlan& plan = reinterpret_cast<PyModule*>(runner)->module->plan();
     if (plan.num_inputs() != static_cast<int>(p->inputs.size()) ||
-        plan.num_outputs() != static_cast<int>(p->outputs.size()) || plan.symbols.size() != names.size()) {
+        plan.num_outputs() != static_cast<int>(p->outputs.size()) ||
+        plan.symbols.size() != names.size()) {
       PyErr_SetString(PyExc_ValueError, "the module's plan does not match the part's operands");
       Py_DECREF(self);
       return nullptr;
@@ -330,7 +333,9 @@ PyObject* MakePart(PyObject*, PyObject* args) {
       return nullptr;
     }
     if (!run || (!names.empty() && !ws)) {
-      PyErr_SetString(PyExc_ValueError, "a CPU part takes kiln_run's address (and kiln_workspace_bytes' for symbols)");
+      PyErr_SetString(
+          PyExc_ValueError,
+          "a CPU part takes kiln_run's address (and kiln_workspace_bytes' for symbols)");
       Py_DECREF(self);
       return nullptr;
     }
@@ -409,7 +414,8 @@ PyObject* PartCall(PyObject* self, PyObject* args, PyObject* kwargs) {
         // A declared layout (a slice of a wider tensor, say): other strides need the Python
         // path, which knows which layouts are equivalent and how to copy into the declared one.
         if (t->strides() != at::IntArrayRef(want.strides)) Py_RETURN_NONE;
-      } else if (!t->is_contiguous() || (p->device.is_cuda() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16)) {
+      } else if (!t->is_contiguous() ||
+                 (p->device.is_cuda() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16)) {
         // A broadcast gradient (stride 0), a transposed view, a misaligned slice: the kernels
         // read a contiguous, 16-byte aligned copy (CUDA kernels use 16-byte vector loads).
         copies.push_back(t->clone(at::MemoryFormat::Contiguous));
@@ -424,16 +430,20 @@ PyObject* PartCall(PyObject* self, PyObject* args, PyObject* kwargs) {
     for (const Operand& o : p->outputs) {
       const auto options = at::TensorOptions().dtype(o.dtype).device(p->device);
       // An output with strides (static parts): a dense layout the kernel stores in memory order.
-      outs.push_back(o.exact_strides ? at::empty_strided(o.fixed, o.strides, options) : at::empty(Dims(o, sizes), options));
+      outs.push_back(o.exact_strides ? at::empty_strided(o.fixed, o.strides, options)
+                                     : at::empty(Dims(o, sizes), options));
       buffers.push_back(outs.back().data_ptr());
     }
     int64_t ws_bytes = p->workspace_bytes;
     std::string error;
-    CudaModule* module = p->device.is_cuda() ? reinterpret_cast<PyModule*>(p->module_obj)->module : nullptr;
+    CudaModule* module =
+        p->device.is_cuda() ? reinterpret_cast<PyModule*>(p->module_obj)->module : nullptr;
     if (!sizes.empty()) {
-      ws_bytes = module ? module->WorkspaceBytes(sizes.data(), sizes.size(), &error) : p->cpu_workspace(sizes.data());
+      ws_bytes = module ? module->WorkspaceBytes(sizes.data(), sizes.size(), &error)
+                        : p->cpu_workspace(sizes.data());
       if (ws_bytes < 0) {
-        PyErr_SetString(PyExc_RuntimeError, error.empty() ? "the kernels cannot run at these sizes" : error.c_str());
+        PyErr_SetString(PyExc_RuntimeError,
+                        error.empty() ? "the kernels cannot run at these sizes" : error.c_str());
         return nullptr;
       }
     }
@@ -456,11 +466,11 @@ PyObject* PartCall(PyObject* self, PyObject* args, PyObject* kwargs) {
     } else {
       const int threads = at::get_num_threads();
       int rc = 0;
-      Py_BEGIN_ALLOW_THREADS
-      rc = sizes.empty() ? reinterpret_cast<CpuRun1>(p->cpu_run)(buffers.data(), ws_ptr, threads)
-                         : reinterpret_cast<CpuRun2>(p->cpu_run)(buffers.data(), sizes.data(), ws_ptr, threads);
-      Py_END_ALLOW_THREADS
-      if (rc != 0) {
+      Py_BEGIN_ALLOW_THREADS rc =
+          sizes.empty() ? reinterpret_cast<CpuRun1>(p->cpu_run)(buffers.data(), ws_ptr, threads)
+                        : reinterpret_cast<CpuRun2>(p->cpu_run)(buffers.data(), sizes.data(),
+                                                                ws_ptr, threads);
+      Py_END_ALLOW_THREADS if (rc != 0) {
         PyErr_SetString(PyExc_RuntimeError, ("kiln_run returned " + std::to_string(rc)).c_str());
         return nullptr;
       }
@@ -476,7 +486,8 @@ PyObject* PartCall(PyObject* self, PyObject* args, PyObject* kwargs) {
       PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(r), t);
     }
     return tuple;
-  } catch (const std::exception& e) {  // c10::Error from the allocator (out of memory), and the like
+  } catch (
+      const std::exception& e) {  // c10::Error from the allocator (out of memory), and the like
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
   }
@@ -509,7 +520,8 @@ PyObject* GraphKey(PyObject*, PyObject* seq) {
       Py_RETURN_NONE;
     }
     const at::Tensor& t = THPVariable_Unpack(obj);
-    key.push_back(static_cast<int64_t>(t.scalar_type()) << 32 | static_cast<int64_t>(t.get_device()) << 8 | t.dim());
+    key.push_back(static_cast<int64_t>(t.scalar_type()) << 32 |
+                  static_cast<int64_t>(t.get_device()) << 8 | t.dim());
     for (int64_t d : t.sizes()) key.push_back(d);
     for (int64_t st : t.strides()) key.push_back(st);
     PyObject* p = PyLong_FromVoidPtr(t.data_ptr());
@@ -521,8 +533,9 @@ PyObject* GraphKey(PyObject*, PyObject* seq) {
     PyTuple_SET_ITEM(ptrs, i, p);
   }
   Py_DECREF(fast);
-  PyObject* bytes = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(key.data()),
-                                              static_cast<Py_ssize_t>(key.size() * sizeof(int64_t)));
+  PyObject* bytes =
+      PyBytes_FromStringAndSize(reinterpret_cast<const char*>(key.data()),
+                                static_cast<Py_ssize_t>(key.size() * sizeof(int64_t)));
   if (!bytes) {
     Py_DECREF(ptrs);
     return nullptr;
@@ -561,14 +574,15 @@ PyObject* MapToList(PyObject* seq, const char* what, Item item) {
 // storage_uses(tensors) -> list of ints: how many references each tensor's storage has (the
 // tensors themselves and every view of them).
 PyObject* StorageUses(PyObject*, PyObject* seq) {
-  return MapToList(seq, "storage_uses: expected a sequence of tensors", [](PyObject* obj) -> PyObject* {
-    if (!THPVariable_Check(obj)) {
-      PyErr_SetString(PyExc_TypeError, "storage_uses: expected tensors");
-      return nullptr;
-    }
-    const at::Tensor& t = THPVariable_Unpack(obj);
-    return PyLong_FromSize_t(t.has_storage() ? t.storage().use_count() : 0);
-  });
+  return MapToList(seq, "storage_uses: expected a sequence of tensors",
+                   [](PyObject* obj) -> PyObject* {
+                     if (!THPVariable_Check(obj)) {
+                       PyErr_SetString(PyExc_TypeError, "storage_uses: expected tensors");
+                       return nullptr;
+                     }
+                     const at::Tensor& t = THPVariable_Unpack(obj);
+                     return PyLong_FromSize_t(t.has_storage() ? t.storage().use_count() : 0);
+                   });
 }
 
 // detach_all(values) -> list: each tensor as a new tensor object over the same memory, without
