@@ -409,6 +409,19 @@ int Run() {
                              store.status().ToString()));
   }
 
+  std::unique_ptr<auth::ResultSigner> signer;
+  if (const std::string key_file = absl::GetFlag(FLAGS_signing_key); !key_file.empty()) {
+    std::vector<std::string> trusted =
+        absl::StrSplit(absl::GetFlag(FLAGS_trusted_keys), ',', absl::SkipEmpty());
+    absl::StatusOr<std::unique_ptr<auth::ResultSigner>> loaded =
+        auth::ResultSigner::Load(key_file, std::move(trusted));
+    if (!loaded.ok()) return Fail(absl::StrCat("--signing-key: ", loaded.status().message()));
+    signer = *std::move(loaded);
+    spdlog::info("signing results with key {}", signer->key_id());
+  } else if (!absl::GetFlag(FLAGS_trusted_keys).empty()) {
+    return Fail("--trusted-keys needs --signing-key");
+  }
+
   // The shared tier, when asked for: Tiered(L1, L2) becomes the store every reader uses, and
   // the lease manager coordinates compiles with the other replicas.
   std::unique_ptr<shared::RedisClient> redis;
@@ -432,6 +445,11 @@ int Run() {
     redis = std::make_unique<shared::RedisClient>(*std::move(redis_options));
     shared::SharedStoreOptions l2_options;
     l2_options.ttl = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_shared_cache_ttl_s)));
+    if (signer != nullptr) {
+      l2_options.verify = [s = signer.get()](const std::string& key, const v1::ActionResult& r) {
+        return s->VerifyStored(key, r);
+      };
+    }
     l2 = std::make_unique<shared::SharedStore>(redis.get(), l2_options);
     tiered = std::make_unique<store::TieredStore>(store->get(), l2.get());
     shared::LeaseOptions lease_options;
@@ -466,18 +484,6 @@ int Run() {
       absl::GetFlag(FLAGS_auth_tokens), absl::GetFlag(FLAGS_token_max_compiles));
   if (!authorizer.ok()) {
     return Fail(absl::StrCat("--auth-tokens: ", authorizer.status().message()));
-  }
-  std::unique_ptr<auth::ResultSigner> signer;
-  if (const std::string key_file = absl::GetFlag(FLAGS_signing_key); !key_file.empty()) {
-    std::vector<std::string> trusted =
-        absl::StrSplit(absl::GetFlag(FLAGS_trusted_keys), ',', absl::SkipEmpty());
-    absl::StatusOr<std::unique_ptr<auth::ResultSigner>> loaded =
-        auth::ResultSigner::Load(key_file, std::move(trusted));
-    if (!loaded.ok()) return Fail(absl::StrCat("--signing-key: ", loaded.status().message()));
-    signer = *std::move(loaded);
-    spdlog::info("signing results with key {}", signer->key_id());
-  } else if (!absl::GetFlag(FLAGS_trusted_keys).empty()) {
-    return Fail("--trusted-keys needs --signing-key");
   }
 
   compile::CompileServiceOptions compile_options;

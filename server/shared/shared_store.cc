@@ -122,6 +122,9 @@ absl::StatusOr<std::optional<v1::ActionResult>> SharedStore::GetResult(const std
       payload = absl::DataLossError(absl::StrCat("artifact ", i, " has a malformed digest"));
     }
   }
+  if (payload.ok() && options_.verify) {
+    if (absl::Status v = options_.verify(key, result); !v.ok()) payload = v;
+  }
   if (!payload.ok()) {
     misses_.fetch_add(1, std::memory_order_relaxed);
     DropCorrupt(record_key, payload.status());

@@ -19,6 +19,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,10 @@ struct SharedStoreOptions {
   size_t chunk_bytes = 1 << 20;
   // Expiry of every key written; zero: none (rely on maxmemory + allkeys-lru).
   absl::Duration ttl = absl::ZeroDuration();
+  // When set (kilnd signs its results), an action record must also pass this check (its
+  // signature by a trusted key) to be a hit; one that fails is a corruption like a bad digest:
+  // counted, deleted, never copied into the local tier. Must be thread-safe.
+  std::function<absl::Status(const std::string& key, const v1::ActionResult& result)> verify;
 };
 
 // A latency histogram with fixed bounds; lock-free.

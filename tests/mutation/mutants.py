@@ -308,6 +308,50 @@ MUTANTS: list[Mutant] = [
         replace="  if (rocksdb::Status s = db_->Resume(); true) {",
         tests=("gtest:store_disk_full_test",),
     ),
+    Mutant(
+        name="l2-signature-unchecked",
+        what="a replica that signs takes records from Redis without checking their signature",
+        file="server/shared/shared_store.cc",
+        find="  if (payload.ok() && options_.verify) {",
+        replace="  if (false && options_.verify) {",
+        tests=("gtest:shared_tier_test:SharedTierTest.ARecordThatFailsTheSignatureCheckIsACorruptionNotAHit",),
+    ),
+    Mutant(
+        name="lowering-remainder-as-floordiv",
+        what="the torch lowering table lowers aten.remainder as a floor division",
+        file="client/python/kiln/torch/lowering.py",
+        find='register_lowering(aten.remainder.Tensor, aten.remainder.Scalar)(_binary_arith("remainder"))',
+        replace='register_lowering(aten.remainder.Tensor, aten.remainder.Scalar)(_binary_arith("floordiv"))',
+        tests=_daemon("tests/python/test_torch_backend.py::test_many_ops_match_eager"),
+        build=("kilnd",),
+    ),
+    Mutant(
+        name="tracer-subtract-as-add",
+        what="the NumPy tracer records np.subtract (and `-`) as an addition",
+        file="client/python/kiln/tracer.py",
+        find='np.subtract: _bin("sub")',
+        replace='np.subtract: _bin("add")',
+        tests=("pytest:tests/python/test_tracer_offline.py",),
+    ),
+    Mutant(
+        name="partition-shared-value-not-output",
+        what="the partitioner returns a part's value only when nothing inside the part reads it too",
+        file="client/python/kiln/torch/partition.py",
+        find="            if any(u not in members for u in n.users):\n                s.outputs.append(n)",
+        replace="            if all(u not in members for u in n.users):\n                s.outputs.append(n)",
+        tests=_daemon("tests/python/test_torch_backend.py::test_lltm_forward_and_backward"),
+        build=("kilnd",),
+    ),
+    Mutant(
+        name="autotune-margin-narrowed",
+        what="the tuner takes a variant 1% faster than the default (the margin is 3%)",
+        file="client/python/kiln/autotune.py",
+        find="MIN_GAIN = 0.03",
+        replace="MIN_GAIN = 0.01",
+        tests=_daemon("tests/python/test_torch_backend.py::"
+                      "test_tuner_keeps_the_default_unless_a_variant_is_faster_both_ways"),
+        build=("kilnd",),
+    ),
 ]
 
 # A quick sample (KILN_MUTATIONS=sample deploy/test.sh; CI runs every mutant): one compiler

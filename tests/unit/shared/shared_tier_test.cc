@@ -231,6 +231,38 @@ TEST_F(SharedTierTest, TieredFillsL1FromL2AndSurvivesL2Outage) {
   std::filesystem::remove_all(dir);
 }
 
+TEST_F(SharedTierTest, ARecordThatFailsTheSignatureCheckIsACorruptionNotAHit) {
+  // A writer that can reach Redis but holds no key: its records pass the digest checks (it
+  // computed the digests) and must still be refused by replicas that verify signatures.
+  SharedStore writer(client_.get(), SharedStoreOptions());
+  SharedStoreOptions verifying;
+  verifying.verify = [](const std::string&, const v1::ActionResult& r) {
+    return r.key_debug() == "vouched"
+               ? absl::OkStatus()
+               : absl::FailedPreconditionError("not signed by a trusted key");
+  };
+  SharedStore reader(client_.get(), verifying);
+  const std::vector<std::string> blobs = {"compiled code"};
+  v1::ActionResult good = ResultNaming(blobs);
+  good.set_key_debug("vouched");
+  v1::ActionResult forged = ResultNaming(blobs);
+  const std::string good_key(64, '4'), forged_key(64, '5');
+  ASSERT_TRUE(writer.PutResult(good_key, good, blobs).ok());
+  ASSERT_TRUE(writer.PutResult(forged_key, forged, blobs).ok());
+
+  absl::StatusOr<std::optional<v1::ActionResult>> got = reader.GetResult(good_key);
+  ASSERT_TRUE(got.ok() && got->has_value());
+  got = reader.GetResult(forged_key);
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(got->has_value()) << "a record that fails the check is a miss";
+  const store::StoreStats stats = reader.Stats();
+  EXPECT_EQ(stats.hits, 1);
+  EXPECT_EQ(stats.corruptions, 1) << "counted as a corruption, not a hit";
+  got = writer.GetResult(forged_key);
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(got->has_value()) << "and deleted, so the next writer replaces it";
+}
+
 TEST_F(SharedTierTest, LeasesExcludeAndAreTakenOverWhenTheHolderStopsRenewing) {
   LeaseOptions options;
   options.ttl = absl::Milliseconds(600);
