@@ -229,6 +229,29 @@ def test_artifact_cache_verifies_digests(tmp_path):
         cache.path_for("../../etc/passwd")
 
 
+def test_artifact_cache_shares_the_cpp_layout_and_adopts_the_old_one(tmp_path, monkeypatch):
+    """Artifacts live where the C++ client keeps them (client/cpp/artifact_cache.h:
+    artifacts/<d0d1>/<digest> under $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln), and one an
+    older Python client stored under cas/ is moved there when first asked for, verified."""
+    cache = ArtifactCache(tmp_path)
+    digest, path = cache.put_bytes(b"shared")
+    assert path == tmp_path / "artifacts" / digest[:2] / digest
+    old = hashlib.sha256(b"from before").hexdigest()
+    legacy = tmp_path / "cas" / old[:2] / old
+    legacy.parent.mkdir(parents=True)
+    legacy.write_bytes(b"from before")
+    assert cache.get(old) == tmp_path / "artifacts" / old[:2] / old and not legacy.exists()
+    bad = hashlib.sha256(b"right").hexdigest()
+    (tmp_path / "cas" / bad[:2]).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cas" / bad[:2] / bad).write_bytes(b"wrong")
+    assert cache.get(bad) is None, "an adopted file is verified like any other"
+    monkeypatch.delenv("KILN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    from kiln.cache import default_cache_dir
+
+    assert default_cache_dir() == tmp_path / "xdg" / "kiln"
+
+
 def test_cli_help_for_every_subcommand(capsys):
     from kiln.cli import main
 

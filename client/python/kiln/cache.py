@@ -1,11 +1,18 @@
 """The local content-addressed artifact directory.
 
-Layout under the root (``$KILN_CACHE_DIR``, default ``~/.cache/kiln``)::
+Layout under the root (``$KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln``, else
+``~/.cache/kiln``)::
 
-    cas/<first two hex digits>/<sha256>   artifact bytes, named by their SHA-256
-    handles/<handle>.json                 what this machine knows about a handle's graph
-                                          (input names, dtypes, shapes, strides), written when
-                                          a client compiles it, so a handle alone can be run
+    artifacts/<first two hex digits>/<sha256>   artifact bytes, named by their SHA-256
+    handles/<handle>.json                       what this machine knows about a handle's graph
+                                                (input names, dtypes, shapes, strides), written
+                                                when a client compiles it, so a handle alone
+                                                can be run
+
+The artifact folder is the C++ client's (client/cpp/artifact_cache.h), root and layout alike,
+so a machine running both keeps each artifact once; both write through a temporary file renamed
+into place and hash a file before using it. Artifacts an older client left under
+``cas/<xx>/<sha256>`` are moved into ``artifacts/`` the first time they are asked for.
 
 Every file is written to a temporary name in the same folder and renamed into place, so a
 reader never sees a partial artifact, and several processes may fill the cache at once. An
@@ -28,10 +35,14 @@ _DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 
 
 def default_cache_dir() -> Path:
-    """``$KILN_CACHE_DIR``, or ``~/.cache/kiln``."""
+    """``$KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln``, else ``~/.cache/kiln`` (the C++
+    client's order)."""
     env = os.environ.get("KILN_CACHE_DIR")
     if env:
         return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "kiln"
     return Path.home() / ".cache" / "kiln"
 
 
@@ -84,7 +95,7 @@ class ArtifactCache:
     def path_for(self, digest: str) -> Path:
         """Where an artifact lives (whether or not it is there)."""
         check_digest(digest)
-        return self.root / "cas" / digest[:2] / digest
+        return self.root / "artifacts" / digest[:2] / digest
 
     def get(self, digest: str) -> Optional[Path]:
         """The path of a present, verified artifact, or None.
@@ -96,7 +107,9 @@ class ArtifactCache:
         try:
             st = path.stat()
         except FileNotFoundError:
-            return None
+            st = self._adopt_legacy(digest, path)
+            if st is None:
+                return None
         sig = (st.st_ino, st.st_size, st.st_mtime_ns)
         with self._lock:
             if self._verified.get(digest) == sig:
@@ -107,6 +120,17 @@ class ArtifactCache:
         with self._lock:
             self._verified[digest] = sig
         return path
+
+    def _adopt_legacy(self, digest: str, path: Path) -> Optional[os.stat_result]:
+        """Moves an artifact an older client stored under ``cas/`` to ``path`` (verified by the
+        caller like any file); None when there is none."""
+        legacy = self.root / "cas" / digest[:2] / digest
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(legacy, path)
+            return path.stat()
+        except OSError:
+            return None
 
     def put_chunks(self, digest: str, chunks: Iterable[bytes], size: Optional[int] = None) -> Path:
         """Stores an artifact from a stream of byte chunks, verifying size and digest.
