@@ -105,11 +105,11 @@ class ArtifactCache:
         """
         path = self.path_for(digest)
         try:
-            st = path.stat()
+            st: Optional[os.stat_result] = path.stat()
         except FileNotFoundError:
             st = self._adopt_legacy(digest, path)
-            if st is None:
-                return None
+        if st is None:
+            return None
         sig = (st.st_ino, st.st_size, st.st_mtime_ns)
         with self._lock:
             if self._verified.get(digest) == sig:
