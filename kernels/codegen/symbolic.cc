@@ -241,6 +241,14 @@ bool IsArrayLength(const std::string& skeleton, size_t pos) {
   return std::regex_match(skeleton.substr(line, pos - line), kDecl);
 }
 
+// The sample points as "(2, 3), (5, 7), ..." (the first three): for messages.
+std::string SampleList(const std::vector<std::vector<int64_t>>& points) {
+  std::vector<std::string> shown;
+  for (size_t i = 0; i < points.size() && i < 3; ++i)
+    shown.push_back(absl::StrCat("(", absl::StrJoin(points[i], ", "), ")"));
+  return absl::StrCat(absl::StrJoin(shown, ", "), points.size() > 3 ? ", ..." : "");
+}
+
 absl::StatusOr<SizeExpr> GeneraliseNumber(const std::vector<int64_t>& values,
                                           const std::vector<std::vector<int64_t>>& points, int r) {
   Poly p;
@@ -327,6 +335,16 @@ absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& sampl
 
   // The plan: buffers' shapes and sizes as polynomials; steps as sampled (the same for all).
   unit.plan = samples[0].plan;
+  // Names a buffer and its sampled values in a refusal: which one, and what it did.
+  auto buffer_refusal = [&](const PlanBuffer& pb, const std::string& what,
+                            const std::vector<int64_t>& values, const absl::Status& s) {
+    const char* role = pb.role == BufferRole::kInput    ? "input"
+                       : pb.role == BufferRole::kOutput ? "output"
+                                                        : "temporary";
+    return refuse(absl::StrCat(s.message(), ": ", what, " of ", role, " ", pb.index, " is ",
+                               absl::StrJoin(values, ", "), " at the samples ",
+                               SampleList(points)));
+  };
   unit.plan.workspace_bytes = 0;  // the artifact reports it (kiln_workspace_bytes)
   for (size_t b = 0; b < unit.plan.buffers.size(); ++b) {
     PlanBuffer& pb = unit.plan.buffers[b];
@@ -334,7 +352,7 @@ absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& sampl
       std::vector<int64_t> values;
       for (const SymbolicSample& s : samples) values.push_back(s.plan.buffers[b].shape[d]);
       auto e = GeneraliseNumber(values, points, r);
-      if (!e.ok()) return refuse(std::string(e.status().message()));
+      if (!e.ok()) return buffer_refusal(pb, absl::StrCat("dimension ", d), values, e.status());
       pb.shape_exprs.push_back(*std::move(e));
       if (std::any_of(values.begin(), values.end(), [&](int64_t v) { return v != values[0]; }))
         pb.shape[d] = -1;
@@ -342,7 +360,7 @@ absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& sampl
     std::vector<int64_t> bytes;
     for (const SymbolicSample& s : samples) bytes.push_back(s.plan.buffers[b].bytes);
     auto e = GeneraliseNumber(bytes, points, r);
-    if (!e.ok()) return refuse(std::string(e.status().message()));
+    if (!e.ok()) return buffer_refusal(pb, "the byte size", bytes, e.status());
     pb.bytes_expr = *std::move(e);
     if (std::any_of(bytes.begin(), bytes.end(), [&](int64_t v) { return v != bytes[0]; }))
       pb.bytes = -1;
@@ -379,7 +397,9 @@ absl::StatusOr<SymbolicUnit> Generalise(const std::vector<SymbolicSample>& sampl
   std::vector<int64_t> bounds;
   for (const SymbolicSample& s : samples) bounds.push_back(s.plan.index_bound);
   auto e = GeneraliseNumber(bounds, points, r);
-  if (!e.ok()) return refuse(std::string(e.status().message()));
+  if (!e.ok())
+    return refuse(absl::StrCat("the bound on the kernels' indices is ", absl::StrJoin(bounds, ", "),
+                               " at the samples ", SampleList(points)));
   unit.plan.index_bound_expr = *std::move(e);
   unit.plan.index_bound = 0;
   return unit;

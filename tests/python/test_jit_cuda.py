@@ -405,6 +405,30 @@ def test_run_compiled_prepares_arguments(client, rng, fake_driver, monkeypatch):
         compiled(Xa[:10], ma)
 
 
+def safe_softmax_graph(rows: tuple, t: int):
+    """torch's ``_safe_softmax`` of attention scores plus a padding mask, as the backend
+    lowers it for a symbolic sequence length T: softmax over the row, and zero where every
+    score of the row is -inf (three reductions over one row, fused in one kernel)."""
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (*rows, t, t), dims=(*[None] * len(rows), "T", "T"))
+    m = b.input("m", "f32", (rows[0], 1, 1, t), dims=(None, None, None, "T"))
+    y = b.binary("add", x, m)
+    live = b.any(b.unary("logical_not", b.binary("eq", y, float("-inf"))), axes=[-1], keepdim=True)
+    return b.build([b.where(b.unary("logical_not", live), 0.0, b.softmax(y, -1))])
+
+
+def test_symbolic_safe_softmax_compiles_one_kernel(client):
+    """The attention mask's part of BERT at a second sequence length: one kernel for every T,
+    its index bound a polynomial of degree 2 in T (the scores' elements), not T^3 (the product
+    of the three reductions' ranges, which no sampled polynomial fits)."""
+    compiled = client.compile(safe_softmax_graph((16, 12), 128), TARGET)
+    plan = compiled.plan
+    assert plan.abi_version == 2 and [s.name for s in plan.symbols] == ["T"]
+    assert compiled.stats.num_kernels == 1
+    degree = max(sum(t.exponents) for t in plan.index_bound.terms)
+    assert degree == 2, plan.index_bound
+
+
 def test_symbolic_plan_launches_at_the_call_sizes(client, rng, fake_driver, monkeypatch):
     """A symbolic CUDA plan (ABI 2): grids evaluated at the sizes, sizes passed after the
     pointers, temps laid out by the launcher, outputs allocated from the shape expressions."""

@@ -231,6 +231,26 @@ def test_composites_symbolic(client, rng) -> None:
             np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5, err_msg=f"B={bs}, T={t}")
 
 
+def test_safe_softmax_with_padding_symbolic(client, rng) -> None:
+    """torch's _safe_softmax of masked scores (BERT's attention at any sequence length): rows
+    whose every score is -inf give zeros, the others a softmax, at every T."""
+    from test_jit_cuda import safe_softmax_graph
+
+    compiled = compile_once(client, safe_softmax_graph((2, 3), 8))
+    for t in (1, 5, 37, 200):
+        x = random_array(rng, "f32", (2, 3, t, t), "small")
+        m = np.zeros((2, 1, 1, t), np.float32)
+        m[1, ..., t // 2:] = -np.inf  # a padded sequence
+        x[0, 1, 0, :] = -np.inf  # a row with nothing left
+        y = x.astype(np.float64) + m
+        with np.errstate(invalid="ignore"):
+            e = np.exp(y - y.max(-1, keepdims=True))
+            want = np.where(np.isneginf(y).all(-1, keepdims=True), 0.0, e / e.sum(-1, keepdims=True))
+        got = compiled(x, m)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6, err_msg=f"T={t}")
+        assert not np.isnan(got).any() and (got[0, 1, 0] == 0).all()
+
+
 def test_one_entry_for_every_example_size(client) -> None:
     """The key holds the symbols, not the example sizes: two clients that traced at different
     sizes share one cache entry."""

@@ -357,6 +357,77 @@ def test_training_batch_norm_runs_in_kiln_with_running_statistics(client: Any, r
     torch.testing.assert_close(net(x), ref(x), rtol=1e-4, atol=1e-4)
 
 
+class _PoolFormerBlock(torch.nn.Module):
+    """PoolFormer's block (timm's poolformer): GroupNorm straight after a convolution, average
+    pooling minus its input, a 1x1-convolution MLP."""
+
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, c, 3, padding=1)
+        self.norm1 = torch.nn.GroupNorm(1, c)
+        self.pool = torch.nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        self.norm2 = torch.nn.GroupNorm(4, c)
+        self.fc = torch.nn.Conv2d(c, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        y = self.norm1(x)
+        x = x + (self.pool(y) - y)
+        return x + self.fc(torch.nn.functional.gelu(self.norm2(x)))
+
+
+def test_group_norm_after_convolutions(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GroupNorm on a convolution's channels-last output: torch's CUDA kernel refuses any
+    operand but a contiguous one, so the layout pass gives it a contiguous copy (in every graph
+    it rewrites, forward and backward); kiln lowers the group norm itself, and the copy fuses
+    away. Inference and a training step's gradients match float64 eager."""
+    from kiln.torch import passes
+
+    seen: list[Any] = []
+    real = passes.channels_last_convolutions
+
+    def spy(gm: Any, *a: Any) -> int:
+        n = real(gm, *a)
+        seen.append(n)
+        for node in gm.graph.nodes:
+            if node.target in (torch.ops.aten.native_group_norm.default,
+                               torch.ops.aten.native_group_norm_backward.default):
+                operand = node.args[0].meta["val"]
+                assert operand.is_contiguous(), (node, operand.stride())
+        return n
+
+    monkeypatch.setattr(passes, "channels_last_convolutions", spy)
+    exact = _PoolFormerBlock().double()
+    net = _PoolFormerBlock()
+    net.load_state_dict(exact.state_dict())
+    x = torch.randn(2, 3, 13, 13, dtype=torch.float64)
+    f = torch.compile(net, backend="kiln", options={"client": client})
+    with torch.no_grad():
+        err = (f(x.float()).double() - exact(x)).abs().max().item()
+        eager = (net(x.float()).double() - exact(x)).abs().max().item()
+    assert err <= 4 * eager + 1e-6, (err, eager)
+    assert seen and seen[0] > 0, seen  # the pass ran and put its copies in
+    s = assert_kiln_ran(graphs=1)
+    assert not [p for g in kt.last_graphs() for p in g["parts"] if not p["kiln"]]
+    groups = [p for g in kt.last_graphs() for p in g["parts"] if "native_group_norm.default" in p["ops"]]
+    assert len(groups) == 2 and all(p["handle"] for p in groups), groups
+    # Gradients: kiln's distance from float64 within a few times eager f32's (norm1's bias has
+    # none to speak of: the pooling minus its input cancels it, so both are rounding noise).
+    ref = _PoolFormerBlock()
+    ref.load_state_dict(exact.state_dict())
+    grads = []
+    for model, dtype in ((net, torch.float32), (ref, torch.float32), (exact, torch.float64)):
+        xi = x.to(dtype).requires_grad_()
+        fn = f if model is net else model
+        fn(xi).square().sum().backward()
+        grads.append([xi.grad.double()] + [p.grad.double() for p in model.parameters()])
+    names = ["input"] + [n for n, _ in net.named_parameters()]
+    for name, got, eager, want in zip(names, *grads):
+        floor = 1e-6 * want.abs().max().item() + 1e-6
+        assert (got - want).abs().max().item() <= 4 * (eager - want).abs().max().item() + floor, name
+    assert kt.stats()["failed"] == 0, kt.last_graphs()
+
+
 def test_failed_layout_pass_leaves_the_graph_as_traced(client: Any, rewrites: Any,
                                                       monkeypatch: pytest.MonkeyPatch,
                                                       caplog: pytest.LogCaptureFixture) -> None:

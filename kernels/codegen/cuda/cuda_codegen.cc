@@ -288,10 +288,20 @@ absl::StatusOr<CudaUnit> GenerateCuda(const schedule::Program& program, const Ta
     for (const Buffer& b : unit.buffers)
       index_bound += b.bytes / std::max<int64_t>(ir::DTypeSize(b.dtype), 1);
     for (const schedule::Kernel& k : unit.kernels) {
-      // Flat indices run over the output loops, or over the variables of reductions.
+      // Flat indices run over the output loops, or over one reduction's variables: each
+      // reduction is flattened on its own (a fused softmax with a mask check reduces three
+      // times over a row, which is three ranges of the row's length, not their product).
       int64_t loops = 1, reduced = 1;
-      for (size_t v = 0; v < k.extents.size(); ++v)
-        (static_cast<int>(v) < k.num_loops ? loops : reduced) *= std::max<int64_t>(k.extents[v], 1);
+      for (int v = 0; v < k.num_loops && v < static_cast<int>(k.extents.size()); ++v)
+        loops *= std::max<int64_t>(k.extents[v], 1);
+      std::set<const lower::Expr*> seen;
+      for (const schedule::KernelOutput& o : k.outputs)
+        for (const lower::Expr* n : Nodes(o.value))
+          if (n->kind == lower::Expr::Kind::kReduce && seen.insert(n).second) {
+            int64_t range = 1;
+            for (int v : n->rvars) range *= std::max<int64_t>(k.extents[v], 1);
+            reduced += range;
+          }
       index_bound += loops + reduced;
     }
   }

@@ -54,6 +54,11 @@ RELAYOUT = "kiln_relayout"
 # The convolution ops and which of their arguments are activations or weights in NC... order.
 _CONVOLUTIONS = {aten.convolution.default: (0, 1), aten.convolution_backward.default: (0, 1, 2)}
 _FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
+# Ops whose CUDA kernels refuse operands in any layout but the contiguous one (``native_group_norm``
+# checks ``X.is_contiguous()`` on CUDA, where its CPU kernel takes channels-last too), with the
+# arguments that must be contiguous. The pass gives them a contiguous copy, on every device
+# (one graph, whatever runs it): in a kiln part with its consumer the copy is never written.
+_CONTIGUOUS_ONLY = {aten.native_group_norm.default: (0,), aten.native_group_norm_backward.default: (0, 1)}
 
 
 def _static_tensor(n: Any) -> Optional[torch.Tensor]:
@@ -167,6 +172,7 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, free_outputs: frozenset
                 c.replace_all_uses_with(c.args[0])
                 g.erase_node(c)
                 inserted.remove(c)
+        inserted += _contiguous_operands(g)
         _save_channels_last_copies(output, made, inserted, free_outputs)
         _restore_output_layouts(g, output, before, free_outputs)
         propagate()
@@ -187,6 +193,26 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, free_outputs: frozenset
         return 0
     gm.recompile()
     return len(inserted)
+
+
+def _contiguous_operands(g: torch.fx.Graph) -> list[torch.fx.Node]:
+    """Contiguous copies of the operands of ops in ``_CONTIGUOUS_ONLY`` that the new layouts
+    made non-contiguous; returns the copies."""
+    made: dict[torch.fx.Node, torch.fx.Node] = {}
+    for n in list(g.nodes):
+        if n.op != "call_function" or n.target not in _CONTIGUOUS_ONLY:
+            continue
+        for i in _CONTIGUOUS_ONLY[n.target]:
+            a = n.args[i]
+            m = _static_tensor(a)
+            if m is None or _is_format(m, torch.contiguous_format):
+                continue
+            if a not in made:
+                with g.inserting_before(n):
+                    made[a] = g.call_function(aten.clone.default, (a,), {"memory_format": torch.contiguous_format})
+                made[a].meta[RELAYOUT] = True
+            n.replace_input_with(a, made[a])
+    return list(made.values())
 
 
 def _save_channels_last_copies(output: torch.fx.Node, made: dict[torch.fx.Node, torch.fx.Node],

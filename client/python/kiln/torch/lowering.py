@@ -1304,6 +1304,33 @@ def _native_layer_norm(ctx: LoweringContext, x: Value, normalized_shape: Sequenc
     return (ctx.cast(out, out_dt), mean, rstd)
 
 
+@register_lowering(aten.native_group_norm.default)
+def _native_group_norm(ctx: LoweringContext, x: Value, weight: Optional[Value], bias: Optional[Value], n: int, c: int,
+                       hw: int, group: int, eps: float) -> tuple[Value, Value, Value]:
+    """Statistics over each group of ``c // group`` channels and every spatial position, in f32
+    for half-precision inputs (as torch's kernels); the normalised values, then the channels'
+    weight and bias. Logical shapes only: the operand may be channels-last (kiln reads it in
+    place, where torch's CUDA kernel would need a contiguous copy)."""
+    if x.ndim < 2 or x.shape[0] != n or x.shape[1] != c or group <= 0 or c % group:
+        raise Unsupported("group_norm with sizes that do not match its operand")
+    out_dt = kiln_dtype(ctx.out_meta(0).dtype)
+    acc = "f32" if out_dt in ("f16", "bf16") else out_dt
+    grouped = ctx.b.reshape(ctx.cast(x, acc), (n, group, -1))
+    mean = ctx.b.mean(grouped, [2], keepdim=True)
+    centered = ctx.b.sub(grouped, mean)
+    var = ctx.b.mean(ctx.b.mul(centered, centered), [2], keepdim=True)
+    rstd = ctx.b.rsqrt(ctx.b.add(var, ctx.value(float(eps), acc)))
+    out = ctx.b.reshape(ctx.b.mul(centered, rstd), x.shape)
+    pshape = (1, c) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        out = ctx.b.mul(out, ctx.b.reshape(ctx.cast(weight, acc), pshape))
+    if bias is not None:
+        out = ctx.b.add(out, ctx.b.reshape(ctx.cast(bias, acc), pshape))
+    stats = [ctx.cast(ctx.b.reshape(v, (n, group)), kiln_dtype(ctx.out_meta(i).dtype)) if ctx.output_used(i) else None
+             for i, v in ((1, mean), (2, rstd))]
+    return (ctx.cast(out, out_dt), stats[0], stats[1])  # type: ignore[return-value]
+
+
 @register_lowering(aten._native_batch_norm_legit_no_training.default)
 def _batch_norm_inference(ctx: LoweringContext, x: Value, weight: Optional[Value], bias: Optional[Value],
                           running_mean: Value, running_var: Value, momentum: float,
