@@ -25,6 +25,7 @@ CHECKS=(
   "random_graphs|300|$python tests/gpu/random_graphs_gpu.py"
   "jit_cuda|300|$python tests/gpu/jit_cuda_gpu.py"
   "layout|180|$python tests/gpu/layout_gpu.py"
+  "bert_lengths|420|$python tests/gpu/bert_lengths_gpu.py"
 )
 
 want=" $* "

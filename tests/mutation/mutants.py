@@ -285,6 +285,23 @@ MUTANTS: list[Mutant] = [
         tests=("gtest:kernels_test:SymbolicTest.*",),
     ),
     Mutant(
+        name="cuda-index-bound-reductions-multiplied",
+        what="a symbolic CUDA plan bounds a kernel's indices by the product of its reductions' ranges (a fused safe softmax, three row reductions, is refused at every second sequence length)",
+        file="kernels/codegen/cuda/cuda_codegen.cc",
+        find="            reduced += range;",
+        replace="            reduced *= range;",
+        tests=_daemon("tests/python/test_jit_cuda.py::test_symbolic_safe_softmax_compiles_one_kernel"),
+        build=("kilnd",),
+    ),
+    Mutant(
+        name="group-norm-chunk-spread-dropped",
+        what="a long GroupNorm group reduced in chunks sums the chunks' squared deviations but drops the spread of their means",
+        file="client/python/kiln/torch/lowering.py",
+        find="                                 ctx.value(float(per), acc)))",
+        replace="                                 ctx.value(0.0, acc)))",
+        tests=_daemon("tests/python/test_torch_backend.py -k test_group_norm_alone"),
+    ),
+    Mutant(
         name="cuda-pointwise-block-stride",
         what="generated CUDA pointwise kernels step one element short per block (the last elements of each block's range are never computed)",
         file="kernels/codegen/cuda/cuda_strategies.cc",

@@ -49,7 +49,7 @@ aten = torch.ops.aten
 # Marks the copies the pass inserts: the partitioner keeps them in kiln whatever their size,
 # where they share a part (the weights' copies are all ready at the start of the graph: one
 # part call instead of a torch copy per weight).
-RELAYOUT = "kiln_relayout"
+RELAYOUT = L.RELAYOUT
 
 # The convolution ops and which of their arguments are activations or weights in NC... order.
 _CONVOLUTIONS = {aten.convolution.default: (0, 1), aten.convolution_backward.default: (0, 1, 2)}

@@ -1304,23 +1304,84 @@ def _native_layer_norm(ctx: LoweringContext, x: Value, normalized_shape: Sequenc
     return (ctx.cast(out, out_dt), mean, rstd)
 
 
+#: Marks the layout copies the channels-last pass inserts (:mod:`.layout`): a lowering may read
+#: through one to its source's layout.
+RELAYOUT = "kiln_relayout"
+
+# A group longer than this is reduced in chunks of about this many elements: the few long
+# rows of a GroupNorm with one group (PoolFormer: 16 rows of 64x56x56 at batch 16) would
+# otherwise give the GPU one block per row.
+_GROUP_CHUNK = 4096
+
+
+def _chunks(length: int, unit: int, rows: int) -> int:
+    """How many equal chunks to cut each of ``rows`` rows of ``length`` runs of ``unit``
+    elements into (a chunk holds whole runs): 1 when the rows alone are many or short, else a
+    divisor of ``length`` leaving chunks of about ``_GROUP_CHUNK`` elements."""
+    total = length * unit
+    if rows >= 1024 or total < 4 * _GROUP_CHUNK:
+        return 1
+    want = max(1, min(length, total // _GROUP_CHUNK))
+    return max(d for d in range(1, want + 1) if length % d == 0)
+
+
 @register_lowering(aten.native_group_norm.default)
 def _native_group_norm(ctx: LoweringContext, x: Value, weight: Optional[Value], bias: Optional[Value], n: int, c: int,
                        hw: int, group: int, eps: float) -> tuple[Value, Value, Value]:
     """Statistics over each group of ``c // group`` channels and every spatial position, in f32
     for half-precision inputs (as torch's kernels); the normalised values, then the channels'
-    weight and bias. Logical shapes only: the operand may be channels-last (kiln reads it in
-    place, where torch's CUDA kernel would need a contiguous copy)."""
+    weight and bias.
+
+    The statistics are taken in the operand's memory order: a channels-last operand (the
+    layout pass makes convolutions' outputs so) is viewed as [N, HW, G, C/G], whose groups
+    interleave along the channels, rather than read channel-major with strided loads. A long
+    group is reduced in equal chunks (a mean and a sum of squared deviations per chunk), and
+    the chunks combined exactly (Chan et al.'s pairwise update: M2 = sum M2_s + L * sum (m_s -
+    mean)^2), so the first pass has rows enough to fill a GPU."""
     if x.ndim < 2 or x.shape[0] != n or x.shape[1] != c or group <= 0 or c % group:
         raise Unsupported("group_norm with sizes that do not match its operand")
     out_dt = kiln_dtype(ctx.out_meta(0).dtype)
     acc = "f32" if out_dt in ("f16", "bf16") else out_dt
-    grouped = ctx.b.reshape(ctx.cast(x, acc), (n, group, -1))
-    mean = ctx.b.mean(grouped, [2], keepdim=True)
-    centered = ctx.b.sub(grouped, mean)
-    var = ctx.b.mean(ctx.b.mul(centered, centered), [2], keepdim=True)
+    src = ctx.node.args[0]
+    if isinstance(src, torch.fx.Node) and src.target is aten.clone.default and src.meta.get(RELAYOUT):
+        src = src.args[0]  # the layout pass's contiguous copy (for torch's kernel): kiln reads its source
+    xm = node_meta(src)
+    spatial = x.shape[2:]
+    cg = c // group
+    last = x.ndim >= 3 and isinstance(xm, torch.Tensor) and xm.stride()[1] == 1 and c > 1
+    xs = ctx.cast(x, acc)
+    if last:  # [N, HW, G, C/G]; a chunk is a run of spatial positions
+        grouped = ctx.b.reshape(ctx.b.permute(xs, [0, *range(2, x.ndim), 1]), (n, hw, group, cg))
+        s = _chunks(hw, cg, n * group)
+        parts = ctx.b.reshape(grouped, (n, s, hw // s, group, cg))
+        axes, per = [2, 4], (hw // s) * cg
+    else:  # [N, G, C/G * HW]
+        grouped = ctx.b.reshape(xs, (n, group, cg * hw))
+        s = _chunks(cg * hw, 1, n * group)
+        parts = ctx.b.reshape(grouped, (n, group, s, cg * hw // s))
+        axes, per = [3], cg * hw // s
+    m_s = ctx.b.mean(parts, axes, keepdim=True)
+    d = ctx.b.sub(parts, m_s)
+    m2_s = ctx.b.sum(ctx.b.mul(d, d), axes, keepdim=True)
+    chunk_axis = 1 if last else 2
+    if s > 1:
+        mean = ctx.b.mean(m_s, [chunk_axis], keepdim=True)
+        spread = ctx.b.sub(m_s, mean)
+        m2 = ctx.b.add(ctx.b.sum(m2_s, [chunk_axis], keepdim=True),
+                       ctx.b.mul(ctx.b.sum(ctx.b.mul(spread, spread), [chunk_axis], keepdim=True),
+                                 ctx.value(float(per), acc)))
+    else:
+        mean, m2 = m_s, m2_s
+    var = ctx.b.mul(m2, ctx.value(1.0 / float(per * s), acc))
     rstd = ctx.b.rsqrt(ctx.b.add(var, ctx.value(float(eps), acc)))
-    out = ctx.b.reshape(ctx.b.mul(centered, rstd), x.shape)
+    # Statistics [N, G] and their broadcast shapes over `grouped`.
+    stat_shape = (n, 1, group, 1) if last else (n, group, 1)
+    mean_b, rstd_b = (ctx.b.reshape(v, stat_shape) for v in (mean, rstd))
+    normed = ctx.b.mul(ctx.b.sub(grouped, mean_b), rstd_b)
+    if last:
+        out = ctx.b.permute(ctx.b.reshape(normed, (n, *spatial, c)), [0, x.ndim - 1, *range(1, x.ndim - 1)])
+    else:
+        out = ctx.b.reshape(normed, x.shape)
     pshape = (1, c) + (1,) * (x.ndim - 2)
     if weight is not None:
         out = ctx.b.mul(out, ctx.b.reshape(ctx.cast(weight, acc), pshape))
