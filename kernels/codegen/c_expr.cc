@@ -8,6 +8,20 @@
 
 namespace kiln::codegen {
 
+std::string BufferName(const schedule::Buffer& b) {
+  switch (b.role) {
+    case schedule::Buffer::Role::kInput:
+      return absl::StrCat("in", b.index);
+    case schedule::Buffer::Role::kOutput:
+      return absl::StrCat("out", b.index);
+    case schedule::Buffer::Role::kTemp:
+      return absl::StrCat("tmp", b.index);
+    case schedule::Buffer::Role::kConst:
+      return absl::StrCat("kconst", b.index);
+  }
+  return absl::StrCat("b", b.index);
+}
+
 using ir::DType;
 
 std::string StorageType(DType t, bool cuda) {

@@ -12,10 +12,15 @@
 #include "kernels/ir/dtype.h"
 #include "kernels/ir/symbols.h"
 #include "kernels/lower/expr.h"
+#include "kernels/schedule/program.h"
 
 namespace kiln::codegen {
 
 // Storage type of a buffer element: "float", "_Float16"/"__half" (f16), "kiln_bf16", "int8_t"...
+// The C name of a program buffer in generated code (in0, out1, tmp2, kconst3): both code
+// generators name parameters and arrays so.
+std::string BufferName(const schedule::Buffer& b);
+
 std::string StorageType(ir::DType t, bool cuda);
 // Type expressions compute in: f16 and bf16 compute in float.
 std::string ComputeTypeName(ir::DType t);

@@ -18,20 +18,6 @@ using schedule::Buffer;
 // Below this many iterations a loop is not worth a parallel region's fork/join.
 constexpr int64_t kMinParallelWork = 1 << 14;
 
-std::string BufferName(const Buffer& b, int id) {
-  switch (b.role) {
-    case Buffer::Role::kInput:
-      return absl::StrCat("in", b.index);
-    case Buffer::Role::kOutput:
-      return absl::StrCat("out", b.index);
-    case Buffer::Role::kTemp:
-      return absl::StrCat("tmp", b.index);
-    case Buffer::Role::kConst:
-      return absl::StrCat("kconst", b.index);
-  }
-  return absl::StrCat("b", id);
-}
-
 std::string ConstArray(const Buffer& b) {
   std::vector<std::string> vals;
   int64_t n = b.value.NumElements();
@@ -121,8 +107,7 @@ KernelText KernelFunction(const schedule::Program& p, const schedule::Kernel& k,
   std::vector<std::string> var_names;
   for (int v = 0; v < nvars; ++v) var_names.push_back(absl::StrCat("i", v));
   std::vector<std::string> names;
-  for (size_t b = 0; b < p.buffers.size(); ++b)
-    names.push_back(BufferName(p.buffers[b], static_cast<int>(b)));
+  for (size_t b = 0; b < p.buffers.size(); ++b) names.push_back(BufferName(p.buffers[b]));
 
   CpuKernelEmitter em(p, k, var_names, names);
   int rank = k.num_loops;
@@ -326,7 +311,7 @@ std::string GenerateCpu(const schedule::Program& p, const CompileOptions& option
   std::vector<std::string> names;
   for (size_t b = 0; b < p.buffers.size(); ++b) {
     const Buffer& buf = p.buffers[b];
-    names.push_back(BufferName(buf, static_cast<int>(b)));
+    names.push_back(BufferName(buf));
     std::string t = StorageType(buf.dtype, false);
     switch (buf.role) {
       case Buffer::Role::kInput:

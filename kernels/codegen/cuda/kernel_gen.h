@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/codegen/c_expr.h"
 #include "kernels/codegen/cuda/cuda_emitter.h"
 #include "kernels/codegen/cuda/cuda_kernel.h"
 #include "kernels/codegen/expr_rewrite.h"
@@ -80,20 +81,6 @@ inline int64_t Product(const ir::Shape& s, size_t from, size_t to) {
   int64_t n = 1;
   for (size_t i = from; i < to; ++i) n *= s[i];
   return n;
-}
-
-inline std::string BufferName(const Buffer& b) {
-  switch (b.role) {
-    case Buffer::Role::kInput:
-      return absl::StrCat("in", b.index);
-    case Buffer::Role::kOutput:
-      return absl::StrCat("out", b.index);
-    case Buffer::Role::kTemp:
-      return absl::StrCat("tmp", b.index);
-    case Buffer::Role::kConst:
-      return absl::StrCat("kconst", b.index);
-  }
-  return "";
 }
 
 using FreeVarMap = std::unordered_map<const Expr*, std::vector<int>>;
