@@ -14,6 +14,7 @@ import json
 import operator
 import threading
 import time
+import types
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -1542,6 +1543,25 @@ def test_native_cuda_plan_json_reads_back_in_the_cpp_loader() -> None:
     assert "plan" not in str(e.value).split(":")[0]
     with pytest.raises(ValueError, match="plan"):
         native.RUNNER.cuda_load(b"", b"", text.replace('"steps"', '"stepz"'))
+
+
+def test_replay_only_where_it_wins(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+    """reduce-overhead replays a CUDA graph only for graphs of two launches or more: the seed's
+    ``sin(x) + cos(x)`` is one kiln kernel, which a replay would only slow (a launch of its
+    own plus an input copy). Counted on the compiled graphs (a CPU shows the count; the GPU
+    check times it)."""
+    from kiln.torch.cudagraphs import launches_per_call, replay_wins
+
+    x = torch.randn(1)
+    with torch.no_grad():
+        compiled(lambda t: torch.sin(t) + torch.cos(t), client)(x)
+        compiled(lambda t: torch.softmax(t @ t.T, -1).sum(0) + torch.cumsum(t, 0), client)(torch.randn(4, 4))
+    (one, one_parts), (many, many_parts) = rewrites
+    assert launches_per_call(one, one_parts) == 1 and not replay_wins(one, one_parts)
+    n = launches_per_call(many, many_parts)
+    assert n is not None and n >= 3 and replay_wins(many, many_parts), many.graph  # mm, kiln, cumsum
+    broken = types.SimpleNamespace(compiled=None, kernel=None)  # a part that fell back to torch
+    assert launches_per_call(one, [broken]) is None and replay_wins(one, [broken])
 
 
 def test_native_graph_replay_helpers() -> None:

@@ -193,10 +193,36 @@ class CudaGraphRunner:
         return _Instance(graph, static_in, in_place, list(outputs), rt)
 
 
+def launches_per_call(outer: torch.fx.GraphModule, parts: Sequence[Any]) -> Optional[int]:
+    """Kernel launches one call of a rewritten graph makes: its kiln parts' launch steps (one
+    per choice of a symbolic plan's guarded steps) and its torch nodes that compute (views
+    launch nothing). None while a part has no compiled kernels (it runs in torch: unknown)."""
+    torch_ops = sum(1 for n in outer.graph.nodes
+                    if n.op == "call_function" and n.target is not operator.getitem
+                    and not getattr(n.target, "is_view", False))
+    kernels = 0
+    for p in parts:
+        compiled = getattr(p, "compiled", None)
+        if compiled is None or getattr(p, "kernel", None) is None:
+            return None
+        steps = compiled.plan.steps
+        plain = sum(1 for st in steps if not (st.guard_min or st.guard_max))
+        kernels += plain + (1 if plain < len(steps) else 0)
+    return torch_ops + kernels
+
+
+def replay_wins(outer: torch.fx.GraphModule, parts: Sequence[Any]) -> bool:
+    """Whether replaying a CUDA graph beats calling the graph's kernels: not for one launch,
+    where a graph's replay costs a launch of its own plus the copies of moving arguments (the
+    seed's ``sin(x) + cos(x)``: one kiln kernel). Unknown counts replay."""
+    n = launches_per_call(outer, parts)
+    return n is None or n >= 2
+
+
 def wants_cuda_graphs(example_inputs: Sequence[Any]) -> bool:
     """Whether a graph's inputs are all on CUDA (CUDA graphs apply to GPU graphs only)."""
     tensors = [a for a in example_inputs if isinstance(a, torch.Tensor)]
     return bool(tensors) and all(t.device.type == "cuda" for t in tensors)
 
 
-__all__ = ["CudaGraphRunner", "wants_cuda_graphs"]
+__all__ = ["CudaGraphRunner", "launches_per_call", "replay_wins", "wants_cuda_graphs"]

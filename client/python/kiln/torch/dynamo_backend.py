@@ -82,7 +82,7 @@ from ..errors import KilnFallbackWarning
 from . import lowering as L
 from .async_compile import AsyncGraph, submit_compile
 from .counters import RECENT, bump
-from .cudagraphs import CudaGraphRunner, wants_cuda_graphs
+from .cudagraphs import CudaGraphRunner, replay_wins, wants_cuda_graphs
 from .decompositions import decompositions
 from .layout import wants_channels_last
 from .partition import partition
@@ -244,7 +244,7 @@ def _partition_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[An
         bump(partition_s=time.perf_counter() - t0)
 
         def finish() -> Callable[[list[Any]], Any]:
-            if wrap_cuda_graphs:
+            if wrap_cuda_graphs and replay_wins(outer, parts):
                 return CudaGraphRunner(fn, name=f"{kind} graph")
             return fn
 

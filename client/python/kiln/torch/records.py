@@ -21,7 +21,7 @@ from ..errors import KilnError
 from ..v1 import service_pb2
 from . import program
 from .counters import RECENT, bump
-from .cudagraphs import CudaGraphRunner
+from .cudagraphs import CudaGraphRunner, replay_wins
 from .runtime import CompileSettings, KilnPart, boxed, describe, reraise_if_dynamo_control, run_parts
 
 log = logging.getLogger("kiln.torch")
@@ -160,7 +160,7 @@ def rebuild_record(stored: StoredRecord, responses: Sequence[Any], config: Backe
     RECORD_EVENTS.append(f"{key[:12]} rebuilt: {len(parts)} parts")
     RECENT.append({"kind": kind, "parts": describe(parts), "segments": None, "record": key,
                    "_refs": [weakref.ref(p) for p in parts]})
-    if header.get("cudagraphs"):
+    if header.get("cudagraphs") and replay_wins(outer, parts):
         fn = CudaGraphRunner(fn, name=f"{kind} graph")
     return with_record(fn, stored)
 

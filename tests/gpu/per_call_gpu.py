@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""The per-call floor on a CUDA GPU: the seed's first experiment, ``sin(x) + cos(x)`` on a
+one-element tensor, as its reader runs it (wall time of many calls, the host included), for
+eager, Inductor and kiln, each in the default mode and in ``mode="reduce-overhead"``, timed in
+interleaved rounds in one process (median µs per call). A second row does the same for a
+graph of several launches (a small MLP block: matrix products, layer norm, GELU), where a
+CUDA graph's replay is meant to win.
+
+    tests/gpu/with_pack.sh PACK python3 tests/gpu/per_call_gpu.py [--calls 2000] [--rounds 7]
+
+Writes $OUT/per_call_gpu.md; exits 1 when a compiled result differs from eager or kiln ran
+nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import kiln.torch as kt  # noqa: E402
+from reduce_accuracy_gpu import kilnd_binary, local_client, report  # noqa: E402
+
+
+def sin_cos(x: torch.Tensor) -> torch.Tensor:
+    return torch.sin(x) + torch.cos(x)
+
+
+def mlp_block(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    h = F.gelu(F.layer_norm(x, x.shape[-1:]) @ w1)
+    return x + torch.tanh(h @ w2)
+
+
+def per_call_us(fn, args, calls: int) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn(*args)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=7)
+    opts = ap.parse_args()
+    binary = kilnd_binary("per_call_gpu.py")
+    if binary is None:
+        return 2
+    warnings.simplefilter("ignore", UserWarning)
+    failures: list[str] = []
+    rows: list[list[str]] = []
+    gen = torch.Generator().manual_seed(0)
+    cases = {
+        "sin(x)+cos(x), 1 element": (sin_cos, (torch.randn(1, generator=gen).cuda(),)),
+        "MLP block 64x256": (mlp_block, tuple(t.cuda() for t in (torch.randn(64, 256, generator=gen),
+                                                                    torch.randn(256, 512, generator=gen) / 16,
+                                                                    torch.randn(512, 256, generator=gen) / 22))),
+    }
+    with local_client(binary, "kiln-per-call-") as client, torch.no_grad():
+        for label, (fn, args) in cases.items():
+            torch._dynamo.reset()
+            kt.reset_stats()
+            fns = {"eager": fn,
+                   "Inductor": torch.compile(fn),
+                   "Inductor ro": torch.compile(fn, mode="reduce-overhead"),
+                   "kiln": torch.compile(fn, backend="kiln", options={"client": client}),
+                   "kiln ro": torch.compile(fn, backend=kt.backend(mode="reduce-overhead", client=client))}
+            want = fn(*args)
+            for name, f in fns.items():
+                for _ in range(5):  # compile, warm, capture
+                    got = f(*args)
+                err = ((got - want).abs().max() / (1 + want.abs().max())).item()
+                if err > 1e-4:
+                    failures.append(f"{label}, {name}: error {err:.2e}")
+            kt.wait()
+            s = kt.stats()
+            if s["kernel_calls"] + s["graph_replays"] == 0:
+                failures.append(f"{label}: kiln ran no kernel")
+            times: dict[str, list[float]] = {k: [] for k in fns}
+            for r in range(opts.rounds):
+                order = list(fns.items())
+                order = order[r % len(order):] + order[:r % len(order)]
+                for name, f in order:
+                    times[name].append(per_call_us(f, args, opts.calls))
+            med = {k: statistics.median(v) for k, v in times.items()}
+            rows.append([label] + [f"{med[k]:.1f}" for k in fns] +
+                        [f"{med['kiln ro'] / med['kiln']:.2f}", f"{med['kiln'] / med['eager']:.2f}"])
+            print(" | ".join(rows[-1]), flush=True)
+    return report("Per-call time, µs (wall, host included; median of interleaved rounds)",
+                  ["graph", "eager", "Inductor", "Inductor reduce-overhead", "kiln", "kiln reduce-overhead",
+                   "kiln ro / kiln", "kiln / eager"], rows, failures, "results match eager", "per_call_gpu.md")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
