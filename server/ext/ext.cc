@@ -109,7 +109,8 @@ absl::Status CheckFlags(const google::protobuf::RepeatedPtrField<std::string>& f
   return absl::OkStatus();
 }
 
-absl::Status Validate(const v1::BuildExtensionRequest& r, bool* has_cuda) {
+absl::Status Validate(const v1::BuildExtensionRequest& r, bool* has_cuda,
+                      std::vector<CudaTarget>* targets) {
   if (!IsIdentifier(r.name())) {
     return absl::InvalidArgumentError(absl::StrCat("name '", r.name(), "' is not a C identifier"));
   }
@@ -143,16 +144,13 @@ absl::Status Validate(const v1::BuildExtensionRequest& r, bool* has_cuda) {
         std::pair{&r.ldflags(), "ldflags"}}) {
     if (absl::Status s = CheckFlags(*flags, field, &total); !s.ok()) return s;
   }
-  if (r.cuda_archs_size() > 16) return absl::InvalidArgumentError("cuda_archs: more than 16");
-  for (int sm : r.cuda_archs()) {
-    if (sm < 50 || sm > 199)
-      return absl::InvalidArgumentError(
-          absl::StrCat("cuda_archs: sm_", sm, " is not a CUDA architecture kilnd builds for"));
-  }
-  if (*has_cuda && r.cuda_archs_size() == 0) {
+  absl::StatusOr<std::vector<CudaTarget>> archs = CudaTargets(r);
+  if (!archs.ok()) return archs.status();
+  if (*has_cuda && archs->empty()) {
     return absl::InvalidArgumentError(
         "cuda_archs: .cu sources need at least one architecture (TORCH_CUDA_ARCH_LIST)");
   }
+  *targets = *std::move(archs);
   if (!IsPlainToken(r.python_tag(), 128))
     return absl::InvalidArgumentError("python_tag: not a plain token");
   if (r.link_sonames_size() > 32) return absl::InvalidArgumentError("link_sonames: more than 32");
@@ -417,13 +415,15 @@ void ExtensionBuilder::Build(const v1::BuildExtensionRequest& request, BuildCall
   };
   if (!unavailable_.empty()) return done(absl::FailedPreconditionError(unavailable_), {});
   bool has_cuda = false;
-  if (absl::Status s = Validate(request, &has_cuda); !s.ok()) return done(s, {});
+  std::vector<CudaTarget> targets;
+  if (absl::Status s = Validate(request, &has_cuda, &targets); !s.ok()) return done(s, {});
   if (has_cuda && options_.nvcc.empty()) {
     return done(
         absl::FailedPreconditionError("this server has no nvcc: it cannot build .cu sources"), {});
   }
   v1::BuildExtensionRequest canon = request;
   canon.clear_priority();
+  SetCanonicalTargets(targets, &canon);
   const std::string key = key::Sha256Hex(
       absl::StrCat("kiln-ext-v1\n", Deterministic(canon), "\n", Fingerprint(has_cuda)));
   v1::BuildExtensionResponse response;
@@ -445,12 +445,16 @@ void ExtensionBuilder::Build(const v1::BuildExtensionRequest& request, BuildCall
     return done(absl::OkStatus(), std::move(response));
   }
   GetOrBuild(
-      key, PriorityOf(request), [this, request, key] { return RunBuild(request, key); },
+      key, PriorityOf(request),
+      [this, request, targets = std::move(targets), key] {
+        return RunBuild(request, targets, key);
+      },
       Answer(std::move(response), std::move(done), start));
 }
 
 absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
-    const v1::BuildExtensionRequest& request, const std::string& key) {
+    const v1::BuildExtensionRequest& request, const std::vector<CudaTarget>& targets,
+    const std::string& key) {
   if (absl::StatusOr<std::optional<v1::ActionResult>> again = store_->GetResult(key);
       again.ok() && again->has_value()) {
     return std::move(**again);
@@ -520,9 +524,7 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
       has_cuda = true;
       argv = {options_.nvcc, "-c", "/src/" + c, "-o", obj, "-Xcompiler", "-fPIC"};
       argv.insert(argv.end(), includes.begin(), includes.end());
-      for (int sm : request.cuda_archs()) {
-        argv.insert(argv.end(), {"-gencode", absl::StrCat("arch=compute_", sm, ",code=sm_", sm)});
-      }
+      for (std::string& flag : GencodeFlags(targets)) argv.push_back(std::move(flag));
       argv.insert(argv.end(), request.cuda_cflags().begin(), request.cuda_cflags().end());
     } else {
       argv = {options_.cxx, "-c", "/src/" + c, "-o", obj, "-fPIC", "-fdiagnostics-color=never"};
@@ -562,7 +564,7 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
   result.mutable_stats()->set_total_ms(result.stats().toolchain_ms());
   for (auto [label, value] : {std::pair<std::string, std::string>{"kind", "extension"},
                               {"name", request.name()},
-                              {"cuda_archs", absl::StrJoin(request.cuda_archs(), ",")},
+                              {"cuda_archs", TargetsLabel(targets)},
                               {"python_tag", request.python_tag()},
                               {"toolchain", Fingerprint(has_cuda)}}) {
     v1::KeyField* f = result.add_key_fields();

@@ -15,6 +15,8 @@
 //   private folder: sources at /src, include trees at /inc/<n>, output at /out. Flags that
 //   load code into the toolchain (-fplugin, -specs, -B, -wrapper, -fuse-ld, -ccbin, response
 //   files, ...) are refused with InvalidArgument naming the flag, before anything runs.
+// - .cu sources are built for the request's architectures (cuda_targets.h: TORCH_CUDA_ARCH_LIST's
+//   "9.0a" and "+PTX" among them).
 // - A failed build answers InvalidArgument with the compiler's diagnostics (paths inside the
 //   sandbox only); a build past a limit answers ResourceExhausted naming the limit. Both are
 //   remembered for `negative_ttl` (a retry gets the same answer without building), never stored.
@@ -39,6 +41,7 @@
 #include "kiln/v1/service.pb.h"
 #include "server/compile/result_cache.h"
 #include "server/compile/worker_pool.h"
+#include "server/ext/cuda_targets.h"
 #include "server/ext/input_store.h"
 #include "server/ext/sandbox.h"
 #include "server/store/artifact_store.h"
@@ -118,6 +121,7 @@ class ExtensionBuilder {
                                       std::function<void(absl::Status, Response)> done,
                                       std::chrono::steady_clock::time_point start);
   absl::StatusOr<v1::ActionResult> RunBuild(const v1::BuildExtensionRequest& request,
+                                            const std::vector<CudaTarget>& targets,
                                             const std::string& key);
   absl::StatusOr<v1::ActionResult> RunRaw(const v1::CompileRawKernelRequest& request,
                                           const std::string& key);
