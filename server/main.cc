@@ -106,7 +106,10 @@ ABSL_FLAG(int, build_workers, 2, "Custom builds run at once.");
 ABSL_FLAG(std::string, build_inputs_size, "4GiB",
           "Bytes of uploaded build inputs (sources, header trees) kept; least recently used "
           "go first.");
-ABSL_FLAG(std::string, nvcc, "nvcc", "nvcc for the .cu sources of custom builds.");
+ABSL_FLAG(std::string, nvcc, "",
+          "nvcc for the .cu sources of custom builds (a path, or a name on PATH). Empty: found "
+          "as PyTorch finds it: $CUDA_HOME/bin/nvcc, $CUDA_PATH/bin/nvcc, nvcc on PATH, "
+          "/usr/local/cuda/bin/nvcc.");
 ABSL_FLAG(std::string, worker_memory, "8GiB",
           "Address-space limit of each compile worker process (and the host compiler it "
           "runs), e.g. 4GiB; 0: none.");

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 
 #include "absl/strings/ascii.h"
@@ -17,6 +18,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "kernels/key/digest.h"
 #include "kernels/toolchain/subprocess.h"
+#include "server/ext/cuda_toolkit.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::ext {
@@ -266,9 +268,21 @@ absl::StatusOr<std::unique_ptr<ExtensionBuilder>> ExtensionBuilder::Create(
     const ExtOptions& options, store::ArtifactStore* store) {
   ExtOptions resolved = options;
   resolved.cxx = Which(options.cxx);
-  resolved.nvcc = Which(options.nvcc);
   resolved.nvrtc_tool = Which(options.nvrtc_tool);
+  // nvcc runs by its real path; the sandbox holds its toolkit and the links that name it, so
+  // that an include naming /usr/local/cuda/... finds the same files inside.
+  const CudaToolkit toolkit = FindCudaToolkit(
+      options.nvcc, [](const char* name) -> const char* { return std::getenv(name); });
+  resolved.nvcc = toolkit.nvcc;
+  if (!toolkit.mount.empty()) resolved.sandbox.toolchain_dirs.push_back(toolkit.mount);
+  for (const auto& link : toolkit.links) resolved.sandbox.toolchain_links.push_back(link);
+  if (!toolkit.nvcc.empty()) {
+    spdlog::info("custom builds: nvcc {} ({})", toolkit.nvcc, toolkit.how);
+  } else {
+    spdlog::info("custom builds: no nvcc ({}): .cu sources are refused", toolkit.how);
+  }
   std::unique_ptr<ExtensionBuilder> b(new ExtensionBuilder(std::move(resolved), store));
+  b->nvcc_search_ = toolkit.how;
   if (options.scratch_dir.empty()) {
     absl::StatusOr<toolchain::TempDir> scratch = toolchain::TempDir::Create("kiln-builds-");
     if (!scratch.ok()) return scratch.status();
@@ -419,7 +433,9 @@ void ExtensionBuilder::Build(const v1::BuildExtensionRequest& request, BuildCall
   if (absl::Status s = Validate(request, &has_cuda, &targets); !s.ok()) return done(s, {});
   if (has_cuda && options_.nvcc.empty()) {
     return done(
-        absl::FailedPreconditionError("this server has no nvcc: it cannot build .cu sources"), {});
+        absl::FailedPreconditionError(absl::StrCat("this server has no nvcc (looked at ",
+                                                   nvcc_search_, "): it cannot build .cu sources")),
+        {});
   }
   v1::BuildExtensionRequest canon = request;
   canon.clear_priority();

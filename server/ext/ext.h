@@ -16,7 +16,8 @@
 //   load code into the toolchain (-fplugin, -specs, -B, -wrapper, -fuse-ld, -ccbin, response
 //   files, ...) are refused with InvalidArgument naming the flag, before anything runs.
 // - .cu sources are built for the request's architectures (cuda_targets.h: TORCH_CUDA_ARCH_LIST's
-//   "9.0a" and "+PTX" among them).
+//   "9.0a" and "+PTX" among them) by the nvcc FindCudaToolkit finds (cuda_toolkit.h), run by its
+//   real path; the sandbox holds its toolkit and the symlinks that name it.
 // - A failed build answers InvalidArgument with the compiler's diagnostics (paths inside the
 //   sandbox only); a build past a limit answers ResourceExhausted naming the limit. Both are
 //   remembered for `negative_ttl` (a retry gets the same answer without building), never stored.
@@ -60,9 +61,11 @@ struct ExtOptions {
   int64_t max_artifact_bytes = int64_t{256} << 20;
   int64_t max_upload_bytes = int64_t{64} << 20;  // one UploadBlobs call
   SandboxOptions sandbox;
-  std::string cxx = "g++";    // host compiler and linker (found on PATH at Create)
-  std::string nvcc = "nvcc";  // for .cu sources; optional
-  std::string nvrtc_tool;     // the kiln-nvrtc program for raw kernels; optional
+  std::string cxx = "g++";  // host compiler and linker (found on PATH at Create)
+  // For .cu sources (optional): a path or a name on PATH; empty: found as PyTorch's
+  // cpp_extension finds it (FindCudaToolkit).
+  std::string nvcc;
+  std::string nvrtc_tool;  // the kiln-nvrtc program for raw kernels; optional
   // Signs a result before it is stored (the handle is its key), as for graph compiles.
   std::function<absl::Status(const std::string& key, v1::ActionResult* result)> sign;
 };
@@ -135,6 +138,7 @@ class ExtensionBuilder {
   std::string nvrtc_in_scratch_;
   std::unique_ptr<InputStore> inputs_;
   std::string unavailable_;
+  std::string nvcc_search_;  // where Create looked for nvcc, for the refusal without one
   absl::once_flag versions_once_;
   std::string cxx_version_, nvcc_version_, nvrtc_version_;  // set once by ReadVersions
   compile::FailureCache failures_;

@@ -1,6 +1,7 @@
 """Custom kernels built by kilnd: PyTorch extensions (kiln.torch.load / load_inline), raw CUDA
 kernels (kiln.cuda.RawKernel), their sandbox, and prewarm of recorded builds. CUDA extensions:
-TORCH_CUDA_ARCH_LIST read as cpp_extension reads it, and the architectures kilnd refuses.
+TORCH_CUDA_ARCH_LIST read as cpp_extension reads it, and a .cu built for sm_90a by an nvcc whose
+toolkit is named through a chain of symlinks (compiled and linked only: no GPU is needed).
 
 A private kilnd with tight build limits serves the module. The LLTM extension (tests/ext/lltm)
 is built once (about 20 s of g++ on torch/extension.h) and reused; a second process with an
@@ -10,7 +11,9 @@ empty local cache must get it without a build.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -380,3 +383,64 @@ def test_server_refuses_architectures_naming_field_and_value(ext_client: kiln.Cl
     with pytest.raises(RpcError) as info:
         ext.build_extension(ext_client, req, [tree])
     assert info.value.code == "INVALID_ARGUMENT" and message in str(info.value)
+
+
+def _cuda_toolkit_root() -> Optional[Path]:
+    """The real root of this machine's CUDA toolkit, found as cpp_extension finds it."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if not home:
+        nvcc = shutil.which("nvcc")
+        home = str(Path(nvcc).parent.parent) if nvcc else "/usr/local/cuda"
+    root = Path(home).resolve()
+    return root if (root / "bin" / "nvcc").is_file() else None
+
+
+SM90A_SOURCE = """
+#include "{toolkit}/include/cuda_runtime.h"
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "this device code was not built for sm_90a"
+#endif
+__global__ void scale(float* x, float a, int n) {{
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= a;
+}}
+void launch_scale(float* x, float a, int n) {{ scale<<<(n + 255) / 256, 256>>>(x, a, n); }}
+"""
+
+
+@pytest.mark.parametrize("named_by", ["--nvcc", "CUDA_HOME"])
+def test_cu_extension_for_sm90a_with_a_toolkit_named_through_links(named_by: str, tmp_path: Path,
+                                                                   tmp_path_factory: pytest.TempPathFactory,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvcc named as <tmp>/cuda/bin/nvcc, where cuda -> cuda-link -> the real toolkit (as
+    /usr/local/cuda -> /etc/alternatives/cuda -> /usr/local/cuda-13.0 on NVIDIA's images): kilnd
+    finds it (by --nvcc, or by $CUDA_HOME with no nvcc on $PATH), runs it by its real path in
+    the sandbox, where the source's include through the linked name resolves, and builds for
+    TORCH_CUDA_ARCH_LIST=9.0a+PTX."""
+    real = _cuda_toolkit_root()
+    if real is None:
+        pytest.skip("no CUDA toolkit on this machine")
+    links = tmp_path_factory.mktemp("toolkit-links")
+    (links / "cuda-link").symlink_to(real)
+    (links / "cuda").symlink_to("cuda-link")
+    args = list(LIMITS)
+    with monkeypatch.context() as env:  # kilnd's environment only
+        env.setenv("PATH", "/usr/bin:/bin")
+        env.delenv("CUDA_PATH", raising=False)
+        if named_by == "--nvcc":
+            env.delenv("CUDA_HOME", raising=False)
+            args.append(f"--nvcc={links}/cuda/bin/nvcc")
+        else:
+            env.setenv("CUDA_HOME", str(links / "cuda"))
+        gen = private_kilnd(tmp_path_factory, "kilnd-linked-toolkit", args)
+        daemon = next(gen)
+    try:
+        client = kiln.Client(daemon.address, cache_dir=tmp_path / "client-cache")
+        src = _write(tmp_path, "scale90a.cu", SM90A_SOURCE.format(toolkit=links / "cuda"))
+        monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a+PTX")
+        path = kiln.torch.build("kiln_scale90a", [src], client=client)
+        assert path.read_bytes()[:4] == b"\x7fELF"
+        assert client.stats().ext_builds == 1
+        client.close()
+    finally:
+        next(gen, None)
