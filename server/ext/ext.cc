@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -172,6 +173,22 @@ absl::Status Validate(const v1::BuildExtensionRequest& r, bool* has_cuda,
   return absl::OkStatus();
 }
 
+// Processes one sandboxed compile runs at once (bwrap's two, the driver, the compiler proper,
+// the assembler, with room), and each further nvcc thread (cicc, ptxas): a build's commands
+// running at once share its process cap, so it bounds how many run.
+constexpr int kProcessesPerCommand = 8;
+constexpr int kProcessesPerNvccThread = 4;
+
+// Whether `flags` choose nvcc's thread count themselves.
+bool SetsNvccThreads(const google::protobuf::RepeatedPtrField<std::string>& flags) {
+  return std::any_of(flags.begin(), flags.end(), [](const std::string& f) {
+    return f == "-t" || absl::StartsWith(f, "--threads") ||
+           (absl::StartsWith(f, "-t") && f.size() > 2 && absl::ascii_isdigit(f[2])) ||
+           absl::StartsWith(f, "-t=") || absl::StartsWith(f, "--split-compile") ||
+           absl::StartsWith(f, "-split-compile");
+  });
+}
+
 // The outcome of one sandboxed step as the caller sees it.
 absl::Status StepStatus(const absl::StatusOr<toolchain::ProcessResult>& r, const std::string& what,
                         double timeout_s, std::string* log) {
@@ -260,6 +277,10 @@ ExtensionBuilder::ExtensionBuilder(ExtOptions options, store::ArtifactStore* sto
     : options_(std::move(options)),
       store_(store),
       failures_(options_.negative_ttl),
+      slots_(options_.jobs > 0
+                 ? options_.jobs
+                 : std::max<int>({1, options_.workers,
+                                  static_cast<int>(std::thread::hardware_concurrency())})),
       pool_(std::max(1, options_.workers), std::max<int64_t>(1, options_.queue_size)) {}
 
 ExtensionBuilder::~ExtensionBuilder() { pool_.Stop(absl::Now() + absl::Seconds(1)); }
@@ -514,22 +535,35 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
           absl::StrCat("compile: '", c, "' is not in the source tree"));
     }
   }
-  std::string log;
-  auto step = [&](const std::string& what, const std::vector<std::string>& argv) -> absl::Status {
+  // One sandboxed command, holding a job slot while it runs.
+  auto step = [&](const std::string& what, const std::vector<std::string>& argv,
+                  std::string* log) -> absl::Status {
+    slots_.Acquire();
     double left = remaining();
-    if (left <= 0)
-      return absl::ResourceExhaustedError(
-          absl::StrCat(what, ": the build time limit (", budget, " s) is spent"));
-    return StepStatus(RunInSandbox(options_.sandbox, mounts, "/out", argv, left), what, budget,
-                      &log);
+    absl::Status s = left <= 0
+                         ? absl::ResourceExhaustedError(absl::StrCat(
+                               what, ": the build time limit (", budget, " s) is spent"))
+                         : StepStatus(RunInSandbox(options_.sandbox, mounts, "/out", argv, left),
+                                      what, budget, log);
+    slots_.Release();
+    return s;
   };
+  // The link stubs and the translation units: independent of each other, run several at once.
+  struct Command {
+    std::string what;
+    std::vector<std::string> argv;
+  };
+  std::vector<Command> commands;
   for (const std::string& so : request.link_sonames()) {
-    absl::Status s =
-        step(absl::StrCat("stub ", so),
-             {options_.cxx, "-shared", "-nostdlib", "-o", absl::StrCat("/out/stubs/", so),
-              absl::StrCat("-Wl,-soname,", so), "-x", "c", "/dev/null"});
-    if (!s.ok()) return s;
+    commands.push_back(
+        {absl::StrCat("stub ", so),
+         {options_.cxx, "-shared", "-nostdlib", "-o", absl::StrCat("/out/stubs/", so),
+          absl::StrCat("-Wl,-soname,", so), "-x", "c", "/dev/null"}});
   }
+  // nvcc builds a file's architectures on threads of its own, unless the flags say otherwise.
+  const int nvcc_threads = SetsNvccThreads(request.cuda_cflags())
+                               ? 1
+                               : std::clamp(GencodeCount(targets), 1, slots_.size());
   std::vector<std::string> objects;
   bool has_cuda = false;
   for (int i = 0; i < request.compile_size(); ++i) {
@@ -541,15 +575,29 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
       argv = {options_.nvcc, "-c", "/src/" + c, "-o", obj, "-Xcompiler", "-fPIC"};
       argv.insert(argv.end(), includes.begin(), includes.end());
       for (std::string& flag : GencodeFlags(targets)) argv.push_back(std::move(flag));
+      if (nvcc_threads > 1) argv.insert(argv.end(), {"--threads", absl::StrCat(nvcc_threads)});
       argv.insert(argv.end(), request.cuda_cflags().begin(), request.cuda_cflags().end());
     } else {
       argv = {options_.cxx, "-c", "/src/" + c, "-o", obj, "-fPIC", "-fdiagnostics-color=never"};
       argv.insert(argv.end(), includes.begin(), includes.end());
       argv.insert(argv.end(), request.cflags().begin(), request.cflags().end());
     }
-    if (absl::Status s = step(absl::StrCat("compiling ", c), argv); !s.ok()) return s;
+    commands.push_back({absl::StrCat("compiling ", c), std::move(argv)});
     objects.push_back(obj);
   }
+  const int per_command =
+      kProcessesPerCommand + (has_cuda ? (nvcc_threads - 1) * kProcessesPerNvccThread : 0);
+  const int64_t max_processes = options_.sandbox.limits.max_processes;
+  const int lanes = static_cast<int>(std::min<int64_t>(
+      slots_.size(),
+      max_processes > 0 ? std::max<int64_t>(1, max_processes / per_command) : slots_.size()));
+  std::vector<std::string> logs;
+  absl::Status compiled = RunAll(
+      static_cast<int>(commands.size()), lanes,
+      [&](int i, std::string* out) { return step(commands[i].what, commands[i].argv, out); },
+      &logs);
+  std::string log = absl::StrJoin(logs, "");
+  if (!compiled.ok()) return compiled;
   const std::string module = absl::StrCat("/out/", request.name(), ".so");
   std::vector<std::string> link = {options_.cxx, "-shared", "-o", module};
   link.insert(link.end(), objects.begin(), objects.end());
@@ -561,7 +609,7 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
                              "-ldl", "-lrt", "-lpthread"});
   }
   link.insert(link.end(), request.ldflags().begin(), request.ldflags().end());
-  if (absl::Status s = step("linking", link); !s.ok()) return s;
+  if (absl::Status s = step("linking", link, &log); !s.ok()) return s;
   const std::string host_module = out + module.substr(4);
   if (fs::file_size(host_module, ec) > static_cast<uintmax_t>(options_.max_artifact_bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat("the module is larger than the limit of ",
