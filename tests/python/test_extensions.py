@@ -345,6 +345,28 @@ def test_cuda_arch_list_refuses_what_cpp_extension_refuses(text: str, bad: str, 
             cpp._get_cuda_arch_flags()
 
 
+@pytest.mark.parametrize("env", [None, "", "native"])
+@pytest.mark.parametrize("caps,built,want", [
+    ([(9, 0), (8, 0), (9, 0)], ["sm_80", "sm_90"], ["8.0", "9.0+PTX"]),
+    ([(12, 0)], ["sm_80", "sm_90", "sm_100"], ["10.0+PTX"]),  # capped at what PyTorch was built for
+])
+def test_without_a_list_the_visible_devices_as_cpp_extension(env: Optional[str], caps: list[tuple[int, int]],
+                                                             built: list[str], want: list[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    if env is None:
+        monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", env)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(caps))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: caps[i])
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: built)
+    got = kiln.torch.extension.cuda_archs()
+    assert [str(a) for a in got] == want
+    theirs = _torch_gencode_flags()
+    assert theirs is None or _gencode_flags(got) == theirs
+
+
 def test_explicit_archs_take_numbers_and_arch_list_items() -> None:
     archs = kiln.torch.extension.cuda_archs([90, "9.0a+PTX", "Ampere"])
     assert [str(a) for a in archs] == ["8.0", "8.6+PTX", "9.0", "9.0a+PTX"]

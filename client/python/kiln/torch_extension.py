@@ -119,7 +119,7 @@ def parse_cuda_arch_list(text: str, what: str = "TORCH_CUDA_ARCH_LIST") -> list[
     return _merged(out)
 
 
-def cuda_archs(explicit: Union[str, Sequence[Union[int, str]], None] = None) -> list[CudaArch]:
+def cuda_archs(explicit: ArchList = None) -> list[CudaArch]:
     """The architectures to build ``.cu`` files for, as cpp_extension chooses them: ``explicit``
     (sm numbers such as 90, or TORCH_CUDA_ARCH_LIST items such as "9.0a"), else
     ``TORCH_CUDA_ARCH_LIST``, else (unset, empty or "native") the visible devices', capped at
