@@ -103,10 +103,16 @@ ABSL_FLAG(std::string, build_memory, "8GiB", "Address-space limit of one custom 
 ABSL_FLAG(double, build_timeout_s, 300, "Wall-clock limit of one custom build, all steps.");
 ABSL_FLAG(int, build_max_processes, 64, "Processes one custom build may run at once.");
 ABSL_FLAG(int, build_workers, 2, "Custom builds run at once.");
+ABSL_FLAG(int, build_jobs, 0,
+          "Compiler commands all custom builds run at once; one build alone compiles that many "
+          "sources at once, as ninja does. 0: the host's cores (at least --build-workers).");
 ABSL_FLAG(std::string, build_inputs_size, "4GiB",
           "Bytes of uploaded build inputs (sources, header trees) kept; least recently used "
           "go first.");
-ABSL_FLAG(std::string, nvcc, "nvcc", "nvcc for the .cu sources of custom builds.");
+ABSL_FLAG(std::string, nvcc, "",
+          "nvcc for the .cu sources of custom builds (a path, or a name on PATH). Empty: found "
+          "as PyTorch finds it: $CUDA_HOME/bin/nvcc, $CUDA_PATH/bin/nvcc, nvcc on PATH, "
+          "/usr/local/cuda/bin/nvcc.");
 ABSL_FLAG(std::string, worker_memory, "8GiB",
           "Address-space limit of each compile worker process (and the host compiler it "
           "runs), e.g. 4GiB; 0: none.");
@@ -525,6 +531,7 @@ int Run() {
 #endif
     ext_options.input_capacity_bytes = inputs_size;
     ext_options.workers = std::max(1, absl::GetFlag(FLAGS_build_workers));
+    ext_options.jobs = std::max(0, absl::GetFlag(FLAGS_build_jobs));
     ext_options.negative_ttl = absl::Seconds(absl::GetFlag(FLAGS_negative_cache_s));
     ext_options.max_upload_bytes = int64_t{absl::GetFlag(FLAGS_max_request_mib)} << 20;
     ext_options.sandbox.limits.timeout_s = absl::GetFlag(FLAGS_build_timeout_s);

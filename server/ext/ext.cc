@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -17,6 +19,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "kernels/key/digest.h"
 #include "kernels/toolchain/subprocess.h"
+#include "server/ext/cuda_toolkit.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::ext {
@@ -109,7 +112,8 @@ absl::Status CheckFlags(const google::protobuf::RepeatedPtrField<std::string>& f
   return absl::OkStatus();
 }
 
-absl::Status Validate(const v1::BuildExtensionRequest& r, bool* has_cuda) {
+absl::Status Validate(const v1::BuildExtensionRequest& r, bool* has_cuda,
+                      std::vector<CudaTarget>* targets) {
   if (!IsIdentifier(r.name())) {
     return absl::InvalidArgumentError(absl::StrCat("name '", r.name(), "' is not a C identifier"));
   }
@@ -143,16 +147,13 @@ absl::Status Validate(const v1::BuildExtensionRequest& r, bool* has_cuda) {
         std::pair{&r.ldflags(), "ldflags"}}) {
     if (absl::Status s = CheckFlags(*flags, field, &total); !s.ok()) return s;
   }
-  if (r.cuda_archs_size() > 16) return absl::InvalidArgumentError("cuda_archs: more than 16");
-  for (int sm : r.cuda_archs()) {
-    if (sm < 50 || sm > 199)
-      return absl::InvalidArgumentError(
-          absl::StrCat("cuda_archs: sm_", sm, " is not a CUDA architecture kilnd builds for"));
-  }
-  if (*has_cuda && r.cuda_archs_size() == 0) {
+  absl::StatusOr<std::vector<CudaTarget>> archs = CudaTargets(r);
+  if (!archs.ok()) return archs.status();
+  if (*has_cuda && archs->empty()) {
     return absl::InvalidArgumentError(
         "cuda_archs: .cu sources need at least one architecture (TORCH_CUDA_ARCH_LIST)");
   }
+  *targets = *std::move(archs);
   if (!IsPlainToken(r.python_tag(), 128))
     return absl::InvalidArgumentError("python_tag: not a plain token");
   if (r.link_sonames_size() > 32) return absl::InvalidArgumentError("link_sonames: more than 32");
@@ -170,6 +171,22 @@ absl::Status Validate(const v1::BuildExtensionRequest& r, bool* has_cuda) {
       return absl::InvalidArgumentError("client_abi: an entry is too long");
   }
   return absl::OkStatus();
+}
+
+// Processes one sandboxed compile runs at once (bwrap's two, the driver, the compiler proper,
+// the assembler, with room), and each further nvcc thread (cicc, ptxas): a build's commands
+// running at once share its process cap, so it bounds how many run.
+constexpr int kProcessesPerCommand = 8;
+constexpr int kProcessesPerNvccThread = 4;
+
+// Whether `flags` choose nvcc's thread count themselves.
+bool SetsNvccThreads(const google::protobuf::RepeatedPtrField<std::string>& flags) {
+  return std::any_of(flags.begin(), flags.end(), [](const std::string& f) {
+    return f == "-t" || absl::StartsWith(f, "--threads") ||
+           (absl::StartsWith(f, "-t") && f.size() > 2 && absl::ascii_isdigit(f[2])) ||
+           absl::StartsWith(f, "-t=") || absl::StartsWith(f, "--split-compile") ||
+           absl::StartsWith(f, "-split-compile");
+  });
 }
 
 // The outcome of one sandboxed step as the caller sees it.
@@ -260,6 +277,10 @@ ExtensionBuilder::ExtensionBuilder(ExtOptions options, store::ArtifactStore* sto
     : options_(std::move(options)),
       store_(store),
       failures_(options_.negative_ttl),
+      slots_(options_.jobs > 0
+                 ? options_.jobs
+                 : std::max<int>({1, options_.workers,
+                                  static_cast<int>(std::thread::hardware_concurrency())})),
       pool_(std::max(1, options_.workers), std::max<int64_t>(1, options_.queue_size)) {}
 
 ExtensionBuilder::~ExtensionBuilder() { pool_.Stop(absl::Now() + absl::Seconds(1)); }
@@ -268,9 +289,21 @@ absl::StatusOr<std::unique_ptr<ExtensionBuilder>> ExtensionBuilder::Create(
     const ExtOptions& options, store::ArtifactStore* store) {
   ExtOptions resolved = options;
   resolved.cxx = Which(options.cxx);
-  resolved.nvcc = Which(options.nvcc);
   resolved.nvrtc_tool = Which(options.nvrtc_tool);
+  // nvcc runs by its real path; the sandbox holds its toolkit and the links that name it, so
+  // that an include naming /usr/local/cuda/... finds the same files inside.
+  const CudaToolkit toolkit = FindCudaToolkit(
+      options.nvcc, [](const char* name) -> const char* { return std::getenv(name); });
+  resolved.nvcc = toolkit.nvcc;
+  if (!toolkit.mount.empty()) resolved.sandbox.toolchain_dirs.push_back(toolkit.mount);
+  for (const auto& link : toolkit.links) resolved.sandbox.toolchain_links.push_back(link);
+  if (!toolkit.nvcc.empty()) {
+    spdlog::info("custom builds: nvcc {} ({})", toolkit.nvcc, toolkit.how);
+  } else {
+    spdlog::info("custom builds: no nvcc ({}): .cu sources are refused", toolkit.how);
+  }
   std::unique_ptr<ExtensionBuilder> b(new ExtensionBuilder(std::move(resolved), store));
+  b->nvcc_search_ = toolkit.how;
   if (options.scratch_dir.empty()) {
     absl::StatusOr<toolchain::TempDir> scratch = toolchain::TempDir::Create("kiln-builds-");
     if (!scratch.ok()) return scratch.status();
@@ -417,13 +450,17 @@ void ExtensionBuilder::Build(const v1::BuildExtensionRequest& request, BuildCall
   };
   if (!unavailable_.empty()) return done(absl::FailedPreconditionError(unavailable_), {});
   bool has_cuda = false;
-  if (absl::Status s = Validate(request, &has_cuda); !s.ok()) return done(s, {});
+  std::vector<CudaTarget> targets;
+  if (absl::Status s = Validate(request, &has_cuda, &targets); !s.ok()) return done(s, {});
   if (has_cuda && options_.nvcc.empty()) {
     return done(
-        absl::FailedPreconditionError("this server has no nvcc: it cannot build .cu sources"), {});
+        absl::FailedPreconditionError(absl::StrCat("this server has no nvcc (looked at ",
+                                                   nvcc_search_, "): it cannot build .cu sources")),
+        {});
   }
   v1::BuildExtensionRequest canon = request;
   canon.clear_priority();
+  SetCanonicalTargets(targets, &canon);
   const std::string key = key::Sha256Hex(
       absl::StrCat("kiln-ext-v1\n", Deterministic(canon), "\n", Fingerprint(has_cuda)));
   v1::BuildExtensionResponse response;
@@ -445,12 +482,16 @@ void ExtensionBuilder::Build(const v1::BuildExtensionRequest& request, BuildCall
     return done(absl::OkStatus(), std::move(response));
   }
   GetOrBuild(
-      key, PriorityOf(request), [this, request, key] { return RunBuild(request, key); },
+      key, PriorityOf(request),
+      [this, request, targets = std::move(targets), key] {
+        return RunBuild(request, targets, key);
+      },
       Answer(std::move(response), std::move(done), start));
 }
 
 absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
-    const v1::BuildExtensionRequest& request, const std::string& key) {
+    const v1::BuildExtensionRequest& request, const std::vector<CudaTarget>& targets,
+    const std::string& key) {
   if (absl::StatusOr<std::optional<v1::ActionResult>> again = store_->GetResult(key);
       again.ok() && again->has_value()) {
     return std::move(**again);
@@ -494,22 +535,35 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
           absl::StrCat("compile: '", c, "' is not in the source tree"));
     }
   }
-  std::string log;
-  auto step = [&](const std::string& what, const std::vector<std::string>& argv) -> absl::Status {
+  // One sandboxed command, holding a job slot while it runs.
+  auto step = [&](const std::string& what, const std::vector<std::string>& argv,
+                  std::string* log) -> absl::Status {
+    slots_.Acquire();
     double left = remaining();
-    if (left <= 0)
-      return absl::ResourceExhaustedError(
-          absl::StrCat(what, ": the build time limit (", budget, " s) is spent"));
-    return StepStatus(RunInSandbox(options_.sandbox, mounts, "/out", argv, left), what, budget,
-                      &log);
+    absl::Status s = left <= 0
+                         ? absl::ResourceExhaustedError(absl::StrCat(
+                               what, ": the build time limit (", budget, " s) is spent"))
+                         : StepStatus(RunInSandbox(options_.sandbox, mounts, "/out", argv, left),
+                                      what, budget, log);
+    slots_.Release();
+    return s;
   };
+  // The link stubs and the translation units: independent of each other, run several at once.
+  struct Command {
+    std::string what;
+    std::vector<std::string> argv;
+  };
+  std::vector<Command> commands;
   for (const std::string& so : request.link_sonames()) {
-    absl::Status s =
-        step(absl::StrCat("stub ", so),
-             {options_.cxx, "-shared", "-nostdlib", "-o", absl::StrCat("/out/stubs/", so),
-              absl::StrCat("-Wl,-soname,", so), "-x", "c", "/dev/null"});
-    if (!s.ok()) return s;
+    commands.push_back(
+        {absl::StrCat("stub ", so),
+         {options_.cxx, "-shared", "-nostdlib", "-o", absl::StrCat("/out/stubs/", so),
+          absl::StrCat("-Wl,-soname,", so), "-x", "c", "/dev/null"}});
   }
+  // nvcc builds a file's architectures on threads of its own, unless the flags say otherwise.
+  const int nvcc_threads = SetsNvccThreads(request.cuda_cflags())
+                               ? 1
+                               : std::clamp(GencodeCount(targets), 1, slots_.size());
   std::vector<std::string> objects;
   bool has_cuda = false;
   for (int i = 0; i < request.compile_size(); ++i) {
@@ -520,18 +574,30 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
       has_cuda = true;
       argv = {options_.nvcc, "-c", "/src/" + c, "-o", obj, "-Xcompiler", "-fPIC"};
       argv.insert(argv.end(), includes.begin(), includes.end());
-      for (int sm : request.cuda_archs()) {
-        argv.insert(argv.end(), {"-gencode", absl::StrCat("arch=compute_", sm, ",code=sm_", sm)});
-      }
+      for (std::string& flag : GencodeFlags(targets)) argv.push_back(std::move(flag));
+      if (nvcc_threads > 1) argv.insert(argv.end(), {"--threads", absl::StrCat(nvcc_threads)});
       argv.insert(argv.end(), request.cuda_cflags().begin(), request.cuda_cflags().end());
     } else {
       argv = {options_.cxx, "-c", "/src/" + c, "-o", obj, "-fPIC", "-fdiagnostics-color=never"};
       argv.insert(argv.end(), includes.begin(), includes.end());
       argv.insert(argv.end(), request.cflags().begin(), request.cflags().end());
     }
-    if (absl::Status s = step(absl::StrCat("compiling ", c), argv); !s.ok()) return s;
+    commands.push_back({absl::StrCat("compiling ", c), std::move(argv)});
     objects.push_back(obj);
   }
+  const int per_command =
+      kProcessesPerCommand + (has_cuda ? (nvcc_threads - 1) * kProcessesPerNvccThread : 0);
+  const int64_t max_processes = options_.sandbox.limits.max_processes;
+  const int lanes = static_cast<int>(std::min<int64_t>(
+      slots_.size(),
+      max_processes > 0 ? std::max<int64_t>(1, max_processes / per_command) : slots_.size()));
+  std::vector<std::string> logs;
+  absl::Status compiled = RunAll(
+      static_cast<int>(commands.size()), lanes,
+      [&](int i, std::string* out) { return step(commands[i].what, commands[i].argv, out); },
+      &logs);
+  std::string log = absl::StrJoin(logs, "");
+  if (!compiled.ok()) return compiled;
   const std::string module = absl::StrCat("/out/", request.name(), ".so");
   std::vector<std::string> link = {options_.cxx, "-shared", "-o", module};
   link.insert(link.end(), objects.begin(), objects.end());
@@ -543,7 +609,7 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
                              "-ldl", "-lrt", "-lpthread"});
   }
   link.insert(link.end(), request.ldflags().begin(), request.ldflags().end());
-  if (absl::Status s = step("linking", link); !s.ok()) return s;
+  if (absl::Status s = step("linking", link, &log); !s.ok()) return s;
   const std::string host_module = out + module.substr(4);
   if (fs::file_size(host_module, ec) > static_cast<uintmax_t>(options_.max_artifact_bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat("the module is larger than the limit of ",
@@ -562,7 +628,7 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
   result.mutable_stats()->set_total_ms(result.stats().toolchain_ms());
   for (auto [label, value] : {std::pair<std::string, std::string>{"kind", "extension"},
                               {"name", request.name()},
-                              {"cuda_archs", absl::StrJoin(request.cuda_archs(), ",")},
+                              {"cuda_archs", TargetsLabel(targets)},
                               {"python_tag", request.python_tag()},
                               {"toolchain", Fingerprint(has_cuda)}}) {
     v1::KeyField* f = result.add_key_fields();

@@ -11,10 +11,14 @@
 //   compiler's and nvcc's or NVRTC's versions). A hit answers from the store without looking
 //   at the inputs; the result is one artifact (a SHARED_OBJECT module or a CUBIN) and the
 //   build output in compile_log.
-// - Builds run in the sandbox (sandbox.h), one compiler or linker command at a time, inside a
-//   private folder: sources at /src, include trees at /inc/<n>, output at /out. Flags that
-//   load code into the toolchain (-fplugin, -specs, -B, -wrapper, -fuse-ld, -ccbin, response
-//   files, ...) are refused with InvalidArgument naming the flag, before anything runs.
+// - Builds run in the sandbox (sandbox.h), inside a private folder: sources at /src, include
+//   trees at /inc/<n>, output at /out. A build compiles its translation units several at once
+//   (build_jobs.h), then links; nvcc builds a .cu file's architectures on threads of its own.
+//   Flags that load code into the toolchain (-fplugin, -specs, -B, -wrapper, -fuse-ld, -ccbin,
+//   response files, ...) are refused with InvalidArgument naming the flag, before anything runs.
+// - .cu sources are built for the request's architectures (cuda_targets.h: TORCH_CUDA_ARCH_LIST's
+//   "9.0a" and "+PTX" among them) by the nvcc FindCudaToolkit finds (cuda_toolkit.h), run by its
+//   real path; the sandbox holds its toolkit and the symlinks that name it.
 // - A failed build answers InvalidArgument with the compiler's diagnostics (paths inside the
 //   sandbox only); a build past a limit answers ResourceExhausted naming the limit. Both are
 //   remembered for `negative_ttl` (a retry gets the same answer without building), never stored.
@@ -39,6 +43,8 @@
 #include "kiln/v1/service.pb.h"
 #include "server/compile/result_cache.h"
 #include "server/compile/worker_pool.h"
+#include "server/ext/build_jobs.h"
+#include "server/ext/cuda_targets.h"
 #include "server/ext/input_store.h"
 #include "server/ext/sandbox.h"
 #include "server/store/artifact_store.h"
@@ -57,9 +63,14 @@ struct ExtOptions {
   int64_t max_artifact_bytes = int64_t{256} << 20;
   int64_t max_upload_bytes = int64_t{64} << 20;  // one UploadBlobs call
   SandboxOptions sandbox;
-  std::string cxx = "g++";    // host compiler and linker (found on PATH at Create)
-  std::string nvcc = "nvcc";  // for .cu sources; optional
-  std::string nvrtc_tool;     // the kiln-nvrtc program for raw kernels; optional
+  std::string cxx = "g++";  // host compiler and linker (found on PATH at Create)
+  // For .cu sources (optional): a path or a name on PATH; empty: found as PyTorch's
+  // cpp_extension finds it (FindCudaToolkit).
+  std::string nvcc;
+  // Sandboxed commands running at once, all builds together; one build alone may use them all.
+  // 0: the host's cores, and at least `workers`.
+  int jobs = 0;
+  std::string nvrtc_tool;  // the kiln-nvrtc program for raw kernels; optional
   // Signs a result before it is stored (the handle is its key), as for graph compiles.
   std::function<absl::Status(const std::string& key, v1::ActionResult* result)> sign;
 };
@@ -118,6 +129,7 @@ class ExtensionBuilder {
                                       std::function<void(absl::Status, Response)> done,
                                       std::chrono::steady_clock::time_point start);
   absl::StatusOr<v1::ActionResult> RunBuild(const v1::BuildExtensionRequest& request,
+                                            const std::vector<CudaTarget>& targets,
                                             const std::string& key);
   absl::StatusOr<v1::ActionResult> RunRaw(const v1::CompileRawKernelRequest& request,
                                           const std::string& key);
@@ -131,9 +143,11 @@ class ExtensionBuilder {
   std::string nvrtc_in_scratch_;
   std::unique_ptr<InputStore> inputs_;
   std::string unavailable_;
+  std::string nvcc_search_;  // where Create looked for nvcc, for the refusal without one
   absl::once_flag versions_once_;
   std::string cxx_version_, nvcc_version_, nvrtc_version_;  // set once by ReadVersions
   compile::FailureCache failures_;
+  JobSlots slots_;  // the sandboxed commands of all builds
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::vector<std::function<void(Outcome)>>> in_flight_

@@ -89,11 +89,15 @@ absl::StatusOr<toolchain::ProcessResult> RunInSandbox(const SandboxOptions& opti
   if (fs::exists("/etc/ld.so.cache")) {
     args.insert(args.end(), {"--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"});
   }
+  args.insert(args.end(), {"--proc", "/proc", "--dev", "/dev", "--size",
+                           absl::StrCat(options.tmp_bytes), "--tmpfs", "/tmp"});
+  // After /tmp, so that a toolchain named by a path in it (a link, say) stays visible.
   for (const std::string& dir : options.toolchain_dirs) {
     args.insert(args.end(), {"--ro-bind", dir, dir});
   }
-  args.insert(args.end(), {"--proc", "/proc", "--dev", "/dev", "--size",
-                           absl::StrCat(options.tmp_bytes), "--tmpfs", "/tmp"});
+  for (const auto& [path, target] : options.toolchain_links) {
+    args.insert(args.end(), {"--symlink", target, path});
+  }
   for (const Mount& m : mounts) {
     args.insert(args.end(), {m.writable ? "--bind" : "--ro-bind", m.host, m.inside});
   }

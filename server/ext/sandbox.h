@@ -2,12 +2,13 @@
 // bubblewrap (Debian's `bubblewrap`), so that what the caller's sources can make the toolchain
 // do stays inside.
 //
-// Inside, the command sees only: the toolchain read-only (/usr, the /lib and /bin links, and
-// any extra toolchain folders), a fresh /proc and minimal /dev, a size-capped /tmp, and the
-// mounts it is given (the build's input trees read-only, its output folder writable). No
-// /etc beyond the loader cache, no /home, /root or /var: kilnd's cache, keys and config are
-// not there to read. It runs in new user, PID, network (loopback only, nothing listening),
-// IPC and UTS namespaces, in a new session, with a clear environment, and dies with kilnd.
+// Inside, the command sees only: the toolchain read-only (/usr, the /lib and /bin links, any
+// extra toolchain folders, and the symlinks that name them, such as /etc/alternatives/cuda), a
+// fresh /proc and minimal /dev, a size-capped /tmp, and the mounts it is given (the build's
+// input trees read-only, its output folder writable). No /etc beyond the loader cache, no
+// /home, /root or /var: kilnd's cache, keys and config are not there to read. It runs in new
+// user, PID, network (loopback only, nothing listening), IPC and UTS namespaces, in a new
+// session, with a clear environment, and dies with kilnd.
 //
 // Limits: wall-clock time (the whole process tree is killed), address space, CPU time, file
 // size, and processes: when kilnd runs as root the command runs as an unprivileged uid
@@ -16,6 +17,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -46,6 +48,9 @@ struct SandboxOptions {
   int64_t tmp_bytes = int64_t{512} << 20;  // the /tmp tmpfs
   // Toolchain folders outside /usr (a CUDA toolkit in /opt, say), mounted read-only in place.
   std::vector<std::string> toolchain_dirs;
+  // Symlinks (path, target) made inside, so that the names the toolchain is known by outside
+  // /usr resolve there as on the host (/etc/alternatives/cuda -> /usr/local/cuda-13.0).
+  std::vector<std::pair<std::string, std::string>> toolchain_links;
 };
 
 // Whether sandboxed commands can run here: OK, or FailedPrecondition saying why (bwrap

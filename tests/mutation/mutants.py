@@ -369,6 +369,30 @@ MUTANTS: list[Mutant] = [
                       "test_tuner_keeps_the_default_unless_a_variant_is_faster_both_ways"),
         build=("kilnd",),
     ),
+    Mutant(
+        name="ext-one-command-at-a-time",
+        what="a custom build compiles its sources one after another again",
+        file="server/ext/ext.cc",
+        find="  const int lanes = static_cast<int>(std::min<int64_t>(",
+        replace="  const int lanes = 1 + 0 * static_cast<int>(std::min<int64_t>(",
+        tests=("gtest:ext_test:ExtensionBuilderTest.CompilesTheSourcesOfOneBuildAtOnce",),
+    ),
+    Mutant(
+        name="ext-toolkit-links-missing",
+        what="the build sandbox lacks the links that name the CUDA toolkit (/usr/local/cuda -> ...)",
+        file="server/ext/ext.cc",
+        find="  for (const auto& link : toolkit.links) resolved.sandbox.toolchain_links.push_back(link);\n",
+        replace="",
+        tests=("gtest:ext_test:ExtensionBuilderTest.CudaSourcesGoToTheRealNvccWithEachTarget",),
+    ),
+    Mutant(
+        name="cuda-arch-specific-dropped",
+        what="an arch-specific target (TORCH_CUDA_ARCH_LIST=9.0a) is built as the plain one (sm_90)",
+        file="server/ext/cuda_targets.cc",
+        find='return absl::StrCat(t.sm, t.arch_specific ? "a" : "");',
+        replace="return absl::StrCat(t.sm);",
+        tests=("gtest:cuda_targets_test",),
+    ),
 ]
 
 # A quick sample (KILN_MUTATIONS=sample deploy/test.sh; CI runs every mutant): one compiler

@@ -1,5 +1,7 @@
 """Custom kernels built by kilnd: PyTorch extensions (kiln.torch.load / load_inline), raw CUDA
-kernels (kiln.cuda.RawKernel), their sandbox, and prewarm of recorded builds.
+kernels (kiln.cuda.RawKernel), their sandbox, and prewarm of recorded builds. CUDA extensions:
+TORCH_CUDA_ARCH_LIST read as cpp_extension reads it, and a .cu built for sm_90a by an nvcc whose
+toolkit is named through a chain of symlinks (compiled and linked only: no GPU is needed).
 
 A private kilnd with tight build limits serves the module. The LLTM extension (tests/ext/lltm)
 is built once (about 20 s of g++ on torch/extension.h) and reused; a second process with an
@@ -9,18 +11,21 @@ empty local cache must get it without a build.
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import pytest
 
 import kiln
 import kiln.cuda
-from kiln.errors import RpcError
+from kiln.errors import KilnError, RpcError
 from kiln.recorder import Recorder
 
 from conftest import CLIENT_DIR, private_kilnd
@@ -276,5 +281,188 @@ def test_prewarm_replays_recorded_builds(lltm: Any, ext_client: kiln.Client, rec
         kiln.torch.build("lltm_cpp", [LLTM / "lltm.cpp"], client=c)
         s = c.stats()
         assert s.ext_builds == built and s.ext_cache_hits >= 1
+    finally:
+        next(gen, None)
+
+
+# TORCH_CUDA_ARCH_LIST values and what cpp_extension builds for them (PyTorch 2.15's grammar).
+ARCH_LISTS = [
+    ("9.0a", ["9.0a"]),
+    ("8.0;9.0+PTX", ["8.0", "9.0+PTX"]),
+    ("7.5 8.6", ["7.5", "8.6"]),
+    ("9.0;9.0+PTX", ["9.0+PTX"]),
+    ("10.0a+PTX 12.0", ["10.0a+PTX", "12.0"]),
+    ("Ampere;Hopper", ["8.0", "8.6+PTX", "9.0+PTX"]),
+    ("Ampere+Tegra Volta", ["7.0+PTX", "8.7"]),
+    ("Blackwell", ["10.0", "10.3", "12.0", "12.1+PTX"]),
+    (" 8.0;;9.0a ", ["8.0", "9.0a"]),  # empty items are skipped (cpp_extension refuses them)
+]
+
+
+def _torch_gencode_flags() -> Optional[list[str]]:
+    """cpp_extension's own -gencode flags for the current TORCH_CUDA_ARCH_LIST, where this
+    PyTorch has the (private) function."""
+    import torch.utils.cpp_extension as cpp
+
+    fn = getattr(cpp, "_get_cuda_arch_flags", None)
+    return None if fn is None else fn()
+
+
+def _gencode_flags(archs: list[Any]) -> list[str]:
+    flags = set()
+    for a in archs:
+        n = f"{a.sm}{'a' if a.arch_specific else ''}"
+        flags.add(f"-gencode=arch=compute_{n},code=sm_{n}")
+        if a.ptx:
+            flags.add(f"-gencode=arch=compute_{n},code=compute_{n}")
+    return sorted(flags)
+
+
+@pytest.mark.parametrize("text,want", ARCH_LISTS)
+def test_cuda_arch_list_reads_as_cpp_extension_does(text: str, want: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", text)
+    got = kiln.torch.extension.cuda_archs()
+    assert [str(a) for a in got] == want
+    if text.strip() == text and ";;" not in text:
+        theirs = _torch_gencode_flags()
+        assert theirs is None or _gencode_flags(got) == theirs
+
+
+@pytest.mark.parametrize("text,bad", [("9.0f", "9.0f"), ("8.0,9.0", "8.0,9.0"), ("sm_90", "sm_90"), ("90", "90"),
+                                      ("8.0;8.9a", "8.9a"), ("9.0+ptx", "9.0+ptx"), ("Hopper+PTX", "Hopper+PTX"),
+                                      ("9", "9"), ("hopper", "hopper")])
+def test_cuda_arch_list_refuses_what_cpp_extension_refuses(text: str, bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", text)
+    with pytest.raises(KilnError, match=f"TORCH_CUDA_ARCH_LIST: unknown CUDA architecture '{re.escape(bad)}'") as info:
+        kiln.torch.extension.cuda_archs()
+    assert "9.0a" in str(info.value) and "Hopper" in str(info.value), "the message lists what is known"
+    if "," in text:
+        assert "separate architectures with ';' or spaces" in str(info.value)
+    import torch.utils.cpp_extension as cpp
+
+    if hasattr(cpp, "_get_cuda_arch_flags"):  # and cpp_extension refuses it too
+        with pytest.raises(ValueError):
+            cpp._get_cuda_arch_flags()
+
+
+@pytest.mark.parametrize("env", [None, "", "native"])
+@pytest.mark.parametrize("caps,built,want", [
+    ([(9, 0), (8, 0), (9, 0)], ["sm_80", "sm_90"], ["8.0", "9.0+PTX"]),
+    ([(12, 0)], ["sm_80", "sm_90", "sm_100"], ["10.0+PTX"]),  # capped at what PyTorch was built for
+])
+def test_without_a_list_the_visible_devices_as_cpp_extension(env: Optional[str], caps: list[tuple[int, int]],
+                                                             built: list[str], want: list[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    if env is None:
+        monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", env)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(caps))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: caps[i])
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: built)
+    got = kiln.torch.extension.cuda_archs()
+    assert [str(a) for a in got] == want
+    theirs = _torch_gencode_flags()
+    assert theirs is None or _gencode_flags(got) == theirs
+
+
+def test_explicit_archs_take_numbers_and_arch_list_items() -> None:
+    archs = kiln.torch.extension.cuda_archs([90, "9.0a+PTX", "Ampere"])
+    assert [str(a) for a in archs] == ["8.0", "8.6+PTX", "9.0", "9.0a+PTX"]
+    assert [str(a) for a in kiln.torch.extension.cuda_archs("8.0 9.0a")] == ["8.0", "9.0a"]
+    with pytest.raises(KilnError, match="cuda_archs_list: unknown CUDA architecture '9.1'"):
+        kiln.torch.extension.cuda_archs(["9.1"])
+
+
+@pytest.mark.parametrize("text,plain,variants", [
+    ("8.0 9.0", [80, 90], []),
+    ("9.0a", [], [(90, True, False)]),
+    ("8.0;9.0+PTX", [], [(80, False, False), (90, False, True)]),
+])
+def test_request_carries_variants_in_cuda_arch_list(text: str, plain: list[int], variants: list[tuple[int, bool, bool]],
+                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain lists keep the form older servers read (cuda_archs); any variant sends all of them
+    in cuda_arch_list, which an older server would not build for silently wrong archs."""
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", text)
+    src = _write(tmp_path, "k.cu", "__global__ void k() {}\n")
+    req = kiln.torch.extension.prepare("k", [src], cache_dir=tmp_path / "cache").request
+    assert list(req.cuda_archs) == plain
+    assert [(a.sm, a.arch_specific, a.ptx) for a in req.cuda_arch_list] == variants
+
+
+@pytest.mark.parametrize("arch,message", [((86, True, False), "cuda_arch_list: sm_86a does not exist"),
+                                          ((300, False, True), "cuda_arch_list: sm_300 is not"),
+                                          ((45, False, False), "cuda_arch_list: sm_45 is not")])
+def test_server_refuses_architectures_naming_field_and_value(ext_client: kiln.Client, arch: tuple[int, bool, bool],
+                                                             message: str) -> None:
+    from kiln import ext
+    from kiln.v1 import service_pb2
+
+    tree = ext.Tree.from_bytes({"k.cu": b"__global__ void k() {}\n"})
+    req = service_pb2.BuildExtensionRequest(name="k", source_tree=tree.digest, compile=["k.cu"])
+    req.cuda_arch_list.add(sm=arch[0], arch_specific=arch[1], ptx=arch[2])
+    with pytest.raises(RpcError) as info:
+        ext.build_extension(ext_client, req, [tree])
+    assert info.value.code == "INVALID_ARGUMENT" and message in str(info.value)
+
+
+def _cuda_toolkit_root() -> Optional[Path]:
+    """The real root of this machine's CUDA toolkit, found as cpp_extension finds it."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if not home:
+        nvcc = shutil.which("nvcc")
+        home = str(Path(nvcc).parent.parent) if nvcc else "/usr/local/cuda"
+    root = Path(home).resolve()
+    return root if (root / "bin" / "nvcc").is_file() else None
+
+
+SM90A_SOURCE = """
+#include "{toolkit}/include/cuda_runtime.h"
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "this device code was not built for sm_90a"
+#endif
+__global__ void scale(float* x, float a, int n) {{
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= a;
+}}
+void launch_scale(float* x, float a, int n) {{ scale<<<(n + 255) / 256, 256>>>(x, a, n); }}
+"""
+
+
+@pytest.mark.parametrize("named_by", ["--nvcc", "CUDA_HOME"])
+def test_cu_extension_for_sm90a_with_a_toolkit_named_through_links(named_by: str, tmp_path: Path,
+                                                                   tmp_path_factory: pytest.TempPathFactory,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvcc named as <tmp>/cuda/bin/nvcc, where cuda -> cuda-link -> the real toolkit (as
+    /usr/local/cuda -> /etc/alternatives/cuda -> /usr/local/cuda-13.0 on NVIDIA's images): kilnd
+    finds it (by --nvcc, or by $CUDA_HOME with no nvcc on $PATH), runs it by its real path in
+    the sandbox, where the source's include through the linked name resolves, and builds for
+    TORCH_CUDA_ARCH_LIST=9.0a+PTX."""
+    real = _cuda_toolkit_root()
+    if real is None:
+        pytest.skip("no CUDA toolkit on this machine")
+    links = tmp_path_factory.mktemp("toolkit-links")
+    (links / "cuda-link").symlink_to(real)
+    (links / "cuda").symlink_to("cuda-link")
+    args = list(LIMITS)
+    with monkeypatch.context() as env:  # kilnd's environment only
+        env.setenv("PATH", "/usr/bin:/bin")
+        env.delenv("CUDA_PATH", raising=False)
+        if named_by == "--nvcc":
+            env.delenv("CUDA_HOME", raising=False)
+            args.append(f"--nvcc={links}/cuda/bin/nvcc")
+        else:
+            env.setenv("CUDA_HOME", str(links / "cuda"))
+        gen = private_kilnd(tmp_path_factory, "kilnd-linked-toolkit", args)
+        daemon = next(gen)
+    try:
+        client = kiln.Client(daemon.address, cache_dir=tmp_path / "client-cache")
+        src = _write(tmp_path, "scale90a.cu", SM90A_SOURCE.format(toolkit=links / "cuda"))
+        monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a+PTX")
+        path = kiln.torch.build("kiln_scale90a", [src], client=client)
+        assert path.read_bytes()[:4] == b"\x7fELF"
+        assert client.stats().ext_builds == 1
+        client.close()
     finally:
         next(gen, None)

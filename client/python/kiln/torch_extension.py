@@ -30,6 +30,7 @@ PyTorch only when a build is prepared or a module imported, so the native part r
 from __future__ import annotations
 
 import base64
+import dataclasses
 import importlib.machinery
 import importlib.util
 import os
@@ -46,6 +47,8 @@ from .errors import KilnError
 from .v1 import service_pb2
 
 PathLike = Union[str, os.PathLike]
+#: Architectures as callers name them: sm numbers (90) or TORCH_CUDA_ARCH_LIST items ("9.0a+PTX").
+ArchList = Union[str, Sequence[Union[int, str]], None]
 
 _CUDA_SONAMES = ("libc10_cuda.so", "libtorch_cuda.so")
 _CPU_SONAMES = ("libc10.so", "libtorch_cpu.so", "libtorch.so", "libtorch_python.so")
@@ -60,28 +63,87 @@ def _torch() -> Any:
     return torch
 
 
-def cuda_archs(explicit: Optional[Sequence[int]] = None) -> list[int]:
-    """The sm numbers to build ``.cu`` files for: ``explicit``, else ``TORCH_CUDA_ARCH_LIST``
-    ("8.0;9.0", "9.0+PTX"), else the visible devices'. KilnError when none can be found."""
-    if explicit:
-        return sorted({int(a) for a in explicit})
-    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
-    if env:
-        out = set()
-        for part in env.replace(",", ";").replace(" ", ";").split(";"):
-            part = part.strip().removesuffix("+PTX")
-            if not part:
+# TORCH_CUDA_ARCH_LIST's grammar, as torch.utils.cpp_extension reads it (PyTorch 2.15): items
+# separated by ';' or spaces, each a known "major.minor" with an optional "a" (arch-specific
+# features: sm_90a) and "+PTX" (embed the PTX as well), or a name standing for several.
+_KNOWN_ARCHS = ("3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6", "8.7",
+                "8.9", "9.0", "9.0a", "10.0", "10.0a", "10.3", "10.3a", "10.7", "10.7a", "11.0", "11.0a", "12.0",
+                "12.0a", "12.1", "12.1a")
+_NAMED_ARCHS = {
+    "Kepler+Tesla": "3.7", "Kepler": "3.5+PTX", "Maxwell+Tegra": "5.3", "Maxwell": "5.0;5.2+PTX",
+    "Pascal": "6.0;6.1+PTX", "Volta+Tegra": "7.2", "Volta": "7.0+PTX", "Turing": "7.5+PTX", "Ampere+Tegra": "8.7",
+    "Ampere": "8.0;8.6+PTX", "Ada": "8.9+PTX", "Hopper": "9.0+PTX", "Blackwell+Tegra": "11.0",
+    "Blackwell": "10.0;10.3;12.0;12.1+PTX", "Rubin": "10.7+PTX",
+}
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class CudaArch:
+    """One architecture ``.cu`` files are built for: ``sm`` (major * 10 + minor), ``arch_specific``
+    (the "a" of "9.0a": sm_90a), ``ptx`` (the "+PTX": compute_<sm> PTX as well)."""
+
+    sm: int
+    arch_specific: bool = False
+    ptx: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.sm // 10}.{self.sm % 10}{'a' if self.arch_specific else ''}{'+PTX' if self.ptx else ''}"
+
+
+def _merged(archs: Sequence[CudaArch]) -> list[CudaArch]:
+    """One entry per architecture and variant, with PTX when any asked for it ("9.0;9.0+PTX" is
+    "9.0+PTX", as cpp_extension's set of -gencode flags makes it), sorted."""
+    ptx: dict[tuple[int, bool], bool] = {}
+    for a in archs:
+        ptx[(a.sm, a.arch_specific)] = ptx.get((a.sm, a.arch_specific), False) or a.ptx
+    return [CudaArch(sm, specific, p) for (sm, specific), p in sorted(ptx.items())]
+
+
+def parse_cuda_arch_list(text: str, what: str = "TORCH_CUDA_ARCH_LIST") -> list[CudaArch]:
+    """The architectures a TORCH_CUDA_ARCH_LIST value names ("8.0;9.0a", "7.5 8.6+PTX",
+    "Ampere;Hopper"), merged and sorted. KilnError naming the item for anything PyTorch would
+    refuse, except that empty items (doubled or trailing separators) are skipped."""
+    out = []
+    for item in text.replace(" ", ";").split(";"):
+        for arch in _NAMED_ARCHS.get(item, item).split(";"):
+            if not arch:
                 continue
-            try:
-                major, _, minor = part.partition(".")
-                out.add(int(major) * 10 + int(minor or 0))
-            except ValueError:
-                raise KilnError(f"TORCH_CUDA_ARCH_LIST: cannot read '{part}'") from None
-        return sorted(out)
+            version, plus, suffix = arch.partition("+")
+            if version not in _KNOWN_ARCHS or (plus and suffix != "PTX"):
+                hint = " (separate architectures with ';' or spaces)" if "," in arch else ""
+                raise KilnError(f"{what}: unknown CUDA architecture '{arch}'{hint}: PyTorch knows "
+                                f"{', '.join(_KNOWN_ARCHS)}, each optionally with '+PTX', and the names "
+                                f"{', '.join(_NAMED_ARCHS)}")
+            major, _, minor = version.rstrip("a").partition(".")
+            out.append(CudaArch(int(major) * 10 + int(minor), version.endswith("a"), bool(plus)))
+    return _merged(out)
+
+
+def cuda_archs(explicit: ArchList = None) -> list[CudaArch]:
+    """The architectures to build ``.cu`` files for, as cpp_extension chooses them: ``explicit``
+    (sm numbers such as 90, or TORCH_CUDA_ARCH_LIST items such as "9.0a"), else
+    ``TORCH_CUDA_ARCH_LIST``, else (unset, empty or "native") the visible devices', capped at
+    the newest PyTorch was built for, the newest with PTX too. KilnError when none can be found."""
+    if explicit:
+        if isinstance(explicit, str):
+            return parse_cuda_arch_list(explicit, "cuda_archs_list")
+        out = []
+        for a in explicit:
+            out += [CudaArch(a)] if isinstance(a, int) else parse_cuda_arch_list(a, "cuda_archs_list")
+        return _merged(out)
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if env and env != "native":
+        archs = parse_cuda_arch_list(env)
+        if archs:
+            return archs
     torch = _torch()
-    if torch.cuda.is_available():
-        return sorted({a * 10 + b for a, b in (torch.cuda.get_device_capability(i)
-                                              for i in range(torch.cuda.device_count()))})
+    if torch.cuda.is_available() and torch.cuda.device_count():
+        built = [int("".join(c for c in a.split("_")[1] if c.isdigit()))
+                 for a in torch.cuda.get_arch_list() if a.startswith("sm_")]
+        newest = max(((sm // 10, sm % 10) for sm in built), default=(99, 9))
+        caps = {min(newest, tuple(torch.cuda.get_device_capability(i))) for i in range(torch.cuda.device_count())}
+        sms = sorted(major * 10 + minor for major, minor in caps)
+        return [CudaArch(sm, ptx=sm == sms[-1]) for sm in sms]
     raise KilnError("no CUDA architecture to build for: set TORCH_CUDA_ARCH_LIST (e.g. '9.0') on a machine without a GPU")
 
 
@@ -173,7 +235,7 @@ class Prepared:
 def prepare(name: str, sources: Union[PathLike, Sequence[PathLike]], extra_cflags: Optional[Sequence[str]] = None,
             extra_cuda_cflags: Optional[Sequence[str]] = None, extra_ldflags: Optional[Sequence[str]] = None,
             extra_include_paths: Optional[Sequence[PathLike]] = None, with_cuda: Optional[bool] = None,
-            cuda_archs_list: Optional[Sequence[int]] = None, cache_dir: Optional[Path] = None) -> Prepared:
+            cuda_archs_list: ArchList = None, cache_dir: Optional[Path] = None) -> Prepared:
     """The BuildExtensionRequest for these arguments (no server involved)."""
     import torch.utils.cpp_extension as cpp
 
@@ -200,7 +262,7 @@ def prepare(name: str, sources: Union[PathLike, Sequence[PathLike]], extra_cflag
     common.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))}")
     cflags = common + ["-std=c++20", "-fPIC"] + list(extra_cflags or [])
     cuda_cflags: list[str] = []
-    archs: list[int] = []
+    archs: list[CudaArch] = []
     if with_cuda:
         archs = cuda_archs(cuda_archs_list)
         nvcc_common = list(getattr(cpp, "COMMON_NVCC_FLAGS", _DEFAULT_NVCC_FLAGS))
@@ -215,7 +277,12 @@ def prepare(name: str, sources: Union[PathLike, Sequence[PathLike]], extra_cflag
     req = service_pb2.BuildExtensionRequest(
         name=name, source_tree=source_tree.digest, compile=compile_paths,
         cflags=cflags, cuda_cflags=cuda_cflags, ldflags=list(extra_ldflags or []),
-        cuda_archs=archs, python_tag=_python_tag(), link_sonames=sonames)
+        python_tag=_python_tag(), link_sonames=sonames)
+    if any(a.arch_specific or a.ptx for a in archs):
+        for a in archs:
+            req.cuda_arch_list.add(sm=a.sm, arch_specific=a.arch_specific, ptx=a.ptx)
+    else:  # the form servers older than cuda_arch_list read too
+        req.cuda_archs.extend(a.sm for a in archs)
     for i, sub in where:
         req.include_dirs.add(tree=trees[i].digest, subdir=sub)
     # Debian-style Pythons split pyconfig.h by architecture: Python.h's pyconfig.h includes
@@ -260,7 +327,7 @@ def build_prepared(prepared: Prepared, client: Any = None, *, verbose: bool = Fa
 def build(name: str, sources: Union[PathLike, Sequence[PathLike]], extra_cflags: Optional[Sequence[str]] = None,
           extra_cuda_cflags: Optional[Sequence[str]] = None, extra_ldflags: Optional[Sequence[str]] = None,
           extra_include_paths: Optional[Sequence[PathLike]] = None, verbose: bool = False,
-          with_cuda: Optional[bool] = None, client: Any = None, cuda_archs_list: Optional[Sequence[int]] = None) -> Path:
+          with_cuda: Optional[bool] = None, client: Any = None, cuda_archs_list: ArchList = None) -> Path:
     """Builds (or finds in kilnd's cache) the extension without importing it; returns the local
     path of the module. For prewarming: a machine without a GPU builds CUDA extensions for
     ``TORCH_CUDA_ARCH_LIST``."""
@@ -293,7 +360,7 @@ def load(name: str, sources: Union[PathLike, Sequence[PathLike]], extra_cflags: 
          extra_include_paths: Optional[Sequence[PathLike]] = None, build_directory: Optional[str] = None,
          verbose: bool = False, with_cuda: Optional[bool] = None, is_python_module: bool = True,
          is_standalone: bool = False, keep_intermediates: bool = True, *, client: Any = None,
-         cuda_archs_list: Optional[Sequence[int]] = None) -> Any:
+         cuda_archs_list: ArchList = None) -> Any:
     """Like ``torch.utils.cpp_extension.load``, built on kilnd: returns the imported module
     (``is_python_module=False``: loads it into the process as a library of torch ops, with
     ``torch.ops.load_library``, and returns its path)."""
@@ -340,7 +407,7 @@ def load_inline(name: str, cpp_sources: Union[str, Sequence[str]], cuda_sources:
                 build_directory: Optional[str] = None, verbose: bool = False, with_cuda: Optional[bool] = None,
                 is_python_module: bool = True, with_pytorch_error_handling: bool = True,
                 keep_intermediates: bool = True, use_pch: bool = False, *, client: Any = None,
-                cuda_archs_list: Optional[Sequence[int]] = None) -> Any:
+                cuda_archs_list: ArchList = None) -> Any:
     """Like ``torch.utils.cpp_extension.load_inline``, built on kilnd."""
     del use_pch
     files = _inline_sources(name, cpp_sources, cuda_sources, functions, with_pytorch_error_handling)

@@ -129,6 +129,21 @@ TEST_F(SandboxTest, EndlessCommandIsKilledAtItsDeadline) {
   EXPECT_LT(s, 10);
 }
 
+TEST_F(SandboxTest, HoldsToolchainFoldersAndTheLinksThatNameThem) {
+  // A toolkit in a folder under /tmp (where the sandbox mounts a /tmp of its own), named
+  // through a link as /usr/local/cuda names /usr/local/cuda-13.0.
+  const std::string kit = dir_->path() + "/kit-1.0";
+  std::filesystem::create_directories(kit + "/include");
+  { std::ofstream(kit + "/include/kit.h") << "toolkit-header\n"; }
+  options_.toolchain_dirs = {kit};
+  options_.toolchain_links = {{dir_->path() + "/links/kit", kit}};
+  toolchain::ProcessResult r =
+      Shell(absl::StrCat("cat ", dir_->path(), "/links/kit/include/kit.h; touch ", kit, "/x 2>&1"));
+  EXPECT_NE(r.output.find("toolkit-header"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Read-only"), std::string::npos)
+      << "wrote into the toolkit: " << r.output;
+}
+
 TEST(ForbiddenFlags, CodeLoadingFlagsAreNamed) {
   for (const char* f :
        {"-fplugin=/tmp/x.so", "-fplugin-arg-x-y", "-specs=/tmp/s", "--specs=/tmp/s", "-B/tmp",
