@@ -26,6 +26,7 @@ CHECKS=(
   "jit_cuda|300|$python tests/gpu/jit_cuda_gpu.py"
   "layout|180|$python tests/gpu/layout_gpu.py"
   "bert_lengths|420|$python tests/gpu/bert_lengths_gpu.py"
+  "load_inline|420|$python tests/gpu/load_inline_gpu.py"
 )
 
 want=" $* "
