@@ -63,10 +63,9 @@ def worker_main(conn: Any, address: str, device: str, timing: bool, threads: int
     import faulthandler
 
     faulthandler.enable()  # a crash leaves its Python stack in the log the sweep reads
-    import torch
-
     import kiln
     import kiln.torch  # noqa: F401  (registers the backend)
+    import torch
     from checks import Context, run_mode
     from zoo import all_specs
 
@@ -131,7 +130,7 @@ class Worker:
         return " | ".join([text[fatal], *frames])
 
     def kill(self) -> None:
-        if self.proc.exitcode is None:
+        if self.proc.exitcode is None and self.proc.pid is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

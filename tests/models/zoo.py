@@ -49,9 +49,9 @@ class Spec:
     ``features`` (``input_features``, ``channels x frames``). Text models run at ``lengths``
     (the second is the dynamic-shape mode's). Training steps take ``train_batch`` samples: a batch
     norm over the batch alone (LeViT's head norms pooled features, BatchNorm1d) normalises a
-    difference of two nearly equal numbers at two samples, float32 eager then 3e-3 off float64. ``drop`` builds the model with dropout or
-    drop-path on, for the ``train-drop`` mode; ``covers`` says what the model is in the list for;
-    ``time_limit`` caps the sweep's time limit for the model.
+    difference of two nearly equal numbers at two samples, float32 eager then 3e-3 off float64.
+    ``drop`` builds the model with dropout or drop-path on, for the ``train-drop`` mode; ``covers``
+    says what the model is in the list for; ``time_limit`` caps the sweep's time limit for it.
     """
 
     name: str

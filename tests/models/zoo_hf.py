@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-
 from zoo import VOCAB, Spec
 
 
@@ -173,13 +172,13 @@ HF = [
                                                      depths=[1, 1, 1, 1], groups_width=8), "image", "HF RegNet"),
     hf("poolformer", "PoolFormerModel", "PoolFormerConfig", dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1]),
        "image", "HF PoolFormer: GroupNorm(1), pool minus input"),
-    hf("levit", "LevitModel", "LevitConfig", dict(image_size=64, hidden_sizes=[32, 48, 64], num_attention_heads=[2, 3, 4],
-                                                  depths=[1, 1, 1], key_dim=[8, 8, 8]), "image",
+    hf("levit", "LevitModel", "LevitConfig", dict(image_size=64, hidden_sizes=[32, 48, 64], depths=[1, 1, 1],
+                                                  num_attention_heads=[2, 3, 4], key_dim=[8, 8, 8]), "image",
        "attention bias indexed by offsets, hardswish"),
     hf("efficientnet", "EfficientNetModel", "EfficientNetConfig", dict(image_size=64, depth_coefficient=0.5), "image",
        "HF EfficientNet"),
     hf("mobilenet_v2", "MobileNetV2Model", "MobileNetV2Config", dict(image_size=64, depth_multiplier=0.35),
        "image", "HF MobileNetV2 (TF padding)"),
-    hf("bit", "BitModel", "BitConfig", dict(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], num_groups=4),
-       "image", "BiT: weight-standardised convolutions, group norm"),
+    hf("bit", "BitModel", "BitConfig", dict(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
+                                            num_groups=4), "image", "BiT: weight-standardised convs, group norm"),
 ]

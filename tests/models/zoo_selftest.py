@@ -22,7 +22,6 @@ import time
 from typing import Any
 
 import torch
-
 from zoo import Spec
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-
 from zoo import Spec
 
 
@@ -84,7 +83,7 @@ def tm(name: str, covers: str, side: int = 64, drop: bool = False, **kw: Any) ->
     return Spec(f"timm/{name}", "timm", _timm(name, **kw), side=side, covers=covers, drop=dropped)
 
 
-SMALL_VIT = dict(img_size=64, depth=2)  # a ViT-like family's code at two blocks
+SMALL_VIT: dict[str, Any] = dict(img_size=64, depth=2)  # a ViT-like family's code at two blocks
 
 TIMM = [
     # Convolutional networks.
