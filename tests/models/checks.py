@@ -78,6 +78,7 @@ class Outcome:
     mode: str
     status: str = "ok"  # ok, crash, mismatch, skipped, timeout
     reason: str = ""
+    note: str = ""  # what else the table should say (a dynamic mode's recompiles...)
     error: Optional[float] = None  # kiln's error (train: the gradients')
     eager_error: Optional[float] = None  # float32 (bf16: bfloat16) eager's
     bound: Optional[float] = None
@@ -293,6 +294,7 @@ def _check_forward(model: torch.nn.Module, fn: Callable[..., Any], spec: Spec, c
             del m64
         except Exception as e:  # a model that cannot run in float64: float32 eager is the reference
             out.details["reference"] = f"float32 eager (float64 raises {type(e).__name__}: {one_line(str(e), 120)})"
+            out.note = "checked against float32 eager: the model cannot run in float64"
             exact = want32
         for _ in range(calls):
             got = _outputs(fn, args, kwargs)
@@ -331,7 +333,7 @@ def mode_dynamic(spec: Spec, ctx: Context, out: Outcome) -> None:
     model = build(spec).to(ctx.device)
     compiled = compile_kiln(model, ctx)
     first, second = spec.lengths
-    graphs: list[int] = []
+    graphs: list[tuple[int, int, int]] = []
     for length in (first, second):
         try:
             _check_forward(model, compiled, spec, ctx, out, length=length)
@@ -339,9 +341,14 @@ def mode_dynamic(spec: Spec, ctx: Context, out: Outcome) -> None:
             raise
         except Exception as e:
             raise RuntimeError(f"at length {length}: {type(e).__name__}: {e}") from e
-        graphs.append(kt.stats()["graphs"])
-    out.details["kiln_graphs_at_first_length"] = graphs[0]
-    out.details["kiln_graphs_added_by_second_length"] = graphs[1] - graphs[0]
+        s = kt.stats()
+        graphs.append((s["graphs"], s["failed"], int(torch._dynamo.utils.counters["stats"]["unique_graphs"])))
+    (kiln0, failed0, dynamo0), (kiln1, failed1, dynamo1) = graphs
+    out.details.update(kiln_graphs_at_first_length=kiln0, kiln_graphs_added_by_second_length=kiln1 - kiln0,
+                       dynamo_graphs_added_by_second_length=dynamo1 - dynamo0,
+                       fallbacks_at_second_length=failed1 - failed0)
+    out.note = (f"length {second}: {dynamo1 - dynamo0} Dynamo recompile(s), {kiln1 - kiln0} kiln graph(s)"
+                + (f", {failed1 - failed0} fallback(s)" if failed1 > failed0 else ""))
 
 
 def _loss_weights(outs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -378,6 +385,7 @@ def mode_train(spec: Spec, ctx: Context, out: Outcome) -> None:
         first = out.reason_hint
         if _train_step_problems(model, compiled, spec, ctx, out, seed=11) is None:
             out.details["first_inputs"] = f"{first}; fresh inputs passed (a kink, not a wrong gradient)"
+            out.note = "gradients off on the first inputs only (a ReLU kink): fresh inputs passed"
             return
         out.reason_hint = f"{first}; again on fresh inputs: {out.reason_hint}"
     raise Mismatch(out.reason_hint)
@@ -401,6 +409,7 @@ def _train_step_problems(model: torch.nn.Module, compiled: Callable[..., Any], s
         del m64
     except Exception as e:
         out.details["reference"] = f"float32 eager (float64 raises {type(e).__name__}: {one_line(str(e), 120)})"
+        out.note = "checked against float32 eager: the model cannot run in float64"
         exact_out, exact_grads, exact_bufs = eager_out, eager_grads, eager_bufs
     model.load_state_dict(state)
     problems, gradients = [], []

@@ -259,7 +259,7 @@ def _e(x: Optional[float]) -> str:
 
 
 def progress_line(row: dict[str, Any]) -> str:
-    extra = f"  {row['reason']}" if row["reason"] else ""
+    extra = "".join(f"  {x}" for x in (row["reason"], row.get("note", "")) if x)
     return (f"{row['model']:<40} {row['mode']:<15} {row['status']:<8} err {_e(row['error'])} "
             f"(eager {_e(row['eager_error'])}) {row['seconds']:>6.1f}s{extra}")
 
@@ -270,7 +270,8 @@ def table(rows: list[dict[str, Any]], timing: bool) -> str:
         head += ["eager ms", "inductor ms", "kiln ms"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        status = r["status"] + (f": {r['reason']}" if r["reason"] and r["status"] != "ok" else "")
+        status = r["status"] + (f": {r['reason']}" if r["reason"] else "")
+        status += f" ({r['note']})" if r.get("note") else ""
         fb = "; ".join(r["fallbacks"]) if r["fallbacks"] else "0"
         if r["fallbacks"]:
             fb = f"{len(r['fallbacks'])}: {fb}"
