@@ -450,6 +450,25 @@ def test_group_norm_alone(client: Any, groups: int, shape: tuple[int, ...]) -> N
     assert_kiln_ran(parts=1)
 
 
+def test_inference_batch_norm_runs_in_kiln(client: Any, rewrites: Any) -> None:
+    """An eval-mode batch norm (running statistics) between a convolution and a ReLU runs in a
+    kiln part. Its ATen op also returns two statistics tensors that are empty on the CPU and
+    read by no one; they must not send the batch norm to torch as a zero-size tensor."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 4, 3), torch.nn.BatchNorm2d(4)).eval()
+    with torch.no_grad():
+        for m in net:
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+        x = torch.randn(2, 3, 12, 12)
+        got, want = compiled(net, client)(x), net(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert_kiln_ran(min_parts=2)
+    torch_side = {str(n.target) for gm, _ in rewrites for n in gm.graph.nodes if n.op == "call_function"}
+    assert not [t for t in torch_side if "batch_norm" in t], sorted(torch_side)
+
+
 def test_failed_layout_pass_leaves_the_graph_as_traced(client: Any, rewrites: Any,
                                                       monkeypatch: pytest.MonkeyPatch,
                                                       caplog: pytest.LogCaptureFixture) -> None:

@@ -132,8 +132,10 @@ def node_color(node: torch.fx.Node) -> tuple[Color, str]:
             return None, "outputs on several devices"
     # A zero-size tensor (a key/value cache's empty start, concatenated with the first keys) is
     # nothing to compute; the node runs in torch, so the part around it does not have to (a
-    # part with a zero-size argument or result runs in torch whole, step 4).
-    if any(_static_empty(L.node_meta(a)) for a in node.all_input_nodes) or any(map(_static_empty, tensors)):
+    # part with a zero-size argument or result runs in torch whole, step 4). Results no one
+    # reads do not count: inference batch norm's statistics outputs are empty on the CPU.
+    read = [m for i, m in enumerate(outs) if not isinstance(meta, (tuple, list)) or _output_read(node, i)]
+    if any(_static_empty(L.node_meta(a)) for a in node.all_input_nodes) or any(map(_static_empty, read)):
         return None, "a zero-size tensor"
     b = GraphBuilder()
     inputs: dict[torch.fx.Node, Value] = {}
@@ -352,6 +354,11 @@ def _views_to_torch(s: Segment) -> None:
             continue  # a size the segment computes
         s.torch_views[o] = chain[::-1]
         s.outputs.remove(o)
+
+
+def _output_read(node: torch.fx.Node, i: int) -> bool:
+    """Whether a getitem user of the multi-output ``node`` reads its output ``i``."""
+    return any(u.target is operator.getitem and u.args[1] == i for u in node.users)
 
 
 def _static_empty(m: Any) -> bool:
