@@ -77,8 +77,8 @@ def main() -> int:
                     f"d = Path({str(LLTM)!r}); t0 = time.perf_counter(); "
                     "kt.load_inline('lltm_kiln', cpp_sources=[(d / 'lltm_cuda.cpp').read_text()], "
                     "cuda_sources=[(d / 'lltm_cuda_kernel.cu').read_text()]); print(time.perf_counter() - t0)")
-            env = dict(os.environ, KILN_SERVER=client.address, KILN_CACHE_DIR=tempfile.mkdtemp(dir=tmp))
-            done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+            child_env = dict(os.environ, KILN_SERVER=client.address, KILN_CACHE_DIR=tempfile.mkdtemp(dir=tmp))
+            done = subprocess.run([sys.executable, "-c", code], env=child_env, capture_output=True, text=True, timeout=300)
             if done.returncode != 0:
                 failures.append(f"kiln, warm: {done.stderr[-400:]}")
                 rows.append(["kiln, warm (fresh process, empty local cache)", "failed", ""])
