@@ -32,8 +32,9 @@ Modes:
 
 An error is a tensor's largest absolute difference over its largest absolute value (the
 worst over the outputs). Every mode records kiln's fallbacks (each ``KilnFallbackWarning``, one
-line), the nodes kiln left to torch by reason (``no lowering for aten.convolution``...), kiln's
-counters and Dynamo's graph breaks. An exception is a ``crash`` unless eager raises too, or
+line), kiln.torch's other warnings (a layout pass skipped, a CUDA graph capture given up), the
+nodes kiln left to torch by reason (``no lowering for aten.convolution``...), kiln's counters
+and Dynamo's graph breaks. An exception is a ``crash`` unless eager raises too, or
 ``torch.compile`` fails the same way with ``backend="aot_eager"``: then the mode is ``skipped``
 with the reason (not kiln's doing).
 """
@@ -96,6 +97,7 @@ class Outcome:
     kiln_nodes: int = 0
     torch_nodes: int = 0
     fallbacks: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # kiln.torch's: a pass skipped, a capture given up
     torch_ops: dict[str, int] = field(default_factory=dict)
     graph_breaks: int = 0
     seconds: float = 0.0
@@ -168,17 +170,22 @@ _STAY = "kiln.torch: %d node(s) stay in torch: %s"
 
 
 class _TorchOps(logging.Handler):
-    """Collects partition.py's reasons for nodes left in torch."""
+    """Collects partition.py's reasons for nodes left in torch, and kiln.torch's warnings."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.reasons: dict[str, int] = {}
+        self.warnings: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         args = record.args if isinstance(record.args, tuple) else ()
         if record.msg == _STAY and len(args) == 2:
             count, why = args
             self.reasons[str(why)] = self.reasons.get(str(why), 0) + int(str(count))
+        elif record.levelno >= logging.WARNING:
+            line = one_line(record.getMessage().removeprefix("kiln.torch: "))
+            if line not in self.warnings:
+                self.warnings.append(line)
 
 
 def one_line(text: str, limit: int = 240) -> str:
@@ -229,6 +236,11 @@ class Recorder:
                 if reason not in seen:
                     seen.add(reason)
                     out.fallbacks.append(reason)
+            elif str(w.message).startswith("kiln: "):  # a CUDA graph capture given up...
+                line = one_line(str(w.message).removeprefix("kiln: "))
+                if line not in out.warnings:
+                    out.warnings.append(line)
+        out.warnings += [w for w in self._ops.warnings if w not in out.warnings]
         out.torch_ops = dict(sorted(self._ops.reasons.items(), key=lambda kv: -kv[1]))
         out.graph_breaks = int(sum(torch._dynamo.utils.counters["graph_break"].values()))
 
