@@ -275,6 +275,8 @@ def table(rows: list[dict[str, Any]], timing: bool) -> str:
         fb = "; ".join(r["fallbacks"]) if r["fallbacks"] else "0"
         if r["fallbacks"]:
             fb = f"{len(r['fallbacks'])}: {fb}"
+        if r.get("warnings"):
+            fb += "; warned: " + "; ".join(r["warnings"])
         cells = [r["model"], r["mode"], status.replace("|", "/"), _e(r["error"]), _e(r["eager_error"]), _e(r["bound"]),
                  f"{r['compiled']}/{r['parts']}", fb.replace("|", "/")]
         if timing:
@@ -301,6 +303,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             key = reason_key(f)
             fallbacks[key] += 1
             examples.setdefault(key, f"{r['model']} {r['mode']}")
+    warned: collections.Counter = collections.Counter()
+    for r in rows:
+        for w in r.get("warnings") or ():
+            key = reason_key(w)
+            warned[key] += 1
+            examples.setdefault(key, f"{r['model']} {r['mode']}")
     torch_ops: collections.Counter = collections.Counter()
     for r in rows:
         for why, n in (r.get("torch_ops") or {}).items():
@@ -313,6 +321,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "fallbacks": sum(len(r["fallbacks"]) for r in rows),
         "models_with_fallbacks": len({r["model"] for r in rows if r["fallbacks"]}),
         "top_fallback_reasons": [{"reason": k, "count": n, "first": examples[k]} for k, n in fallbacks.most_common(15)],
+        "warnings": [{"warning": k, "count": n, "first": examples[k]} for k, n in warned.most_common(15)],
         "top_left_to_torch": [{"reason": k, "nodes": n} for k, n in torch_ops.most_common(20)],
     }
 
@@ -323,6 +332,10 @@ def print_summary(s: dict[str, Any]) -> None:
     print(f"fallbacks: {s['fallbacks']} in {s['models_with_fallbacks']} models")
     for f in s["top_fallback_reasons"]:
         print(f"  {f['count']:>4}  {f['reason']}  (first: {f['first']})")
+    if s["warnings"]:
+        print("kiln.torch warnings:")
+        for f in s["warnings"]:
+            print(f"  {f['count']:>4}  {f['warning']}  (first: {f['first']})")
     if s["top_left_to_torch"]:
         print("nodes left to torch, by reason:")
         for f in s["top_left_to_torch"][:10]:
