@@ -116,3 +116,55 @@ def test_second_process_compiles_nothing(client, subprocess_env, rng):
     after = client.stats()
     assert after.compiles == before.compiles
     assert after.cache_hits > before.cache_hits
+
+
+def _serve(env: dict[str, str], cache: Path, kind: str) -> dict:
+    """A production process on a machine that never ran kiln (its own empty local folder)."""
+    p = subprocess.run([sys.executable, "-c", f"import prewarm_models; prewarm_models.serve({kind!r})"],
+                       env=dict(env, KILN_CACHE_DIR=str(cache)), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_prewarm_replays_models(subprocess_env, tmp_path):
+    """``kiln prewarm --model``: the CI job stores each example's precompiled model (inference
+    and a training step); a second prewarm finds them held; a production process on another
+    machine then loads each without tracing or compiling anything, with eager's results."""
+    torch = __import__("pytest").importorskip("torch")  # noqa: F841
+    env = dict(subprocess_env, PYTHONPATH=f"{TESTS_DIR}:{subprocess_env['PYTHONPATH']}",
+               KILN_CACHE_DIR=str(tmp_path / "ci"), KILN_TORCH_RECORDS="1")
+    env.pop("KILN_SEALED", None)
+    first = json.loads(kiln_cli(env, "prewarm", "--model", "prewarm_models:examples", "--json").stdout)
+    assert [m["outcome"] for m in first["models"]] == ["stored", "stored"], first
+    assert all(m["parts"] > 0 and m["compiled"] > 0 and m["failed"] == 0 for m in first["models"]), first
+    assert first["failed"] == 0 and first["requests"] == 0, first
+
+    again = json.loads(kiln_cli(env, "prewarm", "--model", "prewarm_models:examples", "--json").stdout)
+    assert [m["outcome"] for m in again["models"]] == ["hit", "hit"], again
+    assert all(m["compiled"] == 0 for m in again["models"]), again
+
+    for i, kind in enumerate(("infer", "train")):
+        got = _serve(env, tmp_path / f"serve-{kind}", kind)
+        s = got["stats"]
+        assert s["precompile_hits"] == 1 and s["precompile_misses"] == 0, s
+        assert s["graphs"] == 0 and s["cache_hits"] == 0 and s["lookup_s"] == 0, s
+        assert s["parts"] == first["models"][i]["parts"] and s["failed"] == 0, s
+        assert got["max_err"] < 1e-5, got
+
+
+def test_prewarm_reports_model_failures(subprocess_env, tmp_path):
+    """A factory that raises, one that is not there and a malformed spec each fail the prewarm
+    with their reason; a good one beside them is still replayed."""
+    env = dict(subprocess_env, PYTHONPATH=f"{TESTS_DIR}:{subprocess_env['PYTHONPATH']}",
+               KILN_CACHE_DIR=str(tmp_path / "ci"), KILN_TORCH_RECORDS="1")
+    p = kiln_cli(env, "prewarm", "--json", "--model", "prewarm_models:broken", "--model", "prewarm_models:absent",
+                 "--model", "no_colon", "--model", "prewarm_models:examples", check=False)
+    assert p.returncode == 1, p.stderr
+    r = json.loads(p.stdout)
+    reasons = {m["spec"]: m.get("reason") or "" for m in r["models"]}
+    assert "fails on purpose" in reasons["prewarm_models:broken"], reasons
+    assert "absent" in reasons["prewarm_models:absent"], reasons
+    assert "MODULE:FUNCTION" in reasons["no_colon"], reasons
+    assert [m["outcome"] for m in r["models"] if m["spec"] == "prewarm_models:examples"] in (["stored"] * 2, ["hit"] * 2)
+    assert r["failed"] == 3, r
+    assert kiln_cli(env, "prewarm", check=False).returncode == 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -329,6 +330,9 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
     if files and not targets:
         print("prewarm: graphs need at least one --target", file=sys.stderr)
         return 2
+    if not args.paths and not args.model:
+        print("prewarm: give graph files or folders, --model MODULE:FUNCTION, or both", file=sys.stderr)
+        return 2
     requests: list[Any] = []
     labels: list[str] = []
     for f in files:
@@ -363,6 +367,7 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
             if mode == "lines":
                 print(f"{'cache hit' if outcome.cache_hit else 'built':<10} {outcome.seconds * 1000:8.1f} ms  {f}", flush=True)
         tuned = _prewarm_autotune(client, requests, labels, events, failures, mode) if args.autotune else []
+    models = _prewarm_models(args, failures, mode) if args.model else []
     elapsed = time.monotonic() - t0
     compiled = sum(1 for e in events if e.code == 0 and not e.cache_hit)
     hits = sum(1 for e in events if e.code == 0 and e.cache_hit)
@@ -374,7 +379,7 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
             "graphs": len(files), "targets": [str(t) for t in targets], "requests": len(requests),
             "compiled": compiled, "cache_hits": hits, "failed": len(failures), "seconds": round(elapsed, 3),
             "builds": len(builds), "built": built, "build_cache_hits": build_hits,
-            "tuned": tuned,
+            "tuned": tuned, "models": models,
             "failures": failures,
             "results": [{"graph": l, "handle": e.handle, "cache_hit": e.cache_hit, "code": _CODE_NAMES.get(e.code, e.code), "ms": round(e.ms, 3)} for l, e in zip(labels, events)],
         })
@@ -383,8 +388,40 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
             print(f"FAILED {failure}", file=sys.stderr)
         print(f"prewarm: {len(files)} graphs x {len(targets)} targets: {compiled} compiled, {hits} cache hits; "
               f"{len(builds)} custom builds: {built} built, {build_hits} cache hits; "
-              f"{len(failures)} failed in {elapsed:.1f} s")
+              + (f"{len(models)} models: {sum(m.get('outcome') == 'stored' for m in models)} stored, "
+                 f"{sum(m.get('outcome') == 'hit' for m in models)} already held; " if args.model else "")
+              + f"{len(failures)} failed in {elapsed:.1f} s")
     return 1 if failures else 0
+
+
+def _prewarm_models(args: argparse.Namespace, failures: list[str], mode: str) -> list[dict[str, Any]]:
+    """``kiln prewarm --model``: each MODULE:FUNCTION replayed by :mod:`kiln.torch.prewarm` in a
+    process of its own (the model's code and PyTorch stay out of this one, and a model that
+    crashes costs its own line only), with this command's connection settings. Its JSON lines."""
+    env = dict(os.environ)
+    for name, value in (("KILN_SERVER", args.server), ("KILN_TOKEN", args.token), ("KILN_TLS_CA", args.tls_ca),
+                        ("KILN_TLS_CERT", args.tls_cert), ("KILN_TLS_KEY", args.tls_key),
+                        ("KILN_TRUSTED_KEYS", ",".join(args.trusted_key or []) or None),
+                        ("KILN_ALLOW_UNSIGNED", "1" if args.allow_unsigned else None)):
+        if value:
+            env[name] = value
+    rows: list[dict[str, Any]] = []
+    for spec in args.model:
+        proc = subprocess.run([sys.executable, "-m", "kiln.torch.prewarm", spec], env=env, stdout=subprocess.PIPE,
+                              stderr=None if mode == "lines" else subprocess.PIPE, text=True)
+        got = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        if not got:
+            tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+            got = [{"spec": spec, "outcome": "error", "reason": tail[0]}]
+        for row in got:
+            rows.append(row)
+            if row.get("outcome") not in ("hit", "stored") or row.get("failed"):
+                failures.append(f"{spec} [{row.get('example', '-')}]: {row.get('outcome')}: {row.get('reason')}")
+            if mode == "lines":
+                where = f"{spec} [{row.get('example', '-')}] {row.get('model', '')}"
+                print(f"{row.get('outcome', '?'):<10} {1000 * row.get('seconds', 0):8.1f} ms  {where}: "
+                      f"{row.get('parts', 0)} parts, {row.get('compiled', 0)} compiled", flush=True)
+    return rows
 
 
 def _random_inputs(graph: Any, device: Optional[str]) -> list[Any]:
@@ -634,11 +671,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_run)
 
-    s = sub.add_parser("prewarm", parents=[common], help="compile recorded graphs for targets", description="Compile every graph file in PATHs (folders are searched recursively) for every --target at prewarm priority. Exit status 1 if any failed.")
-    s.add_argument("paths", nargs="+", metavar="PATH",
+    s = sub.add_parser("prewarm", parents=[common], help="compile recorded graphs for targets, replay models", description="Compile every graph file in PATHs (folders are searched recursively) for every --target at prewarm priority, and replay every --model so that kilnd holds its precompiled record. Exit status 1 if any failed.")
+    s.add_argument("paths", nargs="*", metavar="PATH",
                    help="graph files or folders of them (.kreq recordings, .json, .txtpb, .pb); .kbuild recordings "
                         "of extension builds and raw kernels are built as recorded")
     s.add_argument("--target", "-t", action="append", default=[], help="a target for the graphs; repeat for several")
+    s.add_argument("--model", "-m", action="append", default=[], metavar="MODULE:FUNCTION",
+                   help="replay a model: FUNCTION returns (model, args[, kwargs]) examples, each run once through "
+                        "kiln.torch.compile with precompile on, so kilnd holds the whole compiled model "
+                        "(python3 -m kiln.torch.prewarm --help says more); repeat for several")
     s.add_argument("--autotune", action="store_true",
                    help="also tune each graph whose target runs here (this CPU, or a CUDA device of that sm) on random "
                         "inputs and record the fastest variant for every client of the daemon (kiln.autotune)")

@@ -45,6 +45,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import gc
 import hashlib
 import importlib
 import inspect
@@ -393,7 +394,8 @@ class Precompiled:
             fetch_loadables(settings.client, responses)  # all graphs' artifacts in one call
             token = _LOADING.set(_Loading(self._config, settings, {r.handle: r for r in responses}))
             try:
-                entry = _deserialize(data, scope, self._closure())
+                with _libraries_warmed(self._model, args, kwargs):
+                    entry = _deserialize(data, scope, self._closure())
             finally:
                 _LOADING.reset(token)
             changed = _changed_source(entry)
@@ -534,8 +536,70 @@ def _deserialize(data: bytes, scope: dict[str, Any], closure: dict[str, Any]) ->
     from torch._dynamo.utils import get_metrics_context
     from torch._guards import CompileContext, compile_context
 
-    with compile_context(CompileContext(convert_frame.get_compile_id({}))), get_metrics_context():
+    with compile_context(CompileContext(convert_frame.get_compile_id({}))), get_metrics_context(), \
+            _collector_paused():
         return AOTCompiledFunction.deserialize(data, scope, closure)
+
+
+@contextlib.contextmanager
+def _libraries_warmed(model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """The GPU libraries the model's first call needs, started on a thread of their own while
+    the record loads (which is Python work; torch lets go of the interpreter lock inside its
+    ops): cuBLAS for each floating dtype of the model's parameters, cuDNN when it has
+    convolutions. Their first use costs a handle, a workspace and loading their kernels, 0.1 to
+    0.3 s that the first call would otherwise wait for. The thread works on a stream of its own
+    and is joined before the body's result is used, so nothing of it runs under a later CUDA
+    graph capture. Any failure is left for the first call to meet."""
+    devices = {t.device for t in pytree.tree_leaves((tuple(args), kwargs))
+               if isinstance(t, torch.Tensor) and t.is_cuda}
+    if len(devices) != 1:
+        yield
+        return
+    device = devices.pop()
+    dtypes = sorted({p.dtype for p in model.parameters() if p.is_floating_point() and p.device == device}, key=str)
+    convs = sorted({m.__class__.__name__[-2:] for m in model.modules()
+                    if isinstance(m, torch.nn.modules.conv._ConvNd)})
+
+    def warm() -> None:
+        try:
+            with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)), torch.no_grad():
+                for dtype in dtypes:
+                    a = torch.zeros(16, 16, device=device, dtype=dtype)
+                    torch.mm(a, a)
+                    for dims in convs:  # "1d", "2d", "3d"
+                        n = int(dims[0])
+                        x = torch.zeros((1, 8) + (4,) * n, device=device, dtype=dtype)
+                        getattr(torch.nn.functional, f"conv{n}d")(x, torch.zeros((8, 8) + (3,) * n, device=device,
+                                                                                 dtype=dtype), padding=1)
+                torch.cuda.current_stream(device).synchronize()
+        except Exception as e:  # the first call meets it, with torch's own message
+            log.debug("kiln.torch: warming GPU libraries failed: %s", e)
+
+    thread = threading.Thread(target=warm, name="kiln-warm-libraries", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Any:
+    """Python's cyclic garbage collector held off while a record loads. Loading allocates
+    some hundred thousand objects that all stay alive (guards, fake tensors, wrappers), and
+    each allocation threshold crossed ran a collection over a heap that torch and the model's
+    libraries already made large: on a BERT record that was ~0.2 s of collections that freed
+    nothing. One collection of the young generation runs after, as the allocations would
+    have triggered anyway."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect(0)
 
 
 def _changed_source(entry: Any) -> Optional[str]:
