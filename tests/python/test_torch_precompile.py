@@ -207,3 +207,22 @@ def test_precompiled_model_reaches_another_replica_through_redis(subprocess_env:
         with kiln.Client(b.address) as cb:
             s = cb.stats()
             assert s.compiles == 0 and s.shared.hits >= 1, s
+
+
+def test_load_shortcuts_are_undone() -> None:
+    """While a record loads, the cyclic collector is off and torch's fake modes skip their
+    stack walk; after it (also after a failure) both are as they were."""
+    import gc
+    import traceback
+
+    from torch._subclasses import fake_tensor
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with precompile._collector_paused(), precompile._fake_modes_without_stacks():
+            assert not gc.isenabled()
+            assert len(fake_tensor.FakeTensorMode()._stack_trace) == 0
+            assert fake_tensor.traceback.format_list is traceback.format_list
+            raise RuntimeError("a failed load")
+    assert gc.isenabled() and fake_tensor.traceback is traceback
+    assert len(fake_tensor.FakeTensorMode()._stack_trace) > 0

@@ -55,6 +55,7 @@ import struct
 import sys
 import threading
 import time
+import traceback
 import types
 import warnings
 from dataclasses import dataclass
@@ -537,7 +538,7 @@ def _deserialize(data: bytes, scope: dict[str, Any], closure: dict[str, Any]) ->
     from torch._guards import CompileContext, compile_context
 
     with compile_context(CompileContext(convert_frame.get_compile_id({}))), get_metrics_context(), \
-            _collector_paused():
+            _collector_paused(), _fake_modes_without_stacks():
         return AOTCompiledFunction.deserialize(data, scope, closure)
 
 
@@ -581,6 +582,38 @@ def _libraries_warmed(model: torch.nn.Module, args: Sequence[Any], kwargs: dict[
         yield
     finally:
         thread.join()
+
+
+class _NoStacks(types.ModuleType):
+    """``traceback`` as torch's fake-tensor module sees it while a record loads: the real
+    module in every attribute but ``extract_stack``, which returns an empty stack."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(traceback, name)
+
+    @staticmethod
+    def extract_stack(*_: Any, **__: Any) -> traceback.StackSummary:
+        return traceback.StackSummary()
+
+
+@contextlib.contextmanager
+def _fake_modes_without_stacks() -> Any:
+    """Fake-tensor modes created without recording where: torch's guard loader makes one per
+    tensor guard (a BERT has about 200) and each walks the interpreter stack with
+    ``traceback.extract_stack``, which stats every source file on it: 0.125 s of a BERT
+    record's load on an H200 host (18 ms on a host with a quicker file system). torch shows
+    that stack only in its error about mixing two fake modes, which loading guards never
+    raises. Another thread making a fake mode meanwhile gets an empty stack as well."""
+    from torch._subclasses import fake_tensor
+
+    if getattr(fake_tensor, "traceback", None) is not traceback:  # a torch that does this differently
+        yield
+        return
+    fake_tensor.traceback = _NoStacks("traceback")  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        fake_tensor.traceback = traceback  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
