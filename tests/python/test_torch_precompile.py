@@ -93,6 +93,9 @@ def test_sealed_miss_is_refused(subprocess_env: dict[str, str], tmp_path: Path) 
     assert ok["stats"]["precompile_hits"] == 1 and ok["stats"]["sealed_misses"] == 0, ok["stats"]
     refused = run_child(subprocess_env, tmp_path, "miss", "infer", "batch=29", "precompile=1", "sealed=raise")
     assert "no precompiled record" in refused.get("sealed_error", ""), refused
+    # The reason says what differs from the signature stored last: the argument's batch.
+    why = refused["sealed_error"].split("differs from the signature stored last: ", 1)[-1]
+    assert why.startswith("argument 0: ") and "28" in why and "29" in why, refused["sealed_error"]
     assert refused["stats"]["graphs"] == 0 and refused["stats"]["parts"] == 0, refused["stats"]
 
 
@@ -207,6 +210,24 @@ def test_precompiled_model_reaches_another_replica_through_redis(subprocess_env:
         with kiln.Client(b.address) as cb:
             s = cb.stats()
             assert s.compiles == 0 and s.shared.hits >= 1, s
+
+
+def test_miss_explained_against_the_last_stored_signature() -> None:
+    """What a sealed miss reports: each differing component with both values, new and gone
+    ones, and a cap on how many."""
+    model = _Mlp()
+    cfg = BackendConfig()
+    x = torch.randn(4, 8)
+    stored = precompile.explanation_record(precompile.key_components(model, (x,), {}, cfg))
+    assert precompile.explain_miss(precompile.key_components(model, (x,), {}, cfg), stored).startswith(
+        "the stored record of this signature is gone")
+    why = precompile.explain_miss(precompile.key_components(model, (x.double(),), {}, cfg), stored)
+    assert why.startswith("differs from the signature stored last: argument 0: ") and "float64" in why, why
+    why = precompile.explain_miss(precompile.key_components(model, (x, None), {}, cfg), stored)
+    assert "argument 1: new (NoneType None)" in why, why
+    model.train(False)
+    why = precompile.explain_miss(precompile.key_components(model, (x, None), {}, cfg), stored)
+    assert "module (root): " in why and "training=True -> " in why and "(and 1 more)" in why, why
 
 
 def test_load_shortcuts_are_undone() -> None:

@@ -71,7 +71,7 @@ from .counters import bump
 from .dynamo_backend import BackendConfig, make_backend
 from .records import RECORD_EVENTS, StoredRecord, fetch_loadables, rebuild_record, record_not_used
 from .runtime import CompileSettings
-from .sealed import check_sealed
+from .sealed import check_sealed, sealed
 
 log = logging.getLogger("kiln.torch")
 
@@ -170,48 +170,91 @@ def precompile_key(model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str
                    config: BackendConfig) -> str:
     """The key of ``model`` called with ``args``/``kwargs`` under this thread's torch state
     (module docstring). Raises NotPrecompilable for an argument it cannot describe."""
-    h = hashlib.sha256()
+    return _digest(key_components(model, args, kwargs, config))
 
-    def put(s: str) -> None:
-        b = s.encode()
-        h.update(struct.pack("<Q", len(b)) + b)
 
-    put(FORMAT)
-    put(__version__)
-    put(program.sources_digest())
-    put(torch.__version__)
-    put(str(torch.version.cuda))
-    put(sys.version)
+def key_components(model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any],
+                   config: BackendConfig) -> list[str]:
+    """What :func:`precompile_key` digests, one labelled line per thing the compiled code
+    depends on (``label: value``), in a fixed order."""
+    out: list[str] = [f"format: {FORMAT}", f"kiln: {__version__} sources {program.sources_digest()}",
+                      f"torch: {torch.__version__} cuda {torch.version.cuda}", f"python: {sys.version}"]
     opts = config.compile_options
-    put(f"cpu_target={config.cpu_target} cudagraphs={config.cudagraphs} layout={config.layout} "
-        f"random={config.random} native={config.native} records={config.records} autotune={config.autotune} "
-        f"torch_threads={torch.get_num_threads()}")
-    put("options=" + (opts.SerializeToString(deterministic=True).hex() if opts is not None else ""))
+    out.append(f"backend: cpu_target={config.cpu_target} cudagraphs={config.cudagraphs} layout={config.layout} "
+               f"random={config.random} native={config.native} records={config.records} "
+               f"autotune={config.autotune} torch_threads={torch.get_num_threads()}")
+    out.append("compile options: " + (opts.SerializeToString(deterministic=True).hex() if opts is not None else ""))
     autocast = [(d, str(torch.get_autocast_dtype(d))) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
-    put(f"grad={torch.is_grad_enabled()} inference={torch.is_inference_mode_enabled()} autocast={autocast}")
-    put(f"{type(model).__module__}.{type(model).__qualname__}")
-    for digest in _class_sources(model):
-        put(digest)
+    out.append(f"torch state: grad={torch.is_grad_enabled()} inference={torch.is_inference_mode_enabled()} "
+               f"autocast={autocast}")
+    out.append(f"model class: {type(model).__module__}.{type(model).__qualname__}")
+    out.extend(f"source: {digest}" for digest in _class_sources(model))
     for name, m in model.named_modules():
-        put(f"module {name}:{type(m).__module__}.{type(m).__qualname__}:{m.training}")
-        put(_describe({k: v for k, v in vars(m).items() if k not in _MODULE_INTERNALS}))
+        out.append(f"module {name or '(root)'}: {type(m).__module__}.{type(m).__qualname__} training={m.training}")
+        out.append(f"module {name or '(root)'} attributes: "
+                   + _describe({k: v for k, v in vars(m).items() if k not in _MODULE_INTERNALS}))
     devices: set[str] = set()
     for name, t in (*model.named_parameters(), *model.named_buffers()):
-        put(f"tensor {name}:{program._tensor_meta(t)}")
+        out.append(f"tensor {name}: {program._tensor_meta(t)}")
         devices.add(str(t.device))
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
-    put(str(spec))
-    for a in leaves:
+    out.append("arguments: " + " ".join(str(spec).split()))
+    for i, a in enumerate(leaves):
         if isinstance(a, torch.Tensor):
-            put(program._tensor_meta(a))
+            out.append(f"argument {i}: {program._tensor_meta(a)}")
             devices.add(str(a.device))
         elif a is None or isinstance(a, (bool, int, float, str)):
-            put(f"{type(a).__name__}:{a!r}")
+            out.append(f"argument {i}: {type(a).__name__} {a!r}")
         else:
             raise NotPrecompilable(f"an argument of type {type(a).__name__}")
-    for d in program._device_facts(devices):
-        put(d)
+    out.extend(f"device: {d}" for d in program._device_facts(devices))
+    return out
+
+
+def _digest(lines: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for line in lines:
+        b = line.encode()
+        h.update(struct.pack("<Q", len(b)) + b)
     return h.hexdigest()
+
+
+# ------------------------------------------------------------ why a model missed (sealed mode)
+
+#: The format of the record that keeps, per model class, the key components of the signature
+#: last stored, so that a miss can say what differs from it.
+EXPLAIN_FORMAT = "kiln.torch.aot-explain/1"
+_EXPLAIN_TEXT = 240  # characters of each component kept for the message
+
+
+def _explain_key(model: torch.nn.Module) -> str:
+    return _digest([EXPLAIN_FORMAT, f"{type(model).__module__}.{type(model).__qualname__}"])
+
+
+def explanation_record(components: Sequence[str]) -> bytes:
+    """The components, each as its label and digest with its text cut short (a BERT's is about
+    100 KB)."""
+    return json.dumps([[c.split(": ", 1)[0], hashlib.sha256(c.encode()).hexdigest()[:16], c[:_EXPLAIN_TEXT]]
+                       for c in components]).encode()
+
+
+def explain_miss(components: Sequence[str], stored: bytes) -> str:
+    """What differs between this call's key components and those of the signature stored last
+    for the same model class: the first few labels that differ, with both values."""
+    then = {label: (digest, text) for label, digest, text in json.loads(stored)}
+    now = {c.split(": ", 1)[0]: c for c in components}
+    diffs = []
+    for label, text in now.items():
+        was = then.get(label)
+        if was is None:
+            diffs.append(f"{label}: new ({text[len(label) + 2:][:120]})")
+        elif was[0] != hashlib.sha256(text.encode()).hexdigest()[:16]:
+            diffs.append(f"{label}: {was[1][len(label) + 2:][:120]} -> {text[len(label) + 2:][:120]}")
+    diffs += [f"{label}: gone" for label in then if label not in now]
+    if not diffs:
+        return "the stored record of this signature is gone from kilnd"
+    more = f" (and {len(diffs) - 4} more)" if len(diffs) > 4 else ""
+    return "differs from the signature stored last: " + "; ".join(diffs[:4]) + more
 
 
 # nn.Module's own bookkeeping: tensors and submodules are keyed on their own, hooks by count.
@@ -367,14 +410,17 @@ class Precompiled:
             # The graphs inside a precompiled model are kept as their program records.
             return self._give_up("program records are off (records=False, $KILN_TORCH_RECORDS=0 or autotune)")
         try:
-            key = precompile_key(self._model, args, kwargs, self._config)
+            components = key_components(self._model, args, kwargs, self._config)
         except NotPrecompilable as e:
             return self._give_up(f"no key: {e}")
+        key = _digest(components)
         settings = self._config.settings()
         entry = self._load(key, settings, args, kwargs)
         if entry is None:
-            check_sealed(f"model {type(self._model).__name__} has no precompiled record in kilnd (key {key[:12]})")
-            entry = self._compile(key, settings, args, kwargs)
+            if sealed():
+                check_sealed(f"model {type(self._model).__name__} has no precompiled record in kilnd (key {key[:12]}): "
+                             + self._why_missed(settings, components))
+            entry = self._compile(key, components, settings, args, kwargs)
         if entry is not None:
             self._entries.append(entry)
         return entry
@@ -415,7 +461,18 @@ class Precompiled:
         finally:
             bump(precompile_s=time.perf_counter() - t0)
 
-    def _compile(self, key: str, settings: CompileSettings, args: tuple[Any, ...],
+    def _why_missed(self, settings: CompileSettings, components: list[str]) -> str:
+        """A sealed miss's reason: what differs from the last signature stored for this model
+        class (:func:`explain_miss`), or why that cannot be said."""
+        try:
+            got = settings.client.get_model(_explain_key(self._model), EXPLAIN_FORMAT)
+            if got is None:
+                return "kilnd holds no precompiled signature of this model class"
+            return explain_miss(components, got[0])
+        except Exception as e:  # only the message suffers
+            return f"no explanation ({type(e).__name__}: {e})"
+
+    def _compile(self, key: str, components: list[str], settings: CompileSettings, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> Optional[Any]:
         from torch._dynamo.aot_compile import AOTCompiledFunction, aot_compile_fullgraph
         from torch._dynamo.hooks import Hooks
@@ -446,6 +503,8 @@ class Precompiled:
             handles = list(dict.fromkeys(h for code in made if code.record is not None for h in code.record.handles))
             settings.client.put_model(key, FORMAT, encode(data, _installed_globals(entry)), handles)
             bump(precompiles_stored=1)
+            settings.client.put_model(_explain_key(self._model), EXPLAIN_FORMAT,
+                                      explanation_record(components), [])
             RECORD_EVENTS.append(f"precompiled {key[:12]} stored: {len(data)} bytes, {len(made)} graphs, "
                                  f"{len(handles)} parts")
         except Exception as e:  # this process runs it anyway; the next one compiles it again

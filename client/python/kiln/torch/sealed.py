@@ -29,6 +29,11 @@ def seal(raise_on_miss: bool = False) -> None:
     _SEALED["on"], _SEALED["raise"] = True, bool(raise_on_miss)
 
 
+def sealed() -> bool:
+    """Whether misses are being counted (:func:`seal`)."""
+    return _SEALED["on"]
+
+
 def unseal() -> None:
     _SEALED["on"] = _SEALED["raise"] = False
 
