@@ -505,6 +505,39 @@ def test_failed_layout_pass_leaves_the_graph_as_traced(client: Any, rewrites: An
     assert said and all(m.endswith("RuntimeError: injected") for m in said), said
 
 
+def test_views_the_new_layout_cannot_express_get_contiguous_copies(client: Any, rewrites: Any,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Views traced on a contiguous feature map that its channels-last layout cannot express
+    (N and C merged; MobileViT's patch unfolding) read a contiguous copy of it: the pass still
+    applies to the rest of the graph, the values are eager's."""
+    from kiln.torch import layout
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.conv2 = torch.nn.Conv2d(8, 8, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(self.conv(x))
+            z = y.view(16, 4, 4).sum(-1)
+            patches = y.reshape(2, 8, 2, 2, 2, 2).permute(0, 1, 2, 4, 3, 5).reshape(2, 8, 4, 4)
+            return self.conv2(patches) + z.view(2, 8, 4, 1)
+
+    net = Net().eval()
+    x = torch.randn(2, 3, 4, 4)
+    with torch.no_grad():
+        got, want = compiled(net, client)(x), net(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.stride() == want.stride()
+    s = assert_kiln_ran()
+    assert s["layout_copies"] > 0, s
+    assert not [r for r in caplog.records if "layout pass skipped" in r.getMessage()]
+    outer, _ = rewrites[-1]
+    convs = [n for n in outer.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    assert all(layout.is_channels_last(n.args[0].meta["val"]) for n in convs), convs
+
+
 def test_results_in_a_traced_layout_are_stored_in_it(client: Any, rewrites: Any) -> None:
     """A result torch's caller sees channels-last is stored by the kernel in that layout: the
     part's output is the permuted tensor, with no copy after it (a transposed result is the

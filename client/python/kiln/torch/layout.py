@@ -40,6 +40,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 import torch.fx
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from . import lowering as L
 
@@ -119,8 +120,6 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, free_outputs: frozenset
     the FakeTensors AOTAutograd compiles the graph for: a backward graph's saved activations
     come with the strides its forward reported, while the graph's own placeholders still
     carry the traced ones; the graph is propagated from the example inputs' layouts."""
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     g = gm.graph
     placeholders = [n for n in g.nodes if n.op == "placeholder"]
     fake_inputs = [n.meta.get("val") for n in placeholders]
@@ -137,11 +136,27 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, free_outputs: frozenset
             fake_inputs[i] = ex
             restrided = True
 
-    def propagate() -> None:
-        with mode:
-            FakeTensorProp(gm, mode=mode).propagate_dont_convert_inputs(*fake_inputs)
-
     inserted: list[torch.fx.Node] = []
+
+    def propagate() -> None:
+        """Propagates the layouts; a view the new layout of its operand cannot express (it
+        was traced on a contiguous tensor) gets a contiguous copy of that operand, and the
+        propagation starts again."""
+        for _ in range(_MAX_VIEW_COPIES + 1):
+            try:
+                with mode:
+                    _Propagation(gm, mode=mode).propagate_dont_convert_inputs(*fake_inputs)
+                return
+            except _ViewNeedsCopy as e:
+                if len([c for c in inserted if c.meta.get(_VIEW_COPY)]) >= _MAX_VIEW_COPIES:
+                    raise RuntimeError(f"more than {_MAX_VIEW_COPIES} views need contiguous copies") from None
+                view = e.node
+                with g.inserting_before(view):
+                    c = g.call_function(aten.clone.default, (view.args[0],), {"memory_format": torch.contiguous_format})
+                c.meta[RELAYOUT] = c.meta[_VIEW_COPY] = True
+                view.replace_input_with(view.args[0], c)
+                inserted.append(c)
+
     try:
         if restrided:
             propagate()
@@ -193,6 +208,34 @@ def channels_last_convolutions(gm: torch.fx.GraphModule, free_outputs: frozenset
         return 0
     gm.recompile()
     return len(inserted)
+
+
+# Views of a tensor whose strides must allow them (``reshape`` decomposes to one where they do).
+_VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
+# A view's contiguous copy (see ``propagate`` in :func:`channels_last_convolutions`), and how
+# many a graph may get before the pass declines it.
+_VIEW_COPY = "kiln_view_copy"
+_MAX_VIEW_COPIES = 64
+
+
+class _ViewNeedsCopy(Exception):
+    def __init__(self, node: torch.fx.Node) -> None:
+        super().__init__(node.name)
+        self.node = node
+
+
+class _Propagation(FakeTensorProp):
+    """FakeTensorProp that names a view its operand's new layout cannot express."""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        try:
+            return super().run_node(n)
+        except Exception:
+            if n.op == "call_function" and n.target in _VIEWS:
+                m = _static_tensor(n.args[0])
+                if m is not None and not _is_format(m, torch.contiguous_format):
+                    raise _ViewNeedsCopy(n) from None
+            raise
 
 
 def _contiguous_operands(g: torch.fx.Graph) -> list[torch.fx.Node]:
