@@ -107,6 +107,21 @@ def test_stats_json_has_numbers_and_human_output_has_sizes(subprocess_env, tmp_p
     assert len({len(line) for line in human}) == 1, human
 
 
+def test_output_cut_short_by_its_reader_is_quiet(subprocess_env):
+    """``kiln stats | head -1``: the command stops when its reader closes the pipe, with
+    status 141 (a shell's SIGPIPE) and no traceback."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "kiln", "stats"], env=subprocess_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline()  # one line read, then the pipe closed
+    proc.stdout.close()
+    stderr = proc.communicate(timeout=60)[1].decode()
+    assert proc.returncode in (0, 141), (proc.returncode, stderr)
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
 def test_compile_json_types(subprocess_env, tmp_path):
     info = json.loads(kiln_cli(subprocess_env, "compile", kiln.save_graph(make_graph(), tmp_path / "g.json"), "--json").stdout)
     assert type(info["kernels"]) is int and type(info["cache_hit"]) is bool

@@ -720,7 +720,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``kiln`` console script."""
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is caught below, not at the interpreter's exit
+        return status
     except KilnError as e:
         print(f"kiln {args.command}: {e}", file=sys.stderr)
         return 1
@@ -729,6 +731,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (``kiln stats | head``): no traceback, and nothing more to write.
+        # stdout is pointed at /dev/null so that the interpreter's own flush at exit is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by it
 
 
 if __name__ == "__main__":
