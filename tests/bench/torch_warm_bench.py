@@ -6,7 +6,9 @@ and where kiln's time goes. Workloads (``--workload``): a ``transformers`` BERT'
 kiln runs as ``kiln`` (kilnd and the local artifact folder full), ``kiln-new`` (kilnd full, an
 empty local folder per process: another machine of the cluster), ``kiln-norec`` (program
 records off) and ``kiln-pre`` / ``kiln-pre-new`` (``kiln.torch.compile`` with
-``precompile``: no Dynamo or AOTAutograd trace on a warm start). PyTorch's own fastest warm
+``precompile``: no Dynamo or AOTAutograd trace on a warm start; ``kiln-pre-replica``: the same
+through another kilnd replica on a shared Redis that never served the model, which this
+script starts with ``redis-server``). PyTorch's own fastest warm
 path runs beside them as ``torch-aot``: its AOT precompile with Inductor, saved to a file by the
 cold process and loaded by the warm ones. Every process's output is compared by digest with
 its backend's cold run's.
@@ -31,6 +33,7 @@ layers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -188,8 +191,15 @@ def run_child(backend: str, env: dict[str, str], opts: argparse.Namespace, profi
     cmd = [sys.executable, __file__, "--child", child_backend, "--layers", str(opts.layers), "--hidden", str(opts.hidden),
            "--seq", str(opts.seq), "--batch", str(opts.batch), "--device", opts.device, "--workload", opts.workload,
            "--aot-file", opts.aot_file]
-    if backend.endswith("-new"):  # another machine of the cluster: an empty local artifact folder
+    if backend.endswith(("-new", "-replica")):  # another machine of the cluster: an empty local artifact folder
         env = dict(env, KILN_CACHE_DIR=tempfile.mkdtemp(prefix="kiln-new-machine-"))
+    if backend.endswith("-replica"):
+        # A replica that never served the model: a fresh kilnd (its own empty store) on the same
+        # Redis, started before the process and not timed; all it has comes through Redis.
+        from kilnd_proc import daemon
+
+        with daemon(args=["--shared-cache", opts.redis_url], own=True) as address:
+            return run_child(backend[:-len("-replica")] + "-new", dict(env, KILN_SERVER=address), opts, profile)
     if profile:
         cmd += ["--profile-child", str(profile)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
@@ -202,7 +212,8 @@ def run_child(backend: str, env: dict[str, str], opts: argparse.Namespace, profi
 
 
 # Variants that run as another backend's child, with their caches warmed by its cold run.
-BASE = {"kiln-new": "kiln", "kiln-norec": "kiln", "kiln-pre-new": "kiln-pre", "kiln-a": "kiln"}
+BASE = {"kiln-new": "kiln", "kiln-norec": "kiln", "kiln-pre-new": "kiln-pre", "kiln-a": "kiln",
+        "kiln-pre-replica": "kiln-pre"}
 
 
 def main() -> int:
@@ -218,11 +229,14 @@ def main() -> int:
                     help="kiln: warm daemon and local folder; kiln-new: warm daemon, empty local folder; "
                          "kiln-norec: kiln without program records; kiln-pre(-new): kiln.torch.compile with "
                          "precompile; inductor: torch.compile, warm FX graph and AOTAutograd caches; "
-                         "torch-aot: PyTorch's AOT precompile (Inductor), loaded from its saved file")
+                         "torch-aot: PyTorch's AOT precompile (Inductor), loaded from its saved file; "
+                         "kiln-pre-replica: kiln-pre from another kilnd replica sharing a Redis (started here) "
+                         "that never served the model, with an empty local folder")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile one more warm kiln process")
     ap.add_argument("--profile-backend", help="the backend --profile runs (default kiln-pre, else kiln)")
     ap.add_argument("--site-a", help="a folder holding another build of the kiln package, timed as kiln-a")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--redis-url", default="", help=argparse.SUPPRESS)
     ap.add_argument("--aot-file", default="", help=argparse.SUPPRESS)
     ap.add_argument("--profile-child", type=int, default=0, help=argparse.SUPPRESS)
     opts = ap.parse_args()
@@ -231,17 +245,23 @@ def main() -> int:
         return 0
 
     sys.path.insert(0, str(HERE))
-    from kilnd_proc import daemon
+    from kilnd_proc import daemon, redis_server
 
     backends = opts.backends.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="kiln-torch-warm-"))
     try:
-        with daemon(workers=max(2, min(16, os.cpu_count() or 2))) as address:
+        with contextlib.ExitStack() as stack:
+            shared: list[str] = []
+            if any(b.endswith("-replica") for b in backends):
+                opts.redis_url = stack.enter_context(redis_server())
+                shared = ["--shared-cache", opts.redis_url]
+            address = stack.enter_context(daemon(workers=max(2, min(16, os.cpu_count() or 2)), args=shared,
+                                                 own=bool(shared)))
             envs = {
                 "kiln": dict(os.environ, KILN_SERVER=address, KILN_CACHE_DIR=str(tmp / "kiln")),
                 "inductor": dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor")),
             }
-            envs["kiln-new"] = envs["kiln-pre"] = envs["kiln-pre-new"] = envs["kiln"]
+            envs["kiln-new"] = envs["kiln-pre"] = envs["kiln-pre-new"] = envs["kiln-pre-replica"] = envs["kiln"]
             envs["kiln-norec"] = dict(envs["kiln"], KILN_TORCH_RECORDS="0")
             envs["torch-aot"] = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp / "torch-aot"))
             opts.aot_file = str(tmp / "torch-aot.bin")

@@ -302,6 +302,22 @@ MUTANTS: list[Mutant] = [
         tests=_daemon("tests/python/test_torch_backend.py -k test_group_norm_alone"),
     ),
     Mutant(
+        name="layout-view-copy-skipped",
+        what="the channels-last pass gives up on a graph with a view its new layout cannot express instead of copying the view's operand",
+        file="client/python/kiln/torch/layout.py",
+        find="                    raise _ViewNeedsCopy(n) from None",
+        replace="                    raise RuntimeError(n.name) from None",
+        tests=_daemon("tests/python/test_torch_backend.py -k cannot_express"),
+    ),
+    Mutant(
+        name="sealed-miss-unexplained",
+        what="a precompiled model's key components are not kept in kilnd, so a sealed miss cannot say what differs",
+        file="client/python/kiln/torch/precompile.py",
+        find="            settings.client.put_model(_explain_key(self._model), EXPLAIN_FORMAT,",
+        replace="            None and settings.client.put_model(_explain_key(self._model), EXPLAIN_FORMAT,",
+        tests=_daemon("tests/python/test_torch_precompile.py -k sealed_miss_is_refused"),
+    ),
+    Mutant(
         name="cuda-pointwise-block-stride",
         what="generated CUDA pointwise kernels step one element short per block (the last elements of each block's range are never computed)",
         file="kernels/codegen/cuda/cuda_strategies.cc",
