@@ -184,7 +184,7 @@ TIMM = [
     tm("davit_tiny", "dual attention: spatial windows and channel groups"),
     tm("focalnet_tiny_srf", "focal modulation: gated multi-level depthwise context"),
     tm("efficientvit_b0", "ReLU linear attention (MIT EfficientViT), multi-scale"),
-    tm("efficientvit_m0", "cascaded group attention (MSRA EfficientViT)"),
+    tm("efficientvit_m0", "cascaded group attention (MSRA EfficientViT)", img_size=64),
     tm("repvit_m1", "RepViT: reparameterised depthwise blocks"),
     tm("tiny_vit_5m_224", "TinyViT: windowed attention with a bias table, MBConv"),
     tm("sequencer2d_s", "bidirectional LSTMs over rows and columns"),
