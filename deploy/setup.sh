@@ -16,7 +16,7 @@ APT_PACKAGES=(
   librocksdb-dev libabsl-dev libspdlog-dev libfmt-dev libssl-dev libcpp-httplib-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv python3-dev
-  clang-14 libclang-rt-14-dev clang-format
+  clang-14 libclang-rt-14-dev clang-format clang-tidy
   libhiredis-dev redis-server redis-tools systemd
   bubblewrap
   openssl

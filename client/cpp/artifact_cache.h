@@ -1,19 +1,8 @@
-// ArtifactCache: the client's local content-addressed artifact directory, so that loading a
-// handle twice (in one process or in many) fetches its artifacts once.
-//
-// Layout under the root (the directory given, else $KILN_CACHE_DIR, else
-// $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln):
-//
-//   artifacts/<d0d1>/<digest>          the bytes whose lowercase hex SHA-256 is <digest>
-//   artifacts/<d0d1>/<digest>.lock     empty; flock()ed while <digest> is being fetched
-//   artifacts/<d0d1>/.<digest>.XXXXXX  a write in progress (or left by a crash)
-//
-// <d0d1> is the first two hex digits of the digest, which keeps directories small. A file is
-// written to a temporary name in the same directory, fsynced and renamed into place, so a file
-// under its final name is always whole; it may still have been damaged since, so every use
-// hashes it first, and one whose SHA-256 is not its name is deleted and fetched again.
-// Fetches of one digest are serialised through the lock file: flock() locks belong to an open
-// file description, so they exclude other threads of this process as well as other processes.
+// ArtifactCache: the C++ client's view of the machine's artifact store (the client core's
+// ArtifactStore, client/core/store.h, which states the layout and the verification rules), so
+// that loading a handle twice (in one process or in many, in C++ or in Python) fetches its
+// artifacts once. It adds GetOrFetch: fetches of one digest are serialised through the store's
+// lock file, across threads and processes.
 //
 // Thread-safety: thread-safe. Several processes may share one root.
 #pragma once
@@ -27,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "client/core/store.h"
 
 namespace kiln::client {
 
@@ -66,27 +56,15 @@ class ArtifactCache {
   // fetching again. An error from `fetch` is returned as is and nothing is stored.
   absl::StatusOr<std::string> GetOrFetch(const std::string& digest, const FetchFn& fetch);
 
-  const std::string& root() const { return root_; }
+  const std::string& root() const { return store_->root(); }
   ArtifactCacheStats stats() const;
 
  private:
-  enum class Check { kMissing, kValid, kCorrupt };
+  explicit ArtifactCache(std::unique_ptr<core::ArtifactStore> store) : store_(std::move(store)) {}
 
-  explicit ArtifactCache(std::string root) : root_(std::move(root)) {}
-  // Hashes the file at `path`; an unreadable file is an error, not corruption.
-  absl::StatusOr<Check> Verify(const std::string& path, const std::string& digest) const;
-  // Verifies the file of `digest` and deletes it when corrupt (returning kMissing then).
-  // REQUIRES: the digest's lock is held, so no writer is renaming a good copy into place.
-  absl::StatusOr<Check> VerifyAndRepairLocked(const std::string& digest);
-  absl::Status WriteAtomically(const std::string& path, const std::string& digest,
-                               const std::string& bytes) const;
-
-  // Immutable after construction.
-  const std::string root_;
-
+  const std::unique_ptr<core::ArtifactStore> store_;
   std::atomic<int64_t> hits_{0};
   std::atomic<int64_t> fetches_{0};
-  std::atomic<int64_t> corruptions_{0};
 };
 
 }  // namespace kiln::client

@@ -1,82 +1,26 @@
 #include "client/cpp/cpu_loader.h"
 
-#include <dlfcn.h>
-#include <sys/stat.h>
-
 #include <cstdlib>
 #include <memory>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "client/core/cpu_library.h"
+#include "client/cpp/core_status.h"
 #include "kernels/runtime/kiln_threads.h"
 #include "kernels/util/status_macros.h"
 
 namespace kiln::client {
 namespace {
 
-using AbiFn = uint32_t (*)();
-
 constexpr size_t kWorkspaceAlignment = 64;
 
-struct Library {
-  uint32_t abi_version = 0;
-  CpuKernel::RunFn run = nullptr;              // version 1
-  CpuKernel::RunSizedFn run_sized = nullptr;   // version 2
-  CpuKernel::WorkspaceFn workspace = nullptr;  // version 2
-};
-
-// Every kernel library this process has loaded, by path. Never shrinks: see the header on
-// why nothing is dlclosed.
-class Registry {
- public:
-  absl::StatusOr<Library> Get(const std::string& path) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    if (auto it = libraries_.find(path); it != libraries_.end()) return it->second;
-    // Loading under the lock keeps one dlopen per path when threads race on a new kernel.
-    struct stat st;
-    if (stat(path.c_str(), &st) != 0) {
-      return absl::NotFoundError(absl::StrCat("kernel library ", path, " does not exist"));
-    }
-    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot load kernel library ", path, ": ", dlerror()));
-    }
-    // From here on the library stays loaded even when it turns out unusable: closing it is
-    // what is unsafe.
-    auto abi = reinterpret_cast<AbiFn>(dlsym(handle, "kiln_abi_version"));
-    void* run = dlsym(handle, "kiln_run");
-    if (abi == nullptr || run == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, " is not a kiln kernel library: it lacks kiln_abi_version or kiln_run"));
-    }
-    Library library;
-    library.abi_version = abi();
-    if (library.abi_version == 2) {
-      library.run_sized = reinterpret_cast<CpuKernel::RunSizedFn>(run);
-      library.workspace =
-          reinterpret_cast<CpuKernel::WorkspaceFn>(dlsym(handle, "kiln_workspace_bytes"));
-      if (library.workspace == nullptr)
-        return absl::FailedPreconditionError(
-            absl::StrCat(path, ": ABI 2 library without kiln_workspace_bytes"));
-    } else {
-      library.run = reinterpret_cast<CpuKernel::RunFn>(run);
-    }
-    libraries_.emplace(path, library);
-    return library;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::flat_hash_map<std::string, Library> libraries_ ABSL_GUARDED_BY(mu_);
-};
-
-Registry& TheRegistry() {
-  static Registry* registry = new Registry();  // never destroyed: kernels outlive main()
-  return *registry;
+// The client core's registry of opened libraries (client/core/cpu_library.h).
+absl::StatusOr<const core::CpuLibrary*> OpenLibrary(const std::string& path) {
+  core::Error error;
+  const core::CpuLibrary* library = core::OpenCpuLibrary(path, &error);
+  if (library == nullptr) return ToStatus(error);
+  return library;
 }
 
 struct FreeDeleter {
@@ -114,8 +58,8 @@ CpuKernel::CpuKernel(std::string path, RunFn run, RunSizedFn run_sized, Workspac
       output_bytes_(std::move(output_bytes)) {}
 
 absl::StatusOr<uint32_t> CpuKernel::AbiVersion(const std::string& path) {
-  KILN_ASSIGN_OR_RETURN(Library library, TheRegistry().Get(path));
-  return library.abi_version;
+  KILN_ASSIGN_OR_RETURN(const core::CpuLibrary* library, OpenLibrary(path));
+  return library->abi_version;
 }
 
 absl::StatusOr<CpuKernel> CpuKernel::Load(const std::string& path, const v1::LaunchPlan& plan) {
@@ -154,7 +98,8 @@ absl::StatusOr<CpuKernel> CpuKernel::Load(const std::string& path, const v1::Lau
     return absl::InvalidArgumentError("launch plan: negative workspace size");
   }
 
-  KILN_ASSIGN_OR_RETURN(Library library, TheRegistry().Get(path));
+  KILN_ASSIGN_OR_RETURN(const core::CpuLibrary* found, OpenLibrary(path));
+  const core::CpuLibrary& library = *found;
   if (library.abi_version != plan.abi_version()) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " implements kernel ABI version ", library.abi_version,

@@ -1,10 +1,8 @@
 // CpuKernel: a CPU artifact (the .so of kernels/codegen/ABI.md) loaded into this process,
 // bound to its launch plan, ready to run on host buffers.
 //
-// Libraries are dlopened once per path through a process-wide registry and never closed: a
-// kernel library pulls in libgomp, whose worker threads outlive the parallel regions, and
-// unloading it under them crashes the process. Paths from the artifact cache name their
-// content, so one path is one library for the life of the process.
+// Libraries are opened once per path through the client core's registry
+// (client/core/cpu_library.h) and never closed, for the reasons given there.
 //
 // Thread-safety: Load is thread-safe. A CpuKernel is immutable; Run may be called from many
 // threads at once (each call has its own workspace), as the ABI allows.

@@ -4,8 +4,8 @@
 //
 // The driver library (libcuda.so.1) is opened with dlopen on first use: building and linking
 // need no driver or toolkit, and a process without a GPU gets an error, not a load failure.
-// The loader has no dependency beyond libc and libdl, so its shared build (libkiln_cuda.so)
-// loads anywhere; errors are strings rather than absl::Status for that reason.
+// The loader has no dependency beyond libc and libdl, so the client core's shared build
+// (libkiln_core.so) loads anywhere; errors are strings rather than absl::Status for that reason.
 //
 // The loader uses the calling thread's current CUDA context (PyTorch, for one, makes its
 // device's primary context current); when there is none, it makes device 0's primary context
@@ -90,8 +90,10 @@ class CudaModule {
 
 }  // namespace kiln::client
 
-// ---- C API. Every function is safe to call from any thread; kiln_cuda_last_error() is per
-// thread and describes the last failure on the calling thread.
+// ---- C API, part of the client core's (client/core/kiln_core.h, libkiln_core.so). Every
+// function is safe to call from any thread; kiln_cuda_last_error() is per thread and describes
+// the last failure on the calling thread.
+#pragma GCC visibility push(default)
 extern "C" {
 typedef struct kiln_cuda_module kiln_cuda_module;
 
@@ -116,3 +118,4 @@ int kiln_cuda_num_outputs(const kiln_cuda_module* m);
 const char* kiln_cuda_last_error(void);
 void kiln_cuda_free(kiln_cuda_module* m);
 }
+#pragma GCC visibility pop

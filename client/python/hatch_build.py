@@ -1,4 +1,5 @@
-"""hatchling build hook: generates kiln's protocol modules while the wheel is built.
+"""hatchling build hook: generates kiln's protocol modules and compiles kiln's native client
+core while the wheel is built.
 
 The modules come from the repository's proto/ (or the copy an sdist carries) through the
 grpcio-tools pinned in pyproject.toml's build requirements, so an installed kiln never needs the
@@ -10,12 +11,26 @@ The wheel also carries the C++ client's CUDA loader sources (client/cpp/cuda_pla
 cuda_loader.*) beside the native part runner (kiln/native/client/cpp), which kilnd compiles
 into it: one loader for the C++ client and the runner. An sdist carries them at
 that place already.
+
+The native client core (client/core, ``libkiln_core.so``: the artifact store and the CPU and CUDA
+loaders behind kiln.core) is compiled here with the system's C++ compiler ($CXX, else c++) into
+``kiln/_native/``, which makes the wheel a platform wheel (``py3-none-<platform>``: the core is
+reached through ctypes, so one wheel serves every Python version). OpenSSL's libcrypto and the
+C++ runtime are linked in statically, so the library needs only libc wherever the wheel goes.
+A C++ compiler and OpenSSL's headers are what building needs (deploy/setup.sh installs both).
+Why not CMake through scikit-build-core: the core is five files with no dependency CMake would
+find better than the compiler does, and this keeps one backend (hatchling) for the protocol
+modules and the core alike.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
+import os
 import shutil
+import subprocess
+import sysconfig
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,6 +44,71 @@ def _load_protogen(root: Path) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# The core's sources, relative to the repository root (an sdist carries them under kiln/native/).
+CORE_SOURCES = (
+    "client/core/cpu_library.cc",
+    "client/core/store.cc",
+    "client/core/c_api.cc",
+    "client/cpp/cuda_plan.cc",
+    "client/cpp/cuda_loader.cc",
+)
+CORE_HEADERS = (
+    "client/core/kiln_core.h",
+    "client/core/error.h",
+    "client/core/store.h",
+    "client/core/cpu_library.h",
+    "client/core/exports.map",
+    "client/cpp/cuda_plan.h",
+    "client/cpp/cuda_loader.h",
+)
+
+
+def _core_source_root(root: Path) -> Path:
+    """Where the core's sources are: the sdist's kiln/native/, else the repository around client/python."""
+    for candidate in (root / "kiln" / "native", root.parent.parent):
+        if all((candidate / f).is_file() for f in CORE_SOURCES + CORE_HEADERS):
+            return candidate
+    raise RuntimeError(f"kiln: the native core's sources ({CORE_SOURCES[0]}, ...) are neither under "
+                       f"{root / 'kiln' / 'native'} nor under {root.parent.parent}")
+
+
+def _libcrypto(cxx: str) -> list[str]:
+    """The static libcrypto when the toolchain has one (the library then needs only libc), else
+    the shared one."""
+    found = subprocess.run([cxx, "-print-file-name=libcrypto.a"], capture_output=True, text=True).stdout.strip()
+    return [found] if os.path.isabs(found) and os.path.isfile(found) else ["-lcrypto"]
+
+
+def build_core(src: Path, out: Path) -> None:
+    """Compiles libkiln_core.so from the sources under ``src`` into ``out`` (skipped when ``out``
+    is newer than every source, for repeated editable installs)."""
+    inputs = [src / f for f in CORE_SOURCES + CORE_HEADERS]
+    if out.is_file() and out.stat().st_mtime >= max(p.stat().st_mtime for p in inputs):
+        return
+    cxx = os.environ.get("CXX", "c++")
+    flags = ["-std=c++20", "-O2", "-fPIC", "-fvisibility=hidden", f"-I{src}"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kiln-core-") as tmp:
+        objects = [Path(tmp) / (Path(f).stem + ".o") for f in CORE_SOURCES]
+
+        def compile_one(pair: tuple[str, Path]) -> None:
+            source, obj = pair
+            subprocess.run([cxx, *flags, "-c", str(src / source), "-o", str(obj)], check=True)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            list(pool.map(compile_one, zip(CORE_SOURCES, objects)))
+        linked = Path(tmp) / "libkiln_core.so"
+        subprocess.run([cxx, "-shared", "-o", str(linked), *map(str, objects), "-static-libstdc++", "-static-libgcc",
+                        "-Wl,--no-undefined", "-Wl,--exclude-libs,ALL", "-s",
+                        f"-Wl,--version-script={src / 'client/core/exports.map'}", *_libcrypto(cxx), "-ldl",
+                        "-lpthread"], check=True)
+        os.replace(linked, out)
+
+
+def platform_tag() -> str:
+    return sysconfig.get_platform().replace("-", "_").replace(".", "_")
 
 
 class ProtocolModulesHook(BuildHookInterface):
@@ -51,12 +131,19 @@ class ProtocolModulesHook(BuildHookInterface):
                 raise RuntimeError(f"kiln: the C++ loader sources {missing} are not under {loader}")
             for f in _LOADER_FILES:
                 build_data["force_include"][str(loader / f)] = f"kiln/native/client/cpp/{f}"
+        # The native core: a platform wheel for every Python 3.
+        build_data["pure_python"] = False
+        build_data["tag"] = f"py3-none-{platform_tag()}"
+        src = _core_source_root(root)
         if version == "editable":
+            build_core(src, root / "kiln" / "_native" / "libkiln_core.so")
             gen.generate(proto_root, root / "kiln" / "_proto")
             return
         self._scratch = Path(tempfile.mkdtemp(prefix="kiln-proto-"))
-        gen.generate(proto_root, self._scratch)
-        build_data["force_include"][str(self._scratch)] = "kiln/_proto"
+        gen.generate(proto_root, self._scratch / "proto")
+        build_data["force_include"][str(self._scratch / "proto")] = "kiln/_proto"
+        build_core(src, self._scratch / "libkiln_core.so")
+        build_data["force_include"][str(self._scratch / "libkiln_core.so")] = "kiln/_native/libkiln_core.so"
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
         scratch = getattr(self, "_scratch", None)

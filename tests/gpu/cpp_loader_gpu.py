@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The C++ client's CUDA loader (client/cpp/cuda_loader.h, its C API in libkiln_cuda.so) on an
+"""The C++ client's CUDA loader (client/cpp/cuda_loader.h, its C API in libkiln_core.so) on an
 NVIDIA GPU: static and symbolic (ABI version 2) plans, checked against torch, and its host cost
 per run.
 
@@ -12,7 +12,7 @@ register cache) on torch tensors, on torch's current stream, with a caller's wor
 reference). Then the host time of one ``kiln_cuda_run_sized`` / ``kiln_cuda_run`` call (two
 kernel launches each) is timed, beside one ctypes ``cuLaunchKernel`` of the Python client.
 
-    cd tests/gpu && python3 cpp_loader_gpu.py LIB_DIR     # libkiln_cuda.so, sym/ and static/ inside
+    cd tests/gpu && python3 cpp_loader_gpu.py LIB_DIR     # libkiln_core.so, sym/ and static/ inside
 
 Exit status 1 when a result does not match.
 """
@@ -62,7 +62,7 @@ def main() -> int:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
     torch.cuda.init()
     torch.empty(1, device="cuda")  # torch's primary context current on this thread
-    lib = load_lib(root / "libkiln_cuda.so")
+    lib = load_lib(root / "libkiln_core.so")
     ok = True
     rows_out = []
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)

@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lintlib import hold_to_baseline
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "client" / "python"
 BASELINE = Path(__file__).with_name("python_baseline.json")
@@ -54,30 +56,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--update", action="store_true", help="write the baseline where counts went down")
     opts = ap.parse_args()
-    found = ruff_findings() + mypy_findings()
-    baseline = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
-    worse = {k: (baseline.get(k, 0), n) for k, n in found.items() if n > baseline.get(k, 0)}
-    better = {k: (n, found.get(k, 0)) for k, n in baseline.items() if found.get(k, 0) < n}
-    for k, (was, now) in sorted(worse.items()):
-        print(f"NEW  {k}: {now} (baseline {was})")
-    for k, (was, now) in sorted(better.items()):
-        print(f"less {k}: {now} (baseline {was})")
-    if opts.update:
-        if worse and baseline:
-            print("python_lint: the baseline only shrinks; fix the new findings first", file=sys.stderr)
-            return 1
-        shrunk = {k: n for k, n in found.items()} if not baseline else \
-            {k: min(n, found.get(k, 0)) for k, n in baseline.items() if found.get(k, 0)}
-        BASELINE.write_text(json.dumps(dict(sorted(shrunk.items())), indent=1) + "\n")
-        print(f"python_lint: baseline written, {sum(shrunk.values())} findings")
-        return 0
-    total = sum(found.values())
-    print(f"python_lint: {total} findings, baseline {sum(baseline.values())}; {len(worse)} rules got worse")
-    if worse:
-        print("python_lint: fix the findings marked NEW (ruff check / mypy in client/python show where)",
-              file=sys.stderr)
-        return 1
-    return 0
+    # ruff check / mypy in client/python show where a NEW finding is.
+    return hold_to_baseline("python_lint", ruff_findings() + mypy_findings(), BASELINE, opts.update)
 
 
 if __name__ == "__main__":

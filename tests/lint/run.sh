@@ -5,6 +5,8 @@
 #    reformatting them would invalidate every cache) and the golden files;
 #  - clang's thread-safety analysis over kiln's C++ (thread_safety.py, from BUILD_DIR's
 #    compile_commands.json);
+#  - clang-tidy's bug-finding checks (.clang-tidy) over the same units, against a baseline that
+#    only shrinks (clang_tidy.py);
 #  - ruff and mypy over the Python package against a baseline that only shrinks (python_lint.py).
 #
 #   tests/lint/run.sh [BUILD_DIR]
@@ -23,5 +25,6 @@ else
 fi
 rm -f /tmp/kiln-format.$$
 "$py" tests/lint/thread_safety.py "$build" || status=1
+"$py" tests/lint/clang_tidy.py "$build" || status=1
 "$py" tests/lint/python_lint.py || status=1
 exit $status

@@ -11,18 +11,13 @@ annotations; this makes them checked. Exits 1 on a finding.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-CHECKED = ("kernels/", "server/", "wire/", "client/")
-# Flags of the g++ build that clang does not take, or that only change code generation.
-DROP = ("-fno-semantic-interposition", "-fconcepts-diagnostics-depth")
+from lintlib import REPO, compile_units
 
 
 def main() -> int:
@@ -31,25 +26,9 @@ def main() -> int:
     if clang is None:
         print("thread_safety: clang++ is not installed", file=sys.stderr)
         return 1
-    units = []
-    for entry in json.loads((build / "compile_commands.json").read_text()):
-        rel = os.path.relpath(entry["file"], REPO)
-        if not rel.startswith(CHECKED) or not rel.endswith(".cc"):
-            continue
-        args = shlex.split(entry["command"])[1:]
-        keep, skip = [], False
-        for a in args:
-            if skip:
-                skip = False
-                continue
-            if a in ("-o", "-MF", "-MT", "-MQ"):
-                skip = True
-                continue
-            if a in ("-c", "-MD", "-MMD") or a.startswith(DROP) or a == entry["file"]:
-                continue
-            keep.append(a)
-        units.append((rel, [clang, "-fsyntax-only", "-Wno-unknown-warning-option", "-Wno-error",
-                            "-Wthread-safety", "-Werror=thread-safety", *keep, entry["file"]], entry["directory"]))
+    units = [(rel, [clang, "-fsyntax-only", "-Wno-unknown-warning-option", "-Wno-error", "-Wthread-safety",
+                    "-Werror=thread-safety", *args, str(REPO / rel)], cwd)
+             for rel, args, cwd in compile_units(build)]
 
     def check(unit):
         rel, cmd, cwd = unit

@@ -9,7 +9,9 @@ the tracer and builder tests run without it. Under CI, a skip for a reason CI sh
 fails the test (tests/ci_skips.py).
 
 Every test process (and the subprocesses tests start) uses a temporary local artifact cache,
-never the user's.
+never the user's, and the native client core of the build under test
+(``$KILN_BINARY_DIR/client/core/libkiln_core.so``, else ``build/``'s) when there is one, so that
+a rebuilt core is what the tests load; tests/python/test_wheel.py tests the wheel's own copy.
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT_DIR = REPO / "client" / "python"
+
+
+def _use_built_core() -> None:
+    built = Path(os.environ.get("KILN_BINARY_DIR") or REPO / "build") / "client" / "core" / "libkiln_core.so"
+    if "KILN_CORE_LIBRARY" not in os.environ and built.is_file():
+        os.environ["KILN_CORE_LIBRARY"] = str(built)
+
+
+_use_built_core()
 
 try:
     import kiln  # noqa: F401

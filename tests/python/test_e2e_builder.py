@@ -222,7 +222,7 @@ def test_artifacts_fetched_once_verified_and_loaded_once(server, tmp_path, rng):
         np.testing.assert_allclose(comp(xv), np.sqrt(np.abs(xv)) + 0.987)
         so = comp.artifact("SHARED_OBJECT")
         path = c1.cache.path_for(so.digest)
-        assert path.is_file() and kiln.cache.sha256_file(path) == so.digest
+        assert path.is_file() and kiln.core.sha256_hex(path.read_bytes()) == so.digest
         n_loaded = loader.loaded_kernel_count()
         again = c1.get(comp.handle)
         np.testing.assert_allclose(again(xv), np.sqrt(np.abs(xv)) + 0.987)
@@ -236,7 +236,7 @@ def test_artifacts_fetched_once_verified_and_loaded_once(server, tmp_path, rng):
     os.replace(bad, path)
     with kiln.Client(server, cache_dir=tmp_path / "cache") as c2:
         p = c2.fetch(so.digest)
-        assert kiln.cache.sha256_file(p) == so.digest
+        assert kiln.core.sha256_hex(p.read_bytes()) == so.digest
 
 
 def test_source_and_fusion_report(client):

@@ -7,8 +7,8 @@ Every module may import modules of its own layer or of lower ones, never of high
 layer  name         modules
 =====  ===========  ==============================================================================
 0      wire         talking to kilnd: the protocol modules (``kiln.v1.*``), errors, dtypes, targets,
-                    graphs (builder, graph files), the retry and trust policies, the artifact
-                    cache, the recorder, launch-plan sizes and strided layouts, custom builds
+                    graphs (builder, graph files), the retry and trust policies, the native
+                    client core's binding and the artifact cache, the recorder, launch-plan sizes and strided layouts, custom builds
                     (``ext``), and :class:`kiln.connection.Connection`
 1      runtime      running what kilnd built: the CPU loader, the CUDA driver and launcher
                     (``kiln.cuda``), the native part runner and the PyTorch extension builder it
@@ -45,7 +45,7 @@ LAYERS: dict[str, int] = {
     "kiln._version": 0, "kiln._protogen": 0, "kiln.v1": 0, "kiln.errors": 0, "kiln._once": 0,
     "kiln.dtypes": 0, "kiln.plan": 0, "kiln.strides": 0, "kiln.retry": 0, "kiln.target": 0,
     "kiln.trust": 0, "kiln.cache": 0, "kiln.graphio": 0, "kiln.recorder": 0, "kiln.builder": 0,
-    "kiln.ext": 0, "kiln.connection": 0,
+    "kiln.ext": 0, "kiln.connection": 0, "kiln.core": 0,
     # 1: runtime
     "kiln.loader": 1, "kiln.torch_extension": 1, "kiln.native": 1, "kiln.cuda": 1, "kiln.client": 1,
     "kiln.autotune": 1,

@@ -9,15 +9,13 @@ Layout under the root (``$KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln``, else
                                                 when a client compiles it, so a handle alone
                                                 can be run
 
-The artifact folder is the C++ client's (client/cpp/artifact_cache.h), root and layout alike,
-so a machine running both keeps each artifact once; both write through a temporary file renamed
-into place and hash a file before using it. Artifacts an older client left under
-``cas/<xx>/<sha256>`` are moved into ``artifacts/`` the first time they are asked for.
-
-Every file is written to a temporary name in the same folder and renamed into place, so a
-reader never sees a partial artifact, and several processes may fill the cache at once. An
-artifact's digest is verified before first use in a process; a file that does not match its
-name is deleted and counts as absent.
+The artifact folder is kept by the native client core (``client/core/store.h``, through
+:mod:`kiln.core`), the very code the C++ client uses, so a machine running both keeps each
+artifact once under one set of rules: written to a temporary name and renamed into place (a
+reader never sees a partial artifact, several processes may fill the folder at once), hashed
+before its first use in a process, deleted when it does not match its name. Artifacts an older
+client left under ``cas/<xx>/<sha256>`` are moved into ``artifacts/`` the first time they are
+asked for. Handle manifests are this package's own.
 """
 
 from __future__ import annotations
@@ -30,6 +28,8 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Iterable, Optional, Union
+
+from . import core
 
 _DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -51,15 +51,6 @@ def check_digest(digest: str) -> str:
     if not isinstance(digest, str) or not _DIGEST_RE.fullmatch(digest):
         raise ValueError(f"not a SHA-256 digest (64 lowercase hex digits): {digest!r}")
     return digest
-
-
-def sha256_file(path: Union[str, Path]) -> str:
-    """Lowercase hex SHA-256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -84,13 +75,23 @@ def _unlink_quietly(path: Union[str, Path]) -> None:
 
 
 class ArtifactCache:
-    """A content-addressed folder of artifacts. Thread-safe; safe across processes."""
+    """A content-addressed folder of artifacts: the native core's store (:class:`kiln.core.Store`,
+    the C++ client's too), plus this client's handle manifests. Thread-safe; safe across
+    processes."""
 
     def __init__(self, root: Optional[Union[str, Path]] = None) -> None:
         self.root = Path(root).expanduser() if root is not None else default_cache_dir()
+        self._store: Optional[core.Store] = None
         self._lock = threading.Lock()
-        # digest -> (inode, size, mtime_ns) of the file whose bytes were verified.
-        self._verified: dict[str, tuple[int, int, int]] = {}
+
+    @property
+    def store(self) -> core.Store:
+        """The core's store, opened (and its folder created) on first use."""
+        if self._store is None:
+            with self._lock:
+                if self._store is None:
+                    self._store = core.Store(self.root)
+        return self._store
 
     def path_for(self, digest: str) -> Path:
         """Where an artifact lives (whether or not it is there)."""
@@ -103,34 +104,8 @@ class ArtifactCache:
         The bytes are hashed the first time a process asks (and again if the file changed);
         a file whose hash does not match is removed.
         """
-        path = self.path_for(digest)
-        try:
-            st: Optional[os.stat_result] = path.stat()
-        except FileNotFoundError:
-            st = self._adopt_legacy(digest, path)
-        if st is None:
-            return None
-        sig = (st.st_ino, st.st_size, st.st_mtime_ns)
-        with self._lock:
-            if self._verified.get(digest) == sig:
-                return path
-        if sha256_file(path) != digest:
-            _unlink_quietly(path)
-            return None
-        with self._lock:
-            self._verified[digest] = sig
-        return path
-
-    def _adopt_legacy(self, digest: str, path: Path) -> Optional[os.stat_result]:
-        """Moves an artifact an older client stored under ``cas/`` to ``path`` (verified by the
-        caller like any file); None when there is none."""
-        legacy = self.root / "cas" / digest[:2] / digest
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(legacy, path)
-            return path.stat()
-        except OSError:
-            return None
+        check_digest(digest)
+        return self.store.find(digest)
 
     def put_chunks(self, digest: str, chunks: Iterable[bytes], size: Optional[int] = None) -> Path:
         """Stores an artifact from a stream of byte chunks, verifying size and digest.
@@ -138,38 +113,21 @@ class ArtifactCache:
         Raises ValueError (leaving nothing behind) when the bytes do not hash to ``digest`` or
         their length is not ``size``.
         """
-        path = self.path_for(digest)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-        h = hashlib.sha256()
-        n = 0
+        check_digest(digest)
+        data = b"".join(chunks)
+        if size is not None and len(data) != size:
+            raise ValueError(f"artifact {digest}: got {len(data)} bytes, expected {size}")
         try:
-            with os.fdopen(fd, "wb") as f:
-                for chunk in chunks:
-                    h.update(chunk)
-                    f.write(chunk)
-                    n += len(chunk)
-            if size is not None and n != size:
-                raise ValueError(f"artifact {digest}: got {n} bytes, expected {size}")
-            if h.hexdigest() != digest:
-                raise ValueError(f"artifact {digest}: the bytes hash to {h.hexdigest()}")
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            _unlink_quietly(tmp)
+            return self.store.put(digest, data)
+        except core.CoreError as e:
+            if e.code == core.DATA_LOSS:
+                raise ValueError(str(e)) from None
             raise
-        st = path.stat()
-        with self._lock:
-            self._verified[digest] = (st.st_ino, st.st_size, st.st_mtime_ns)
-        return path
 
     def put_bytes(self, data: bytes) -> tuple[str, Path]:
         """Stores bytes under their own digest; returns (digest, path)."""
         digest = hashlib.sha256(data).hexdigest()
-        existing = self.get(digest)
-        if existing is not None:
-            return digest, existing
-        return digest, self.put_chunks(digest, [data], len(data))
+        return digest, self.store.put(digest, data)
 
     # Handle manifests: small JSON notes about graphs compiled from this machine.
 

@@ -16,20 +16,21 @@ order; ``workspace`` is ``plan.workspace_bytes`` bytes (NULL when 0); 0 means su
 shared object is opened once per process, keyed by its digest.
 
 The loader is handed the bytes themselves, already hashed against the digest by the caller,
-and opens them from an anonymous in-memory file: the code that runs is the code that was
-verified, whatever happens to the cache folder between the check and the load.
+and the native client core (:mod:`kiln.core`) opens them from an anonymous in-memory file: the
+code that runs is the code that was verified, whatever happens to the cache folder between the
+check and the load.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
+from . import core
 from ._once import OncePerKey
 from .errors import ArtifactError
 
@@ -40,57 +41,37 @@ _ArgArray = ctypes.POINTER(ctypes.c_void_p)
 _SizeArray = ctypes.POINTER(ctypes.c_int64)
 
 
+_RunFn = ctypes.CFUNCTYPE(ctypes.c_int, _ArgArray, ctypes.c_void_p, ctypes.c_int)
+_RunSizedFn = ctypes.CFUNCTYPE(ctypes.c_int, _ArgArray, _SizeArray, ctypes.c_void_p, ctypes.c_int)
+_WorkspaceFn = ctypes.CFUNCTYPE(ctypes.c_int64, _SizeArray)
+
+
 class CpuKernel:
     """An opened CPU artifact. Calls are thread-safe as far as the kernel is (kiln kernels keep
-    no global state)."""
+    no global state).
+
+    The library is opened by the native client core (:mod:`kiln.core`), the C++ client's
+    loader; its entry points are then called directly through ctypes (the GIL is released for
+    each call)."""
 
     def __init__(self, image: Union[bytes, Path], digest: str) -> None:
         self.digest = digest
-        fd = -1
-        if isinstance(image, (bytes, bytearray, memoryview)) and hasattr(os, "memfd_create"):
-            fd = os.memfd_create(f"kiln-{digest[:12]}", getattr(os, "MFD_CLOEXEC", 1))
-            view = memoryview(image)
-            while view:
-                view = view[os.write(fd, view):]
-            path = Path(f"/proc/self/fd/{fd}")
-        elif isinstance(image, (bytes, bytearray, memoryview)):  # pragma: no cover - not Linux
-            with tempfile.NamedTemporaryFile(suffix=".so", delete=False) as f:
-                f.write(image)
-            path = Path(f.name)
-        else:
-            path = Path(image)
-        self.path = path
         try:
-            # RTLD_LOCAL: two artifacts never see each other's symbols.
-            self._lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
-        except OSError as e:
-            if fd >= 0:
-                os.close(fd)
+            if isinstance(image, (bytes, bytearray, memoryview)):
+                library = core.CpuLibrary.open_image(image, digest)
+            else:
+                library = core.CpuLibrary.open(image)
+        except core.CoreError as e:
             raise ArtifactError(f"cannot load {digest[:12]}: {e}", digest) from e
-        # The descriptor stays open as long as the process: the dynamic loader knows a library
-        # by its name, and a closed descriptor's number (hence /proc/self/fd/N) would be reused
-        # by the next artifact, which dlopen would then take for this one.
-        self._fd = fd
-        try:
-            version_fn = self._lib.kiln_abi_version
-            self._run = self._lib.kiln_run
-        except AttributeError as e:
-            raise ArtifactError(f"{path} is not a kiln artifact: {e}", digest) from e
-        version_fn.argtypes = []
-        version_fn.restype = ctypes.c_uint32
-        self.abi_version = int(version_fn())
-        self._workspace_fn = None
+        self.abi_version = library.abi_version
+        self._run_address = library.run_address
+        self._workspace_address = library.workspace_address
         if self.abi_version == 2:
-            try:
-                self._workspace_fn = self._lib.kiln_workspace_bytes
-            except AttributeError as e:
-                raise ArtifactError(f"{path}: ABI 2 artifact without kiln_workspace_bytes: {e}", digest) from e
-            self._workspace_fn.argtypes = [_SizeArray]
-            self._workspace_fn.restype = ctypes.c_int64
-            self._run.argtypes = [_ArgArray, _SizeArray, ctypes.c_void_p, ctypes.c_int]
+            self._run = _RunSizedFn(self._run_address)
+            self._workspace_fn: Optional[Any] = _WorkspaceFn(self._workspace_address)
         else:
-            self._run.argtypes = [_ArgArray, ctypes.c_void_p, ctypes.c_int]
-        self._run.restype = ctypes.c_int
+            self._run = _RunFn(self._run_address)
+            self._workspace_fn = None
 
     def run(self, pointers: Sequence[int], workspace: Optional[int], num_threads: int,
             sizes: Optional[Sequence[int]] = None) -> int:
@@ -104,14 +85,12 @@ class CpuKernel:
     @property
     def run_address(self) -> int:
         """The address of ``kiln_run``, for native callers (kiln.torch's part runner)."""
-        return int(ctypes.cast(self._run, ctypes.c_void_p).value or 0)
+        return self._run_address
 
     @property
     def workspace_address(self) -> int:
         """The address of ``kiln_workspace_bytes`` (ABI 2), else 0."""
-        if self._workspace_fn is None:
-            return 0
-        return int(ctypes.cast(self._workspace_fn, ctypes.c_void_p).value or 0)
+        return self._workspace_address
 
     def workspace_bytes(self, sizes: Sequence[int]) -> int:
         """ABI 2: the workspace this artifact needs for ``sizes`` (0 for ABI 1: see the plan)."""

@@ -1,0 +1,102 @@
+/* The kiln client core: what every kiln client does with a compiled result once kilnd has
+ * returned it, written once in C++ and exported as this C ABI, so that the C++ Session, the
+ * Python package (through ctypes) and the GPU scripts share one implementation.
+ *
+ *   - the local artifact store: a content-addressed folder shared by every client on the
+ *     machine (layout in store.h), each artifact verified by its SHA-256 before use;
+ *   - CPU artifacts: a kernel library (kernels/codegen/ABI.md) opened once per process from a
+ *     path or from verified bytes, its ABI version checked and its entry points resolved;
+ *   - CUDA artifacts: a cubin (or PTX) loaded through the driver and its launch plan run on a
+ *     stream. Those functions are kiln_cuda_*, declared in client/cpp/cuda_loader.h, because the
+ *     torch part runner compiles that file into itself.
+ *
+ * libkiln_core.so needs nothing but libc: the C++ runtime and OpenSSL's libcrypto (for
+ * SHA-256) are linked into it, and the CUDA driver is opened at run time. Every function is
+ * safe to call from any thread. A function that fails returns NULL or a negative number and
+ * leaves a description for the calling thread in kiln_core_last_error().
+ */
+#ifndef KILN_CLIENT_CORE_KILN_CORE_H_
+#define KILN_CLIENT_CORE_KILN_CORE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KILN_CORE_API __attribute__((visibility("default")))
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version of this ABI; bumped when a function changes meaning or signature. */
+#define KILN_CORE_ABI_VERSION 1
+KILN_CORE_API uint32_t kiln_core_abi_version(void);
+
+/* What the last failing call on this thread said (empty when none failed). */
+KILN_CORE_API const char* kiln_core_last_error(void);
+
+/* Error classes, from kiln_core_last_error_code(): how a caller maps them to its own errors. */
+enum kiln_core_error {
+  KILN_CORE_OK = 0,
+  KILN_CORE_INVALID_ARGUMENT = 1,    /* a malformed digest, a null argument */
+  KILN_CORE_NOT_FOUND = 2,           /* a file that is not there */
+  KILN_CORE_FAILED_PRECONDITION = 3, /* not a kiln library, an ABI it does not speak */
+  KILN_CORE_DATA_LOSS = 4,           /* bytes that do not hash to their digest */
+  KILN_CORE_UNAVAILABLE = 5,         /* the file system refused (full, read-only, no access) */
+  KILN_CORE_INTERNAL = 6,            /* anything else */
+};
+KILN_CORE_API int kiln_core_last_error_code(void);
+
+/* ---- The artifact store. */
+typedef struct kiln_store kiln_store;
+
+/* Opens (creating its folder) the store at `root`; NULL or "" means the default root:
+ * $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln. NULL on failure. */
+KILN_CORE_API kiln_store* kiln_store_open(const char* root);
+KILN_CORE_API void kiln_store_close(kiln_store* store);
+/* The root folder, valid as long as the store. */
+KILN_CORE_API const char* kiln_store_root(const kiln_store* store);
+
+/* Looks `digest` up: 1 when a verified artifact is there (its path, NUL-terminated, copied into
+ * `path` of `path_size` bytes), 0 when it is absent (a corrupt file counts as absent and is
+ * deleted), -1 on failure (a path that does not fit is one). */
+KILN_CORE_API int kiln_store_find(kiln_store* store, const char* digest, char* path,
+                                  size_t path_size);
+/* Stores `bytes` under `digest` after checking that they hash to it (DATA_LOSS otherwise,
+ * nothing written); 0 and the path, or -1. Writing an artifact that is there already is a
+ * no-op. */
+KILN_CORE_API int kiln_store_put(kiln_store* store, const char* digest, const void* bytes,
+                                 size_t num_bytes, char* path, size_t path_size);
+/* Counters since the store was opened: hits (verified finds), corrupt files deleted, puts. */
+KILN_CORE_API void kiln_store_counters(const kiln_store* store, int64_t* hits, int64_t* corruptions,
+                                       int64_t* puts);
+
+/* Lowercase hex SHA-256 of `bytes` into `hex` (65 bytes: 64 digits and a NUL). */
+KILN_CORE_API void kiln_sha256_hex(const void* bytes, size_t num_bytes, char* hex);
+
+/* ---- CPU artifacts. */
+typedef struct kiln_cpu_library kiln_cpu_library;
+
+/* Opens the kernel library at `path` once per process (later calls return the same library).
+ * Libraries are never closed: a kernel library pulls in libgomp, whose threads outlive the
+ * parallel regions. NULL on failure (NOT_FOUND, FAILED_PRECONDITION). */
+KILN_CORE_API const kiln_cpu_library* kiln_cpu_open(const char* path);
+/* Opens a library from its bytes, once per process per `name` (its digest): the bytes are
+ * written to an anonymous in-memory file and loaded from there, so the code that runs is the
+ * code the caller verified, whatever happens to the store's folder meanwhile. */
+KILN_CORE_API const kiln_cpu_library* kiln_cpu_open_image(const void* bytes, size_t num_bytes,
+                                                          const char* name);
+/* kiln_abi_version() of the library (1: static sizes, 2: symbolic sizes). */
+KILN_CORE_API uint32_t kiln_cpu_abi_version(const kiln_cpu_library* library);
+/* The library's kiln_run: ABI 1 `int (void* const* args, void* workspace, int threads)`,
+ * ABI 2 `int (void* const* args, const int64_t* sizes, void* workspace, int threads)`. */
+KILN_CORE_API void* kiln_cpu_run_function(const kiln_cpu_library* library);
+/* ABI 2: `int64_t kiln_workspace_bytes(const int64_t* sizes)`; NULL for ABI 1. */
+KILN_CORE_API void* kiln_cpu_workspace_function(const kiln_cpu_library* library);
+/* How many libraries this process has opened. */
+KILN_CORE_API int64_t kiln_cpu_library_count(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KILN_CLIENT_CORE_KILN_CORE_H_ */

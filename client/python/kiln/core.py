@@ -1,0 +1,197 @@
+"""The binding to kiln's native client core (``libkiln_core.so``, C ABI in
+``client/core/kiln_core.h``): the one implementation of the artifact store and the CPU library
+loader that the C++ client uses too, reached through ctypes.
+
+The library ships inside the wheel (``kiln/_native/libkiln_core.so``, built by the wheel's
+build hook with libcrypto and the C++ runtime linked in, so it needs only libc).
+``$KILN_CORE_LIBRARY`` names another copy (a developer's build tree, for one).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from .errors import KilnError
+
+#: The C ABI version this module speaks (KILN_CORE_ABI_VERSION).
+ABI_VERSION = 1
+
+# enum kiln_core_error.
+OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, DATA_LOSS, UNAVAILABLE, INTERNAL = range(7)
+
+_PATH_MAX = 4096
+
+
+class CoreError(KilnError):
+    """A failure reported by the native core; ``code`` is its error class."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def library_path() -> Path:
+    """Where the core is loaded from: ``$KILN_CORE_LIBRARY``, else the copy in the package."""
+    env = os.environ.get("KILN_CORE_LIBRARY")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent / "_native" / "libkiln_core.so"
+
+
+_lib: Optional[ctypes.CDLL] = None
+_lock = threading.Lock()
+
+
+def lib() -> ctypes.CDLL:
+    """The core, opened and bound once per process."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            _lib = _open(library_path())
+    return _lib
+
+
+def _open(path: Path) -> ctypes.CDLL:
+    if not path.is_file():
+        raise KilnError(
+            f"kiln's native core is missing ({path}): reinstall the kiln wheel, or set "
+            "KILN_CORE_LIBRARY to a libkiln_core.so")
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise KilnError(f"cannot load kiln's native core {path}: {e}") from e
+    vp, cp, sz, i64 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int64
+    p64 = ctypes.POINTER(i64)
+    sigs: dict[str, tuple[list[Any], Any]] = {
+        "kiln_core_abi_version": ([], ctypes.c_uint32),
+        "kiln_core_last_error": ([], cp),
+        "kiln_core_last_error_code": ([], ctypes.c_int),
+        "kiln_store_open": ([cp], vp),
+        "kiln_store_close": ([vp], None),
+        "kiln_store_root": ([vp], cp),
+        "kiln_store_find": ([vp, cp, ctypes.c_char_p, sz], ctypes.c_int),
+        "kiln_store_put": ([vp, cp, vp, sz, ctypes.c_char_p, sz], ctypes.c_int),
+        "kiln_store_counters": ([vp, p64, p64, p64], None),
+        "kiln_sha256_hex": ([vp, sz, ctypes.c_char_p], None),
+        "kiln_cpu_open": ([cp], vp),
+        "kiln_cpu_open_image": ([vp, sz, cp], vp),
+        "kiln_cpu_abi_version": ([vp], ctypes.c_uint32),
+        "kiln_cpu_run_function": ([vp], vp),
+        "kiln_cpu_workspace_function": ([vp], vp),
+        "kiln_cpu_library_count": ([], i64),
+    }
+    for name, (argtypes, restype) in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = restype
+    version = lib.kiln_core_abi_version()
+    if version != ABI_VERSION:
+        raise KilnError(f"kiln's native core {path} speaks ABI {version}; this package needs {ABI_VERSION}")
+    return lib
+
+
+def last_error() -> CoreError:
+    """The calling thread's last core failure, as an exception."""
+    lib_ = lib()
+    message = (lib_.kiln_core_last_error() or b"").decode(errors="replace")
+    return CoreError(message or "kiln core call failed", int(lib_.kiln_core_last_error_code()))
+
+
+def _bytes_pointer(data: Union[bytes, bytearray, memoryview]) -> tuple[Any, int, Any]:
+    """(pointer, length, keep-alive) for a buffer handed to the core without a copy when it can
+    be: bytes are passed as they are, writable buffers through ctypes."""
+    if isinstance(data, bytes):
+        return ctypes.c_char_p(data), len(data), data
+    view = memoryview(data).cast("B")
+    if view.readonly:
+        raw = view.tobytes()
+        return ctypes.c_char_p(raw), len(raw), raw
+    buf = (ctypes.c_char * len(view)).from_buffer(view)
+    return buf, len(view), (buf, view)
+
+
+def sha256_hex(data: Union[bytes, bytearray, memoryview]) -> str:
+    """Lowercase hex SHA-256, computed by the core."""
+    ptr, n, _keep = _bytes_pointer(data)
+    out = ctypes.create_string_buffer(65)
+    lib().kiln_sha256_hex(ctypes.cast(ptr, ctypes.c_void_p), n, out)
+    return out.value.decode()
+
+
+class Store:
+    """The machine's artifact store (``client/core/store.h`` states its layout and rules)."""
+
+    def __init__(self, root: Optional[Union[str, Path]] = None) -> None:
+        lib_ = lib()
+        handle = lib_.kiln_store_open(str(root).encode() if root is not None else None)
+        if not handle:
+            raise last_error()
+        self._handle = handle
+        self._lib = lib_
+        self.root = Path(lib_.kiln_store_root(handle).decode())
+
+    def __del__(self) -> None:
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle:
+            self._lib.kiln_store_close(handle)
+
+    def find(self, digest: str) -> Optional[Path]:
+        """The path of a verified artifact, or None (a corrupt file is deleted and absent)."""
+        out = ctypes.create_string_buffer(_PATH_MAX)
+        rc = self._lib.kiln_store_find(self._handle, digest.encode(), out, _PATH_MAX)
+        if rc < 0:
+            raise last_error()
+        return Path(out.value.decode()) if rc == 1 else None
+
+    def put(self, digest: str, data: Union[bytes, bytearray, memoryview]) -> Path:
+        """Stores ``data`` under ``digest`` once it hashes to it (CoreError DATA_LOSS otherwise,
+        nothing written); returns the path."""
+        ptr, n, _keep = _bytes_pointer(data)
+        out = ctypes.create_string_buffer(_PATH_MAX)
+        rc = self._lib.kiln_store_put(self._handle, digest.encode(), ctypes.cast(ptr, ctypes.c_void_p), n,
+                                      out, _PATH_MAX)
+        if rc < 0:
+            raise last_error()
+        return Path(out.value.decode())
+
+    def counters(self) -> dict[str, int]:
+        """hits, corruptions and puts since this store was opened."""
+        values = [ctypes.c_int64() for _ in range(3)]
+        self._lib.kiln_store_counters(self._handle, *(ctypes.byref(v) for v in values))
+        return dict(zip(("hits", "corruptions", "puts"), (v.value for v in values)))
+
+
+class CpuLibrary:
+    """A CPU kernel library opened by the core (once per process per path or name)."""
+
+    def __init__(self, handle: int) -> None:
+        lib_ = lib()
+        self.abi_version = int(lib_.kiln_cpu_abi_version(handle))
+        self.run_address = int(lib_.kiln_cpu_run_function(handle) or 0)
+        self.workspace_address = int(lib_.kiln_cpu_workspace_function(handle) or 0)
+
+    @classmethod
+    def open(cls, path: Union[str, Path]) -> "CpuLibrary":
+        handle = lib().kiln_cpu_open(str(path).encode())
+        if not handle:
+            raise last_error()
+        return cls(handle)
+
+    @classmethod
+    def open_image(cls, image: Union[bytes, bytearray, memoryview], name: str) -> "CpuLibrary":
+        ptr, n, _keep = _bytes_pointer(image)
+        handle = lib().kiln_cpu_open_image(ctypes.cast(ptr, ctypes.c_void_p), n, name.encode())
+        if not handle:
+            raise last_error()
+        return cls(handle)
+
+
+def cpu_library_count() -> int:
+    """How many kernel libraries this process has opened through the core."""
+    return int(lib().kiln_cpu_library_count())

@@ -1,0 +1,154 @@
+"""The native client core through its C ABI (kiln.core over libkiln_core.so): the artifact
+store's rules and the CPU library loader's errors, without a daemon. The C++ client's tests
+(tests/unit/client) cover the same code through its C++ interface."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kiln import core
+from kiln.cache import ArtifactCache
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_store_puts_finds_and_counts(tmp_path):
+    store = core.Store(tmp_path)
+    data = os.urandom(100_000)
+    d = _digest(data)
+    assert store.find(d) is None
+    path = store.put(d, data)
+    assert path == tmp_path / "artifacts" / d[:2] / d and path.read_bytes() == data
+    assert store.find(d) == path
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    assert not list(path.parent.glob(".*"))  # no temporary left behind
+    assert core.sha256_hex(data) == d
+    assert store.counters() == {"hits": 1, "corruptions": 0, "puts": 1}
+
+
+def test_store_refuses_bytes_that_do_not_hash_to_the_digest(tmp_path):
+    store = core.Store(tmp_path)
+    with pytest.raises(core.CoreError) as e:
+        store.put(_digest(b"one"), b"two")
+    assert e.value.code == core.DATA_LOSS and "hash to" in str(e.value)
+    assert not any(p.is_file() for p in (tmp_path / "artifacts").rglob("*"))
+    with pytest.raises(core.CoreError) as e:
+        store.find("ABC")
+    assert e.value.code == core.INVALID_ARGUMENT and "not a SHA-256 digest" in str(e.value)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "same-size-same-mtime"])
+def test_store_deletes_a_damaged_file(tmp_path, damage):
+    data = os.urandom(4096)
+    d = _digest(data)
+    path = core.Store(tmp_path).put(d, data)
+    st = path.stat()
+    if damage == "flip":
+        path.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    elif damage == "truncate":
+        path.write_bytes(data[:-1])
+    else:  # the same size and modification time: only a fresh process's hash can tell
+        path.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    fresh = core.Store(tmp_path)  # a new store: nothing verified yet
+    assert fresh.find(d) is None
+    assert not path.exists()
+    assert fresh.counters()["corruptions"] == 1
+
+
+def test_store_adopts_the_old_python_layout(tmp_path):
+    data = b"legacy artifact"
+    d = _digest(data)
+    legacy = tmp_path / "cas" / d[:2] / d
+    legacy.parent.mkdir(parents=True)
+    legacy.write_bytes(data)
+    assert core.Store(tmp_path).find(d) == tmp_path / "artifacts" / d[:2] / d
+    assert not legacy.exists()
+
+
+def test_python_cache_is_the_core_store(tmp_path):
+    cache = ArtifactCache(tmp_path)
+    d, path = cache.put_bytes(b"shared")
+    assert core.Store(tmp_path).find(d) == path
+    with pytest.raises(ValueError, match="expected 3"):
+        cache.put_chunks(_digest(b"ab"), [b"a", b"b"], 3)
+
+
+def test_store_is_shared_by_processes(tmp_path):
+    """Eight processes store the same artifact at once: one whole file, every one finds it."""
+    data = os.urandom(1 << 20)
+    d = _digest(data)
+    blob = tmp_path / "blob"
+    blob.write_bytes(data)
+    child = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from kiln import core
+        store = core.Store({str(tmp_path / "store")!r})
+        data = Path({str(blob)!r}).read_bytes()
+        store.put({d!r}, data)
+        assert store.find({d!r}).read_bytes() == data
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", child]) for _ in range(8)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 8
+    folder = tmp_path / "store" / "artifacts" / d[:2]
+    assert sorted(p.name for p in folder.iterdir() if not p.name.endswith(".lock")) == [d]
+
+
+def test_cpu_loader_errors_name_the_file(tmp_path):
+    with pytest.raises(core.CoreError) as e:
+        core.CpuLibrary.open(tmp_path / "missing.so")
+    assert e.value.code == core.NOT_FOUND and "missing.so" in str(e.value)
+    junk = tmp_path / "junk.so"
+    junk.write_bytes(b"not an ELF file")
+    with pytest.raises(core.CoreError) as e:
+        core.CpuLibrary.open(junk)
+    assert e.value.code == core.FAILED_PRECONDITION and "junk.so" in str(e.value)
+    # A real shared object without kiln's entry points.
+    src = tmp_path / "other.c"
+    src.write_text("int unrelated(void) { return 1; }\n")
+    other = tmp_path / "other.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(other), str(src)], check=True)
+    with pytest.raises(core.CoreError) as e:
+        core.CpuLibrary.open_image(other.read_bytes(), "f" * 64)
+    assert e.value.code == core.FAILED_PRECONDITION and "not a kiln kernel library" in str(e.value)
+
+
+def test_cpu_image_is_opened_once_per_name(tmp_path):
+    src = tmp_path / "k.c"
+    src.write_text(textwrap.dedent("""
+        #include <stdint.h>
+        uint32_t kiln_abi_version(void) { return 1; }
+        int kiln_run(void* const* args, void* workspace, int threads) {
+          *(float*)args[1] = *(const float*)args[0] * 2.0f; return 0; }
+    """))
+    so = tmp_path / "k.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    image = so.read_bytes()
+    before = core.cpu_library_count()
+    a = core.CpuLibrary.open_image(image, _digest(image))
+    b = core.CpuLibrary.open_image(image, _digest(image))
+    assert core.cpu_library_count() == before + 1
+    assert a.abi_version == 1 and a.run_address == b.run_address != 0 and a.workspace_address == 0
+
+
+def test_missing_core_is_a_clear_error(tmp_path):
+    env = dict(os.environ, KILN_CORE_LIBRARY=str(tmp_path / "nowhere.so"))
+    run = subprocess.run([sys.executable, "-c", "from kiln import core; core.Store()"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "kiln's native core is missing" in run.stderr and "KILN_CORE_LIBRARY" in run.stderr
+
+
+def test_core_is_the_one_the_tests_built():
+    """The suite loads the build's core (conftest), so a rebuilt core is what it tests."""
+    if os.environ.get("KILN_BINARY_DIR"):
+        assert Path(os.environ["KILN_CORE_LIBRARY"]) == Path(os.environ["KILN_BINARY_DIR"]) / "client/core/libkiln_core.so"
