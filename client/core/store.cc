@@ -171,11 +171,16 @@ std::string ArtifactStore::PathFor(std::string_view digest) const {
   return path;
 }
 
+ArtifactStore::FileId ArtifactStore::IdOf(const struct stat& st) {
+  return FileId{static_cast<uint64_t>(st.st_ino), static_cast<int64_t>(st.st_size),
+                static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
+                static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec};
+}
+
 void ArtifactStore::Remember(std::string_view digest, const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return;
-  FileId id{static_cast<uint64_t>(st.st_ino), static_cast<int64_t>(st.st_size),
-            static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  const FileId id = IdOf(st);
   std::lock_guard<std::mutex> lock(mu_);
   verified_.insert_or_assign(std::string(digest), id);
 }
@@ -188,8 +193,7 @@ ArtifactStore::Check ArtifactStore::Verify(const std::string& path, std::string_
     ErrnoFail(error, "cannot stat", path, errno);
     return Check::kMissing;
   }
-  const FileId id{static_cast<uint64_t>(st.st_ino), static_cast<int64_t>(st.st_size),
-                  static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  const FileId id = IdOf(st);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = verified_.find(digest); it != verified_.end() && it->second == id)

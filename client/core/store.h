@@ -12,12 +12,15 @@
 // <d0d1> is the digest's first two hex digits, which keeps folders small. A file is written to
 // a temporary name in its final folder, fsynced and renamed into place, so a file under its
 // final name is always whole. It may have been damaged since, so a file is hashed before its
-// first use in a process and again whenever its inode, size or modification time changes; one
+// first use in a process and again whenever its inode, size, modification time or status-change
+// time changes (any write moves the last, and no call can set it back); one
 // whose SHA-256 is not its name is deleted (under the lock, so that a good copy renamed into
 // place meanwhile is never removed) and counts as absent.
 //
 // Thread-safety: thread-safe. Several processes may share one root.
 #pragma once
+
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cstdint>
@@ -92,13 +95,15 @@ class ArtifactStore {
   void Remember(std::string_view digest, const std::string& path);
 
   const std::string root_;
-  // digest -> identity (inode, size, mtime) of the file whose bytes this process verified.
+  // digest -> identity (inode, size, mtime, ctime) of the file whose bytes this process verified.
   struct FileId {
     uint64_t inode = 0;
     int64_t size = 0;
     int64_t mtime_ns = 0;
+    int64_t ctime_ns = 0;
     bool operator==(const FileId&) const = default;
   };
+  static FileId IdOf(const struct stat& st);
   std::mutex mu_;
   std::map<std::string, FileId, std::less<>> verified_;  // guarded by mu_
   std::atomic<int64_t> hits_{0}, corruptions_{0}, puts_{0};

@@ -91,6 +91,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--layouts", default="channels_last,keep,eager-channels-last")
+    ap.add_argument("--dynamic", action="store_true", help="compile with dynamic=True (symbolic sizes)")
     ap.add_argument("models", nargs="*", default=["block/split", "block/pool"])
     opts = ap.parse_args()
     dev = opts.device
@@ -120,9 +121,14 @@ def main() -> int:
                 cl_args = [a.to(memory_format=torch.channels_last) if a.dim() == 4 else a for a in args]
                 got, _ = step(cl, cl, cl_args, kwargs, weights)
             else:
-                fn = torch.compile(model, backend="kiln", options={"client": client, "layout": layout})
+                fn = torch.compile(model, backend="kiln", options={"client": client, "layout": layout},
+                                   dynamic=True if opts.dynamic else None)
                 got, _ = step(model, fn, args, kwargs, weights)
             model.load_state_dict(state)
+            diff = sum(float(((got[k] - exact[k]) ** 2).sum()) for k in exact if k in got) ** 0.5
+            ediff = sum(float(((eager[k] - exact[k]) ** 2).sum()) for k in exact) ** 0.5
+            norm = max(sum(float((exact[k] ** 2).sum()) for k in exact) ** 0.5, 1e-30)
+            print(f"    all gradients: kiln {diff / norm:.2e} eager {ediff / norm:.2e}", flush=True)
             rows = sorted(((rel(got[k], exact[k]), rel(eager[k], exact[k]), k) for k in exact if k in got),
                           reverse=True)
             worst = rows[0] if rows else (0.0, 0.0, "")

@@ -65,6 +65,21 @@ def test_store_deletes_a_damaged_file(tmp_path, damage):
     assert fresh.counters()["corruptions"] == 1
 
 
+def test_store_rehashes_a_file_changed_under_it_in_the_same_process(tmp_path):
+    """A write with the modification time set back is still seen: the status-change time moves
+    with any write and cannot be set back."""
+    store = core.Store(tmp_path)
+    data = os.urandom(4096)
+    d = _digest(data)
+    path = store.put(d, data)
+    assert store.find(d) == path
+    st = path.stat()
+    path.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert store.find(d) is None and not path.exists()
+    assert store.counters()["corruptions"] == 1
+
+
 def test_store_adopts_the_old_python_layout(tmp_path):
     data = b"legacy artifact"
     d = _digest(data)
