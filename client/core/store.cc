@@ -18,6 +18,18 @@
 namespace kiln::core {
 namespace {
 
+// Lowercase hex of a digest's bytes.
+std::string ToHex(const unsigned char* digest, unsigned int length) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(2 * static_cast<size_t>(length));
+  for (unsigned int i = 0; i < length; ++i) {
+    hex.push_back(kHex[digest[i] >> 4]);
+    hex.push_back(kHex[digest[i] & 15]);
+  }
+  return hex;
+}
+
 bool ErrnoFail(Error* error, const std::string& what, const std::string& path, int err) {
   // A full, read-only or forbidden folder is the environment's problem and may pass; anything
   // else here is unexpected.
@@ -58,12 +70,7 @@ bool HashFile(const std::string& path, std::string* hex, bool* missing, Error* e
   unsigned int length = 0;
   EVP_DigestFinal_ex(ctx, digest, &length);
   EVP_MD_CTX_free(ctx);
-  static constexpr char kHex[] = "0123456789abcdef";
-  hex->clear();
-  for (unsigned int i = 0; i < length; ++i) {
-    hex->push_back(kHex[digest[i] >> 4]);
-    hex->push_back(kHex[digest[i] & 15]);
-  }
+  *hex = ToHex(digest, length);
   return true;
 }
 
@@ -111,14 +118,7 @@ std::string Sha256Hex(std::string_view bytes) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_sha256(), nullptr);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(2 * static_cast<size_t>(length));
-  for (unsigned int i = 0; i < length; ++i) {
-    hex.push_back(kHex[digest[i] >> 4]);
-    hex.push_back(kHex[digest[i] & 15]);
-  }
-  return hex;
+  return ToHex(digest, length);
 }
 
 bool IsDigest(std::string_view s) {
@@ -290,7 +290,7 @@ std::optional<std::string> ArtifactStore::Put(std::string_view digest, std::stri
   }
   const std::string path = PathFor(digest);
   if (Verify(path, digest, error) == Check::kValid) return path;
-  error->code = KILN_CORE_OK;  // a file that cannot be read is replaced
+  *error = Error();  // a file that cannot be read is replaced
   if (!MakeParent(path, error)) return std::nullopt;
   const std::string dir = path.substr(0, path.rfind('/'));
   // The temporary lives in the final folder: rename is atomic only within a file system.

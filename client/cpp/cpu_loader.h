@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "client/core/cpu_library.h"
 #include "kiln/v1/service.pb.h"
 
 namespace kiln::client {
@@ -32,11 +33,10 @@ struct MutableBuffer {
 
 class CpuKernel {
  public:
-  using RunFn = int (*)(void* const* args, void* workspace, int num_threads);
-  // ABI version 2 (graphs with symbolic sizes, kernels/codegen/ABI.md).
-  using RunSizedFn = int (*)(void* const* args, const int64_t* sizes, void* workspace,
-                             int num_threads);
-  using WorkspaceFn = int64_t (*)(const int64_t* sizes);
+  // The entry points of kernels/codegen/ABI.md, as the client core resolves them.
+  using RunFn = core::CpuLibrary::RunFn;
+  using RunSizedFn = core::CpuLibrary::RunSizedFn;  // ABI version 2 (symbolic sizes)
+  using WorkspaceFn = core::CpuLibrary::WorkspaceFn;
 
   // Loads the library at `path` (or reuses it when this process loaded it before), and
   // checks that its kiln_abi_version() is `plan.abi_version()`: FailedPrecondition on a
