@@ -1,14 +1,21 @@
-// The C ABI of kiln_core.h over ArtifactStore and CpuLibrary.
+// The C ABI of kiln_core.h over ArtifactStore, CpuLibrary, CudaModule and CudaFunction.
 #include <cstring>
 #include <memory>
 #include <string>
 
 #include "client/core/cpu_library.h"
+#include "client/core/cuda_loader.h"
 #include "client/core/kiln_core.h"
 #include "client/core/store.h"
 
 struct kiln_store {
   std::unique_ptr<kiln::core::ArtifactStore> store;
+};
+struct kiln_cuda_module {
+  std::unique_ptr<kiln::core::CudaModule> module;
+};
+struct kiln_cuda_function {
+  std::unique_ptr<kiln::core::CudaFunction> function;
 };
 // kiln_cpu_library stays incomplete: a handle is the registry's CpuLibrary, cast.
 
@@ -139,5 +146,136 @@ void* kiln_cpu_workspace_function(const kiln_cpu_library* library) {
 }
 
 int64_t kiln_cpu_library_count(void) { return kiln::core::CpuLibraryCount(); }
+
+// ---- CUDA. The loader's errors are text; each is FAILED_PRECONDITION here, but for sizes a
+// plan cannot run at (INVALID_ARGUMENT).
+
+int kiln_cuda_device_count(void) {
+  std::string error;
+  const int n = kiln::core::CudaDeviceCount(&error);
+  return n < 0 ? Fail(KILN_CORE_FAILED_PRECONDITION, error.c_str()) : n;
+}
+
+int kiln_cuda_device_sm(int device) {
+  std::string error;
+  const int sm = kiln::core::CudaDeviceSm(device, &error);
+  return sm < 0 ? Fail(KILN_CORE_FAILED_PRECONDITION, error.c_str()) : sm;
+}
+
+int kiln_cuda_current_device(void) {
+  std::string error;
+  const int dev = kiln::core::CudaCurrentDevice(&error);
+  return dev < 0 ? Fail(KILN_CORE_FAILED_PRECONDITION, error.c_str()) : dev;
+}
+
+kiln_cuda_module* kiln_cuda_load(int device, const void* cubin, size_t cubin_bytes, const char* ptx,
+                                 const char* plan_json) {
+  if (plan_json == nullptr) {
+    Fail(KILN_CORE_INVALID_ARGUMENT, "no launch plan");
+    return nullptr;
+  }
+  std::string error;
+  kiln::core::CudaPlan plan;
+  if (!kiln::core::ParseCudaPlan(plan_json, &plan, &error)) {
+    Fail(KILN_CORE_FAILED_PRECONDITION, error.c_str());
+    return nullptr;
+  }
+  std::string_view image(static_cast<const char*>(cubin), cubin != nullptr ? cubin_bytes : 0);
+  auto module = kiln::core::CudaModule::Load(image, ptx != nullptr ? ptx : "", std::move(plan),
+                                             &error, device);
+  if (module == nullptr) {
+    Fail(KILN_CORE_FAILED_PRECONDITION, error.c_str());
+    return nullptr;
+  }
+  Record({});
+  return new kiln_cuda_module{std::move(module)};
+}
+
+kiln_cuda_module* kiln_cuda_load_dir(const char* dir) {
+  std::string error;
+  auto module = kiln::core::CudaModule::LoadDir(dir != nullptr ? dir : ".", &error);
+  if (module == nullptr) {
+    Fail(KILN_CORE_FAILED_PRECONDITION, error.c_str());
+    return nullptr;
+  }
+  Record({});
+  return new kiln_cuda_module{std::move(module)};
+}
+
+void kiln_cuda_free(kiln_cuda_module* module) { delete module; }
+
+int kiln_cuda_loaded_from_ptx(const kiln_cuda_module* module) {
+  return module != nullptr && module->module->loaded_from_ptx() ? 1 : 0;
+}
+int kiln_cuda_num_inputs(const kiln_cuda_module* module) {
+  return module != nullptr ? module->module->plan().num_inputs() : 0;
+}
+int kiln_cuda_num_outputs(const kiln_cuda_module* module) {
+  return module != nullptr ? module->module->plan().num_outputs() : 0;
+}
+int kiln_cuda_num_symbols(const kiln_cuda_module* module) {
+  return module != nullptr ? static_cast<int>(module->module->plan().symbols.size()) : 0;
+}
+
+int64_t kiln_cuda_workspace_bytes(const kiln_cuda_module* module, const int64_t* sizes,
+                                  int num_sizes) {
+  if (module == nullptr || num_sizes < 0 || (num_sizes > 0 && sizes == nullptr)) {
+    return Fail(KILN_CORE_INVALID_ARGUMENT, module == nullptr ? "null module" : "bad sizes");
+  }
+  std::string error;
+  const int64_t bytes =
+      module->module->WorkspaceBytes(sizes, static_cast<size_t>(num_sizes), &error);
+  return bytes < 0 ? Fail(KILN_CORE_INVALID_ARGUMENT, error.c_str()) : bytes;
+}
+
+int kiln_cuda_run(kiln_cuda_module* module, void* const* buffers, void* workspace, void* stream,
+                  const int64_t* sizes, int num_sizes) {
+  if (module == nullptr || num_sizes < 0 || (num_sizes > 0 && sizes == nullptr)) {
+    return Fail(KILN_CORE_INVALID_ARGUMENT, module == nullptr ? "null module" : "bad sizes");
+  }
+  std::string error;
+  kiln::core::CudaModule& m = *module->module;
+  bool ok;
+  if (m.plan().symbolic()) {
+    ok = m.RunSized(buffers, workspace, stream, sizes, static_cast<size_t>(num_sizes), &error);
+  } else if (num_sizes != 0) {
+    ok = false;
+    error = "the plan has no symbols; got " + std::to_string(num_sizes) + " sizes";
+  } else {
+    ok = m.Run(buffers, workspace, stream, &error);
+  }
+  return ok ? 0 : Fail(KILN_CORE_FAILED_PRECONDITION, error.c_str());
+}
+
+kiln_cuda_function* kiln_cuda_function_load(int device, const void* cubin, size_t cubin_bytes,
+                                            const char* name) {
+  if (cubin == nullptr || name == nullptr) {
+    Fail(KILN_CORE_INVALID_ARGUMENT, "no cubin or no kernel name");
+    return nullptr;
+  }
+  std::string error;
+  auto function = kiln::core::CudaFunction::Load(
+      device, std::string_view(static_cast<const char*>(cubin), cubin_bytes), name, &error);
+  if (function == nullptr) {
+    Fail(KILN_CORE_FAILED_PRECONDITION, error.c_str());
+    return nullptr;
+  }
+  Record({});
+  return new kiln_cuda_function{std::move(function)};
+}
+
+void kiln_cuda_function_free(kiln_cuda_function* function) { delete function; }
+
+int kiln_cuda_function_launch(kiln_cuda_function* function, const unsigned* grid,
+                              const unsigned* block, unsigned shared_bytes, void* stream,
+                              void** params) {
+  if (function == nullptr || grid == nullptr || block == nullptr) {
+    return Fail(KILN_CORE_INVALID_ARGUMENT, "null function, grid or block");
+  }
+  std::string error;
+  return function->function->Launch(grid, block, shared_bytes, stream, params, &error)
+             ? 0
+             : Fail(KILN_CORE_FAILED_PRECONDITION, error.c_str());
+}
 
 }  // extern "C"

@@ -7,7 +7,7 @@
  *   - CPU artifacts: a kernel library (kernels/codegen/ABI.md) opened once per process from a
  *     path or from verified bytes, its ABI version checked and its entry points resolved;
  *   - CUDA artifacts: a cubin (or PTX) loaded through the driver and its launch plan run on a
- *     stream. Those functions are kiln_cuda_*, declared in client/cpp/cuda_loader.h, because the
+ *     stream. Those functions are kiln_cuda_*, declared in client/core/cuda_loader.h, because the
  *     torch part runner compiles that file into itself.
  *
  * libkiln_core.so needs nothing but libc: the C++ runtime and OpenSSL's libcrypto (for
@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 /* The version of this ABI; bumped when a function changes meaning or signature. */
-#define KILN_CORE_ABI_VERSION 1
+#define KILN_CORE_ABI_VERSION 2
 KILN_CORE_API uint32_t kiln_core_abi_version(void);
 
 /* What the last failing call on this thread said (empty when none failed). */
@@ -94,6 +94,60 @@ KILN_CORE_API void* kiln_cpu_run_function(const kiln_cpu_library* library);
 KILN_CORE_API void* kiln_cpu_workspace_function(const kiln_cpu_library* library);
 /* How many libraries this process has opened. */
 KILN_CORE_API int64_t kiln_cpu_library_count(void);
+
+/* ---- CUDA (cuda_loader.h). The driver, libcuda.so.1, is opened on the first call; without one
+ * every call fails with FAILED_PRECONDITION, as does every refusal of the driver. `device` is a
+ * CUDA device index: a load goes into that device's primary context (the one the CUDA runtime,
+ * PyTorch and CuPy use); -1 means the calling thread's current context (device 0's primary
+ * context when it has none). Runs use the context their module was loaded in. */
+typedef struct kiln_cuda_module kiln_cuda_module;
+typedef struct kiln_cuda_function kiln_cuda_function;
+
+/* How many CUDA devices there are; -1 without a usable driver. */
+KILN_CORE_API int kiln_cuda_device_count(void);
+/* The compute capability of `device` as kiln's sm number (90 for 9.0); -1 on failure. */
+KILN_CORE_API int kiln_cuda_device_sm(int device);
+/* The device of the calling thread's current context (0 when it has none); -1 on failure. */
+KILN_CORE_API int kiln_cuda_current_device(void);
+
+/* Loads a compiled result: its cubin (when the driver refuses it, a device of another
+ * architecture, the PTX, which may be NULL) and its launch plan as plan.json's text
+ * (kernels/codegen/PLAN.md). The plan's ABI version is checked and every kernel resolved.
+ * NULL on failure. */
+KILN_CORE_API kiln_cuda_module* kiln_cuda_load(int device, const void* cubin, size_t cubin_bytes,
+                                               const char* ptx, const char* plan_json);
+/* Loads kernel.cubin, kernel.ptx and plan.json from a kilnc output folder (device -1). */
+KILN_CORE_API kiln_cuda_module* kiln_cuda_load_dir(const char* dir);
+KILN_CORE_API void kiln_cuda_free(kiln_cuda_module* module);
+/* 1 when the module was JIT-compiled from its PTX (the cubin was refused), else 0. */
+KILN_CORE_API int kiln_cuda_loaded_from_ptx(const kiln_cuda_module* module);
+KILN_CORE_API int kiln_cuda_num_inputs(const kiln_cuda_module* module);
+KILN_CORE_API int kiln_cuda_num_outputs(const kiln_cuda_module* module);
+/* How many sizes a run takes: the plan's symbols (0 for a static plan). */
+KILN_CORE_API int kiln_cuda_num_symbols(const kiln_cuda_module* module);
+/* The workspace a run at `sizes` (num_symbols values; none for a static plan) needs, in bytes;
+ * -1 for sizes the kernels cannot run at (INVALID_ARGUMENT: negative, or an index past their
+ * 32-bit range). */
+KILN_CORE_API int64_t kiln_cuda_workspace_bytes(const kiln_cuda_module* module,
+                                                const int64_t* sizes, int num_sizes);
+/* Launches the plan's steps on `stream` (a CUstream; NULL: the legacy default stream),
+ * asynchronously. `buffers`: device pointers, the inputs in graph order then the outputs,
+ * each 16-byte aligned. `workspace`: kiln_cuda_workspace_bytes(sizes) bytes, or NULL to use one
+ * the module allocates and keeps (runs must then not overlap in time). `sizes`: one value per
+ * symbol, each the dimension of an input the plan names (the buffers must have the shapes
+ * they give). 0 on success, -1 on failure. */
+KILN_CORE_API int kiln_cuda_run(kiln_cuda_module* module, void* const* buffers, void* workspace,
+                                void* stream, const int64_t* sizes, int num_sizes);
+
+/* A raw kernel: function `name` (its lowered name) of `cubin`, loaded on `device`. */
+KILN_CORE_API kiln_cuda_function* kiln_cuda_function_load(int device, const void* cubin,
+                                                          size_t cubin_bytes, const char* name);
+KILN_CORE_API void kiln_cuda_function_free(kiln_cuda_function* function);
+/* Launches it with `params` as cuLaunchKernel takes them (a pointer to each argument's value);
+ * `grid` and `block` hold 3 values each. 0 on success, -1 on failure. */
+KILN_CORE_API int kiln_cuda_function_launch(kiln_cuda_function* function, const unsigned* grid,
+                                            const unsigned* block, unsigned shared_bytes,
+                                            void* stream, void** params);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -38,14 +38,19 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/core/cuda_loader.h"
 #include "client/cpp/artifact_cache.h"
 #include "client/cpp/client.h"
 #include "client/cpp/cpu_loader.h"
-#include "client/cpp/cuda_loader.h"
 #include "kiln/v1/service.pb.h"
 #include "wire/wire.h"
 
 namespace kiln::client {
+
+// The client core's CUDA loader (client/core/cuda_loader.h), under the client's names.
+using core::CudaModule;
+using core::CudaPlan;
+using core::CudaSizeExpr;
 
 // A CPU target for this machine: the best x86-64 ISA level its CPU runs (v4 with AVX-512
 // F/BW/DQ/VL, v3 with AVX2/FMA/BMI2, else v2).

@@ -7,10 +7,10 @@ generator. A regular wheel gets them from a scratch folder, leaving the source t
 editable install runs the package from the source tree, so they are written into kiln/_proto
 there (ignored by git).
 
-The wheel also carries the C++ client's CUDA loader sources (client/cpp/cuda_plan.* and
-cuda_loader.*) beside the native part runner (kiln/native/client/cpp), which kilnd compiles
-into it: one loader for the C++ client and the runner. An sdist carries them at
-that place already.
+The wheel also carries the client core's CUDA loader sources (client/core/cuda_plan.* and
+cuda_loader.*, listed in kiln/native/loader_files.txt) beside the native part runner
+(kiln/native/client/core), which kilnd compiles into it: one loader for every client and the
+runner. An sdist carries the whole core at that place already.
 
 The native client core (client/core, ``libkiln_core.so``: the artifact store and the CPU and CUDA
 loaders behind kiln.core) is compiled here with the system's C++ compiler ($CXX, else c++) into
@@ -18,7 +18,7 @@ loaders behind kiln.core) is compiled here with the system's C++ compiler ($CXX,
 reached through ctypes, so one wheel serves every Python version). OpenSSL's libcrypto and the
 C++ runtime are linked in statically, so the library needs only libc wherever the wheel goes.
 A C++ compiler and OpenSSL's headers are what building needs (deploy/setup.sh installs both).
-Why not CMake through scikit-build-core: the core is five files with no dependency CMake would
+Why not CMake through scikit-build-core: the core is seven files with no dependency CMake would
 find better than the compiler does, and this keeps one backend (hatchling) for the protocol
 modules and the core alike.
 """
@@ -51,8 +51,8 @@ CORE_SOURCES = (
     "client/core/cpu_library.cc",
     "client/core/store.cc",
     "client/core/c_api.cc",
-    "client/cpp/cuda_plan.cc",
-    "client/cpp/cuda_loader.cc",
+    "client/core/cuda_plan.cc",
+    "client/core/cuda_loader.cc",
 )
 CORE_HEADERS = (
     "client/core/kiln_core.h",
@@ -60,8 +60,8 @@ CORE_HEADERS = (
     "client/core/store.h",
     "client/core/cpu_library.h",
     "client/core/exports.map",
-    "client/cpp/cuda_plan.h",
-    "client/cpp/cuda_loader.h",
+    "client/core/cuda_plan.h",
+    "client/core/cuda_loader.h",
 )
 
 
@@ -120,21 +120,15 @@ class ProtocolModulesHook(BuildHookInterface):
         proto_root = gen.find_proto_root(root, bundled=False)
         if proto_root is None:
             raise RuntimeError(f"kiln: no kiln/v1/*.proto under {root} or its parents (set KILN_PROTO_DIR)")
-        # The C++ client's loader sources the native part runner compiles (one list, read by
-        # kiln.native too).
-        _LOADER_FILES = (root / "kiln" / "native" / "loader_files.txt").read_text().split()
-        bundled = root / "kiln" / "native" / "client" / "cpp"
-        if version != "editable" and not all((bundled / f).is_file() for f in _LOADER_FILES):
-            loader = root.parent / "cpp"
-            missing = [f for f in _LOADER_FILES if not (loader / f).is_file()]
-            if missing:
-                raise RuntimeError(f"kiln: the C++ loader sources {missing} are not under {loader}")
-            for f in _LOADER_FILES:
-                build_data["force_include"][str(loader / f)] = f"kiln/native/client/cpp/{f}"
         # The native core: a platform wheel for every Python 3.
         build_data["pure_python"] = False
         build_data["tag"] = f"py3-none-{platform_tag()}"
         src = _core_source_root(root)
+        # The core's CUDA loader sources, which the native part runner compiles too (one list,
+        # read by kiln.native as well).
+        if version != "editable":
+            for f in (root / "kiln" / "native" / "loader_files.txt").read_text().split():
+                build_data["force_include"][str(src / "client" / "core" / f)] = f"kiln/native/client/core/{f}"
         if version == "editable":
             build_core(src, root / "kiln" / "_native" / "libkiln_core.so")
             gen.generate(proto_root, root / "kiln" / "_proto")

@@ -24,6 +24,7 @@ CHECKS=(
   "embedding_grad|180|$python tests/gpu/embedding_grad_gpu.py"
   "random_graphs|300|$python tests/gpu/random_graphs_gpu.py"
   "jit_cuda|300|$python tests/gpu/jit_cuda_gpu.py"
+  "core_loader|180|$python tests/gpu/cpp_loader_gpu.py"
   "layout|180|$python tests/gpu/layout_gpu.py"
   "bert_lengths|420|$python tests/gpu/bert_lengths_gpu.py"
   "load_inline|420|$python tests/gpu/load_inline_gpu.py"

@@ -1,48 +1,62 @@
 #!/usr/bin/env python3
-"""The C++ client's CUDA loader (client/cpp/cuda_loader.h, its C API in libkiln_core.so) on an
-NVIDIA GPU: static and symbolic (ABI version 2) plans, checked against torch, and its host cost
-per run.
+"""The client core's CUDA loader (client/core/cuda_loader.h, through kiln.core's binding of
+libkiln_core.so) on an NVIDIA GPU: static and symbolic (ABI version 2) plans, checked against
+torch, the device queries, and its host cost per run.
 
-The plans come from kilnc on the build machine (``kilnc GRAPH --target cuda:sm_90 --out DIR``):
-softmax over the rows and a whole-tensor sum of an f32 matrix, once with both dimensions
+The plans come from kilnc (on PATH, as with_pack.sh sets it; ``kilnc GRAPH --target
+cuda:sm_NN --out DIR`` for the device's sm, or folders made elsewhere, named sym/ and static/
+in LIB_DIR): softmax over the rows and a whole-tensor sum of an f32 matrix, once with both dimensions
 symbolic (``dim_symbols: "R" "C"``) and once for 4096 x 1000. The symbolic plan is loaded
 once and run at several sizes (1 x 1, sizes no vector width divides, a row longer than the
-register cache) on torch tensors, on torch's current stream, with a caller's workspace of
-``kiln_cuda_workspace_bytes_sized`` bytes; every output is compared with torch (float64
-reference). Then the host time of one ``kiln_cuda_run_sized`` / ``kiln_cuda_run`` call (two
-kernel launches each) is timed, beside one ctypes ``cuLaunchKernel`` of the Python client.
+register cache, an empty matrix) on torch tensors, on torch's current stream, with a caller's
+workspace of ``workspace_bytes(sizes)`` bytes; every output is compared with torch (float64
+reference). Then the host time of one run (two kernel launches) is timed.
 
-    cd tests/gpu && python3 cpp_loader_gpu.py LIB_DIR     # libkiln_core.so, sym/ and static/ inside
+    python3 tests/gpu/cpp_loader_gpu.py [LIB_DIR]
 
-Exit status 1 when a result does not match.
+kiln is imported from PYTHONPATH (with_pack.sh) or this checkout. Exit status 1 when a result
+does not match.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
-from part_overhead import per_call_us  # the same host timing as the part call figures
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from part_overhead import per_call_us  # noqa: E402  (the same host timing as the part call figures)
+
+try:
+    import kiln.core as kcore
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client" / "python"))
+    import kiln.core as kcore
 
 
-def load_lib(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    P = ctypes.c_void_p
-    lib.kiln_cuda_load_dir.argtypes = [ctypes.c_char_p]
-    lib.kiln_cuda_load_dir.restype = P
-    lib.kiln_cuda_run.argtypes = [P, ctypes.POINTER(P), P, P]
-    lib.kiln_cuda_run_sized.argtypes = [P, ctypes.POINTER(P), P, P, ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
-    lib.kiln_cuda_workspace_bytes_sized.argtypes = [P, ctypes.POINTER(ctypes.c_int64), ctypes.c_int]
-    lib.kiln_cuda_workspace_bytes_sized.restype = ctypes.c_int64
-    lib.kiln_cuda_workspace_bytes.argtypes = [P]
-    lib.kiln_cuda_workspace_bytes.restype = ctypes.c_int64
-    lib.kiln_cuda_num_symbols.argtypes = [P]
-    lib.kiln_cuda_last_error.restype = ctypes.c_char_p
-    return lib
+GRAPH = """inputs { name: "x" type { dtype: F32 shape: %s } }
+nodes { op: "softmax" inputs: 0 }
+nodes { op: "sum" inputs: 0 }
+outputs: 1 outputs: 2
+"""
+
+
+def make_plans(root: Path, sm: int) -> None:
+    """sym/ and static/ under ``root``, compiled by kilnc for ``sm``."""
+    for name, shape in (("sym", '300 shape: 1000 dim_symbols: "R" dim_symbols: "C"'), ("static", "4096 shape: 1000")):
+        (root / f"{name}.txtpb").write_text(GRAPH % shape)
+        subprocess.run(["kilnc", f"{name}.txtpb", "--target", f"cuda:sm_{sm}", "--out", name], cwd=root, check=True,
+                       stdout=subprocess.DEVNULL)
+
+
+def load_dir(folder: Path, device: int) -> kcore.CudaModule:
+    ptx = folder / "kernel.ptx"
+    return kcore.CudaModule(device, (folder / "kernel.cubin").read_bytes(),
+                            ptx.read_bytes() if ptx.exists() else None, (folder / "plan.json").read_text())
 
 
 def check(name: str, x: torch.Tensor, soft: torch.Tensor, total: torch.Tensor) -> bool:
@@ -59,34 +73,32 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 2
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
-    torch.cuda.init()
-    torch.empty(1, device="cuda")  # torch's primary context current on this thread
-    lib = load_lib(root / "libkiln_core.so")
-    ok = True
+    dev = torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(dev)
+    if len(sys.argv) > 1:
+        root = Path(sys.argv[1]).resolve()
+    else:
+        root = Path(tempfile.mkdtemp(prefix="kiln-loader-"))
+        make_plans(root, major * 10 + minor)
+    ok = kcore.cuda_device_count() == torch.cuda.device_count() and kcore.cuda_device_sm(dev) == major * 10 + minor
+    print(f"{'PASS' if ok else 'FAIL'} device queries: {kcore.cuda_device_count()} devices, sm_{kcore.cuda_device_sm(dev)}")
     rows_out = []
-    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    stream = torch.cuda.current_stream().cuda_stream
 
-    sym = lib.kiln_cuda_load_dir(str(root / "sym").encode())
-    if not sym:
-        print("FAIL load sym:", lib.kiln_cuda_last_error().decode())
-        return 1
-    assert lib.kiln_cuda_num_symbols(sym) == 2
+    # Loaded before torch touches the device: the core goes into the device's primary context,
+    # the one torch then uses.
+    sym = load_dir(root / "sym", dev)
+    assert sym.num_symbols == 2 and sym.num_inputs == 1 and sym.num_outputs == 2
     gen = torch.Generator(device="cuda").manual_seed(0)
     for r, c in [(300, 1000), (7, 130), (1, 1), (33, 4097), (4096, 1000), (5, 0)]:
         x = torch.randn(r, c, device="cuda", generator=gen)
         soft = torch.full_like(x, float("nan"))
         total = torch.full((1,), float("nan"), device="cuda")
-        sizes = (ctypes.c_int64 * 2)(r, c)
-        wsb = lib.kiln_cuda_workspace_bytes_sized(sym, sizes, 2)
-        if wsb < 0:
-            print("FAIL workspace:", lib.kiln_cuda_last_error().decode())
-            return 1
-        ws = torch.empty(max(wsb, 16), dtype=torch.uint8, device="cuda")
-        bufs = (ctypes.c_void_p * 3)(x.data_ptr(), soft.data_ptr(), total.data_ptr())
-        rc = lib.kiln_cuda_run_sized(sym, bufs, ctypes.c_void_p(ws.data_ptr()), stream, sizes, 2)
-        if rc != 0:
-            print(f"FAIL run {r}x{c}:", lib.kiln_cuda_last_error().decode())
+        ws = torch.empty(max(sym.workspace_bytes([r, c]), 16), dtype=torch.uint8, device="cuda")
+        try:
+            sym.run([x.data_ptr(), soft.data_ptr(), total.data_ptr()], ws.data_ptr(), stream, [r, c])
+        except kcore.CoreError as e:
+            print(f"FAIL run {r}x{c}: {e}")
             ok = False
             continue
         torch.cuda.synchronize()
@@ -96,36 +108,35 @@ def main() -> int:
             ok &= total_ok
             continue
         ok &= check(f"symbolic {r}x{c}", x, soft, total)
-    huge = (ctypes.c_int64 * 2)(1 << 20, 1 << 12)
-    refused = lib.kiln_cuda_workspace_bytes_sized(sym, huge, 2) == -1 and b"32-bit" in lib.kiln_cuda_last_error()
+    try:
+        sym.workspace_bytes([1 << 20, 1 << 12])
+        refused = False
+    except kcore.CoreError as e:
+        refused = "32-bit" in str(e) and e.code == kcore.INVALID_ARGUMENT
     print(f"{'PASS' if refused else 'FAIL'} sizes past the 32-bit index bound refused")
     ok &= refused
 
-    st = lib.kiln_cuda_load_dir(str(root / "static").encode())
-    if not st:
-        print("FAIL load static:", lib.kiln_cuda_last_error().decode())
-        return 1
+    st = load_dir(root / "static", -1)  # the thread's context: torch's, current by now
     x = torch.randn(4096, 1000, device="cuda", generator=gen)
     soft, total = torch.empty_like(x), torch.empty(1, device="cuda")
-    ws = torch.empty(max(lib.kiln_cuda_workspace_bytes(st), 16), dtype=torch.uint8, device="cuda")
-    bufs_st = (ctypes.c_void_p * 3)(x.data_ptr(), soft.data_ptr(), total.data_ptr())
-    assert lib.kiln_cuda_run(st, bufs_st, ctypes.c_void_p(ws.data_ptr()), stream) == 0, lib.kiln_cuda_last_error()
+    ws = torch.empty(max(st.workspace_bytes(), 16), dtype=torch.uint8, device="cuda")
+    ptrs_st = [x.data_ptr(), soft.data_ptr(), total.data_ptr()]
+    st.run(ptrs_st, ws.data_ptr(), stream)
     torch.cuda.synchronize()
     ok &= check("static 4096x1000", x, soft, total)
 
-    # Host cost of one run (two launches) through the C API, small sizes so the GPU keeps up.
+    # Host cost of one run (two launches) through the binding, small sizes so the GPU keeps up.
     xs = torch.randn(8, 64, device="cuda")
     ss, ts = torch.empty_like(xs), torch.empty(1, device="cuda")
-    sizes = (ctypes.c_int64 * 2)(8, 64)
-    wss = torch.empty(max(lib.kiln_cuda_workspace_bytes_sized(sym, sizes, 2), 16), dtype=torch.uint8, device="cuda")
-    bs = (ctypes.c_void_p * 3)(xs.data_ptr(), ss.data_ptr(), ts.data_ptr())
-    wsp = ctypes.c_void_p(wss.data_ptr())
-    rows_out.append(("kiln_cuda_run_sized (symbolic, 2 launches)",
-                     per_call_us(lambda: lib.kiln_cuda_run_sized(sym, bs, wsp, stream, sizes, 2))))
-    wsp_st = ctypes.c_void_p(ws.data_ptr())
-    rows_out.append(("kiln_cuda_run (static 4096x1000, 2 launches)",
-                     per_call_us(lambda: lib.kiln_cuda_run(st, bufs_st, wsp_st, stream), calls=300)))
-    lines = [f"# C++ CUDA loader on {torch.cuda.get_device_name()}", "", "| what | µs per call (host) |", "| --- | ---: |"]
+    wss = torch.empty(max(sym.workspace_bytes([8, 64]), 16), dtype=torch.uint8, device="cuda")
+    ptrs = [xs.data_ptr(), ss.data_ptr(), ts.data_ptr()]
+    wsp = wss.data_ptr()
+    rows_out.append(("CudaModule.run, symbolic (2 launches)", per_call_us(lambda: sym.run(ptrs, wsp, stream, (8, 64)))))
+    wsp_st = ws.data_ptr()
+    rows_out.append(("CudaModule.run, static 4096x1000 (2 launches)",
+                     per_call_us(lambda: st.run(ptrs_st, wsp_st, stream), calls=300)))
+    lines = [f"# the client core's CUDA loader on {torch.cuda.get_device_name()}", "",
+             "| what | µs per call (host) |", "| --- | ---: |"]
     lines += [f"| {n} | {us:.1f} |" for n, us in rows_out]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -3,10 +3,11 @@
 build_artifacts.sh) through the CUDA driver API, checks them against PyTorch, and benchmarks
 them against PyTorch eager and torch.compile (Inductor).
 
-Needs only Python, PyTorch with CUDA, and the artifacts: kernels are loaded with ctypes on
-libcuda.so.1 (cuModuleLoadData, cuLaunchKernel), on PyTorch's current stream, with PyTorch's
-tensors as buffers. Every run uses fresh random inputs and outputs poisoned so that an
-element the kernel fails to write cannot pass.
+Needs Python, PyTorch with CUDA, the kiln package (for its client core, libkiln_core.so) and
+the artifacts: each folder is loaded and its plan run by the client core's CUDA loader, the
+one every kiln client uses, on PyTorch's current stream, with PyTorch's tensors as buffers.
+Every run uses fresh random inputs and outputs poisoned so that an element the kernel fails to
+write cannot pass.
 
   python3 tests/gpu/gpu_suite.py [--suite-only | --bench-only] [--iters N]
 
@@ -14,7 +15,6 @@ Prints a table; with OUT set, also writes it to $OUT/gpu_results.md. Exit status
 output is wrong.
 """
 import argparse
-import ctypes
 import json
 import os
 import statistics
@@ -24,6 +24,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[2]
+try:
+    import kiln.core as kcore
+except ImportError:
+    sys.path.insert(0, str(REPO / "client" / "python"))
+    import kiln.core as kcore
 
 ART = Path(__file__).resolve().parent / "artifacts"
 DEVICE = "cuda"  # emulate_suite.py runs the op suite on the CPU through an emulation of the kernels
@@ -35,57 +42,19 @@ TOL = {torch.float64: (1e-10, 1e-12), torch.float32: (1e-5, 1e-6), torch.float16
        torch.bfloat16: (1.6e-2, 1e-3)}
 
 
-class Cuda:
-    """The few CUDA driver API calls the suite needs, through ctypes."""
-
-    def __init__(self):
-        self.lib = lib = ctypes.CDLL("libcuda.so.1")
-        P = ctypes.POINTER
-        lib.cuModuleLoadData.argtypes = [P(ctypes.c_void_p), ctypes.c_void_p]
-        lib.cuModuleGetFunction.argtypes = [P(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
-        lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, P(ctypes.c_void_p),
-                                                                                  ctypes.c_void_p]
-        lib.cuGetErrorName.argtypes = [ctypes.c_int, P(ctypes.c_char_p)]
-        lib.cuCtxGetCurrent.argtypes = [P(ctypes.c_void_p)]
-        torch.zeros(1, device="cuda")  # PyTorch makes the device's primary context current
-        ctx = ctypes.c_void_p()
-        self.check(lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
-        if not ctx.value:
-            raise RuntimeError("no current CUDA context after PyTorch initialised the device")
-
-    def check(self, r, what):
-        if r != 0:
-            name = ctypes.c_char_p()
-            self.lib.cuGetErrorName(r, ctypes.byref(name))
-            raise RuntimeError("%s: %s" % (what, (name.value or b"CUDA error %d" % r).decode()))
-
-    def load(self, folder):
-        """Loads kernel.cubin, falling back to kernel.ptx (a GPU of another architecture)."""
-        module = ctypes.c_void_p()
-        cubin = (folder / "kernel.cubin").read_bytes()
-        image = ctypes.create_string_buffer(cubin, len(cubin))
-        r = self.lib.cuModuleLoadData(ctypes.byref(module), image)
-        if r != 0:
-            ptx = (folder / "kernel.ptx").read_bytes() + b"\0"
-            image = ctypes.create_string_buffer(ptx, len(ptx))
-            self.check(self.lib.cuModuleLoadData(ctypes.byref(module), image), "loading %s" % folder.name)
-        return module
-
-    def function(self, module, name):
-        f = ctypes.c_void_p()
-        self.check(self.lib.cuModuleGetFunction(ctypes.byref(f), module, name.encode()), "kernel " + name)
-        return f
-
-
 class KilnKernel:
-    """An artifact folder: its plan, module and kernels, run on PyTorch tensors."""
+    """An artifact folder: its plan and module, run on PyTorch tensors (on the CPU for
+    emulate_suite.py, whose fake driver's device memory is host memory)."""
 
-    def __init__(self, cuda, folder):
-        self.cuda, self.folder = cuda, folder
-        self.plan = json.loads((folder / "plan.json").read_text())
-        self.module = cuda.load(folder)
-        self.steps = [(cuda.function(self.module, s["kernel"]), s) for s in self.plan["steps"]]
-        self.workspace = torch.empty(max(self.plan["workspace_bytes"], 16), dtype=torch.uint8, device="cuda")
+    def __init__(self, folder):
+        self.folder = folder
+        text = (folder / "plan.json").read_text()
+        self.plan = json.loads(text)
+        ptx = folder / "kernel.ptx"
+        device = torch.cuda.current_device() if DEVICE == "cuda" else -1
+        self.module = kcore.CudaModule(device, (folder / "kernel.cubin").read_bytes(),
+                                       ptx.read_bytes() if ptx.exists() else None, text)
+        self.workspace = torch.empty(max(self.plan["workspace_bytes"], 16), dtype=torch.uint8, device=DEVICE)
         self.inputs = [b for b in self.plan["buffers"] if b["role"] == "input"]
         self.outputs = sorted((b for b in self.plan["buffers"] if b["role"] == "output"), key=lambda b: b["index"])
 
@@ -93,31 +62,21 @@ class KilnKernel:
         return sum(b["bytes"] for b in self.inputs + self.outputs)
 
     def prepare(self, inputs, outputs):
-        """Launch arguments for these tensors (inputs, then outputs, in graph order)."""
-        ptrs = []
-        for b in self.plan["buffers"]:
-            if b["role"] == "temp":
-                ptrs.append(self.workspace.data_ptr() + b["offset"])
-                continue
-            t = (inputs if b["role"] == "input" else outputs)[b["index"]]
+        """The buffer pointers for these tensors (inputs, then outputs, in graph order),
+        checked against the plan."""
+        tensors = list(inputs) + list(outputs)
+        n_in = len(self.inputs)
+        for b in self.inputs + self.outputs:
+            t = tensors[b["index"] + (n_in if b["role"] == "output" else 0)]
             if not t.is_contiguous() or t.data_ptr() % 16 or t.dtype != DTYPES[b["dtype"]] or \
                     t.numel() * t.element_size() != b["bytes"]:
                 raise ValueError("%s: buffer %s does not match the plan" % (self.folder.name, b))
-            ptrs.append(t.data_ptr())
-        launches = []
-        for func, s in self.steps:
-            n = len(s["args"])
-            values = (ctypes.c_uint64 * max(n, 1))(*[ptrs[a] for a in s["args"]])
-            base = ctypes.addressof(values)
-            params = (ctypes.c_void_p * max(n, 1))(*[base + 8 * k for k in range(n)])
-            launches.append((func, s["grid"], s["block"], s["shared_bytes"], params, values))
-        return launches
+        return [t.data_ptr() for t in tensors]
 
-    def launch(self, launches, stream=None):
-        stream = stream if stream is not None else torch.cuda.current_stream().cuda_stream
-        for func, g, b, smem, params, _ in launches:
-            self.cuda.check(self.cuda.lib.cuLaunchKernel(func, g[0], g[1], g[2], b[0], b[1], b[2], smem, stream,
-                                                         params, None), "launch")
+    def launch(self, ptrs, stream=None):
+        if stream is None:
+            stream = torch.cuda.current_stream().cuda_stream if DEVICE == "cuda" else 0
+        self.module.run(ptrs, self.workspace.data_ptr(), stream)
 
     def run(self, inputs, outputs):
         self.launch(self.prepare(inputs, outputs))
@@ -289,7 +248,7 @@ def copy_bandwidth(iters):
     return 2 * n * 4 / (ms * 1e-3) / 1e9
 
 
-def run_bench(cuda, manifest, seed, iters, results):
+def run_bench(manifest, seed, iters, results):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(seed + 1)
     copy_gbs = copy_bandwidth(iters)
@@ -302,7 +261,7 @@ def run_bench(cuda, manifest, seed, iters, results):
         if entry["kind"] != "bench":
             continue
         title, fn = BENCH[entry["name"]]
-        kernel = KilnKernel(cuda, ART / entry["name"])
+        kernel = KilnKernel(ART / entry["name"])
         sets = [[make_input(s, gen) for s in entry["inputs"]] for _ in range(3)]
         # Correctness on the first set, outputs poisoned.
         want = fn(*sets[0])
@@ -336,7 +295,7 @@ def run_bench(cuda, manifest, seed, iters, results):
         row = dict(name=entry["name"], title=title, kiln=t_kiln, eager=t_eager, inductor=t_inductor,
                    ratio=t_kiln / t_inductor, gbs=gbs, copy_frac=gbs / copy_gbs, ok=ok,
                    inductor_first_call_s=first_call_s, kiln_compile_ms=compile_times.get(entry["name"]),
-                   launches=len(kernel.steps))
+                   launches=len(kernel.plan["steps"]))
         rows.append(row)
         print("  %-36s kiln %8.3f ms  eager %8.3f ms  inductor %8.3f ms  kiln/inductor %.2f  %5.0f GB/s (%3.0f%% of copy)%s"
               % (title, t_kiln, t_eager, t_inductor, row["ratio"], gbs, 100 * row["copy_frac"],
@@ -351,8 +310,8 @@ def run_bench(cuda, manifest, seed, iters, results):
 def report(results):
     lines = ["# kiln on %s" % torch.cuda.get_device_name(),
              "",
-             "PyTorch %s, CUDA %s. Median of CUDA-event timings over rotating inputs; kiln launches its cubin "
-             "through the driver API on PyTorch's stream." % (torch.__version__, torch.version.cuda), ""]
+             "PyTorch %s, CUDA %s. Median of CUDA-event timings over rotating inputs; kiln's client core "
+             "launches its cubin on PyTorch's stream." % (torch.__version__, torch.version.cuda), ""]
     if "bench" in results:
         lines += ["Device-to-device copy bandwidth: %.0f GB/s." % results["copy_gbs"], "",
                   "| workload | kiln ms | eager ms | inductor ms | kiln / inductor | kiln GB/s | % of copy | "
@@ -396,13 +355,12 @@ def main():
         print("PyTorch sees no CUDA device")
         return 2
     manifest = json.loads((ART / "manifest.json").read_text())
-    cuda = Cuda()
     results = {"device": torch.cuda.get_device_name(), "seed": args.seed}
     ok = True
     if not args.bench_only:
-        ok &= run_suite(lambda folder: KilnKernel(cuda, folder), manifest, args.seed, results)
+        ok &= run_suite(KilnKernel, manifest, args.seed, results)
     if not args.suite_only:
-        ok &= run_bench(cuda, manifest, args.seed, args.iters, results)
+        ok &= run_bench(manifest, args.seed, args.iters, results)
     report(results)
     return 0 if ok else 1
 

@@ -47,6 +47,7 @@ except ImportError:
     sys.path.insert(0, str(REPO / "client" / "python"))
     import kiln
 
+import kiln.core as kcore
 import kiln.cuda as kcuda
 
 
@@ -186,8 +187,8 @@ def run(client: kiln.Client, report: Report, iters: int) -> None:
     rng = np.random.default_rng(7)
 
     def target_check() -> str:
-        drv_sm = kcuda.Driver.get().compute_capability(torch.cuda.current_device())
-        assert drv_sm == (major, minor), f"driver says {drv_sm}, torch ({major}, {minor})"
+        drv_sm = kcore.cuda_device_sm(torch.cuda.current_device())
+        assert drv_sm == sm, f"the driver says sm_{drv_sm}, torch sm_{sm}"
         assert kcuda.current_device_sm() == sm
         return f"cuda = cuda:sm_{sm}"
 
@@ -315,6 +316,38 @@ def run(client: kiln.Client, report: Report, iters: int) -> None:
         return "inputs made and consumed on a non-default stream"
 
     report.check("torch side stream", side_stream)
+
+    def kernel_launch() -> str:
+        # The Python launcher alone (kiln.cuda.CudaKernel over the client core's loader), as a
+        # caller without the native part runner uses it: a multi-kernel result, the caller's
+        # outputs and workspace, torch's current stream.
+        A, B = numpy_fn_inputs(np.float32)
+        compiled = kiln.jit(numpy_fn, target="cuda", client=client).compiled_for(A, B)
+        k = compiled.load_cuda(torch.cuda.current_device())
+        ins = [torch.from_numpy(a).cuda() for a in (A, B)]
+        outs = [torch.from_numpy(np.full(s.shape, np.nan, kiln.dtypes.to_numpy(s.dtype))).cuda() for s in compiled.outputs]
+        ws = torch.empty(max(k.workspace_bytes(), 16), dtype=torch.uint8, device="cuda")
+        k.launch([t.data_ptr() for t in ins + outs], ws.data_ptr(), torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        close(outs[0].cpu().numpy(), numpy_fn(A.copy(), B.copy()), 5e-4, 5e-4)
+        return f"{k.image_kind}, {len(compiled.plan.steps)} launches"
+
+    report.check("CudaKernel.launch", kernel_launch)
+
+    def raw_kernel() -> str:
+        src = ('extern "C" __global__ void axpb(const float* x, float* y, float a, long long n) {\n'
+               '  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n'
+               '  if (i < n) y[i] = a * x[i] + 1.0f;\n}\n')
+        k = kiln.cuda.RawKernel(src, "axpb", client=client)
+        n = 100_003
+        x = torch.randn(n, device="cuda")
+        y = torch.full_like(x, float("nan"))
+        k(((n + 255) // 256,), (256,), [x, y, np.float32(2.5), n])
+        torch.cuda.synchronize()
+        close(y.cpu().numpy(), 2.5 * x.cpu().numpy() + 1, 1e-6, 1e-6)
+        return f"{n} elements, lowered name {k.lowered_name}"
+
+    report.check("RawKernel launch", raw_kernel)
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 # Packs a built kilnd (stripped) with the shared libraries it needs beyond glibc into a folder,
 # so that it runs on a machine that has none of our Debian packages (the GPU machine).
 #   tests/gpu/pack_kilnd.sh OUT_DIR      -> OUT_DIR/bin/kilnd, OUT_DIR/lib/*.so*
-# (kilnc and the C++ example program kiln_example come along when they are built.)
+# (kilnc, kiln-nvrtc and the C++ example program kiln_example come along when they are built.)
 # Start it there with LD_LIBRARY_PATH=OUT_DIR/lib plus the machine's CUDA library folder
 # (for libnvrtc, which is not packed: the CUDA toolkit there provides it).
 set -euo pipefail
@@ -13,6 +13,8 @@ case "$out" in /*) ;; *) out="$OLDPWD/$out" ;; esac
 mkdir -p "$out/bin" "$out/lib"
 strip -o "$out/bin/kilnd" "$build/server/kilnd"
 [ -x "$build/kernels/kilnc" ] && strip -o "$out/bin/kilnc" "$build/kernels/kilnc"
+# kilnd compiles raw CUDA kernels through this tool, found next to itself.
+[ -x "$build/server/ext/kiln-nvrtc" ] && strip -o "$out/bin/kiln-nvrtc" "$build/server/ext/kiln-nvrtc"
 [ -x "$build/client/cpp/kiln_example" ] && strip -o "$out/bin/kiln_example" "$build/client/cpp/kiln_example"
 # bubblewrap: kilnd's sandbox for custom builds (kiln.torch's native part runner is one).
 if command -v bwrap >/dev/null; then cp -L "$(command -v bwrap)" "$out/bin/bwrap"; fi

@@ -4,11 +4,11 @@
 A ``torch.compile(backend="kiln")`` graph runs each kiln part through the native part runner
 (kiln/torch/native: checks, allocation and launches in one C++ call) once it is loaded, else as
 a Python call (``KilnPart.forward``: argument checks, output allocation, then the plan's
-launches through the driver API with ctypes); both are timed. On small tensors the GPU work is a few microseconds, so the host path
-is the whole cost; this script times it per call (median of batches of calls, host clock, the
-GPU synchronised only between batches), for a static part and for a part compiled with
-symbolic sizes, beside the same function in eager torch and the pieces of the path alone:
-``CudaKernel.launch``, one ``cuLaunchKernel`` through ctypes, ``torch.empty``.
+launches, one ctypes call into the client core); both are timed. On small tensors the GPU work
+is a few microseconds, so the host path is the whole cost; this script times it per call
+(median of batches of calls, host clock, the GPU synchronised only between batches), for a
+static part and for a part compiled with symbolic sizes, beside the same function in eager
+torch and the pieces of the path alone: ``CudaKernel.launch`` and ``torch.empty``.
 
     KILND=build/server/kilnd PYTHONPATH=client/python python3 tests/gpu/part_overhead.py [--cpu]
 
@@ -114,24 +114,16 @@ def main() -> int:
             ptrs = [x.data_ptr(), y.data_ptr(), out.data_ptr()]
             stream = torch.cuda.current_stream().cuda_stream
             k = p.kernel
+            steps = len(p.compiled.plan.steps)
             if p.part.symbolic:
                 sizes = tuple(int((x, y)[i].shape[a]) for i, a in p._sym_where)
                 ws = torch.empty(max(k.workspace_bytes(sizes), 1), dtype=torch.uint8, device="cuda")
-                rows.append((f"CudaKernel.launch ({kind}, {len(k._steps)} kernels)",
+                rows.append((f"CudaKernel.launch ({kind}, {steps} kernels)",
                              per_call_us(lambda: k.launch(ptrs, ws.data_ptr(), stream, sizes))))
             else:
                 ws = torch.empty(max(k.workspace_bytes(), 1), dtype=torch.uint8, device="cuda")
-                rows.append((f"CudaKernel.launch ({kind}, {len(k._steps)} kernels)",
+                rows.append((f"CudaKernel.launch ({kind}, {steps} kernels)",
                              per_call_us(lambda: k.launch(ptrs, ws.data_ptr(), stream))))
-            fn, grid, block, shared, _refs, _vals, params, _sz = k._steps[0]
-            launch = k._drv.cuLaunchKernel
-            import ctypes
-
-            s = ctypes.c_void_p(stream)
-            g = grid if not p.part.symbolic else k._layout(sizes)[2][0]
-            rows.append((f"one cuLaunchKernel via ctypes ({kind})",
-                         per_call_us(lambda: launch(fn, g[0], g[1], g[2], block[0], block[1], block[2],
-                                                    shared, s, params, None))))
     finally:
         daemon.stop()
     where = "the CPU" if opts.cpu else torch.cuda.get_device_name()

@@ -29,6 +29,7 @@ import torch.nn.functional as F  # noqa: E402
 import kiln  # noqa: E402
 import kiln.torch as kt  # noqa: E402
 from kiln.torch import examples as E  # noqa: E402
+from kiln import plan as kplan  # noqa: E402
 from kiln.torch import native  # noqa: E402
 
 
@@ -1319,6 +1320,48 @@ def test_dynamic_linear_bias_and_views_stay_in_kiln(client) -> None:
     assert any("view.default" in p["ops"] for p in parts), parts
 
 
+def test_dynamic_part_reads_a_transposed_static_argument(client) -> None:
+    """A part with symbolic sizes whose argument of static shape is not contiguous (a transposed
+    tensor: the cross-attention bias gradients of an encoder-decoder model, whose encoder length
+    stays static where the decoder's is symbolic). Such a part's arguments are passed
+    contiguous (a copy of this one), so its graph must not declare the traced strides: read with
+    them, the copy gave the sum over the other axis."""
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.sum(0) * 2 + y.sum(0), (y * 3).sum(1)
+
+    cf = compiled(f, client)
+    base = torch.randn(8, 5)
+    for n in (6, 9, 11):
+        x = torch.randn(n, 8)
+        torch._dynamo.mark_dynamic(x, 0)
+        y = base.t()  # [5, 8], strides (1, 5)
+        for g, w in zip(cf(x, y), f(x, y)):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    s = kt.stats()
+    assert s["failed"] == 0 and s["eager_calls"] == 0, kt.last_graphs()
+    assert any(p["kiln"] for g in kt.last_graphs() for p in g["parts"]), kt.last_graphs()
+
+
+def test_dynamic_part_keeps_a_static_result_layout(client) -> None:
+    """A result of static shape in another layout than contiguous, which torch relies on (a graph
+    output), computed in a part with symbolic sizes: that part allocates its results contiguous,
+    so the result comes out with torch's strides and values (the part runs in torch)."""
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.sum(0) * 2 + y.sum(0), y * 3 + 1
+
+    cf = compiled(f, client)
+    base = torch.randn(8, 8)
+    for n in (6, 9):
+        x = torch.randn(n, 8)
+        torch._dynamo.mark_dynamic(x, 0)
+        y = base.t()
+        for g, w in zip(cf(x, y), f(x, y)):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+            assert g.stride() == w.stride()
+
+
 def test_attention_backward_reads_its_dropout_seed_on_the_host_outside_a_capture() -> None:
     """reduce-overhead captures graphs that draw random numbers (torch's generator advances at
     every replay); attention's backward, which reads its Philox seed and offset on the host when
@@ -1509,8 +1552,8 @@ def _cpu_part(client: Any, symbolic: bool) -> tuple[Any, Any]:
     k = c.load()
     names = [s.name for s in c.plan.symbols]
     if symbolic:
-        ins = [[native.expr_text(e, names) for e in exprs] for exprs in c._in_exprs]
-        outs = [[native.expr_text(e, names) for e in exprs] for exprs in c._out_exprs]
+        ins = [[kplan.expr_text(e, names) for e in exprs] for exprs in c._in_exprs]
+        outs = [[kplan.expr_text(e, names) for e in exprs] for exprs in c._out_exprs]
         syms = [v for s in c.plan.symbols for v in (s.input, s.axis)]
     else:
         ins, outs, syms = [["6", "8"], ["8"]], [["6", "8"], ["6"]], []
@@ -1588,7 +1631,7 @@ def test_native_cuda_plan_json_reads_back_in_the_cpp_loader() -> None:
     s = plan.steps.add(kernel="k0", grid=[1, 1, 1], block=[256, 1, 1], args=[0, 1], grid_per_block=256)
     s.grid_work.terms.add(coeff=8, exponents=[1])
     plan.index_bound.terms.add(coeff=8, exponents=[1])
-    text = native.plan_json(plan)
+    text = kplan.plan_json(plan)
     assert '"grid_work": "8*N"' in text and '"index_bound": "8*N"' in text
     with pytest.raises(RuntimeError) as e:  # parsed; then the driver (or the image) refuses
         native.RUNNER.cuda_load(b"", b"", text)

@@ -1,6 +1,6 @@
 """The binding to kiln's native client core (``libkiln_core.so``, C ABI in
-``client/core/kiln_core.h``): the one implementation of the artifact store and the CPU library
-loader that the C++ client uses too, reached through ctypes.
+``client/core/kiln_core.h``): the one implementation of the artifact store, the CPU library
+loader and the CUDA loader and launcher that the C++ client uses too, reached through ctypes.
 
 The library ships inside the wheel (``kiln/_native/libkiln_core.so``, built by the wheel's
 build hook with libcrypto and the C++ runtime linked in, so it needs only libc).
@@ -13,12 +13,12 @@ import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 from .errors import KilnError
 
 #: The C ABI version this module speaks (KILN_CORE_ABI_VERSION).
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # enum kiln_core_error.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, DATA_LOSS, UNAVAILABLE, INTERNAL = range(7)
@@ -85,6 +85,21 @@ def _open(path: Path) -> ctypes.CDLL:
         "kiln_cpu_run_function": ([vp], vp),
         "kiln_cpu_workspace_function": ([vp], vp),
         "kiln_cpu_library_count": ([], i64),
+        "kiln_cuda_device_count": ([], ctypes.c_int),
+        "kiln_cuda_device_sm": ([ctypes.c_int], ctypes.c_int),
+        "kiln_cuda_current_device": ([], ctypes.c_int),
+        "kiln_cuda_load": ([ctypes.c_int, vp, sz, cp, cp], vp),
+        "kiln_cuda_free": ([vp], None),
+        "kiln_cuda_loaded_from_ptx": ([vp], ctypes.c_int),
+        "kiln_cuda_num_inputs": ([vp], ctypes.c_int),
+        "kiln_cuda_num_outputs": ([vp], ctypes.c_int),
+        "kiln_cuda_num_symbols": ([vp], ctypes.c_int),
+        "kiln_cuda_workspace_bytes": ([vp, p64, ctypes.c_int], i64),
+        "kiln_cuda_run": ([vp, ctypes.POINTER(vp), vp, vp, p64, ctypes.c_int], ctypes.c_int),
+        "kiln_cuda_function_load": ([ctypes.c_int, vp, sz, cp], vp),
+        "kiln_cuda_function_free": ([vp], None),
+        "kiln_cuda_function_launch": ([vp, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint),
+                                       ctypes.c_uint, vp, ctypes.POINTER(vp)], ctypes.c_int),
     }
     for name, (argtypes, restype) in sigs.items():
         fn = getattr(lib, name)
@@ -195,3 +210,102 @@ class CpuLibrary:
 def cpu_library_count() -> int:
     """How many kernel libraries this process has opened through the core."""
     return int(lib().kiln_cpu_library_count())
+
+
+# ---------------------------------------------------------------------------------- CUDA
+
+def cuda_device_count() -> int:
+    """How many CUDA devices the driver sees; CoreError without a usable driver."""
+    n = lib().kiln_cuda_device_count()
+    if n < 0:
+        raise last_error()
+    return int(n)
+
+
+def cuda_device_sm(device: int) -> int:
+    """The compute capability of ``device`` as kiln's sm number (90 for 9.0)."""
+    sm = lib().kiln_cuda_device_sm(int(device))
+    if sm < 0:
+        raise last_error()
+    return int(sm)
+
+
+def cuda_current_device() -> int:
+    """The device of the calling thread's current CUDA context (0 when it has none)."""
+    dev = lib().kiln_cuda_current_device()
+    if dev < 0:
+        raise last_error()
+    return int(dev)
+
+
+def _sizes_array(sizes: Sequence[int]) -> tuple[Any, int]:
+    n = len(sizes)
+    return ((ctypes.c_int64 * n)(*sizes) if n else None), n
+
+
+class CudaModule:
+    """A CUDA result loaded by the core on one device (``client/core/cuda_loader.h``): its cubin,
+    or its PTX when the driver refuses the cubin, bound to its launch plan (plan.json's text,
+    :func:`kiln.plan.plan_json`). ``device`` -1 loads into the calling thread's context."""
+
+    def __init__(self, device: int, cubin: Optional[bytes], ptx: Optional[bytes], plan_json: str) -> None:
+        lib_ = lib()
+        image = cubin or b""
+        handle = lib_.kiln_cuda_load(int(device), image or None, len(image),
+                                     ptx, plan_json.encode())
+        if not handle:
+            raise last_error()
+        self._handle = handle
+        self._lib = lib_
+        self.from_ptx = bool(lib_.kiln_cuda_loaded_from_ptx(handle))
+        self.num_inputs = int(lib_.kiln_cuda_num_inputs(handle))
+        self.num_outputs = int(lib_.kiln_cuda_num_outputs(handle))
+        self.num_symbols = int(lib_.kiln_cuda_num_symbols(handle))
+        self._run = lib_.kiln_cuda_run
+        self._pointers = ctypes.c_void_p * (self.num_inputs + self.num_outputs)
+
+    def __del__(self) -> None:
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle:
+            self._lib.kiln_cuda_free(handle)
+
+    def workspace_bytes(self, sizes: Sequence[int] = ()) -> int:
+        """The workspace a run at ``sizes`` needs (CoreError INVALID_ARGUMENT for sizes the
+        kernels cannot run at)."""
+        arr, n = _sizes_array(sizes)
+        got = self._lib.kiln_cuda_workspace_bytes(self._handle, arr, n)
+        if got < 0:
+            raise last_error()
+        return int(got)
+
+    def run(self, pointers: Sequence[int], workspace: Optional[int], stream: int, sizes: Sequence[int] = ()) -> None:
+        """Launches the plan on ``stream``: ``pointers`` are the inputs' then the outputs' device
+        addresses; ``workspace`` :meth:`workspace_bytes` bytes (None: the module's own)."""
+        arr, n = _sizes_array(sizes)
+        if self._run(self._handle, self._pointers(*pointers), workspace, stream or None, arr, n) != 0:
+            raise last_error()
+
+
+class CudaFunction:
+    """One kernel of a cubin loaded by the core on ``device``, without a launch plan (a raw
+    kernel): launched with the caller's parameter block."""
+
+    def __init__(self, device: int, cubin: bytes, name: str) -> None:
+        lib_ = lib()
+        handle = lib_.kiln_cuda_function_load(int(device), cubin, len(cubin), name.encode())
+        if not handle:
+            raise last_error()
+        self._handle = handle
+        self._lib = lib_
+
+    def __del__(self) -> None:
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle:
+            self._lib.kiln_cuda_function_free(handle)
+
+    def launch(self, grid: Sequence[int], block: Sequence[int], shared_bytes: int, stream: int, params: Any) -> None:
+        """cuLaunchKernel with ``params`` (a ctypes array of pointers to each argument's value)."""
+        g = (ctypes.c_uint * 3)(*grid)
+        b = (ctypes.c_uint * 3)(*block)
+        if self._lib.kiln_cuda_function_launch(self._handle, g, b, int(shared_bytes), stream or None, params) != 0:
+            raise last_error()

@@ -1,11 +1,12 @@
-"""Running kiln's CUDA artifacts from Python: the driver API through ctypes, a per-device module
-cache, and launching a compiled graph's launch plan on CUDA arrays.
+"""Running kiln's CUDA artifacts from Python: a per-device module cache and launching a compiled
+graph's launch plan on CUDA arrays, through the client core's CUDA loader.
 
-Nothing here is built: the module talks to ``libcuda.so.1`` through ctypes, and it imports
-neither PyTorch nor CuPy unless the arrays it is given come from them (or a DLPack capsule has
-to be wrapped). Three layers, each usable alone:
+The loading and launching is the client core's (``client/core/cuda_loader.h`` in
+``libkiln_core.so``, bound by :mod:`kiln.core`): the same code that runs kernels for the C++
+client and the torch part runner. This module imports neither PyTorch nor CuPy unless the
+arrays it is given come from them (or a DLPack capsule has to be wrapped). Two layers, each
+usable alone:
 
-- :class:`Driver`: the few driver entry points kiln needs, bound once per process.
 - :class:`CudaKernel` / :func:`load_kernel`: a compiled result's cubin (or, failing that, its
   PTX) loaded once per device into the device's primary context, the context the CUDA runtime,
   PyTorch and CuPy all use. :meth:`CudaKernel.launch` runs the plan's steps given raw device
@@ -15,13 +16,9 @@ to be wrapped). Three layers, each usable alone:
   allocates outputs and the workspace with the arrays' own allocator; launches on that
   framework's current stream; returns arrays of the same kind.
 
-The launch plan (``kiln.v1.LaunchPlan``) is executed as documented with the CUDA code
-generator: ``buffers`` are the inputs and outputs (numbered by ``index`` in graph order) and
-temporaries at a byte ``offset`` in one workspace of ``workspace_bytes``; each step is one
-``cuLaunchKernel`` of ``kernel`` with ``grid``, ``block``, ``shared_bytes`` of dynamic shared
-memory, and ``args`` (positions in ``buffers``) passed as device pointers in order. Every
-pointer must be 16-byte aligned (generated kernels use vector loads); :func:`run_compiled`
-copies an argument that is not.
+Every pointer must be 16-byte aligned (generated kernels use vector loads); :func:`run_compiled`
+copies an argument that is not. :class:`RawKernel` compiles a hand-written kernel on kilnd and
+launches it through the same core.
 """
 
 from __future__ import annotations
@@ -32,152 +29,22 @@ import ctypes
 import importlib
 import sys
 import threading
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from . import core, ext, native
 from . import dtypes as dt
-from . import ext, native
 from ._once import OncePerKey
 from .connection import Connection
 from .errors import KilnError
-from .plan import eval_size, step_runs
+from .plan import eval_size, plan_json
 from .v1 import service_pb2
 
-# CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: needed before launching with more than 48 KiB.
-_MAX_DYNAMIC_SHARED = 8
-_STATIC_SHARED_LIMIT = 48 * 1024
-# CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
-_CC_MAJOR = 75
-_CC_MINOR = 76
 #: Every buffer pointer a kiln kernel receives must be a multiple of this.
 ALIGNMENT = 16
-# Symbolic CUDA kernels index with 32-bit integers: their plan's index bound must stay below this.
-_INDEX_LIMIT = 1 << 30
 # DLPack device types that CUDA kernels can read: kDLCUDA and kDLCUDAManaged.
 _DLPACK_CUDA = (2, 13)
-
-
-# ---------------------------------------------------------------------------------- the driver
-
-class Driver:
-    """The CUDA driver entry points kiln needs, bound once per process (:meth:`get`).
-
-    Each entry point is an attribute returning the raw ``CUresult``; :meth:`check` turns a
-    nonzero one into a :class:`KilnError` naming the call and the driver's error.
-    """
-
-    _instance: Optional["Driver"] = None
-    _lock = threading.Lock()
-
-    def __init__(self) -> None:
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-        except OSError as e:
-            raise KilnError(f"cannot open the CUDA driver (libcuda.so.1): {e}") from e
-        vp, P, ci, cu = ctypes.c_void_p, ctypes.POINTER, ctypes.c_int, ctypes.c_uint
-        self._fns: dict[str, Any] = {}
-        sigs: dict[str, list[Any]] = {
-            "cuInit": [cu],
-            "cuDeviceGetCount": [P(ci)],
-            "cuDeviceGet": [P(ci), ci],
-            "cuDeviceGetAttribute": [P(ci), ci, ci],
-            "cuDevicePrimaryCtxRetain": [P(vp), ci],
-            "cuCtxGetCurrent": [P(vp)],
-            "cuCtxSetCurrent": [vp],
-            "cuCtxGetDevice": [P(ci)],
-            "cuModuleLoadData": [P(vp), ctypes.c_char_p],
-            "cuModuleGetFunction": [P(vp), vp, ctypes.c_char_p],
-            "cuFuncSetAttribute": [vp, ci, ci],
-            "cuLaunchKernel": [vp, cu, cu, cu, cu, cu, cu, cu, vp, P(vp), P(vp)],
-            "cuGetErrorString": [ci, P(ctypes.c_char_p)],
-            "cuGetErrorName": [ci, P(ctypes.c_char_p)],
-        }
-        for name, argtypes in sigs.items():
-            fn = getattr(lib, name)
-            fn.argtypes = argtypes
-            fn.restype = ctypes.c_int
-            self._fns[name] = fn
-        self.lib = lib
-        self.check(self._fns["cuInit"](0), "cuInit")
-
-    @classmethod
-    def get(cls) -> "Driver":
-        """The process's driver bindings; KilnError when there is no usable CUDA driver."""
-        with cls._lock:
-            if cls._instance is None:
-                cls._instance = Driver()
-            return cls._instance
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._fns[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def error_text(self, rc: int) -> str:
-        """``NAME (description)`` of a CUresult."""
-        name, msg = ctypes.c_char_p(), ctypes.c_char_p()
-        self._fns["cuGetErrorName"](rc, ctypes.byref(name))
-        self._fns["cuGetErrorString"](rc, ctypes.byref(msg))
-        n = name.value.decode(errors="replace") if name.value else f"error {rc}"
-        m = msg.value.decode(errors="replace") if msg.value else "unknown error"
-        return f"{n} ({m})"
-
-    def check(self, rc: int, what: str) -> None:
-        """Raises KilnError when ``rc`` (the CUresult of ``what``) is not CUDA_SUCCESS."""
-        if rc != 0:
-            raise KilnError(f"{what} failed: CUDA error {rc}, {self.error_text(rc)}")
-
-    def current_context(self) -> int:
-        """The calling thread's current context handle (0 when none)."""
-        cur = ctypes.c_void_p()
-        self.check(self.cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
-        return int(cur.value or 0)
-
-    def primary_context(self, device_index: int) -> int:
-        """The primary context of device ``device_index`` (retained for the process's life;
-        not made current)."""
-        dev = ctypes.c_int()
-        self.check(self.cuDeviceGet(ctypes.byref(dev), device_index), "cuDeviceGet")
-        ctx = ctypes.c_void_p()
-        self.check(self.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-        return int(ctx.value or 0)
-
-    @contextlib.contextmanager
-    def context(self, ctx: int) -> Iterator[None]:
-        """Makes ``ctx`` current for the block, then restores the thread's previous context,
-        so that loading or launching never changes the caller's current device. A thread that
-        had no context keeps ``ctx`` (autograd's backward threads start with none)."""
-        prev = self.current_context()
-        if prev == ctx:
-            yield
-            return
-        self.check(self.cuCtxSetCurrent(ctypes.c_void_p(ctx)), "cuCtxSetCurrent")
-        try:
-            yield
-        finally:
-            if prev:
-                self.cuCtxSetCurrent(ctypes.c_void_p(prev))
-
-    def make_current(self, ctx: int) -> None:
-        """Makes ``ctx`` current on this thread unless it already is."""
-        if self.current_context() != ctx:
-            self.check(self.cuCtxSetCurrent(ctypes.c_void_p(ctx)), "cuCtxSetCurrent")
-
-    def device_count(self) -> int:
-        n = ctypes.c_int()
-        self.check(self.cuDeviceGetCount(ctypes.byref(n)), "cuDeviceGetCount")
-        return int(n.value)
-
-    def compute_capability(self, device_index: int) -> tuple[int, int]:
-        """(major, minor) of device ``device_index``."""
-        dev = ctypes.c_int()
-        self.check(self.cuDeviceGet(ctypes.byref(dev), device_index), "cuDeviceGet")
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        self.check(self.cuDeviceGetAttribute(ctypes.byref(major), _CC_MAJOR, dev), "cuDeviceGetAttribute")
-        self.check(self.cuDeviceGetAttribute(ctypes.byref(minor), _CC_MINOR, dev), "cuDeviceGetAttribute")
-        return int(major.value), int(minor.value)
 
 
 # ---------------------------------------------------------------------------------- devices
@@ -201,8 +68,8 @@ def _import(name: str) -> Any:
 def cuda_available() -> bool:
     """Whether this process can run CUDA kernels: a driver and at least one device."""
     try:
-        return Driver.get().device_count() > 0
-    except (KilnError, AttributeError):
+        return core.cuda_device_count() > 0
+    except KilnError:
         return False
 
 
@@ -215,12 +82,7 @@ def current_device() -> int:
     cupy = _loaded("cupy")
     if cupy is not None:
         return int(cupy.cuda.runtime.getDevice())
-    drv = Driver.get()
-    if drv.current_context():
-        dev = ctypes.c_int()
-        drv.check(drv.cuCtxGetDevice(ctypes.byref(dev)), "cuCtxGetDevice")
-        return int(dev.value)
-    return 0
+    return core.cuda_current_device()
 
 
 _sm_cache: dict[int, int] = {}
@@ -234,9 +96,9 @@ def device_sm(device_index: int) -> int:
         torch = _loaded("torch")
         if torch is not None and torch.cuda.is_available():
             major, minor = torch.cuda.get_device_capability(device_index)
+            sm = int(major) * 10 + int(minor)
         else:
-            major, minor = Driver.get().compute_capability(device_index)
-        sm = int(major) * 10 + int(minor)
+            sm = core.cuda_device_sm(device_index)
         _sm_cache[device_index] = sm
     return sm
 
@@ -267,8 +129,8 @@ class CudaKernel:
     """A compiled result's kernels loaded on one device, launchable on any stream there.
 
     ``compiled`` is a :class:`kiln.Compiled` for a CUDA target (its plan and artifacts are read;
-    the image is fetched through its client). ``device`` is a device index (or a
-    ``torch.device``). Loading fails with KilnError when the device is older than the target,
+    the images are fetched and verified through its client). ``device`` is a device index (or
+    a ``torch.device``). Loading fails with KilnError when the device is older than the target,
     or when neither the cubin nor the PTX loads. Use :func:`load_kernel` to load once per
     process. :meth:`launch` is thread-safe.
     """
@@ -277,152 +139,39 @@ class CudaKernel:
         plan = compiled.plan
         self.handle: str = compiled.handle
         self.device_index = _device_index(device)
-        drv = Driver.get()
-        self._drv = drv
         target = getattr(compiled, "target", None)
-        dev_sm = drv.compute_capability(self.device_index)
-        dev_sm_n = dev_sm[0] * 10 + dev_sm[1]
-        if target is not None and target.is_cuda and target.sm > dev_sm_n:
+        dev_sm = core.cuda_device_sm(self.device_index)
+        if target is not None and target.is_cuda and target.sm > dev_sm:
             raise KilnError(f"{self.handle[:12]} was compiled for {target}, but device {self.device_index} is "
-                            f"sm_{dev_sm_n}: compile for cuda:sm_{dev_sm_n}")
-        abi = int(plan.abi_version or 1)
-        if abi not in (1, 2):
-            raise KilnError(f"{self.handle[:12]}: CUDA plan ABI version {abi}; this client runs versions 1 and 2 "
-                            "(upgrade the kiln package)")
-        # ABI 2 (symbolic sizes): every kernel takes the sizes as trailing int parameters, grids
-        # are ceil(grid_work / grid_per_block) at the sizes, and temps are laid out here.
-        self.symbolic = abi == 2
-        self.num_symbols = len(plan.symbols)
-        self._plan = plan
-        self._layouts: dict[tuple[int, ...], tuple[list[int], int, list[tuple[int, int, int]]]] = {}
-        self.ctx = drv.primary_context(self.device_index)
-        with drv.context(self.ctx):
-            self._module = self._load_module(compiled, dev_sm_n)
-            n_in = sum(1 for b in plan.buffers if b.role == service_pb2.INPUT)
-            n_out = sum(1 for b in plan.buffers if b.role == service_pb2.OUTPUT)
-            self.num_pointers = n_in + n_out
-            # Each plan buffer as (slot in the pointer list, byte offset): inputs first, then
-            # outputs, then the workspace at slot -1 (symbolic plans: slot -2 - k for the k-th
-            # temp, whose offset depends on the sizes).
-            where: list[tuple[int, int]] = []
-            temps = 0
-            for b in plan.buffers:
-                if b.role == service_pb2.INPUT:
-                    where.append((b.index, 0))
-                elif b.role == service_pb2.OUTPUT:
-                    where.append((n_in + b.index, 0))
-                elif b.role == service_pb2.TEMP and self.symbolic:
-                    where.append((-2 - temps, 0))
-                    temps += 1
-                elif b.role == service_pb2.TEMP:
-                    if b.offset % ALIGNMENT:
-                        raise KilnError(f"{self.handle[:12]}: temp {b.index} at workspace offset {b.offset} is not aligned")
-                    where.append((-1, int(b.offset)))
-                else:
-                    raise KilnError(f"{self.handle[:12]}: plan buffer with role {b.role}")
-            functions: dict[str, ctypes.c_void_p] = {}
-            self._steps: list[tuple[Any, ...]] = []
-            for s in plan.steps:
-                if not s.grid or not s.block:
-                    raise KilnError(f"{self.handle[:12]}: step {s.kernel} has no grid or block")
-                grid, block = _dims(s.grid), _dims(s.block)
-                if 0 in grid and not (self.symbolic and s.grid_per_block > 0):
-                    continue  # an empty iteration space (a zero-size tensor): nothing to run
-                fn = functions.get(s.kernel)
-                if fn is None:
-                    fn = ctypes.c_void_p()
-                    drv.check(drv.cuModuleGetFunction(ctypes.byref(fn), self._module, s.kernel.encode()),
-                              f"cuModuleGetFunction({s.kernel})")
-                    functions[s.kernel] = fn
-                if s.shared_bytes > _STATIC_SHARED_LIMIT:
-                    drv.check(drv.cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, int(s.shared_bytes)),
-                              f"cuFuncSetAttribute({s.kernel})")
-                for a in s.args:
-                    if not 0 <= a < len(where):
-                        raise KilnError(f"{self.handle[:12]}: step {s.kernel} names buffer {a} of {len(where)}")
-                refs = [where[a] for a in s.args]
-                # The argument block is built once: each launch only rewrites the pointer
-                # values (the driver copies them at launch, so the block can be reused).
-                # Symbolic plans append the sizes as ints.
-                nsz = self.num_symbols if self.symbolic else 0
-                vals = (ctypes.c_void_p * max(len(refs), 1))()
-                sizes = (ctypes.c_int * max(nsz, 1))()
-                addrs = [ctypes.addressof(vals) + i * ctypes.sizeof(ctypes.c_void_p) for i in range(len(refs))]
-                addrs += [ctypes.addressof(sizes) + k * ctypes.sizeof(ctypes.c_int) for k in range(nsz)]
-                params = (ctypes.c_void_p * max(len(addrs), 1))(*addrs)
-                self._steps.append((fn, grid, block, int(s.shared_bytes), refs, vals, params, sizes))
-        self._launch_lock = threading.Lock()
-        # Reused by launch() under the lock: the calling thread's current context.
-        self._cur_ctx = ctypes.c_void_p()
-        self._cur_ctx_ref = ctypes.byref(self._cur_ctx)
-
-    def _load_module(self, compiled: Any, dev_sm: int) -> ctypes.c_void_p:
-        """Loads the cubin; when the driver refuses it (a device of another major version),
-        the PTX, which the driver compiles for the device."""
-        drv = self._drv
-        errors: list[str] = []
+                            f"sm_{dev_sm}: compile for cuda:sm_{dev_sm}")
+        images: dict[int, bytes] = {}
         for kind in (service_pb2.CUBIN, service_pb2.PTX):
             art = compiled.artifact(kind)
-            if art is None:
-                continue
-            image = compiled.client.read_verified(art.digest, size=art.size or None)
-            if kind == service_pb2.PTX and not image.endswith(b"\0"):
-                image += b"\0"  # the driver reads PTX as a C string
-            module = ctypes.c_void_p()
-            # The image must stay alive during the call only: the driver copies it.
-            rc = drv.cuModuleLoadData(ctypes.byref(module), image)
-            if rc == 0:
-                self.image_kind = service_pb2.ArtifactKind.Name(kind)
-                return module
-            errors.append(f"{service_pb2.ArtifactKind.Name(kind)}: {drv.error_text(rc)}")
-        if not errors:
+            if art is not None:
+                images[kind] = compiled.client.read_verified(art.digest, size=art.size or None)
+        if not images:
             raise KilnError(f"{self.handle[:12]} has neither a cubin nor PTX")
-        raise KilnError(f"cannot load {self.handle[:12]} on device {self.device_index} (sm_{dev_sm}): " + "; ".join(errors))
-
-    def _layout(self, sizes: Sequence[int]) -> tuple[list[int], int, list[tuple[int, int, int]]]:
-        """A symbolic plan at ``sizes``: each temp's workspace offset (in plan order, each at
-        the next multiple of 256 bytes), the workspace size, and each step's grid; cached per
-        sizes. KilnError when the sizes are out of the kernels' range."""
-        key = tuple(int(v) for v in sizes)
-        got = self._layouts.get(key)
-        if got is not None:
-            return got
-        if len(key) != self.num_symbols or any(v < 0 for v in key):
-            raise KilnError(f"{self.handle[:12]} takes {self.num_symbols} non-negative sizes, got {list(key)}")
-        bound = eval_size(self._plan.index_bound, key)
-        if bound >= _INDEX_LIMIT:
-            names = ", ".join(f"{s.name}={v}" for s, v in zip(self._plan.symbols, key))
-            raise KilnError(f"{self.handle[:12]}: sizes {names} are too large for its kernels' 32-bit indices "
-                            f"(bound {bound} >= 2^30); compile this shape statically")
-        offsets: list[int] = []
-        end = 0
-        for b in self._plan.buffers:
-            if b.role == service_pb2.TEMP:
-                end = (end + 255) // 256 * 256
-                offsets.append(end)
-                end += eval_size(b.bytes_expr, key)
-        grids = []
-        for s in self._plan.steps:
-            if not step_runs(s, key):
-                grids.append((0, 1, 1))  # a launch-time choice: another step serves these sizes
-            elif s.grid_per_block > 0:
-                work = eval_size(s.grid_work, key)
-                gx = (work + s.grid_per_block - 1) // s.grid_per_block
-                if gx > 0x7FFFFFFF:
-                    raise KilnError(f"{self.handle[:12]}: launch {s.kernel} needs {gx} blocks at sizes {list(key)}")
-                grids.append((gx, 1, 1))
-            else:
-                grids.append(_dims(s.grid))
-        got = (offsets, end, grids)
-        if len(self._layouts) < 4096:
-            self._layouts[key] = got
-        return got
+        try:
+            self._module = core.CudaModule(self.device_index, images.get(service_pb2.CUBIN),
+                                           images.get(service_pb2.PTX), plan_json(plan))
+        except core.CoreError as e:
+            raise KilnError(f"cannot load {self.handle[:12]} on device {self.device_index} (sm_{dev_sm}): {e}") from e
+        self.image_kind = "PTX" if self._module.from_ptx else "CUBIN"
+        #: Whether the plan has symbolic sizes (ABI 2): launches then take the sizes.
+        self.symbolic = self._module.num_symbols > 0
+        self.num_symbols = self._module.num_symbols
+        self.num_pointers = self._module.num_inputs + self._module.num_outputs
+        self._static_workspace = 0 if self.symbolic else self._module.workspace_bytes()
 
     def workspace_bytes(self, sizes: Optional[Sequence[int]] = None) -> int:
-        """Workspace bytes a launch needs (at ``sizes`` for a symbolic plan)."""
+        """Workspace bytes a launch needs (at ``sizes`` for a symbolic plan); KilnError for
+        sizes its kernels cannot run at."""
         if not self.symbolic:
-            return int(self._plan.workspace_bytes)
-        return self._layout(sizes or ())[1]
+            return self._static_workspace
+        try:
+            return self._module.workspace_bytes(sizes or ())
+        except core.CoreError as e:
+            raise KilnError(f"{self.handle[:12]}: {e}") from e
 
     def launch(self, ptrs: Sequence[int], workspace: Optional[int], stream: int,
                sizes: Optional[Sequence[int]] = None) -> None:
@@ -438,43 +187,17 @@ class CudaKernel:
         """
         if len(ptrs) < self.num_pointers:
             raise KilnError(f"{self.handle[:12]} takes {self.num_pointers} buffer pointers, got {len(ptrs)}")
-        grids: Optional[list[tuple[int, int, int]]] = None
-        offsets: list[int] = []
-        if self.symbolic:
-            if sizes is None:
-                raise KilnError(f"{self.handle[:12]} has symbolic sizes: launch it with sizes=")
-            offsets, ws_bytes, grids = self._layout(sizes)
-            if ws_bytes > 0 and not workspace:
-                raise KilnError(f"{self.handle[:12]} needs a workspace of {ws_bytes} bytes at sizes {list(sizes)}")
-        drv = self._drv
-        ws = workspace or 0
-        s = ctypes.c_void_p(stream)
-        launch = drv.cuLaunchKernel
-        with self._launch_lock:
-            # The context switch is inlined (no context manager): this runs once per call of a
-            # kiln part, and the caller's thread nearly always has this context current already.
-            cur = self._cur_ctx
-            drv.check(drv.cuCtxGetCurrent(self._cur_ctx_ref), "cuCtxGetCurrent")
-            prev = cur.value or 0
-            if prev != self.ctx:
-                drv.check(drv.cuCtxSetCurrent(ctypes.c_void_p(self.ctx)), "cuCtxSetCurrent")
-            try:
-                for k, (fn, grid, block, shared, refs, vals, params, size_vals) in enumerate(self._steps):
-                    if grids is not None:
-                        grid = grids[k]
-                        if grid[0] == 0:
-                            continue  # nothing to compute at these sizes
-                        for j, v in enumerate(sizes):
-                            size_vals[j] = int(v)
-                    for i, (slot, off) in enumerate(refs):
-                        # slot -1: the workspace at a fixed offset; -2 - t: temp t of a symbolic plan.
-                        vals[i] = ptrs[slot] + off if slot >= 0 else ws + (off if slot == -1 else offsets[-2 - slot])
-                    rc = launch(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, s, params, None)
-                    if rc != 0:
-                        drv.check(rc, "cuLaunchKernel")
-            finally:
-                if prev and prev != self.ctx:
-                    drv.cuCtxSetCurrent(ctypes.c_void_p(prev))
+        if self.symbolic and sizes is None:
+            raise KilnError(f"{self.handle[:12]} has symbolic sizes: launch it with sizes=")
+        if self.symbolic and not workspace and self.workspace_bytes(sizes) > 0:
+            raise KilnError(f"{self.handle[:12]} needs a workspace of {self.workspace_bytes(sizes)} bytes "
+                            f"at sizes {list(sizes or ())}")
+        if not self.symbolic and not workspace and self._static_workspace > 0:
+            raise KilnError(f"{self.handle[:12]} needs a workspace of {self._static_workspace} bytes")
+        try:
+            self._module.run(ptrs[:self.num_pointers], workspace, stream, sizes if self.symbolic else ())
+        except core.CoreError as e:
+            raise KilnError(f"{self.handle[:12]}: {e}") from e
 
 
 _kernels = OncePerKey()  # (handle, device index) -> CudaKernel
@@ -852,7 +575,7 @@ class RawKernel:
         self.options = tuple(options)
         self._client = client
         self._built: dict[int, tuple[bytes, str]] = {}
-        self._functions: dict[int, tuple[Any, ctypes.c_void_p, ctypes.c_void_p]] = {}
+        self._functions: dict[int, core.CudaFunction] = {}
         self._lock = threading.Lock()
 
     def _get_client(self) -> Any:
@@ -885,23 +608,18 @@ class RawKernel:
         """The mangled name of the last compile, when there was one."""
         return next(iter(self._built.values()))[1] if self._built else None
 
-    def _function(self, device: int) -> ctypes.c_void_p:
+    def _function(self, device: int) -> core.CudaFunction:
         with self._lock:
             hit = self._functions.get(device)
         if hit is not None:
-            return hit[2]
-        drv = Driver.get()
-        major, minor = drv.compute_capability(device)
-        cubin, lowered = self.compile(major * 10 + minor)
-        ctx = drv.primary_context(device)
-        with drv.context(ctx):
-            module = ctypes.c_void_p()
-            drv.check(drv.cuModuleLoadData(ctypes.byref(module), cubin), f"cuModuleLoadData({self.name})")
-            fn = ctypes.c_void_p()
-            drv.check(drv.cuModuleGetFunction(ctypes.byref(fn), module, lowered.encode()), f"cuModuleGetFunction({lowered})")
+            return hit
+        cubin, lowered = self.compile(core.cuda_device_sm(device))
+        try:
+            fn = core.CudaFunction(device, cubin, lowered)
+        except core.CoreError as e:
+            raise KilnError(f"raw kernel {self.name!r} on device {device}: {e}") from e
         with self._lock:
-            self._functions[device] = (ctx, module, fn)
-        return fn
+            return self._functions.setdefault(device, fn)
 
     @staticmethod
     def _arg(a: Any, i: int) -> tuple[Any, Optional[int], Optional[str]]:
@@ -940,19 +658,18 @@ class RawKernel:
             name = "torch" if "torch" in kinds else kinds[0] if kinds else default_framework()
             stream = _framework(name).stream(device)
         holders = [v for v, _, _ in values]
-        params = (ctypes.c_void_p * max(len(holders), 1))(*[ctypes.cast(ctypes.pointer(h), ctypes.c_void_p) for h in holders])
-        g, b = _dims(grid), _dims(block)
-        drv = Driver.get()
-        with drv.context(drv.primary_context(device)):
-            drv.check(drv.cuLaunchKernel(fn, g[0], g[1], g[2], b[0], b[1], b[2], int(shared_mem), ctypes.c_void_p(stream),
-                                         params, None), f"cuLaunchKernel({self.name})")
+        # One pointer per argument, to its value, and a null after the last.
+        params = (ctypes.c_void_p * (len(holders) + 1))(*[ctypes.addressof(h) for h in holders])
+        try:
+            fn.launch(_dims(grid), _dims(block), int(shared_mem), stream, params)
+        except core.CoreError as e:
+            raise KilnError(f"launching raw kernel {self.name!r}: {e}") from e
 
 
 __all__ = [
     "ALIGNMENT",
     "CudaKernel",
     "RawKernel",
-    "Driver",
     "as_cuda_array",
     "cuda_available",
     "current_device",

@@ -3,12 +3,13 @@
 // emulation on host memory. Checks that the loader launches the plan's steps in order with
 // the buffers and workspace the plan names, through both the C++ and the C API, and that the
 // results match the CPU backend.
-#include "client/cpp/cuda_loader.h"
+#include "client/core/cuda_loader.h"
 
 #include <dlfcn.h>
 
 #include <cstdlib>
 
+#include "client/core/kiln_core.h"
 #include "tests/unit/kernels/cuda_test_util.h"
 
 namespace kiln {
@@ -64,15 +65,15 @@ class FakeDriver : public ::testing::Test {
   const char* (*launched_)(int) = nullptr;
 };
 
-client::CudaPlan ToLoaderPlan(const LaunchPlan& p) {
-  client::CudaPlan out;
+core::CudaPlan ToLoaderPlan(const LaunchPlan& p) {
+  core::CudaPlan out;
   out.abi_version = p.abi_version;
   out.workspace_bytes = p.workspace_bytes;
   for (const PlanBuffer& b : p.buffers) {
-    client::CudaPlan::Buffer c;
-    c.role = b.role == BufferRole::kInput    ? client::CudaPlan::Role::kInput
-             : b.role == BufferRole::kOutput ? client::CudaPlan::Role::kOutput
-                                             : client::CudaPlan::Role::kTemp;
+    core::CudaPlan::Buffer c;
+    c.role = b.role == BufferRole::kInput    ? core::CudaPlan::Role::kInput
+             : b.role == BufferRole::kOutput ? core::CudaPlan::Role::kOutput
+                                             : core::CudaPlan::Role::kTemp;
     c.index = b.index;
     c.dtype = ir::DTypeName(b.dtype);
     c.shape = b.shape;
@@ -81,7 +82,7 @@ client::CudaPlan ToLoaderPlan(const LaunchPlan& p) {
     out.buffers.push_back(c);
   }
   for (const PlanStep& s : p.steps) {
-    client::CudaPlan::Step c;
+    core::CudaPlan::Step c;
     c.kernel = s.kernel;
     for (int k = 0; k < 3; ++k) {
       c.grid[k] = s.grid[k];
@@ -123,8 +124,8 @@ TEST_F(FakeDriver, RunsEveryStepWithThePlansBuffers) {
   use_library_((*emu)->handle());
 
   std::string error;
-  auto module = client::CudaModule::Load(compiled->artifacts[0].bytes, compiled->artifacts[1].bytes,
-                                         ToLoaderPlan(compiled->plan), &error);
+  auto module = core::CudaModule::Load(compiled->artifacts[0].bytes, compiled->artifacts[1].bytes,
+                                       ToLoaderPlan(compiled->plan), &error);
   ASSERT_NE(module, nullptr) << error;
   EXPECT_FALSE(module->loaded_from_ptx());
 
@@ -159,12 +160,12 @@ TEST_F(FakeDriver, SkipsStepsWithAnEmptyGrid) {
   auto emu = EmulatedUnit::Build(compiled->artifacts[2].bytes);
   ASSERT_TRUE(emu.ok()) << emu.status();
   use_library_((*emu)->handle());
-  client::CudaPlan plan = ToLoaderPlan(compiled->plan);
+  core::CudaPlan plan = ToLoaderPlan(compiled->plan);
   ASSERT_GE(plan.steps.size(), 2u);
   plan.steps[0].grid[0] = 0;
   std::string error;
-  auto module = client::CudaModule::Load(compiled->artifacts[0].bytes, compiled->artifacts[1].bytes,
-                                         plan, &error);
+  auto module = core::CudaModule::Load(compiled->artifacts[0].bytes, compiled->artifacts[1].bytes,
+                                       plan, &error);
   ASSERT_NE(module, nullptr) << error;
   std::mt19937 rng(3);
   HostTensor x = RandomTensor(DType::kF32, 300 * 1000, &rng);
@@ -189,18 +190,19 @@ TEST_F(FakeDriver, CApiLoadsAKilncFolder) {
                   &emu));
 
   kiln_cuda_module* m = kiln_cuda_load_dir((dir->path() + "/out").c_str());
-  ASSERT_NE(m, nullptr) << kiln_cuda_last_error();
+  ASSERT_NE(m, nullptr) << kiln_core_last_error();
   EXPECT_EQ(kiln_cuda_num_inputs(m), 1);
   EXPECT_EQ(kiln_cuda_num_outputs(m), 2);
-  EXPECT_GT(kiln_cuda_workspace_bytes(m), 0);
+  EXPECT_GT(kiln_cuda_workspace_bytes(m, nullptr, 0), 0);
   std::mt19937 rng(8);
   HostTensor x = RandomTensor(DType::kF32, 300 * 1000, &rng);
   HostTensor soft = HostTensor::Make(DType::kF32, 300 * 1000),
              total = HostTensor::Make(DType::kF32, 1);
-  HostTensor ws =
-      HostTensor::Make(DType::kU8, kiln_cuda_workspace_bytes(m));  // a caller's workspace
+  HostTensor ws = HostTensor::Make(
+      DType::kU8, kiln_cuda_workspace_bytes(m, nullptr, 0));  // a caller's workspace
   void* buffers[] = {x.data.get(), soft.data.get(), total.data.get()};
-  ASSERT_EQ(kiln_cuda_run(m, buffers, ws.data.get(), nullptr), 0) << kiln_cuda_last_error();
+  ASSERT_EQ(kiln_cuda_run(m, buffers, ws.data.get(), nullptr, nullptr, 0), 0)
+      << kiln_core_last_error();
   ExpectSoftmaxAndSum(x, soft, total);
   kiln_cuda_free(m);
 
@@ -208,9 +210,9 @@ TEST_F(FakeDriver, CApiLoadsAKilncFolder) {
   std::string json = SlurpFile(dir->path() + "/out/plan.json");
   json.replace(json.find("\"abi_version\": 1"), 16, "\"abi_version\": 9");
   std::string cubin = SlurpFile(dir->path() + "/out/kernel.cubin");
-  EXPECT_EQ(kiln_cuda_load(cubin.data(), cubin.size(), nullptr, json.c_str()), nullptr);
-  EXPECT_NE(std::string(kiln_cuda_last_error()).find("ABI version 9"), std::string::npos)
-      << kiln_cuda_last_error();
+  EXPECT_EQ(kiln_cuda_load(-1, cubin.data(), cubin.size(), nullptr, json.c_str()), nullptr);
+  EXPECT_NE(std::string(kiln_core_last_error()).find("ABI version 9"), std::string::npos)
+      << kiln_core_last_error();
 }
 
 // A plan with symbolic sizes (ABI version 2) through the C API: softmax over rows of symbolic
@@ -229,28 +231,28 @@ TEST_F(FakeDriver, CApiRunsASymbolicPlanAtEverySize) {
                                       &emu));
 
   kiln_cuda_module* m = kiln_cuda_load_dir((dir->path() + "/out").c_str());
-  ASSERT_NE(m, nullptr) << kiln_cuda_last_error();
+  ASSERT_NE(m, nullptr) << kiln_core_last_error();
   ASSERT_EQ(kiln_cuda_num_symbols(m), 2);
   void* none[] = {nullptr, nullptr, nullptr};
-  EXPECT_EQ(kiln_cuda_run(m, none, nullptr, nullptr), -1);  // a symbolic plan needs sizes
-  EXPECT_NE(std::string(kiln_cuda_last_error()).find("RunSized"), std::string::npos)
-      << kiln_cuda_last_error();
+  EXPECT_EQ(kiln_cuda_run(m, none, nullptr, nullptr, nullptr, 0), -1);  // it needs sizes
+  EXPECT_NE(std::string(kiln_core_last_error()).find("2 symbols; got 0"), std::string::npos)
+      << kiln_core_last_error();
 
   std::mt19937 rng(9);
   for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
            {300, 1000}, {7, 130}, {1, 1}, {33, 4097}, {0, 5}}) {
     SCOPED_TRACE(::testing::Message() << rows << " x " << cols);
     const int64_t sizes[] = {rows, cols};
-    const int64_t ws_bytes = kiln_cuda_workspace_bytes_sized(m, sizes, 2);
-    ASSERT_GE(ws_bytes, 0) << kiln_cuda_last_error();
+    const int64_t ws_bytes = kiln_cuda_workspace_bytes(m, sizes, 2);
+    ASSERT_GE(ws_bytes, 0) << kiln_core_last_error();
     HostTensor x = RandomTensor(DType::kF32, rows * cols, &rng);
     HostTensor soft = HostTensor::Make(DType::kF32, rows * cols),
                total = HostTensor::Make(DType::kF32, 1);
     HostTensor ws = HostTensor::Make(DType::kU8, std::max<int64_t>(ws_bytes, 1));
     void* buffers[] = {x.data.get(), soft.data.get(), total.data.get()};
     const int before = launch_count_();
-    ASSERT_EQ(kiln_cuda_run_sized(m, buffers, ws.data.get(), nullptr, sizes, 2), 0)
-        << kiln_cuda_last_error();
+    ASSERT_EQ(kiln_cuda_run(m, buffers, ws.data.get(), nullptr, sizes, 2), 0)
+        << kiln_core_last_error();
     if (rows * cols > 0) {
       EXPECT_GT(launch_count_(), before);
     }
@@ -272,24 +274,23 @@ TEST_F(FakeDriver, CApiRunsASymbolicPlanAtEverySize) {
     HostTensor soft = HostTensor::Make(DType::kF32, 64 * 3000),
                total = HostTensor::Make(DType::kF32, 1);
     void* buffers[] = {x.data.get(), soft.data.get(), total.data.get()};
-    ASSERT_EQ(kiln_cuda_run_sized(m, buffers, nullptr, nullptr, sizes, 2), 0)
-        << kiln_cuda_last_error();
+    ASSERT_EQ(kiln_cuda_run(m, buffers, nullptr, nullptr, sizes, 2), 0) << kiln_core_last_error();
     double sum = 0;
     for (int64_t i = 0; i < 64 * 3000; ++i) sum += x.At(i);
     EXPECT_NEAR(total.At(0), sum, 1e-3 * (1 + std::fabs(sum)));
   }
   const int64_t one[] = {4};
-  EXPECT_EQ(kiln_cuda_run_sized(m, none, nullptr, nullptr, one, 1), -1);
-  EXPECT_NE(std::string(kiln_cuda_last_error()).find("2 symbols"), std::string::npos)
-      << kiln_cuda_last_error();
+  EXPECT_EQ(kiln_cuda_run(m, none, nullptr, nullptr, one, 1), -1);
+  EXPECT_NE(std::string(kiln_core_last_error()).find("2 symbols"), std::string::npos)
+      << kiln_core_last_error();
   const int64_t negative[] = {4, -1};
-  EXPECT_EQ(kiln_cuda_run_sized(m, none, nullptr, nullptr, negative, 2), -1);
-  EXPECT_NE(std::string(kiln_cuda_last_error()).find("negative"), std::string::npos)
-      << kiln_cuda_last_error();
+  EXPECT_EQ(kiln_cuda_run(m, none, nullptr, nullptr, negative, 2), -1);
+  EXPECT_NE(std::string(kiln_core_last_error()).find("negative"), std::string::npos)
+      << kiln_core_last_error();
   const int64_t huge[] = {int64_t{1} << 20, int64_t{1} << 12};
-  EXPECT_EQ(kiln_cuda_workspace_bytes_sized(m, huge, 2), -1);
-  EXPECT_NE(std::string(kiln_cuda_last_error()).find("32-bit"), std::string::npos)
-      << kiln_cuda_last_error();
+  EXPECT_EQ(kiln_cuda_workspace_bytes(m, huge, 2), -1);
+  EXPECT_NE(std::string(kiln_core_last_error()).find("32-bit"), std::string::npos)
+      << kiln_core_last_error();
   kiln_cuda_free(m);
 }
 

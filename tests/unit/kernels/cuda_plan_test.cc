@@ -1,11 +1,11 @@
 // The CUDA launch plan between its two ends: kilnc writes plan.json, the CUDA loader reads it
-// (client/cpp/cuda_plan.h); and the loader without a driver fails with a clear error.
+// (client/core/cuda_plan.h); and the loader without a driver fails with a clear error.
 #include <dlfcn.h>
 
 #include <cstdlib>
 #include <filesystem>
 
-#include "client/cpp/cuda_loader.h"
+#include "client/core/cuda_loader.h"
 #include "google/protobuf/text_format.h"
 #include "kernels/ir/decode.h"
 #include "tests/unit/kernels/cuda_test_util.h"
@@ -13,7 +13,7 @@
 namespace kiln {
 namespace {
 
-using client::CudaPlan;
+using core::CudaPlan;
 
 TEST(CudaPlanJson, KilncWritesWhatTheLoaderReads) {
   REQUIRE_NVRTC();
@@ -40,7 +40,7 @@ TEST(CudaPlanJson, KilncWritesWhatTheLoaderReads) {
   CudaPlan plan;
   std::string error;
   ASSERT_TRUE(
-      client::ParseCudaPlan(testing::SlurpFile(dir->path() + "/out/plan.json"), &plan, &error))
+      core::ParseCudaPlan(testing::SlurpFile(dir->path() + "/out/plan.json"), &plan, &error))
       << error;
 
   auto gen = testing::SharedPipeline().Generate(
@@ -77,16 +77,16 @@ TEST(CudaPlanJson, KilncWritesWhatTheLoaderReads) {
 TEST(CudaPlanJson, RejectsBadPlans) {
   CudaPlan plan;
   std::string error;
-  EXPECT_FALSE(client::ParseCudaPlan("{", &plan, &error));
+  EXPECT_FALSE(core::ParseCudaPlan("{", &plan, &error));
   EXPECT_NE(error.find("malformed"), std::string::npos) << error;
   EXPECT_FALSE(
-      client::ParseCudaPlan("{\"abi_version\": 1, \"buffers\": [], \"steps\": []}", &plan, &error));
+      core::ParseCudaPlan("{\"abi_version\": 1, \"buffers\": [], \"steps\": []}", &plan, &error));
   EXPECT_NE(error.find("workspace_bytes"), std::string::npos) << error;
   EXPECT_FALSE(
-      client::ParseCudaPlan("{\"abi_version\": 1, \"workspace_bytes\": 0, \"buffers\": [], "
-                            "\"steps\": [{\"kernel\": \"k0\", \"grid\": [1,1,1], "
-                            "\"block\": [32,1,1], \"shared_bytes\": 0, \"args\": [0]}]}",
-                            &plan, &error));
+      core::ParseCudaPlan("{\"abi_version\": 1, \"workspace_bytes\": 0, \"buffers\": [], "
+                          "\"steps\": [{\"kernel\": \"k0\", \"grid\": [1,1,1], "
+                          "\"block\": [32,1,1], \"shared_bytes\": 0, \"args\": [0]}]}",
+                          &plan, &error));
   EXPECT_NE(error.find("out of range"), std::string::npos) << error;
 }
 
@@ -97,9 +97,9 @@ TEST(CudaPlanJson, SizeExpressions) {
   const std::vector<std::string> names = {"R", "C"};
   const int64_t at[] = {7, 130};
   auto eval = [&](const std::string& text) {
-    client::CudaSizeExpr e;
+    core::CudaSizeExpr e;
     std::string error;
-    EXPECT_TRUE(client::ParseCudaSizeExpr(text, names, &e, &error)) << text << ": " << error;
+    EXPECT_TRUE(core::ParseCudaSizeExpr(text, names, &e, &error)) << text << ": " << error;
     return e.Eval(at);
   };
   EXPECT_EQ(eval("0"), 0);
@@ -108,28 +108,28 @@ TEST(CudaPlanJson, SizeExpressions) {
   EXPECT_EQ(eval("4*R*C + 1"), 4 * 7 * 130 + 1);
   EXPECT_EQ(eval("R*R + -3*C"), 49 - 390);
   EXPECT_EQ(eval("C + R + 256"), 393);
-  client::CudaSizeExpr e;
+  core::CudaSizeExpr e;
   std::string error;
-  EXPECT_FALSE(client::ParseCudaSizeExpr("4*T", names, &e, &error));
+  EXPECT_FALSE(core::ParseCudaSizeExpr("4*T", names, &e, &error));
   EXPECT_NE(error.find("unknown symbol 'T'"), std::string::npos) << error;
-  EXPECT_FALSE(client::ParseCudaSizeExpr("R +  + C", names, &e, &error));
-  EXPECT_FALSE(client::ParseCudaSizeExpr("2x*R", names, &e, &error));
+  EXPECT_FALSE(core::ParseCudaSizeExpr("R +  + C", names, &e, &error));
+  EXPECT_FALSE(core::ParseCudaSizeExpr("2x*R", names, &e, &error));
   EXPECT_NE(error.find("2x*R"), std::string::npos) << error;
   const int64_t huge[] = {int64_t{1} << 40, int64_t{1} << 40};
-  ASSERT_TRUE(client::ParseCudaSizeExpr("R*C", names, &e, &error));
+  ASSERT_TRUE(core::ParseCudaSizeExpr("R*C", names, &e, &error));
   EXPECT_EQ(e.Eval(huge), INT64_MAX);  // overflow saturates, so bound checks refuse it
   // A symbolic plan needs every symbol to name an input axis, and positive grid_per_block.
   CudaPlan plan;
   EXPECT_FALSE(
-      client::ParseCudaPlan("{\"abi_version\": 2, \"workspace_bytes\": 0, \"buffers\": [{\"role\": "
-                            "\"input\", \"index\": 0, "
-                            "\"dtype\": \"f32\", \"shape\": [-1], \"bytes\": -1, \"offset\": 0, "
-                            "\"shape_exprs\": [\"N\"], "
-                            "\"bytes_expr\": \"4*N\"}], \"symbols\": [{\"name\": \"N\", \"input\": "
-                            "3, \"axis\": 0}], \"steps\": []}",
-                            &plan, &error));
+      core::ParseCudaPlan("{\"abi_version\": 2, \"workspace_bytes\": 0, \"buffers\": [{\"role\": "
+                          "\"input\", \"index\": 0, "
+                          "\"dtype\": \"f32\", \"shape\": [-1], \"bytes\": -1, \"offset\": 0, "
+                          "\"shape_exprs\": [\"N\"], "
+                          "\"bytes_expr\": \"4*N\"}], \"symbols\": [{\"name\": \"N\", \"input\": "
+                          "3, \"axis\": 0}], \"steps\": []}",
+                          &plan, &error));
   EXPECT_NE(error.find("names no input"), std::string::npos) << error;
-  EXPECT_FALSE(client::ParseCudaPlan(
+  EXPECT_FALSE(core::ParseCudaPlan(
       "{\"abi_version\": 2, \"workspace_bytes\": 0, \"buffers\": [{\"role\": \"input\", \"index\": "
       "0, "
       "\"dtype\": \"f32\", \"shape\": [-1], \"bytes\": -1, \"offset\": 0, \"shape_exprs\": "
@@ -159,7 +159,7 @@ TEST(CudaPlanJson, GuardedSteps) {
   };
   CudaPlan plan;
   std::string error;
-  ASSERT_TRUE(client::ParseCudaPlan(
+  ASSERT_TRUE(core::ParseCudaPlan(
       json(", \"guard\": \"L\", \"guard_min\": 129, \"guard_max\": 512"), &plan, &error))
       << error;
   ASSERT_EQ(plan.steps.size(), 1u);
@@ -169,14 +169,14 @@ TEST(CudaPlanJson, GuardedSteps) {
     const int64_t sizes[] = {3, L};
     EXPECT_EQ(s.Runs(sizes), runs) << L;
   }
-  ASSERT_TRUE(client::ParseCudaPlan(
+  ASSERT_TRUE(core::ParseCudaPlan(
       json(", \"guard\": \"2*L\", \"guard_min\": 100, \"guard_max\": 0"), &plan, &error));
   const int64_t long_rows[] = {1, 1 << 20}, short_rows[] = {1, 49};
   EXPECT_TRUE(plan.steps[0].Runs(long_rows));
   EXPECT_FALSE(plan.steps[0].Runs(short_rows));
-  ASSERT_TRUE(client::ParseCudaPlan(json(""), &plan, &error));
+  ASSERT_TRUE(core::ParseCudaPlan(json(""), &plan, &error));
   EXPECT_TRUE(plan.steps[0].Runs(short_rows));  // no guard: always
-  EXPECT_FALSE(client::ParseCudaPlan(
+  EXPECT_FALSE(core::ParseCudaPlan(
       json(", \"guard\": \"L\", \"guard_min\": 600, \"guard_max\": 512"), &plan, &error));
   EXPECT_NE(error.find("guard range 600..512"), std::string::npos) << error;
 }
@@ -189,11 +189,10 @@ TEST(CudaLoader, WithoutADriverLoadFailsCleanly) {
   CudaPlan plan;
   plan.abi_version = 1;
   std::string error;
-  EXPECT_EQ(client::CudaModule::Load("not a cubin", "", plan, &error), nullptr);
+  EXPECT_EQ(core::CudaModule::Load("not a cubin", "", plan, &error), nullptr);
   EXPECT_NE(error.find("libcuda.so.1"), std::string::npos) << error;
-  EXPECT_EQ(kiln_cuda_load_dir("/nonexistent"), nullptr);
-  EXPECT_NE(std::string(kiln_cuda_last_error()).find("plan.json"), std::string::npos)
-      << kiln_cuda_last_error();
+  EXPECT_EQ(core::CudaModule::LoadDir("/nonexistent", &error), nullptr);
+  EXPECT_NE(error.find("plan.json"), std::string::npos) << error;
 }
 
 }  // namespace

@@ -19,7 +19,10 @@ struct Function {
   int nargs;
 };
 std::vector<std::string> launched;
+std::vector<void*> launch_streams;
 int context = 1;
+int sm = 90;                // the device's compute capability, as major * 10 + minor
+bool refuse_cubin = false;  // a device of another architecture: only PTX loads
 
 }  // namespace
 
@@ -33,6 +36,9 @@ void fake_cuda_use_library(void* handle) {
 }
 int fake_cuda_launch_count() { return static_cast<int>(launched.size()); }
 const char* fake_cuda_launched(int i) { return launched[i].c_str(); }
+void* fake_cuda_launch_stream(int i) { return launch_streams[i]; }
+void fake_cuda_set_sm(int value) { sm = value; }
+void fake_cuda_refuse_cubin(int refuse) { refuse_cubin = refuse != 0; }
 
 // The driver API subset the loader resolves; return codes as in cuda.h.
 int cuInit(unsigned) { return 0; }
@@ -45,6 +51,24 @@ int cuCtxGetCurrent(void** ctx) {
   return 0;
 }
 int cuCtxSetCurrent(void*) { return 0; }
+int cuCtxGetDevice(int* d) {
+  *d = 0;
+  return 0;
+}
+int cuDeviceGetCount(int* n) {
+  *n = 1;
+  return 0;
+}
+int cuDeviceGetAttribute(int* value, int attribute, int) {
+  if (attribute == 75)
+    *value = sm / 10;  // COMPUTE_CAPABILITY_MAJOR
+  else if (attribute == 76)
+    *value = sm % 10;  // _MINOR
+  else
+    return 1;  // CUDA_ERROR_INVALID_VALUE
+  return 0;
+}
+int cuFuncSetAttribute(void*, int, int) { return 0; }
 int cuDevicePrimaryCtxRetain(void** ctx, int) {
   *ctx = &context;
   return 0;
@@ -56,7 +80,8 @@ int cuModuleLoadData(void** module, const void* image) {
                            "ELF",
                            4) == 0;
   bool ptx = std::strstr(p, ".target") != nullptr;
-  if (!cubin && !ptx) return 200;  // CUDA_ERROR_INVALID_IMAGE
+  if (!cubin && !ptx) return 200;         // CUDA_ERROR_INVALID_IMAGE
+  if (cubin && refuse_cubin) return 209;  // CUDA_ERROR_NO_BINARY_FOR_GPU
   *module = emulated;
   return emulated ? 0 : 200;
 }
@@ -70,15 +95,17 @@ int cuModuleGetFunction(void** fn, void* module, const char* name) {
   return 0;
 }
 int cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                   unsigned bz, unsigned shared, void*, void** params, void** extra) {
+                   unsigned bz, unsigned shared, void* stream, void** params, void** extra) {
   auto* rec = static_cast<std::pair<void*, std::string>*>(fn);
   if (gy != 1 || gz != 1 || by != 1 || bz != 1 || shared != 0 || extra)
     return 1;  // CUDA_ERROR_INVALID_VALUE
   // Parameters are all device pointers: count them by the kernel's arity, which the emulated
-  // library cannot tell us, so pass up to 16 and let the kernel read what it declares.
+  // library cannot tell us, so pass every one up to the null after the last (at most the
+  // emulation's 64) and let the kernel read what it declares.
   std::vector<void*> args;
-  for (int i = 0; i < 16 && params[i]; ++i) args.push_back(*static_cast<void**>(params[i]));
+  for (int i = 0; i < 64 && params[i]; ++i) args.push_back(*static_cast<void**>(params[i]));
   launched.push_back(rec->second);
+  launch_streams.push_back(stream);
   return emu_launch(rec->first, gx, bx, args.data(), static_cast<int>(args.size()));
 }
 int cuMemAlloc_v2(unsigned long long* p, size_t bytes) {

@@ -3,17 +3,18 @@
 A kiln part called from Python pays for argument checks, one ``torch.empty`` per output and
 ctypes launches: 26-30 µs of host time per call on an H100 host, most of a BERT step's
 overhead. ``runner.cc`` does the same work in one C++ call (checks against what the part was
-compiled for, outputs from torch's allocator, the CPU artifact's ``kiln_run`` or the C++
-client's CUDA loader and launcher) and returns the results, or None when the arguments need the
+compiled for, outputs from torch's allocator, the CPU artifact's ``kiln_run`` or the client
+core's CUDA loader and launcher) and returns the results, or None when the arguments need the
 general path. Two callers use it: kiln.torch's parts (:class:`kiln.torch.runtime.KilnPart`,
 which then runs its Python path) and :func:`kiln.cuda.run_compiled` for PyTorch CUDA tensors
 (``kiln.jit`` on CUDA, a CUDA :class:`kiln.Compiled` called directly), which otherwise launch
-through :mod:`kiln.cuda`'s ctypes driver. It is also importable as ``kiln.torch.native``.
+through :mod:`kiln.cuda` (the same loader in libkiln_core.so, one ctypes call per launch). It
+is also importable as ``kiln.torch.native``.
 
 How it is built: as a PyTorch extension, by kilnd (:mod:`kiln.torch_extension`), from
-``runner.cc`` and the C++ client's loader sources (``client/cpp/cuda_plan.*`` and
-``cuda_loader.*``, listed in ``loader_files.txt``: one loader and launcher for the C++ client
-and this runner). The build is keyed by the sources, PyTorch's headers and ABI and the Python
+``runner.cc`` and the client core's CUDA loader sources (``client/core/cuda_plan.*`` and
+``cuda_loader.*``, listed in ``loader_files.txt``: one loader and launcher for every kiln
+client and this runner). The build is keyed by the sources, PyTorch's headers and ABI and the Python
 version, so a cluster builds it once per PyTorch version and every other process gets it from
 kilnd's cache. It starts in the background with the first compiled graph or the first CUDA call
 on PyTorch tensors (:func:`start`); callers use the Python path until it is loaded, then
@@ -41,10 +42,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import dtypes as dt
 from .. import torch_extension as extension
 from .._once import OncePerKey
 from ..cache import atomic_write
+from ..plan import expr_text, plan_json
 from ..strides import memory_order
 from ..v1 import service_pb2
 
@@ -82,25 +83,25 @@ def enabled() -> bool:
 
 
 def loader_sources() -> Path:
-    """The folder holding the C++ client's loader sources: a wheel carries a copy beside this
-    file (``client/cpp``); a source tree has them at the repository's ``client/cpp``."""
+    """The folder holding the client core's CUDA loader sources: a wheel carries a copy beside
+    this file (``client/core``); a source tree has them at the repository's ``client/core``."""
     here = Path(__file__).resolve().parent
-    for folder in (here / "client" / "cpp", here.parents[2] / "cpp"):
+    for folder in (here / "client" / "core", here.parents[2] / "core"):
         if all((folder / f).is_file() for f in _LOADER_FILES):
             return folder
-    raise FileNotFoundError("the C++ client's CUDA loader sources (cuda_plan.cc, cuda_loader.cc) are missing")
+    raise FileNotFoundError("the client core's CUDA loader sources (cuda_plan.cc, cuda_loader.cc) are missing")
 
 
 def _stage(into: Path) -> list[Path]:
     """Copies the runner's sources into ``into`` with the layout its includes expect
-    (``runner.cc``, ``client/cpp/...``); returns the files to compile."""
-    cpp = into / "client" / "cpp"
-    cpp.mkdir(parents=True)
+    (``runner.cc``, ``client/core/...``); returns the files to compile."""
+    core = into / "client" / "core"
+    core.mkdir(parents=True)
     shutil.copyfile(Path(__file__).resolve().parent / "runner.cc", into / "runner.cc")
     src = loader_sources()
     for f in _LOADER_FILES:
-        shutil.copyfile(src / f, cpp / f)
-    return [into / "runner.cc", cpp / "cuda_plan.cc", cpp / "cuda_loader.cc"]
+        shutil.copyfile(src / f, core / f)
+    return [into / "runner.cc", core / "cuda_plan.cc", core / "cuda_loader.cc"]
 
 
 _CFLAGS = ["-O2"]
@@ -278,48 +279,6 @@ def wait(timeout: Optional[float] = None) -> bool:
 
 
 # ------------------------------------------------------------------ parts
-
-def expr_text(expr: Any, names: list[str]) -> str:
-    """A kiln.v1.SizeExpr as plan.json writes it: "3*N*T + -2*N + 1"."""
-    terms = []
-    for t in expr.terms:
-        factors = [str(int(t.coeff))] + [names[k] for k, e in enumerate(t.exponents) for _ in range(int(e))]
-        terms.append("*".join(factors))
-    return " + ".join(terms) if terms else "0"
-
-
-def plan_json(plan: Any) -> str:
-    """A kiln.v1.LaunchPlan of a CUDA target in plan.json's form (kernels/codegen/PLAN.md), as
-    the C++ loader reads it."""
-    names = [s.name for s in plan.symbols]
-    roles = {service_pb2.INPUT: "input", service_pb2.OUTPUT: "output", service_pb2.TEMP: "temp"}
-    buffers = []
-    for b in plan.buffers:
-        entry: dict[str, Any] = {"role": roles[b.role], "index": int(b.index), "dtype": dt.from_wire(b.dtype),
-                                 "shape": [int(d) for d in b.shape], "bytes": int(b.bytes), "offset": int(b.offset)}
-        if names:
-            entry["shape_exprs"] = [expr_text(e, names) for e in b.shape_exprs]
-            entry["bytes_expr"] = expr_text(b.bytes_expr, names)
-        buffers.append(entry)
-    steps = []
-    for s in plan.steps:
-        entry = {"kernel": s.kernel, "grid": [int(v) for v in s.grid], "block": [int(v) for v in s.block],
-                 "shared_bytes": int(s.shared_bytes), "args": [int(a) for a in s.args]}
-        if s.grid_per_block > 0:
-            entry["grid_work"] = expr_text(s.grid_work, names)
-            entry["grid_per_block"] = int(s.grid_per_block)
-        if s.guard_min > 0 or s.guard_max > 0:
-            entry["guard"] = expr_text(s.guard, names)
-            entry["guard_min"] = int(s.guard_min)
-            entry["guard_max"] = int(s.guard_max)
-        steps.append(entry)
-    out: dict[str, Any] = {"abi_version": int(plan.abi_version or 1), "workspace_bytes": int(plan.workspace_bytes),
-                           "buffers": buffers, "steps": steps}
-    if names:
-        out["symbols"] = [{"name": s.name, "input": int(s.input), "axis": int(s.axis)} for s in plan.symbols]
-        out["index_bound"] = expr_text(plan.index_bound, names)
-    return json.dumps(out)
-
 
 def part_for(compiled: Any, device_index: int, in_dtypes: list[Any], out_dtypes: list[Any],
              in_strides: list[Optional[tuple[int, ...]]], out_layouts: list[Optional[tuple[Any, Any]]],

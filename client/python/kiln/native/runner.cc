@@ -17,7 +17,7 @@
 //   on CUDA the caching allocator, on the current stream, like any torch op's outputs.
 // - CPU: the artifact's `kiln_run` (its address, from the Python loader that opened the verified
 //   .so) runs with the GIL released and at::get_num_threads() threads.
-// - CUDA: the kernels run through the C++ client's CudaModule (client/cpp/cuda_loader.h), the
+// - CUDA: the kernels run through the C++ client's CudaModule (client/core/cuda_loader.h), the
 //   one loader and launcher the C++ client uses too, on the stream `stream_fn(device)` returns
 //   (torch's current raw stream).
 //
@@ -39,14 +39,14 @@
 #include <string>
 #include <vector>
 
-#include "client/cpp/cuda_loader.h"
-#include "client/cpp/cuda_plan.h"
+#include "client/core/cuda_loader.h"
+#include "client/core/cuda_plan.h"
 
 namespace {
 
-using kiln::client::CudaModule;
-using kiln::client::CudaPlan;
-using kiln::client::CudaSizeExpr;
+using kiln::core::CudaModule;
+using kiln::core::CudaPlan;
+using kiln::core::CudaSizeExpr;
 
 // ------------------------------------------------------------------ CudaModule objects
 
@@ -89,7 +89,7 @@ PyObject* CudaLoad(PyObject*, PyObject* args) {
   bool parsed = false;
   // Without the GIL: a graph's parts load from several threads, and the driver's module load
   // is most of the time. The buffers belong to `args`, which the caller keeps alive.
-  Py_BEGIN_ALLOW_THREADS parsed = kiln::client::ParseCudaPlan(json, &plan, &error);
+  Py_BEGIN_ALLOW_THREADS parsed = kiln::core::ParseCudaPlan(json, &plan, &error);
   if (parsed) {
     m = CudaModule::Load(std::string_view(cubin, cubin_len), std::string_view(ptx, ptx_len),
                          std::move(plan), &error);
@@ -190,7 +190,7 @@ bool ReadOperand(PyObject* item, const std::vector<std::string>& names, Operand*
     }
     CudaSizeExpr e;
     std::string error;
-    if (!kiln::client::ParseCudaSizeExpr(text, names, &e, &error)) {
+    if (!kiln::core::ParseCudaSizeExpr(text, names, &e, &error)) {
       Py_DECREF(fast);
       PyErr_SetString(PyExc_ValueError,
                       ("shape expression '" + std::string(text) + "': " + error).c_str());

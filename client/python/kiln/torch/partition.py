@@ -632,6 +632,13 @@ def build_part(seg: Segment) -> PartGraph:
     in_specs: list[TensorSpec] = []
     symbols: dict[Any, str] = {}  # a size's expression -> its kiln symbol, within this part
     symbol_dims: dict[Any, tuple[Value, int]] = {}  # ... -> the first argument and dimension having it
+    # A part with symbolic sizes is run with every argument contiguous and every result
+    # allocated contiguous (KilnPart._run_symbolic copies an argument that is not; the native
+    # runner takes no declared layout for such a part): its arguments and results of static
+    # shape declare no layout either. Declared, the kernel would read the contiguous copy of a
+    # transposed argument with the traced strides (the cross-attention bias gradients of
+    # encoder-decoder models, whose encoder length is static where the decoder's is symbolic).
+    symbolic = any(L.is_symbolic_tensor(L.node_meta(n)) for n in seg.inputs[:seg.num_tensor_inputs])
     for i, n in enumerate(seg.inputs[:seg.num_tensor_inputs]):
         m = L.node_meta(n)
         if L.is_symbolic_tensor(m):
@@ -652,7 +659,7 @@ def build_part(seg: Segment) -> PartGraph:
             raise L.Unsupported(f"argument {n.name} is not a tensor of static shape")
         shape = tuple(int(d) for d in m.shape)
         strides = tuple(int(s) for s in m.stride())
-        declared = None if is_contiguous_layout(shape, strides) else effective_strides(shape, strides)
+        declared = None if symbolic or is_contiguous_layout(shape, strides) else effective_strides(shape, strides)
         in_specs.append(TensorSpec(m.dtype, shape, declared))
         env[n] = b.input(n.name, L.kiln_dtype(m.dtype), shape, strides=declared)
 
@@ -696,6 +703,18 @@ def build_part(seg: Segment) -> PartGraph:
         shape = tuple(int(d) for d in m.shape)
         strides = tuple(int(s) for s in m.stride())
         contiguous = is_contiguous_layout(shape, strides)
+        if symbolic and not contiguous:
+            # Written contiguous (see above): refused where torch relies on the traced strides,
+            # as a result of symbolic sizes is, unless it is an argument in its own layout (the
+            # torch side copies it, layout and all).
+            if id(v) in input_ids and _same_layout(L.node_meta(seg.inputs[input_ids[id(v)]]), m):
+                out_specs.append(TensorSpec(m.dtype, shape))
+                sources.append(("input", input_ids[id(v)]))
+                continue
+            if _needs_layout(n) or _viewed_in_layout(n, inside):
+                raise L.Unsupported(f"{n.name} has strides {strides} in a part with symbolic sizes, and torch "
+                                    "relies on them")
+            contiguous = True
         order = None  # a dense layout the result must have, as the order of its dimensions in memory
         # A channels-last result (a convolution's, or computed from one) stays channels-last:
         # the next convolution reads it without a conversion.

@@ -1,4 +1,4 @@
-#include "client/cpp/cuda_plan.h"
+#include "client/core/cuda_plan.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -7,7 +7,7 @@
 #include <map>
 #include <memory>
 
-namespace kiln::client {
+namespace kiln::core {
 namespace {
 
 // A JSON value: just enough of JSON for plan files (objects, arrays, strings without
@@ -356,4 +356,4 @@ bool CheckCudaPlan(const CudaPlan& plan, std::string* error) {
   return true;
 }
 
-}  // namespace kiln::client
+}  // namespace kiln::core

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-namespace kiln::client {
+namespace kiln::core {
 
 // A size of a symbolic plan (kiln.v1.SizeExpr): a sum of terms, each an integer coefficient
 // times a product of the plan's symbols (a symbol listed twice is squared).
@@ -97,4 +97,4 @@ bool ParseCudaPlan(std::string_view json, CudaPlan* plan, std::string* error);
 // has a positive grid_per_block. Returns false and says why in `*error`.
 bool CheckCudaPlan(const CudaPlan& plan, std::string* error);
 
-}  // namespace kiln::client
+}  // namespace kiln::core

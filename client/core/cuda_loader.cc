@@ -1,4 +1,4 @@
-#include "client/cpp/cuda_loader.h"
+#include "client/core/cuda_loader.h"
 
 #include <dlfcn.h>
 
@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-namespace kiln::client {
+namespace kiln::core {
 namespace {
 
 // The slice of the CUDA driver API the loader uses, declared here so that building needs no
@@ -24,6 +24,13 @@ constexpr uint32_t kSymbolicAbi = 2;  // plans with symbolic sizes (kernels take
 // The kernels of a symbolic plan index with 32-bit ints: sizes whose index bound reaches this
 // are refused (the same limit as the Python loader's).
 constexpr int64_t kIndexLimit = int64_t{1} << 30;
+// cuDeviceGetAttribute: CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR.
+constexpr int kComputeCapabilityMajor = 75;
+constexpr int kComputeCapabilityMinor = 76;
+// cuFuncSetAttribute: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, which a launch with more
+// than 48 KiB of dynamic shared memory needs raised first.
+constexpr int kMaxDynamicShared = 8;
+constexpr unsigned kDefaultSharedLimit = 48 * 1024;
 
 struct Driver {
   CUresult (*cuInit)(unsigned) = nullptr;
@@ -31,6 +38,10 @@ struct Driver {
   CUresult (*cuCtxGetCurrent)(CUcontext*) = nullptr;
   CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*cuDeviceGetCount)(int*) = nullptr;
+  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice) = nullptr;
+  CUresult (*cuCtxGetDevice)(CUdevice*) = nullptr;
+  CUresult (*cuFuncSetAttribute)(CUfunction, int, int) = nullptr;
   CUresult (*cuModuleLoadData)(CUmodule*, const void*) = nullptr;
   CUresult (*cuModuleUnload)(CUmodule) = nullptr;
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
@@ -74,6 +85,10 @@ const Driver& GetDriver() {
               Resolve(lib, "cuCtxGetCurrent", &d->cuCtxGetCurrent) &&
               Resolve(lib, "cuCtxSetCurrent", &d->cuCtxSetCurrent) &&
               Resolve(lib, "cuDevicePrimaryCtxRetain", &d->cuDevicePrimaryCtxRetain) &&
+              Resolve(lib, "cuDeviceGetCount", &d->cuDeviceGetCount) &&
+              Resolve(lib, "cuDeviceGetAttribute", &d->cuDeviceGetAttribute) &&
+              Resolve(lib, "cuCtxGetDevice", &d->cuCtxGetDevice) &&
+              Resolve(lib, "cuFuncSetAttribute", &d->cuFuncSetAttribute) &&
               Resolve(lib, "cuModuleLoadData", &d->cuModuleLoadData) &&
               Resolve(lib, "cuModuleUnload", &d->cuModuleUnload) &&
               Resolve(lib, "cuModuleGetFunction", &d->cuModuleGetFunction) &&
@@ -95,6 +110,13 @@ const Driver& GetDriver() {
   return *driver;
 }
 
+// The driver, or false and why.
+bool Usable(const Driver& d, std::string* error) {
+  if (d.error.empty()) return true;
+  *error = d.error;
+  return false;
+}
+
 // Makes sure the calling thread has a current context.
 bool EnsureContext(const Driver& d, std::string* error) {
   CUcontext ctx = nullptr;
@@ -111,6 +133,56 @@ bool EnsureContext(const Driver& d, std::string* error) {
   return r == kSuccess;
 }
 
+// The context a load goes into: `device`'s primary context (retained for the process's life),
+// or with device -1 the thread's current one (see EnsureContext).
+bool LoadContext(const Driver& d, int device, CUcontext* ctx, std::string* error) {
+  if (device < 0) {
+    if (!EnsureContext(d, error)) return false;
+    if (CUresult r = d.cuCtxGetCurrent(ctx); r != kSuccess) {
+      *error = d.Describe(r, "cuCtxGetCurrent");
+      return false;
+    }
+    return true;
+  }
+  CUdevice dev = 0;
+  CUresult r = d.cuDeviceGet(&dev, device);
+  if (r == kSuccess) r = d.cuDevicePrimaryCtxRetain(ctx, dev);
+  if (r != kSuccess) *error = d.Describe(r, ("device " + std::to_string(device)).c_str());
+  return r == kSuccess;
+}
+
+// Makes `ctx` current for its scope when the calling thread has another current, and restores
+// that one after; a thread with none keeps `ctx` (see cuda_loader.h).
+class ContextScope {
+ public:
+  ContextScope(const Driver& d, CUcontext ctx, std::string* error) : d_(d) {
+    if (CUresult r = d.cuCtxGetCurrent(&prev_); r != kSuccess) {
+      *error = d.Describe(r, "cuCtxGetCurrent");
+      return;
+    }
+    if (ctx && prev_ != ctx) {
+      if (CUresult r = d.cuCtxSetCurrent(ctx); r != kSuccess) {
+        *error = d.Describe(r, "making the module's context current");
+        return;
+      }
+      switched_ = true;
+    }
+    ok_ = true;
+  }
+  ~ContextScope() {
+    if (switched_ && prev_) d_.cuCtxSetCurrent(prev_);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  const Driver& d_;
+  CUcontext prev_ = nullptr;
+  bool switched_ = false;
+  bool ok_ = false;
+};
+
 bool ReadFile(const std::string& path, std::string* out) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return false;
@@ -123,12 +195,9 @@ bool ReadFile(const std::string& path, std::string* out) {
 }  // namespace
 
 std::unique_ptr<CudaModule> CudaModule::Load(std::string_view cubin, std::string_view ptx,
-                                             CudaPlan plan, std::string* error) {
+                                             CudaPlan plan, std::string* error, int device) {
   const Driver& d = GetDriver();
-  if (!d.error.empty()) {
-    *error = d.error;
-    return nullptr;
-  }
+  if (!Usable(d, error)) return nullptr;
   const uint32_t want_abi = plan.symbolic() ? kSymbolicAbi : kStaticAbi;
   if (plan.abi_version != want_abi) {
     *error = "launch plan ABI version " + std::to_string(plan.abi_version) +
@@ -137,12 +206,10 @@ std::unique_ptr<CudaModule> CudaModule::Load(std::string_view cubin, std::string
     return nullptr;
   }
   if (!CheckCudaPlan(plan, error)) return nullptr;
-  if (!EnsureContext(d, error)) return nullptr;
   std::unique_ptr<CudaModule> m(new CudaModule);
-  if (CUresult r = d.cuCtxGetCurrent(&m->context_); r != kSuccess) {
-    *error = d.Describe(r, "cuCtxGetCurrent");
-    return nullptr;
-  }
+  if (!LoadContext(d, device, &m->context_, error)) return nullptr;
+  ContextScope scope(d, m->context_, error);
+  if (!scope.ok()) return nullptr;
   CUresult r = cubin.empty() ? 1 : d.cuModuleLoadData(&m->module_, cubin.data());
   if (r != kSuccess) {
     std::string cubin_error = cubin.empty() ? "no cubin" : d.Describe(r, "loading the cubin");
@@ -163,6 +230,14 @@ std::unique_ptr<CudaModule> CudaModule::Load(std::string_view cubin, std::string
     if (CUresult fr = d.cuModuleGetFunction(&f, m->module_, s.kernel.c_str()); fr != kSuccess) {
       *error = d.Describe(fr, ("kernel " + s.kernel).c_str());
       return nullptr;
+    }
+    if (s.shared_bytes > kDefaultSharedLimit) {
+      if (CUresult ar =
+              d.cuFuncSetAttribute(f, kMaxDynamicShared, static_cast<int>(s.shared_bytes));
+          ar != kSuccess) {
+        *error = d.Describe(ar, ("allowing kernel " + s.kernel + " its shared memory").c_str());
+        return nullptr;
+      }
     }
     m->functions_.push_back(f);
   }
@@ -314,18 +389,8 @@ bool CudaModule::Launch(void* const* buffers, void* workspace, void* stream, con
         break;
     }
   }
-  CUcontext prev = nullptr;
-  if (CUresult r = d.cuCtxGetCurrent(&prev); r != kSuccess) {
-    *error = d.Describe(r, "cuCtxGetCurrent");
-    return false;
-  }
-  const bool switched = context_ && prev != context_;
-  if (switched) {
-    if (CUresult r = d.cuCtxSetCurrent(context_); r != kSuccess) {
-      *error = d.Describe(r, "making the module's context current");
-      return false;
-    }
-  }
+  ContextScope scope(d, context_, error);
+  if (!scope.ok()) return false;
   // Symbolic kernels take the sizes as `const int` after the buffers. Each lives in an 8-byte
   // slot whose low half is the int (little-endian), so a reader of either width sees the value.
   std::vector<int64_t> slots(sizes, sizes + num_sizes);
@@ -348,7 +413,6 @@ bool CudaModule::Launch(void* const* buffers, void* workspace, void* stream, con
       ok = false;
     }
   }
-  if (switched) d.cuCtxSetCurrent(prev);
   return ok;
 }
 
@@ -358,7 +422,8 @@ bool CudaModule::RunHost(const void* const* inputs, void* const* outputs, std::s
     return false;
   }
   const Driver& d = GetDriver();
-  if (!EnsureContext(d, error)) return false;
+  ContextScope scope(d, context_, error);
+  if (!scope.ok()) return false;
   const int num_inputs = plan_.num_inputs();
   const int num_outputs = plan_.num_outputs();
   std::vector<int64_t> bytes(num_inputs + num_outputs, 0);
@@ -411,83 +476,94 @@ bool CudaModule::RunHost(const void* const* inputs, void* const* outputs, std::s
   return true;
 }
 
-}  // namespace kiln::client
-
-// ---- C API.
-
-struct kiln_cuda_module {
-  std::unique_ptr<kiln::client::CudaModule> module;
-};
-
-namespace {
-thread_local std::string last_error;
-
-kiln_cuda_module* Wrap(std::unique_ptr<kiln::client::CudaModule> m) {
-  if (!m) return nullptr;
-  return new kiln_cuda_module{std::move(m)};
-}
-}  // namespace
-
-extern "C" {
-
-kiln_cuda_module* kiln_cuda_load(const void* cubin, size_t cubin_bytes, const char* ptx,
-                                 const char* plan_json) {
-  kiln::client::CudaPlan plan;
-  if (!plan_json || !kiln::client::ParseCudaPlan(plan_json, &plan, &last_error)) {
-    if (!plan_json) last_error = "no plan";
+std::unique_ptr<CudaFunction> CudaFunction::Load(int device, std::string_view cubin,
+                                                 const std::string& name, std::string* error) {
+  const Driver& d = GetDriver();
+  if (!Usable(d, error)) return nullptr;
+  std::unique_ptr<CudaFunction> f(new CudaFunction);
+  if (!LoadContext(d, device, &f->context_, error)) return nullptr;
+  ContextScope scope(d, f->context_, error);
+  if (!scope.ok()) return nullptr;
+  std::string image(cubin);  // PTX text must be NUL-terminated; a cubin does not mind
+  if (CUresult r = d.cuModuleLoadData(&f->module_, image.c_str()); r != kSuccess) {
+    *error = d.Describe(r, ("loading the cubin of " + name).c_str());
     return nullptr;
   }
-  std::string_view c(static_cast<const char*>(cubin), cubin ? cubin_bytes : 0);
-  return Wrap(kiln::client::CudaModule::Load(c, ptx ? ptx : "", std::move(plan), &last_error));
+  if (CUresult r = d.cuModuleGetFunction(&f->function_, f->module_, name.c_str()); r != kSuccess) {
+    *error = d.Describe(r, ("kernel " + name).c_str());
+    return nullptr;
+  }
+  return f;
 }
 
-kiln_cuda_module* kiln_cuda_load_dir(const char* dir) {
-  return Wrap(kiln::client::CudaModule::LoadDir(dir ? dir : ".", &last_error));
+CudaFunction::~CudaFunction() {
+  const Driver& d = GetDriver();
+  if (d.error.empty() && module_) d.cuModuleUnload(module_);
 }
 
-int kiln_cuda_run(kiln_cuda_module* m, void* const* buffers, void* workspace, void* stream) {
-  if (!m) {
-    last_error = "null module";
+bool CudaFunction::Launch(const unsigned grid[3], const unsigned block[3], unsigned shared_bytes,
+                          void* stream, void** params, std::string* error) {
+  const Driver& d = GetDriver();
+  ContextScope scope(d, context_, error);
+  if (!scope.ok()) return false;
+  if (shared_bytes > kDefaultSharedLimit) {
+    if (CUresult r =
+            d.cuFuncSetAttribute(function_, kMaxDynamicShared, static_cast<int>(shared_bytes));
+        r != kSuccess) {
+      *error = d.Describe(r, "raising the kernel's shared memory limit");
+      return false;
+    }
+  }
+  CUresult r = d.cuLaunchKernel(function_, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                                shared_bytes, static_cast<CUstream>(stream), params, nullptr);
+  if (r != kSuccess) {
+    *error = d.Describe(r, "cuLaunchKernel");
+    return false;
+  }
+  return true;
+}
+
+int CudaDeviceCount(std::string* error) {
+  const Driver& d = GetDriver();
+  if (!Usable(d, error)) return -1;
+  int n = 0;
+  if (CUresult r = d.cuDeviceGetCount(&n); r != kSuccess) {
+    *error = d.Describe(r, "cuDeviceGetCount");
     return -1;
   }
-  return m->module->Run(buffers, workspace, stream, &last_error) ? 0 : -1;
+  return n;
 }
 
-int kiln_cuda_run_sized(kiln_cuda_module* m, void* const* buffers, void* workspace, void* stream,
-                        const int64_t* sizes, int num_sizes) {
-  if (!m || num_sizes < 0 || (num_sizes > 0 && !sizes)) {
-    last_error = !m ? "null module" : "bad sizes";
+int CudaDeviceSm(int device, std::string* error) {
+  const Driver& d = GetDriver();
+  if (!Usable(d, error)) return -1;
+  CUdevice dev = 0;
+  int major = 0, minor = 0;
+  CUresult r = d.cuDeviceGet(&dev, device);
+  if (r == kSuccess) r = d.cuDeviceGetAttribute(&major, kComputeCapabilityMajor, dev);
+  if (r == kSuccess) r = d.cuDeviceGetAttribute(&minor, kComputeCapabilityMinor, dev);
+  if (r != kSuccess) {
+    *error = d.Describe(r, ("the compute capability of device " + std::to_string(device)).c_str());
     return -1;
   }
-  return m->module->RunSized(buffers, workspace, stream, sizes, static_cast<size_t>(num_sizes),
-                             &last_error)
-             ? 0
-             : -1;
+  return major * 10 + minor;
 }
 
-int64_t kiln_cuda_workspace_bytes_sized(const kiln_cuda_module* m, const int64_t* sizes,
-                                        int num_sizes) {
-  if (!m || num_sizes < 0 || (num_sizes > 0 && !sizes)) {
-    last_error = !m ? "null module" : "bad sizes";
+int CudaCurrentDevice(std::string* error) {
+  const Driver& d = GetDriver();
+  if (!Usable(d, error)) return -1;
+  CUcontext ctx = nullptr;
+  if (CUresult r = d.cuCtxGetCurrent(&ctx); r != kSuccess) {
+    *error = d.Describe(r, "cuCtxGetCurrent");
     return -1;
   }
-  return m->module->WorkspaceBytes(sizes, static_cast<size_t>(num_sizes), &last_error);
+  if (!ctx) return 0;
+  CUdevice dev = 0;
+  if (CUresult r = d.cuCtxGetDevice(&dev); r != kSuccess) {
+    *error = d.Describe(r, "cuCtxGetDevice");
+    return -1;
+  }
+  return dev;
 }
 
-int kiln_cuda_num_symbols(const kiln_cuda_module* m) {
-  return m ? static_cast<int>(m->module->plan().symbols.size()) : 0;
-}
-
-int64_t kiln_cuda_workspace_bytes(const kiln_cuda_module* m) {
-  return m ? m->module->plan().workspace_bytes : 0;
-}
-int kiln_cuda_num_inputs(const kiln_cuda_module* m) {
-  return m ? m->module->plan().num_inputs() : 0;
-}
-int kiln_cuda_num_outputs(const kiln_cuda_module* m) {
-  return m ? m->module->plan().num_outputs() : 0;
-}
-const char* kiln_cuda_last_error(void) { return last_error.c_str(); }
-void kiln_cuda_free(kiln_cuda_module* m) { delete m; }
-
-}  // extern "C"
+}  // namespace kiln::core

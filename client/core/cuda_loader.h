@@ -1,16 +1,22 @@
 // CudaModule: a CUDA artifact (cubin, with PTX as the fallback) loaded through the CUDA
 // driver API and bound to its launch plan (kernels/codegen/PLAN.md), ready to run on device
-// buffers on a caller's stream. Also a C API over it, for ctypes.
+// buffers on a caller's stream. CudaFunction: one kernel of a cubin with no plan (a raw kernel
+// a user wrote), launched with the caller's arguments. Both are the client core's
+// (kiln_core.h's kiln_cuda_*): the C++ Session, the Python package and the torch part runner
+// (which compiles this file into itself) load and launch through them.
 //
 // The driver library (libcuda.so.1) is opened with dlopen on first use: building and linking
 // need no driver or toolkit, and a process without a GPU gets an error, not a load failure.
-// The loader has no dependency beyond libc and libdl, so the client core's shared build
-// (libkiln_core.so) loads anywhere; errors are strings rather than absl::Status for that reason.
+// The loader has no dependency beyond libc and libdl, so it builds into the runner as is;
+// errors are strings rather than the core's Error for the same reason.
 //
-// The loader uses the calling thread's current CUDA context (PyTorch, for one, makes its
-// device's primary context current); when there is none, it makes device 0's primary context
-// current. A module belongs to the context it was loaded in: runs make that context current
-// for their launches when the calling thread has another (a process driving several GPUs).
+// Contexts: a load names a device and goes into that device's primary context, the one the
+// CUDA runtime, PyTorch and CuPy use; or names none (-1) and uses the calling thread's current
+// context, making device 0's primary one current when the thread has none. A module belongs
+// to the context it was loaded in: loads and runs make that context current for their driver
+// calls when the calling thread has another, and restore it after. A thread that had no
+// context keeps the module's (autograd's backward threads start with none; the runtime would
+// make the primary context current on their first call anyway).
 //
 // Thread-safety: Load may be called from many threads. Run may too, on any streams, when each
 // call passes its own workspace (or the plan needs none); runs that let the module provide
@@ -25,17 +31,19 @@
 #include <string_view>
 #include <vector>
 
-#include "client/cpp/cuda_plan.h"
+#include "client/core/cuda_plan.h"
 
-namespace kiln::client {
+namespace kiln::core {
 
 class CudaModule {
  public:
-  // Loads `cubin`; when the driver refuses it (a GPU of another architecture), JIT-compiles
-  // `ptx` instead (may be empty: then the refusal is the error). Checks the plan's ABI
-  // version and resolves every step's kernel. Null and `*error` set on failure.
+  // Loads `cubin` on `device` (-1: the thread's context; see above); when the driver refuses
+  // it (a GPU of another architecture), JIT-compiles `ptx` instead (may be empty: then the
+  // refusal is the error). Checks the plan's ABI version, resolves every step's kernel and
+  // lets steps use more than 48 KiB of dynamic shared memory where they ask for it. Null and
+  // `*error` set on failure.
   static std::unique_ptr<CudaModule> Load(std::string_view cubin, std::string_view ptx,
-                                          CudaPlan plan, std::string* error);
+                                          CudaPlan plan, std::string* error, int device = -1);
   // Reads kernel.cubin, kernel.ptx (optional) and plan.json from a kilnc output folder.
   static std::unique_ptr<CudaModule> LoadDir(const std::string& dir, std::string* error);
   ~CudaModule();
@@ -88,34 +96,32 @@ class CudaModule {
   int64_t workspace_bytes_ = 0;       // its size (symbolic plans grow it)
 };
 
-}  // namespace kiln::client
+// One kernel of a cubin, without a launch plan: a raw kernel (kiln.cuda.RawKernel), its
+// arguments built by the caller. Loaded like a module (same contexts); never unloaded before
+// the object goes.
+class CudaFunction {
+ public:
+  static std::unique_ptr<CudaFunction> Load(int device, std::string_view cubin,
+                                            const std::string& name, std::string* error);
+  ~CudaFunction();
+  // cuLaunchKernel in the function's context: `params` as the driver takes them (one pointer
+  // per kernel parameter, to its value). Asynchronous.
+  bool Launch(const unsigned grid[3], const unsigned block[3], unsigned shared_bytes, void* stream,
+              void** params, std::string* error);
 
-// ---- C API, part of the client core's (client/core/kiln_core.h, libkiln_core.so). Every
-// function is safe to call from any thread; kiln_cuda_last_error() is per thread and describes
-// the last failure on the calling thread.
-#pragma GCC visibility push(default)
-extern "C" {
-typedef struct kiln_cuda_module kiln_cuda_module;
+ private:
+  CudaFunction() = default;
+  void* context_ = nullptr;   // CUcontext
+  void* module_ = nullptr;    // CUmodule
+  void* function_ = nullptr;  // CUfunction
+};
 
-// Returns a module, or null on failure. `ptx` may be null; `plan_json` is plan.json's text.
-kiln_cuda_module* kiln_cuda_load(const void* cubin, size_t cubin_bytes, const char* ptx,
-                                 const char* plan_json);
-// Loads kernel.cubin, kernel.ptx and plan.json from a kilnc output folder.
-kiln_cuda_module* kiln_cuda_load_dir(const char* dir);
-// Runs the steps (see CudaModule::Run); returns 0 on success, -1 on failure.
-int kiln_cuda_run(kiln_cuda_module* m, void* const* buffers, void* workspace, void* stream);
-// Symbolic plans: runs at `sizes` (see CudaModule::RunSized); 0 on success, -1 on failure.
-int kiln_cuda_run_sized(kiln_cuda_module* m, void* const* buffers, void* workspace, void* stream,
-                        const int64_t* sizes, int num_sizes);
-// The workspace a run at `sizes` needs; -1 on failure.
-int64_t kiln_cuda_workspace_bytes_sized(const kiln_cuda_module* m, const int64_t* sizes,
-                                        int num_sizes);
-// How many sizes a run takes (0 for a static plan).
-int kiln_cuda_num_symbols(const kiln_cuda_module* m);
-int64_t kiln_cuda_workspace_bytes(const kiln_cuda_module* m);
-int kiln_cuda_num_inputs(const kiln_cuda_module* m);
-int kiln_cuda_num_outputs(const kiln_cuda_module* m);
-const char* kiln_cuda_last_error(void);
-void kiln_cuda_free(kiln_cuda_module* m);
-}
-#pragma GCC visibility pop
+// Device queries, through the same driver binding. Each returns -1 and sets `*error` when
+// there is no usable driver (or no such device).
+int CudaDeviceCount(std::string* error);
+// The compute capability as kiln's sm number (90 for 9.0).
+int CudaDeviceSm(int device, std::string* error);
+// The device of the calling thread's current context; 0 when it has none.
+int CudaCurrentDevice(std::string* error);
+
+}  // namespace kiln::core
