@@ -18,6 +18,7 @@
 // public key, by default PRIVATE.pem.pub, is what clients trust) and exits.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -259,6 +260,31 @@ std::string BoundAddress(const std::string& listen, int port) {
 
 // A program installed beside kilnd (as the build puts it: server/ext/kiln-nvrtc next to
 // server/kilnd, or the same folder), or the bare name for a PATH lookup.
+// Whether `listen` (HOST:PORT, [V6]:PORT or unix:PATH) accepts local connections only.
+bool LoopbackOnly(absl::string_view listen) {
+  if (absl::StartsWith(listen, "unix:")) return true;
+  const size_t colon = listen.rfind(':');
+  absl::string_view host = colon == absl::string_view::npos ? listen : listen.substr(0, colon);
+  return host == "127.0.0.1" || host == "localhost" || host == "[::1]" ||
+         absl::StartsWith(host, "127.");
+}
+
+// Warnings for bearer tokens an observer could read: sent without TLS to a non-local address,
+// or kept in a file that others on the machine may read.
+void WarnAboutTokenExposure(const std::string& token_file, bool tls, const std::string& listen) {
+  if (!tls && !LoopbackOnly(listen)) {
+    spdlog::warn(
+        "--auth-tokens without --tls-cert on {}: bearer tokens cross the network in clear text; "
+        "serve TLS, or listen on a loopback address only",
+        listen);
+  }
+  struct stat st;
+  if (stat(token_file.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+    spdlog::warn("token file {} is readable by others on this machine (mode {:o}): chmod 600 it",
+                 token_file, st.st_mode & 0777);
+  }
+}
+
 std::string NextToSelf(const std::string& name) {
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -490,6 +516,10 @@ int Run() {
       absl::GetFlag(FLAGS_auth_tokens), absl::GetFlag(FLAGS_token_max_compiles));
   if (!authorizer.ok()) {
     return Fail(absl::StrCat("--auth-tokens: ", authorizer.status().message()));
+  }
+  if ((*authorizer)->enabled()) {
+    WarnAboutTokenExposure(absl::GetFlag(FLAGS_auth_tokens), tls != nullptr,
+                           absl::GetFlag(FLAGS_listen));
   }
 
   compile::CompileServiceOptions compile_options;

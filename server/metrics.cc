@@ -54,7 +54,10 @@ void AppendSharedTier(std::string* out, const v1::SharedCacheStats& sh) {
   AppendCounter(out, "kiln_shared_written_bytes_total", "Bytes written to the shared tier.",
                 sh.bytes_written());
   AppendCounter(out, "kiln_shared_outages_total",
-                "Times the shared tier went from reachable to unreachable.", sh.outages());
+                "Times a shared-tier node went from reachable to unreachable.", sh.outages());
+  AppendGauge(out, "kiln_shared_nodes_down",
+              "Shared-tier (Redis) nodes unreachable now; a cluster serves the others' slots.",
+              sh.nodes_down());
   AppendCounter(out, "kiln_shared_leases_taken_total",
                 "Compiles run holding the cluster-wide lease.", sh.leases_taken());
   AppendCounter(out, "kiln_shared_leases_waited_total",

@@ -252,6 +252,8 @@ struct RedisClient::Node {
   RedisEndpoint endpoint;
   absl::Mutex mu;
   std::vector<std::unique_ptr<Conn>> idle ABSL_GUARDED_BY(mu);
+  std::atomic<bool> down{false};
+  std::atomic<int64_t> down_until_ns{0};  // absl::GetCurrentTimeNanos() scale
 };
 
 RedisClient::RedisClient(RedisOptions options)
@@ -276,6 +278,7 @@ RedisClient::Node* RedisClient::NodeFor(const std::string& host, int port) {
   if (node == nullptr) {
     node = std::make_unique<Node>();
     node->endpoint = RedisEndpoint{host, port};
+    known_nodes_.fetch_add(1, std::memory_order_relaxed);
   }
   return node.get();
 }
@@ -303,7 +306,8 @@ absl::Status RedisClient::RefreshSlots() {
     if (now - slots_refreshed_ < absl::Milliseconds(200)) return absl::OkStatus();
     slots_refreshed_ = now;
   }
-  // Ask the seeds first, then any node learned since; the first full answer wins.
+  // Ask the seeds first, then any node learned since; the first full answer wins. Nodes in
+  // their fail-fast interval are skipped: each would cost a connect timeout.
   std::vector<RedisEndpoint> ask = options_.seeds;
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -311,7 +315,9 @@ absl::Status RedisClient::RefreshSlots() {
   }
   absl::Status last = absl::UnavailableError("no cluster node answered CLUSTER SLOTS");
   for (const RedisEndpoint& e : ask) {
-    absl::StatusOr<RedisReply> reply = RunOn(NodeFor(e.host, e.port), {"CLUSTER", "SLOTS"}, false);
+    Node* asked = NodeFor(e.host, e.port);
+    if (FailsFast(*asked)) continue;
+    absl::StatusOr<RedisReply> reply = RunOn(asked, {"CLUSTER", "SLOTS"}, false);
     if (!reply.ok()) {
       last = reply.status();
       continue;
@@ -385,17 +391,19 @@ absl::StatusOr<RedisReply> RedisClient::RunOn(Node* node,
 
 absl::StatusOr<RedisReply> RedisClient::Command(const std::vector<absl::string_view>& args,
                                                 size_t key_index) {
-  if (down_.load(std::memory_order_relaxed) &&
-      absl::GetCurrentTimeNanos() < down_until_ns_.load(std::memory_order_relaxed)) {
-    errors_.fetch_add(1, std::memory_order_relaxed);
-    return absl::UnavailableError(
-        absl::StrCat("shared cache ", description_, " is unreachable; retrying shortly"));
-  }
   Node* node;
   if (options_.cluster) {
     node = NodeForSlot(key_index < args.size() ? KeySlot(args[key_index]) : 0);
   } else {
     node = NodeFor(options_.seeds[0].host, options_.seeds[0].port);
+  }
+  if (FailsFast(*node)) {
+    errors_.fetch_add(1, std::memory_order_relaxed);
+    return absl::UnavailableError(
+        options_.cluster
+            ? absl::StrCat("shared cache ", description_, ": node ", node->endpoint.ToString(),
+                           " is unreachable; retrying shortly")
+            : absl::StrCat("shared cache ", description_, " is unreachable; retrying shortly"));
   }
   bool asking = false;
   absl::StatusOr<RedisReply> reply;
@@ -428,29 +436,51 @@ absl::StatusOr<RedisReply> RedisClient::Command(const std::vector<absl::string_v
         absl::StrCat("the server refuses kilnd: ", reply.status().message()));
   }
   if (absl::IsUnavailable(reply.status())) {
-    MarkDown(std::string(reply.status().message()));
+    MarkDown(node, std::string(reply.status().message()));
+    // A master that went away may have been replaced by its replica: the next map says.
+    if (options_.cluster) RefreshSlots().IgnoreError();
   } else {
-    MarkUp();
+    MarkUp(node);
   }
   if (!reply.ok()) errors_.fetch_add(1, std::memory_order_relaxed);
   return reply;
 }
 
-void RedisClient::MarkDown(const std::string& why) {
-  down_until_ns_.store(
+bool RedisClient::FailsFast(const Node& node) {
+  return node.down.load(std::memory_order_relaxed) &&
+         absl::GetCurrentTimeNanos() < node.down_until_ns.load(std::memory_order_relaxed);
+}
+
+void RedisClient::MarkDown(Node* node, const std::string& why) {
+  node->down_until_ns.store(
       absl::GetCurrentTimeNanos() + absl::ToInt64Nanoseconds(options_.retry_interval),
       std::memory_order_relaxed);
-  if (!down_.exchange(true, std::memory_order_relaxed)) {
+  if (!node->down.exchange(true, std::memory_order_relaxed)) {
+    down_nodes_.fetch_add(1, std::memory_order_relaxed);
     outages_.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn(
-        "shared cache {} unreachable ({}): serving from the local cache only, retrying every {}",
-        description_, why, absl::FormatDuration(options_.retry_interval));
+    if (options_.cluster) {
+      spdlog::warn(
+          "shared cache {}: node {} unreachable ({}): its slots are served from the local cache "
+          "only, retrying every {}",
+          description_, node->endpoint.ToString(), why,
+          absl::FormatDuration(options_.retry_interval));
+    } else {
+      spdlog::warn(
+          "shared cache {} unreachable ({}): serving from the local cache only, retrying every {}",
+          description_, why, absl::FormatDuration(options_.retry_interval));
+    }
   }
 }
 
-void RedisClient::MarkUp() {
-  if (down_.exchange(false, std::memory_order_relaxed)) {
-    spdlog::info("shared cache {} reachable again", description_);
+void RedisClient::MarkUp(Node* node) {
+  if (node->down.exchange(false, std::memory_order_relaxed)) {
+    down_nodes_.fetch_sub(1, std::memory_order_relaxed);
+    if (options_.cluster) {
+      spdlog::info("shared cache {}: node {} reachable again", description_,
+                   node->endpoint.ToString());
+    } else {
+      spdlog::info("shared cache {} reachable again", description_);
+    }
   }
 }
 

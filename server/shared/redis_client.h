@@ -13,11 +13,17 @@
 // named node) redirections, up to a few hops.
 //
 // Every call is bounded: connects and commands time out (`connect_timeout`,
-// `command_timeout`). After an I/O failure (refused, reset, timed out) the client is "down"
-// for `retry_interval`: calls fail at once with Unavailable instead of waiting on a dead
-// server, and the first call after the interval probes again. The change from up to down and
-// back is logged once each, not per call. Other error replies from a reachable server
-// ("-OOM ...", "-ERR ...") are FailedPrecondition and do not mark it down.
+// `command_timeout`). After an I/O failure (refused, reset, timed out) the server node that
+// failed is "down" for `retry_interval`: calls routed to it fail at once with Unavailable
+// instead of waiting on a dead server, and the first call after the interval probes again. In
+// a cluster that is one master: the keys of its slots miss while the other masters' keys keep
+// working (a failover that promotes its replica is learned from the next slot map), and the
+// client as a whole is available while any node is. The change from up to down and back is
+// logged once per node, not per call. Other error replies from a reachable server ("-OOM
+// ...", "-ERR ...", "-CLUSTERDOWN ...") are FailedPrecondition and do not mark it down. (A
+// cluster keeps serving the healthy masters' slots only with `cluster-require-full-coverage
+// no`; with the default, Redis itself refuses every key once a master has been gone for
+// `cluster-node-timeout`.)
 //
 // Connections are pooled per server node; a connection that saw an error is closed.
 // Thread-safety: all methods may be called concurrently.
@@ -97,9 +103,15 @@ class RedisClient {
   absl::StatusOr<RedisReply> Command(const std::vector<absl::string_view>& args,
                                      size_t key_index = 1);
 
-  // False while calls fail fast after an I/O failure.
-  bool available() const { return !down_.load(std::memory_order_relaxed); }
-  // Times the client went from up to down.
+  // False while calls fail fast after an I/O failure: of the server, or of every cluster node
+  // the client knows.
+  bool available() const {
+    const int down = down_nodes_.load(std::memory_order_relaxed);
+    return down == 0 || down < known_nodes_.load(std::memory_order_relaxed);
+  }
+  // Server nodes in their fail-fast interval now (0 or 1 for a standalone server).
+  int nodes_down() const { return down_nodes_.load(std::memory_order_relaxed); }
+  // Times a node went from up to down.
   int64_t outages() const { return outages_.load(std::memory_order_relaxed); }
   // Calls that failed (I/O, timeouts, fail-fast while down, error replies).
   int64_t errors() const { return errors_.load(std::memory_order_relaxed); }
@@ -118,8 +130,10 @@ class RedisClient {
   // One attempt on one node. `asking` prefixes the command with ASKING on the same connection.
   absl::StatusOr<RedisReply> RunOn(Node* node, const std::vector<absl::string_view>& args,
                                    bool asking);
-  void MarkDown(const std::string& why);
-  void MarkUp();
+  // Whether `node` is inside its fail-fast interval.
+  static bool FailsFast(const Node& node);
+  void MarkDown(Node* node, const std::string& why);
+  void MarkUp(Node* node);
 
   // Immutable after construction.
   const RedisOptions options_;
@@ -130,8 +144,8 @@ class RedisClient {
   std::vector<Node*> slots_ ABSL_GUARDED_BY(mu_);  // cluster: 16384 entries, nullptr unknown
   absl::Time slots_refreshed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
-  std::atomic<bool> down_{false};
-  std::atomic<int64_t> down_until_ns_{0};  // absl::GetCurrentTimeNanos() scale
+  std::atomic<int> known_nodes_{0};
+  std::atomic<int> down_nodes_{0};
   std::atomic<int64_t> outages_{0};
   std::atomic<int64_t> errors_{0};
 };

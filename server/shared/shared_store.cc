@@ -223,6 +223,7 @@ void SharedStore::AddTierStats(v1::GetStatsResponse* stats) const {
   s->set_bytes_read(bytes_read_.load(std::memory_order_relaxed));
   s->set_bytes_written(bytes_written_.load(std::memory_order_relaxed));
   s->set_outages(client_->outages());
+  s->set_nodes_down(client_->nodes_down());
   latency_.Fill(s);
 }
 

@@ -153,11 +153,15 @@ class RedisProcess {
 // three masters (no replicas), ready when every node reports cluster_state:ok.
 class RedisCluster {
  public:
-  std::string Start() {
+  // `extra`: more redis-server arguments for every node.
+  std::string Start(std::vector<std::string> extra = {}) {
     for (auto& node : nodes_) {
       node = std::make_unique<RedisProcess>();
-      const std::string error = node->Start({"--cluster-enabled", "yes", "--cluster-config-file",
-                                             "nodes.conf", "--cluster-node-timeout", "2000"});
+      std::vector<std::string> args = {"--cluster-enabled",      "yes",
+                                       "--cluster-config-file",  "nodes.conf",
+                                       "--cluster-node-timeout", "2000"};
+      args.insert(args.end(), extra.begin(), extra.end());
+      const std::string error = node->Start(args);
       if (!error.empty()) return error;
     }
     std::string command = "redis-cli --cluster create";

@@ -336,6 +336,14 @@ MUTANTS: list[Mutant] = [
         tests=("gtest:shared_tier_test:RedisClusterRoutingTest.*",),
     ),
     Mutant(
+        name="redis-cluster-one-node-down-takes-all",
+        what="the Redis cluster client fails every key fast while any one master is down",
+        file="server/shared/redis_client.cc",
+        find="  if (FailsFast(*node)) {",
+        replace="  if (FailsFast(*node) || down_nodes_.load() > 0) {",
+        tests=("gtest:shared_tier_test:RedisClusterRoutingTest.AMasterDownTakesOutItsSlotsOnly",),
+    ),
+    Mutant(
         name="disk-full-never-resumes",
         what="a store suspended by a full disk never resumes writing once space is back",
         file="server/store/rocksdb_store.cc",

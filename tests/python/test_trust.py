@@ -96,11 +96,23 @@ def wait_for_log(d, *needles: str, timeout: float = 5.0) -> str:
 # ---------------------------------------------------------------------------- transport
 
 
+# Each transport failure is UNAVAILABLE, its message naming the likely cause from the client's
+# side (gRPC reports a server's TLS refusal only as a closed socket).
+
 def test_plaintext_client_against_tls_server_fails_cleanly(secure, pki):
     with kiln.Client(secure.address, timeout=3, max_attempts=1) as c:
         with pytest.raises(kiln.RpcError) as e:
             c.stats()
     assert rpc_code(e) == "UNAVAILABLE"
+    assert "if it serves TLS, pass tls_ca" in str(e.value), e.value
+
+
+def test_tls_client_against_plaintext_server_fails_cleanly(server, pki):
+    with kiln.Client(server, tls_ca=pki.ca[0], timeout=3, max_attempts=1) as c:
+        with pytest.raises(kiln.RpcError) as e:
+            c.stats()
+    assert rpc_code(e) == "UNAVAILABLE" or rpc_code(e) == "UNKNOWN"
+    assert "connect without tls_ca" in str(e.value), e.value
 
 
 def test_wrong_ca_fails(secure, pki):
@@ -109,6 +121,7 @@ def test_wrong_ca_fails(secure, pki):
         with pytest.raises(kiln.RpcError) as e:
             c.stats()
     assert rpc_code(e) == "UNAVAILABLE"
+    assert "does not verify against the CA this client trusts" in str(e.value), e.value
 
 
 def test_mtls_without_client_certificate_fails(secure, pki):
@@ -116,6 +129,7 @@ def test_mtls_without_client_certificate_fails(secure, pki):
         with pytest.raises(kiln.RpcError) as e:
             c.stats()
     assert rpc_code(e) == "UNAVAILABLE"
+    assert "it may require a client certificate" in str(e.value), e.value
 
 
 def test_client_certificate_from_another_ca_fails(secure, pki, tmp_path):
@@ -125,6 +139,7 @@ def test_client_certificate_from_another_ca_fails(secure, pki, tmp_path):
         with pytest.raises(kiln.RpcError) as e:
             c.stats()
     assert rpc_code(e) == "UNAVAILABLE"
+    assert "it may not trust this client certificate" in str(e.value), e.value
 
 
 def test_tls_without_client_certificates(tmp_path, kilnd_binary, pki):
@@ -137,6 +152,24 @@ def test_tls_without_client_certificates(tmp_path, kilnd_binary, pki):
             with pytest.raises(kiln.RpcError) as e:
                 plain.stats()
         assert rpc_code(e) == "UNAVAILABLE"
+
+
+def test_tokens_an_observer_could_read_are_warned_about(tmp_path, kilnd_binary):
+    """Tokens served without TLS to the network, or kept in a file others may read: kilnd
+    starts, and says so; a private file on a loopback address draws no warning."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("ci compile s3cret-token-value\n")
+    tokens.chmod(0o644)
+    with kiln.local.LocalDaemon(kilnd_binary, tmp_path / "open", listen="0.0.0.0:0",
+                                args=["--auth-tokens", str(tokens)]) as d:
+        log = d.log()
+    assert "bearer tokens cross the network in clear text" in log, log
+    assert f"token file {tokens} is readable by others on this machine (mode 644)" in log, log
+    assert "s3cret-token-value" not in log
+    tokens.chmod(0o600)
+    with kiln.local.LocalDaemon(kilnd_binary, tmp_path / "closed", args=["--auth-tokens", str(tokens)]) as d:
+        log = d.log()
+    assert "clear text" not in log and "readable by others" not in log, log
 
 
 def test_metrics_endpoint_speaks_https_with_client_certificates(secure, pki, tmp_path):

@@ -592,7 +592,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def _shared_tier_rows(shared: dict[str, Any]) -> list[tuple[str, str]]:
     """The shared (Redis) tier, when kilnd has one, as table rows: state, counters and the
     latency median from its histogram."""
-    rows = [("shared", f"{shared.get('address', '')} ({'up' if shared.get('available') else 'DOWN'})")]
+    down = int(shared.get("nodes_down", 0))
+    state = "DOWN" if not shared.get("available") else f"up, {down} node(s) down" if down else "up"
+    rows = [("shared", f"{shared.get('address', '')} ({state})")]
     bounds = shared.pop("latency_bounds_s", [])
     counts = [int(c) for c in shared.pop("latency_counts", [])]
     for k in ("enabled", "available", "address", "latency_sum_s"):

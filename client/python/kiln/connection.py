@@ -121,7 +121,7 @@ class Connection:
         ]
         opts.extend(channel_options or [])
         self.trust = TrustPolicy(trusted_keys, allow_unsigned)
-        self._channel = _make_channel(self.address, opts, token, tls_ca, tls_cert, tls_key)
+        self._channel, self._transport = _make_channel(self.address, opts, token, tls_ca, tls_cert, tls_key)
         self._stub = service_pb2_grpc.KilnStub(self._channel)
         self.cache = ArtifactCache(cache_dir)
         self.recorder = recorder if recorder is not None else Recorder.from_env()
@@ -150,7 +150,7 @@ class Connection:
             return call_with_retries(lambda remaining: fn(request, timeout=remaining),
                                      timeout if timeout is not None else self.timeout, self.retry)
         except grpc.RpcError as e:
-            raise translate(method, e) from None
+            raise translate(method, e, self._transport) from None
 
     def health(self, service: str = "", timeout: float = 5.0) -> str:
         """The daemon's gRPC health status for ``service``: ``"SERVING"``, ``"NOT_SERVING"``,
@@ -167,7 +167,7 @@ class Connection:
         try:
             resp = call(req, timeout=timeout)
         except grpc.RpcError as e:
-            raise translate("Health.Check", e) from None
+            raise translate("Health.Check", e, self._transport) from None
         status = resp[1] if len(resp) >= 2 and resp[0] == 0x08 else 0
         return {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}.get(status, str(status))
 
@@ -357,7 +357,7 @@ class Connection:
         try:
             return call_with_retries(attempt, timeout, self.retry)
         except grpc.RpcError as e:
-            raise translate("FetchArtifact", e) from None
+            raise translate("FetchArtifact", e, self._transport) from None
 
     # ------------------------------------------------------------------ prewarm
 
@@ -419,7 +419,7 @@ class Connection:
                 if call_with_retries(attempt, max(deadline - time.monotonic(), 0.001), self.retry):
                     continue
             except grpc.RpcError as err:
-                raise translate("Prewarm", err) from None
+                raise translate("Prewarm", err, self._transport) from None
             missing = [i for i, e in enumerate(events) if e is None]
             if missing:
                 # The daemon closed the stream without answering some: report them as failed.
@@ -433,9 +433,10 @@ class Connection:
 
 
 def _make_channel(address: str, opts: list[tuple[str, Any]], token: Optional[str],
-                  tls_ca: Any, tls_cert: Any, tls_key: Any) -> grpc.Channel:
+                  tls_ca: Any, tls_cert: Any, tls_key: Any) -> tuple[grpc.Channel, str]:
     """A plaintext or TLS channel to ``address``, sending ``token`` (when there is one) with
-    every call."""
+    every call; and its transport, ``"plaintext"``, ``"tls"`` or ``"mtls"`` (a client
+    certificate), for error messages."""
     env = os.environ.get
     ca, cert, key = (tls_ca or env("KILN_TLS_CA"), tls_cert or env("KILN_TLS_CERT"), tls_key or env("KILN_TLS_KEY"))
     if bool(cert) != bool(key):
@@ -449,12 +450,14 @@ def _make_channel(address: str, opts: list[tuple[str, Any]], token: Optional[str
         # with a busy daemon needs more than the 100 ms a plaintext connect gets.
         opts = [o for o in opts if o[0] != "grpc.min_reconnect_backoff_ms"] + [("grpc.min_reconnect_backoff_ms", 3000)]
         channel = grpc.secure_channel(address, creds, options=opts)
+        transport = "mtls" if cert else "tls"
     else:
         channel = grpc.insecure_channel(address, options=opts)
+        transport = "plaintext"
     token = token if token is not None else env("KILN_TOKEN")
     if token:
         channel = grpc.intercept_channel(channel, _BearerToken(token))
-    return channel
+    return channel, transport
 
 
 class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
@@ -519,9 +522,34 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def translate(method: str, e: grpc.RpcError) -> RpcError:
+def connect_hint(transport: str, details: str) -> str:
+    """The likely cause of a failed connection, from what gRPC said and the client's own
+    transport (``"plaintext"``, ``"tls"``, ``"mtls"``); "" when nothing points anywhere. gRPC
+    reports a TLS refusal by the server only as a closed socket: the reason is in kilnd's log."""
+    if "failed to connect" not in details:
+        return ""
+    if "CERTIFICATE_VERIFY_FAILED" in details:
+        return ("kilnd's certificate does not verify against the CA this client trusts (tls_ca or "
+                "KILN_TLS_CA): it was signed by another CA, or does not name this host")
+    if "WRONG_VERSION_NUMBER" in details or ("handshake failed" in details.lower() and transport != "plaintext"):
+        return "the TLS handshake failed: if kilnd serves plaintext on this port, connect without tls_ca"
+    if "Socket closed" in details or "Connection reset" in details:
+        return {
+            "plaintext": "kilnd closed the connection: if it serves TLS, pass tls_ca (or set KILN_TLS_CA)",
+            "tls": ("kilnd closed the connection during the TLS handshake: it may require a client certificate "
+                    "(tls_cert and tls_key, or KILN_TLS_CERT and KILN_TLS_KEY)"),
+            "mtls": ("kilnd closed the connection during the TLS handshake: it may not trust this client "
+                     "certificate (one not signed by its --tls-client-ca)"),
+        }.get(transport, "")
+    return ""
+
+
+def translate(method: str, e: grpc.RpcError, transport: str = "") -> RpcError:
     code = e.code().name if hasattr(e, "code") and e.code() is not None else "UNKNOWN"
     details = (e.details() if hasattr(e, "details") else "") or str(e)
+    hint = connect_hint(transport, details) if code in ("UNAVAILABLE", "UNKNOWN") and transport else ""
+    if hint:
+        details = f"{details} ({hint})"
     if code == "NOT_FOUND":
         return NotFoundError(method, code, details)
     if method in ("Compile", "Lookup", "Prewarm") and code in _COMPILE_ERROR_CODES:

@@ -4,6 +4,7 @@
 // RocksDbStore.
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <filesystem>
 #include <string>
@@ -474,6 +475,81 @@ TEST(RedisClusterRoutingTest, FollowsMovedAndAskRedirections) {
           ->integer,
       0);
   EXPECT_TRUE(client.available());
+}
+
+// One master of three down: its slots fail fast (after the first failure, without waiting on it)
+// while the other masters' keys keep working, also once the cluster itself has marked the node
+// failed; the client stays available; the node back, its keys work again.
+TEST(RedisClusterRoutingTest, AMasterDownTakesOutItsSlotsOnly) {
+  kiln::testing::RedisCluster cluster;
+  ASSERT_EQ(cluster.Start({"--cluster-require-full-coverage", "no"}), "");
+  absl::StatusOr<RedisOptions> options = ParseRedisUrl(cluster.url());
+  ASSERT_TRUE(options.ok());
+  options->retry_interval = absl::Milliseconds(500);
+  RedisClient client(*options);
+  // A key on each master.
+  std::array<std::string, 3> keys;
+  for (int i = 0, found = 0; found < 3 && i < 1000; ++i) {
+    const std::string key = "k" + std::to_string(i);
+    const int owner = OwnerOf(cluster, KeySlot(key));
+    if (owner >= 0 && keys[owner].empty()) {
+      keys[owner] = key;
+      ++found;
+    }
+  }
+  for (const std::string& key : keys) {
+    ASSERT_FALSE(key.empty());
+    ASSERT_TRUE(client.Command({"SET", key, "v-" + key}).ok()) << key;
+  }
+
+  cluster.node(1).Stop();
+  EXPECT_TRUE(absl::IsUnavailable(client.Command({"GET", keys[1]}).status()));
+  const absl::Time start = absl::Now();
+  absl::StatusOr<RedisReply> again = client.Command({"GET", keys[1]});
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(50)) << "a down node's keys fail fast";
+  ASSERT_TRUE(absl::IsUnavailable(again.status()));
+  EXPECT_NE(again.status().message().find(cluster.node(1).address()), absl::string_view::npos)
+      << again.status();
+  // The healthy masters answer now, and after the cluster has marked the node failed.
+  for (absl::Duration wait : {absl::ZeroDuration(), absl::Milliseconds(2600)}) {
+    absl::SleepFor(wait);
+    for (int n : {0, 2}) {
+      absl::StatusOr<RedisReply> got = client.Command({"GET", keys[n]});
+      ASSERT_TRUE(got.ok()) << keys[n] << ": " << got.status();
+      EXPECT_EQ(got->str, "v-" + keys[n]);
+    }
+    EXPECT_TRUE(client.available());
+    EXPECT_EQ(client.nodes_down(), 1);
+  }
+  EXPECT_EQ(client.outages(), 1);
+
+  ASSERT_EQ(cluster.node(1).StartAgain(), "");
+  absl::SleepFor(absl::Milliseconds(600));  // past the retry interval
+  absl::StatusOr<RedisReply> back = RedisReply();
+  for (int i = 0; i < 50; ++i) {  // the node reloads its cluster state (up to 5 s)
+    back = client.Command({"SET", keys[1], "again"});
+    if (back.ok()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(client.nodes_down(), 0);
+  EXPECT_TRUE(client.available());
+}
+
+// Every node down: the client as a whole is unavailable.
+TEST(RedisClusterRoutingTest, EveryNodeDownMakesTheClientUnavailable) {
+  kiln::testing::RedisCluster cluster;
+  ASSERT_EQ(cluster.Start(), "");
+  absl::StatusOr<RedisOptions> options = ParseRedisUrl(cluster.url());
+  ASSERT_TRUE(options.ok());
+  RedisClient client(*options);
+  ASSERT_TRUE(client.Command({"SET", "x", "1"}).ok());
+  for (int n = 0; n < 3; ++n) cluster.node(n).Stop();
+  for (int i = 0; i < 200 && client.available(); ++i) {
+    client.Command({"GET", "key-" + std::to_string(i)}).IgnoreError();
+  }
+  EXPECT_FALSE(client.available());
+  EXPECT_EQ(client.nodes_down(), 3);
 }
 
 }  // namespace
