@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The channels-last layout pass (kiln/torch/layout.py) on an NVIDIA GPU, against eager.
+"""The channels-last layout pass (kiln/torch/passes/channels_last.py) on an NVIDIA GPU, against eager.
 
 torchvision's resnet18 at batch 16, 224x224, compiled with ``backend="kiln"`` (the pass on, its
 default) and with ``options={"layout": "keep"}``: inference in eval mode, and a training step in

@@ -306,7 +306,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         name="layout-view-copy-skipped",
         what="the channels-last pass gives up on a graph with a view its new layout cannot express instead of copying the view's operand",
-        file="client/python/kiln/torch/layout.py",
+        file="client/python/kiln/torch/passes/channels_last.py",
         find="                    raise _ViewNeedsCopy(n) from None",
         replace="                    raise RuntimeError(n.name) from None",
         tests=_daemon("tests/python/test_torch_backend.py -k cannot_express"),

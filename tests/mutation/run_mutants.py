@@ -75,7 +75,8 @@ def targets_of(m: Mutant) -> list[str]:
         if kind == "gtest":
             t.append(rest.split(":", 1)[0])
         elif kind == "pytest":
-            t.append("kilnd")  # the Python tests run against the copy's own daemon
+            # The Python tests run against the copy's own daemon and client core.
+            t.extend(("kilnd", "kiln_core"))
     return t
 
 

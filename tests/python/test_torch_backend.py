@@ -477,7 +477,7 @@ def test_failed_layout_pass_leaves_the_graph_as_traced(client: Any, rewrites: An
     convolutions and the copies that restore a returned feature map's layout) takes every
     node it added back out: the graph compiles and runs with its traced layouts. It says so in
     one line per graph, whatever the error's message carries after its first line."""
-    from kiln.torch import layout
+    from kiln.torch.passes import channels_last as layout
 
     real = layout._restore_output_layouts
 
@@ -511,7 +511,7 @@ def test_views_the_new_layout_cannot_express_get_contiguous_copies(client: Any, 
     """Views traced on a contiguous feature map that its channels-last layout cannot express
     (N and C merged; MobileViT's patch unfolding) read a contiguous copy of it: the pass still
     applies to the rest of the graph, the values are eager's."""
-    from kiln.torch import layout
+    from kiln.torch.passes import channels_last as layout
 
     class Net(torch.nn.Module):
         def __init__(self) -> None:
@@ -2242,7 +2242,7 @@ def test_long_reductions_over_small_outputs_add_their_bias_apart(monkeypatch: An
     tiles: that one becomes mm plus an add (cuBLAS splits the reduction of a plain GEMM only)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from kiln.torch import partition as P
+    from kiln.torch.passes import unfuse_addmm_epilogues
 
     class Props:
         multi_processor_count = 132
@@ -2266,11 +2266,11 @@ def test_long_reductions_over_small_outputs_add_their_bias_apart(monkeypatch: An
         return g
 
     long_k = graph(2048, 3072, 768)  # BERT-base's 3072->768 product: 96 tiles, K = 4N
-    assert P.unfuse_addmm_epilogues(long_k) == 1
+    assert unfuse_addmm_epilogues(long_k) == 1
     assert [n.target for n in long_k.nodes if n.op == "call_function"][:2] == [torch.ops.aten.mm.default,
                                                                                torch.ops.aten.add.Tensor]
     for shape in ((2048, 768, 768), (2048, 768, 3072), (8192, 3072, 768)):  # short K; tiles fill the GPU
-        assert P.unfuse_addmm_epilogues(graph(*shape)) == 0, shape
+        assert unfuse_addmm_epilogues(graph(*shape)) == 0, shape
 
 
 def test_contiguous_clones_on_the_torch_side_copy_only_what_is_not_contiguous() -> None:

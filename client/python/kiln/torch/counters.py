@@ -31,7 +31,7 @@ class Stats:
     timed on their first call (``mode="max-autotune"``, or found tuned in kilnd);
     ``retuned``: of those, parts that now run a variant other than the default.
     ``layout_copies``: channels-last copies the layout pass put before convolutions (image
-    inputs and weights; :mod:`.layout`). ``random_draws``: ``rand_like`` draws (dropout masks)
+    inputs and weights; :mod:`.passes.channels_last`). ``random_draws``: ``rand_like`` draws (dropout masks)
     turned into kiln's counter-based numbers (:mod:`.rng`). ``constants``: values that depend
     on no input of their graph, computed once when it was compiled
     (``fold_constant_subgraphs``). ``record_hits``: graphs rebuilt from a program record

@@ -32,7 +32,7 @@ symbolic sizes keep the default, which serves every size; the winner is recorded
 in kilnd per device model, so another process with the same GPU or CPU compiles the tuned
 variant without timing anything), ``layout`` (``"channels_last"``, the default: graphs
 with convolutions run them channels-last, the activations between them kept in that layout by
-kiln's kernels, see :mod:`.layout`; ``"keep"``: the traced layouts), ``random`` (``"kiln"``: a
+kiln's kernels, see :mod:`.passes.channels_last`; ``"keep"``: the traced layouts), ``random`` (``"kiln"``: a
 dropout's mask is drawn inside kiln's kernels from one seed per call, see :mod:`.rng`;
 ``"torch"``: torch's dropout op and generator, eager's numbers; ``"auto"``, the default: kiln
 for graphs on CUDA, torch on the CPU, where torch's vectorised generator is faster than
@@ -77,21 +77,20 @@ import torch.fx
 from .. import native
 from ..client import Client
 from ..connection import make_options
-from ..jit import default_client
 from ..errors import KilnFallbackWarning
+from ..jit import default_client
 from . import lowering as L
 from .async_compile import AsyncGraph, submit_compile
 from .counters import RECENT, bump
 from .cudagraphs import CudaGraphRunner, replay_wins, wants_cuda_graphs
 from .decompositions import decompositions
-from .layout import wants_channels_last
 from .partition import partition
 from .passes import run_aten_passes, run_cudagraph_passes
+from .passes.channels_last import wants_channels_last
 from .records import StoredRecord, from_record, record_key, reported_strides, store_record, with_record
 from .runtime import CompileSettings, boxed, compile_parts, describe, reraise_if_dynamo_control
 from .sealed import SealedError, check_sealed
 from .stitch import rewrite
-
 
 log = logging.getLogger("kiln.torch")
 
@@ -316,10 +315,9 @@ def make_backend(config: BackendConfig, *,
         t0 = time.perf_counter()
         backend.compiler_fn = None  # type: ignore[attr-defined]
         try:
+            import torch.utils._pytree as pytree
             from functorch.compile import min_cut_rematerialization_partition
             from torch._dynamo.backends.common import aot_autograd
-
-            import torch.utils._pytree as pytree
 
             if config.random == "auto":
                 # Per graph: counter-based draws in kiln's kernels on CUDA, torch's generator on

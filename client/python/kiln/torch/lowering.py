@@ -1304,7 +1304,7 @@ def _native_layer_norm(ctx: LoweringContext, x: Value, normalized_shape: Sequenc
     return (ctx.cast(out, out_dt), mean, rstd)
 
 
-#: Marks the layout copies the channels-last pass inserts (:mod:`.layout`): a lowering may read
+#: Marks the layout copies the channels-last pass inserts (:mod:`.passes.channels_last`): a lowering may read
 #: through one to its source's layout.
 RELAYOUT = "kiln_relayout"
 

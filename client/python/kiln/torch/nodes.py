@@ -1,16 +1,15 @@
 """What kiln.torch's passes, partitioner and stitching ask of FX nodes: whether an op returns a
-view, may be merged with an identical call, writes its arguments or draws random numbers, and
-the values the trace recorded.
+view, may be merged with an identical call, writes its arguments or draws random numbers, the
+values the trace recorded, their layouts, and which nodes a walk over users reaches.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
-
 
 _UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
                             "empty_permuted"})
@@ -108,4 +107,59 @@ def get_attr(root: torch.nn.Module, target: str) -> Any:
     return obj
 
 
-__all__ = ["draws_random", "get_attr", "may_mutate", "mutates", "pure", "returns_alias", "static_shape", "traced_value", "written_nodes"]
+_CHANNELS_LAST_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def is_channels_last(m: torch.Tensor) -> bool:
+    """Whether ``m`` (a 4-D or 5-D tensor) is in torch's channels-last format."""
+    fmt = _CHANNELS_LAST_FORMATS.get(m.ndim)
+    try:
+        return fmt is not None and bool(m.is_contiguous(memory_format=fmt))
+    except Exception:  # a symbolic layout the trace cannot decide
+        return False
+
+
+def same_layout(a: Any, b: Any) -> bool:
+    """Whether two traced tensors have the same dtype, device, sizes and strides (symbolic
+    ones compared as expressions, which installs no guard)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.layout != torch.strided \
+            or b.layout != torch.strided or a.dtype != b.dtype or a.device != b.device or a.dim() != b.dim():
+        return False
+    try:
+        return all(_size_expr(p) == _size_expr(q) for p, q in zip((*a.shape, *a.stride()), (*b.shape, *b.stride())))
+    except Exception:  # sizes the trace cannot express
+        return False
+
+
+def _size_expr(v: Any) -> Any:
+    """A size as a comparable value: an int, or a SymInt's expression (reading it installs no
+    guard, where comparing SymInts would)."""
+    return v.node.expr if isinstance(v, torch.SymInt) else int(v)
+
+
+def reached(start: list[torch.fx.Node], found: Callable[[torch.fx.Node], bool],
+            through: Callable[[torch.fx.Node], bool]) -> bool:
+    """Whether a user of ``start``'s nodes, or of the users ``through`` lets the walk pass
+    (transitively), is one ``found`` accepts."""
+    todo, seen = list(start), set()
+    while todo:
+        u = todo.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        for r in u.users:
+            if found(r):
+                return True
+            if through(r):
+                todo.append(r)
+    return False
+
+
+def returned_through_views(n: torch.fx.Node) -> bool:
+    """Whether the graph returns ``n`` or a tensor that views it."""
+    return reached([n], lambda r: r.op == "output",
+                   lambda r: r.op == "call_function" and (r.target is operator.getitem or returns_alias(r.target)))
+
+
+__all__ = ["draws_random", "get_attr", "is_channels_last", "may_mutate", "mutates", "pure", "reached", "returned_through_views",
+           "returns_alias", "same_layout", "static_shape", "traced_value", "written_nodes"]

@@ -1,8 +1,10 @@
 """Partitioning an ATen FX graph into kiln parts and torch parts.
 
-0. **Bias epilogues move to kiln.** ``addmm`` whose result a kiln node reads becomes ``mm``
-   plus an ``add`` that joins that node's part (:func:`unfuse_addmm_epilogues`). A pad of zero
-   widths becomes its argument where no one can tell (:func:`drop_empty_pads`).
+The graph comes from the backend's first pass stage (:mod:`.passes`), whose last passes are
+written for this partitioner: bias epilogues that kiln reads become ``mm`` plus an ``add`` in
+kiln (:mod:`.passes.unfuse_addmm_epilogues`), and pads of zero widths go
+(:mod:`.passes.drop_empty_pads`).
+
 1. **Support.** Every call node is tried against the mapping table (:mod:`.lowering`) on its own,
    with graph inputs made from its arguments' FakeTensors. A node is supported when it lowers,
    its tensors have static shapes and kiln dtypes, and all of them live on one CPU or CUDA
@@ -29,7 +31,7 @@ import itertools
 import logging
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.fx
@@ -37,8 +39,7 @@ import torch.fx
 from ..builder import GraphBuilder, Value
 from ..strides import effective_strides, is_contiguous_layout, memory_order
 from . import lowering as L
-from .layout import RELAYOUT, is_channels_last
-from .nodes import returns_alias, written_nodes
+from .nodes import is_channels_last, reached, same_layout
 
 log = logging.getLogger("kiln.torch")
 
@@ -209,7 +210,7 @@ REAL_COPY_ELEMENTS = 1 << 16
 
 def relayouts(n: torch.fx.Node) -> bool:
     """Whether ``n`` is a clone of a static tensor into another layout: a transposed view made
-    contiguous, or a tensor made channels-last for a convolution (:mod:`.layout`)."""
+    contiguous, or a tensor made channels-last for a convolution (:mod:`.passes.channels_last`)."""
     if n.op != "call_function" or n.target is not torch.ops.aten.clone.default or not n.args:
         return False
     out = L.node_meta(n)
@@ -224,8 +225,8 @@ def relayouts(n: torch.fx.Node) -> bool:
 
 def is_real_copy(n: torch.fx.Node) -> bool:
     """Whether ``n`` is a clone of a large, static tensor into another layout, or one of the
-    layout pass's channels-last copies (:data:`.layout.RELAYOUT`)."""
-    return relayouts(n) and (L.node_meta(n).numel() >= REAL_COPY_ELEMENTS or bool(n.meta.get(RELAYOUT)))
+    layout pass's channels-last copies (:data:`.lowering.RELAYOUT`)."""
+    return relayouts(n) and (L.node_meta(n).numel() >= REAL_COPY_ELEMENTS or bool(n.meta.get(L.RELAYOUT)))
 
 
 # ---------------------------------------------------------------------------------- scheduling
@@ -372,212 +373,7 @@ def _empty(n: torch.fx.Node) -> bool:
 
 def partition(gm: torch.fx.GraphModule) -> list[Segment]:
     """Colors, schedules and cuts ``gm``'s graph; see the module docstring."""
-    if drop_empty_pads(gm.graph) + unfuse_addmm_epilogues(gm.graph):
-        gm.recompile()
     return schedule(gm.graph, color_nodes(gm.graph))
-
-
-def drop_empty_pads(graph: torch.fx.Graph) -> int:
-    """Step 0 of the module docstring: a ``constant_pad_nd`` whose widths are all zero is
-    replaced by its argument, where nothing can tell the two apart; returns how many went.
-
-    Torch computes such a pad as a copy (Swin pads every feature map up to a multiple of its
-    window: at 224x224 fifteen copies per inference step). The graph is functional, so the
-    copy is needed only where the result and its argument could be seen as two tensors: the
-    pad stays when an in-place op writes either of them or a tensor they share memory with,
-    when the graph returns the result (directly or through views: the caller's tensor would
-    share memory with the argument), and when the two are not laid out alike (a ``view`` of
-    the result relies on its traced strides). A pad kept for its layout lowers into a part
-    like any other op (:func:`.lowering._constant_pad_nd`: nothing to compute); one kept as a
-    tensor of its own (:data:`.lowering.DISTINCT`) stays in torch."""
-    pads = [n for n in graph.nodes if n.op == "call_function" and n.target is torch.ops.aten.constant_pad_nd.default
-            and len(n.args) >= 2 and isinstance(n.args[0], torch.fx.Node) and isinstance(n.args[1], (list, tuple))
-            and all(isinstance(p, int) and p == 0 for p in n.args[1])]
-    if not pads:
-        return 0
-
-    def root(n: torch.fx.Node) -> torch.fx.Node:  # the tensor whose memory ``n`` views
-        while n.op == "call_function" and returns_alias(n.target) and n.args and isinstance(n.args[0], torch.fx.Node):
-            n = n.args[0]
-        return n
-
-    written = {root(n) for n in written_nodes(graph)}
-    done = 0
-    for pad in pads:
-        x = pad.args[0]
-        if root(x) in written or root(pad) in written or _returned_through_views(pad, returns_alias):
-            pad.meta[L.DISTINCT] = True  # torch's copy, not a part's alias of its argument
-            continue
-        if not _same_layout(L.node_meta(pad), L.node_meta(x)):
-            continue
-        pad.replace_all_uses_with(x)
-        graph.erase_node(pad)
-        done += 1
-    return done
-
-
-def _returned_through_views(n: torch.fx.Node, returns_alias: Any) -> bool:
-    """Whether the graph returns ``n`` or a tensor that views it."""
-    return _reached([n], lambda r: r.op == "output",
-                    lambda r: r.op == "call_function" and (r.target is operator.getitem or returns_alias(r.target)))
-
-
-def _reached(start: list[torch.fx.Node], found: Callable[[torch.fx.Node], bool],
-             through: Callable[[torch.fx.Node], bool]) -> bool:
-    """Whether a user of ``start``'s nodes, or of the users ``through`` lets the walk pass
-    (transitively), is one ``found`` accepts."""
-    todo, seen = list(start), set()
-    while todo:
-        u = todo.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        for r in u.users:
-            if found(r):
-                return True
-            if through(r):
-                todo.append(r)
-    return False
-
-
-def _same_layout(a: Any, b: Any) -> bool:
-    """Whether two traced tensors have the same dtype, device, sizes and strides (symbolic
-    ones compared as expressions, which installs no guard)."""
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.layout != torch.strided \
-            or b.layout != torch.strided or a.dtype != b.dtype or a.device != b.device or a.dim() != b.dim():
-        return False
-    try:
-        return all(L.size_expr(p) == L.size_expr(q) for p, q in zip((*a.shape, *a.stride()), (*b.shape, *b.stride())))
-    except Exception:  # sizes the trace cannot express
-        return False
-
-
-def unfuse_addmm_epilogues(graph: torch.fx.Graph) -> int:
-    """Step 0 of the module docstring: ``addmm(bias, a, b)`` (``beta`` = ``alpha`` = 1) whose
-    result kiln reads next becomes ``mm(a, b)`` in torch plus ``add(., bias)`` in that kiln
-    part, returning how many were rewritten.
-
-    The bias add then costs nothing: it is fused into the part's kernel (the activation, the
-    residual add and layer_norm after a linear layer), and the GEMM runs as a plain ``mm``.
-    On CUDA that also changes which GEMM runs: torch sends ``addmm`` with a vector bias to
-    cuBLASLt's bias epilogue, whose kernel choice for BERT-base's shapes is slower than the
-    plain ``mm``'s (0.8 ms of 5.8 ms of GEMMs per inference step on an H100; Inductor unfuses
-    the bias the same way). An addmm whose result only torch reads keeps its fused epilogue,
-    unless it is a long reduction over a small output (:func:`_split_k_product`), whose add
-    then runs in a kiln part of its own. So does one whose result the graph returns (a training
-    forward saving a linear layer's output for the activation's backward): the GEMM's epilogue
-    writes it at no cost, where the kiln part would write it a second time beside its own
-    result (BERT-base's bias + gelu part: 22 µs against Inductor's 11 per layer, H200).
-    Numerically the product is rounded to the output dtype before the bias is added (one
-    extra rounding in f16/bf16; none in f32, where cuBLAS adds the bias in f32 too).
-    """
-    aten = torch.ops.aten
-    done = 0
-    for n in list(graph.nodes):
-        if n.op != "call_function" or n.target is not aten.addmm.default or len(n.args) != 3:
-            continue
-        if any(n.kwargs.get(k, 1) != 1 for k in ("beta", "alpha")) or set(n.kwargs) - {"beta", "alpha"}:
-            continue
-        meta = L.node_meta(n)
-        if not isinstance(meta, torch.Tensor) or not all(isinstance(x, torch.fx.Node) for x in n.args):
-            continue
-        bias, a, b = n.args
-        users = list(n.users)
-        view = users[0] if len(users) == 1 and _keeps_last_dim(users[0], meta) else None
-        # A view kiln cannot take (a reshape to a run-time size, in a dynamic-shape graph)
-        # between the product and its reader: the add moves below it, where it still
-        # broadcasts the same way (the view keeps the last dimension).
-        sink = view is not None and node_color(view)[0] is None
-        anchor = view if sink else n  # the node whose value the add replaces
-        if (not _read_by_kiln(anchor) or _returned(anchor)) and not _split_k_product(meta, a):
-            continue
-        with graph.inserting_before(anchor):
-            mm = graph.call_function(aten.mm.default, (a, b))
-            mm.meta.update(n.meta)  # same shape, dtype, device and (contiguous) layout
-            base = mm
-            if sink:
-                base = graph.call_function(view.target, (mm, *view.args[1:]), dict(view.kwargs))
-                base.meta.update(view.meta)
-            add = graph.call_function(aten.add.Tensor, (base, bias))
-            add.meta.update(anchor.meta)
-        anchor.replace_all_uses_with(add)
-        graph.erase_node(anchor)
-        if sink:
-            graph.erase_node(n)
-        done += 1
-    return done
-
-
-def _split_k_product(out: torch.Tensor, a: torch.fx.Node) -> bool:
-    """Whether an f32 CUDA ``addmm`` is one whose bias is better added apart even when only
-    torch reads the result (a linear layer before dropout, in training): a long reduction
-    (K >= 2N) over an output too small to fill the GPU with 128x128 tiles. There cuBLAS's plain
-    GEMM splits the reduction (split-K) and its bias-epilogue path does not: BERT-base's
-    3072->768 product over 2048 rows runs 209 µs as ``mm`` and 255 µs as ``addmm`` on an H200
-    (``tests/gpu/gemm_choice.py``), and the separate add costs ~6 µs. Elsewhere the epilogue
-    is as fast or faster (768->768: 65 µs against 69), and the addmm stays."""
-    am = L.node_meta(a)
-    if not (isinstance(am, torch.Tensor) and out.device.type == "cuda" and out.dtype == torch.float32
-            and out.ndim == 2 and am.ndim == 2):
-        return False
-    sizes = (out.shape[0], out.shape[1], am.shape[1])
-    if not all(L._is_static_size(d) for d in sizes):
-        return False
-    m, n, k = (int(d) for d in sizes)
-    try:
-        sms = torch.cuda.get_device_properties(out.device).multi_processor_count
-    except Exception:  # no device to ask (a graph traced for CUDA elsewhere)
-        return False
-    return k >= 2 * n and -(-m // 128) * -(-n // 128) < sms
-
-
-def _keeps_last_dim(v: torch.fx.Node, src: torch.Tensor) -> bool:
-    """Whether ``v`` is a reshape of ``src`` whose last dimension is ``src``'s (a bias along
-    that dimension broadcasts the same before and after it)."""
-    aten = torch.ops.aten
-    if v.op != "call_function" or v.target not in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
-        return False
-    m = L.node_meta(v)
-    if not isinstance(m, torch.Tensor) or m.ndim < 1 or src.ndim < 1:
-        return False
-    last, want = m.shape[-1], src.shape[-1]
-    return L._is_static_size(last) and L._is_static_size(want) and int(last) == int(want)
-
-
-def _returned(n: torch.fx.Node) -> bool:
-    """Whether the graph returns ``n``, directly or through views."""
-    todo, seen = list(n.users), set()
-    while todo:
-        u = todo.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u.op == "output":
-            return True
-        if u.op == "call_function" and u.target in L.VIEW_OPS:
-            todo.extend(u.users)
-    return False
-
-
-def _read_by_kiln(n: torch.fx.Node) -> bool:
-    """Whether some node that computes (not a view) reads ``n``, directly or through views
-    that kiln runs too, and lowers to kiln on its own: the bias add then lands in that node's
-    part. (A view kiln cannot take, one with symbolic size arguments say, would leave the add
-    alone in a part of its own: an extra kernel where addmm had none.)"""
-    seen: set[torch.fx.Node] = set()
-    todo = list(n.users)
-    while todo:
-        u = todo.pop()
-        if u in seen or u.op != "call_function":
-            continue
-        seen.add(u)
-        if node_color(u)[0] is None:
-            continue
-        if u.target in L.VIEW_OPS:
-            todo.extend(u.users)
-            continue
-        return True
-    return False
 
 
 # ---------------------------------------------------------------------------------- kiln graphs
@@ -613,7 +409,7 @@ def _viewed_in_layout(n: torch.fx.Node, inside: frozenset[torch.fx.Node]) -> boo
     fails on a contiguous result). A ``view`` of ``n`` itself is valid on a contiguous result,
     so it does not count."""
     strided_readers, passing = _view_tables()
-    return _reached([u for u in n.users if u not in inside and u.op == "call_function" and u.target in passing],
+    return reached([u for u in n.users if u not in inside and u.op == "call_function" and u.target in passing],
                     lambda r: r.target in strided_readers,
                     lambda r: r.op == "call_function" and r.target in passing)
 
@@ -707,7 +503,7 @@ def build_part(seg: Segment) -> PartGraph:
             # Written contiguous (see above): refused where torch relies on the traced strides,
             # as a result of symbolic sizes is, unless it is an argument in its own layout (the
             # torch side copies it, layout and all).
-            if id(v) in input_ids and _same_layout(L.node_meta(seg.inputs[input_ids[id(v)]]), m):
+            if id(v) in input_ids and same_layout(L.node_meta(seg.inputs[input_ids[id(v)]]), m):
                 out_specs.append(TensorSpec(m.dtype, shape))
                 sources.append(("input", input_ids[id(v)]))
                 continue

@@ -14,7 +14,7 @@ Contract:
   vectorised CPU loop), :func:`dropout_decomposition` is in the backend's
   decomposition table: a training ``native_dropout`` becomes ``rand_like(x) > p`` and a scaled
   select (torch's own decomposition), so AOTAutograd's backward multiplies by the saved mask.
-- :func:`seed_draws` rewrites an ATen graph: each float ``rand_like`` becomes
+- The pass :mod:`.passes.seed_draws` rewrites an ATen graph: each float ``rand_like`` becomes
   ``kiln.uniform(seed, x, stream, dtype)``. ``seed`` is one ``randint`` per device per call of the
   graph, drawn from torch's generator (``torch.manual_seed`` makes a run repeatable; two calls
   draw different numbers); streams number the graph's draws.
@@ -92,37 +92,4 @@ def dropout_decomposition() -> dict[Any, Any]:
     return get_decompositions([aten.native_dropout.default])
 
 
-def seed_draws(gm: torch.fx.GraphModule) -> int:
-    """Rewrites every float ``rand_like`` of ``gm`` into ``kiln.uniform`` of one seed per device
-    (drawn where the graph's first draw was), streams numbered in graph order. Returns how many
-    draws it rewrote. A draw with a generator, or without a FakeTensor to go by, stays torch's."""
-    g = gm.graph
-    seeds: dict[torch.device, torch.fx.Node] = {}
-    stream = 0
-    for n in list(g.nodes):
-        if n.op != "call_function" or n.target is not aten.rand_like.default or n.kwargs.get("generator") is not None:
-            continue
-        val = n.meta.get("val")
-        mode = getattr(val, "fake_mode", None)
-        if mode is None or val.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-            continue
-        seed = seeds.get(val.device)
-        if seed is None:
-            with g.inserting_before(n):
-                seed = g.call_function(aten.randint.default, (2**63 - 1, []),
-                                       {"dtype": torch.int64, "device": val.device})
-            with mode:
-                seed.meta["val"] = torch.empty((), dtype=torch.int64, device=val.device)
-            seeds[val.device] = seed
-        with g.inserting_before(n):
-            draw = g.call_function(torch.ops.kiln.uniform.default, (seed, n.args[0], stream, val.dtype))
-        draw.meta["val"] = val
-        n.replace_all_uses_with(draw)
-        g.erase_node(n)
-        stream += 1
-    if stream:
-        gm.recompile()
-    return stream
-
-
-__all__ = ["dropout_decomposition", "philox_uniform", "seed_draws", "uniform"]
+__all__ = ["dropout_decomposition", "philox_uniform", "uniform"]

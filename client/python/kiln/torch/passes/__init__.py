@@ -6,9 +6,10 @@ Three stages, each a list below; :mod:`..dynamo_backend` runs the first and the 
 1. :func:`run_aten_passes`, on the ATen graph AOTAutograd hands the backend, before it is
    partitioned: common subexpressions merged (CSE first, so the passes after it see each value
    once), dropout's draws seeded for kiln's kernels, convolutions made channels-last, and
-   constants folded. Folding comes last: the layout pass propagates fake tensors through the
-   graph, and a folded value must be a real tensor. (Partitioning then applies its own rewrites,
-   :mod:`..partition` step 0.)
+   constants folded (after the layout pass, which propagates fake tensors through the graph:
+   a folded value must be a real tensor). Last, two rewrites for the partitioner: pads of zero
+   widths dropped, and bias epilogues that kiln reads unfused (a question the partitioner's
+   colors answer, so on the graph it will see).
 2. :data:`TORCH_SIDE_PASSES`, on the rewritten graph (kiln parts as modules between torch
    nodes), in order: view chains collapse before the matrix products are matched (a folded
    transpose is what ``fold_linear`` looks for), products become ``linear`` before views are
@@ -28,9 +29,9 @@ import torch
 import torch.fx
 
 from ..counters import bump
-from ..layout import channels_last_convolutions, report_output_strides, saved_outputs, wants_channels_last
-from ..rng import seed_draws
+from .channels_last import channels_last_convolutions, report_output_strides, saved_outputs, wants_channels_last
 from .cse import eliminate_common_subexpressions
+from .drop_empty_pads import drop_empty_pads
 from .fold_clones import fold_clones
 from .fold_constants import fold_constant_subgraphs
 from .fold_fresh_index_add import fold_fresh_index_add
@@ -40,6 +41,8 @@ from .fold_views import fold_views
 from .launch_long_kernels_first import launch_long_kernels_first
 from .philox_on_host import philox_state_on_host
 from .reshape_other_views import reshape_other_views
+from .seed_draws import seed_draws
+from .unfuse_addmm_epilogues import unfuse_addmm_epilogues
 
 GraphPass = Callable[[torch.fx.Graph], int]
 
@@ -77,6 +80,8 @@ def run_aten_passes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, 
             report_output_strides(gm)
         bump(layout_copies=copies)
     bump(constants=fold_constant_subgraphs(gm))
+    if drop_empty_pads(gm.graph) + unfuse_addmm_epilogues(gm.graph):
+        gm.recompile()
 
 
 def run_torch_side_passes(g: torch.fx.Graph) -> None:
@@ -94,6 +99,8 @@ def run_cudagraph_passes(g: torch.fx.Graph) -> int:
 __all__ = [
     "CUDAGRAPH_PASSES",
     "TORCH_SIDE_PASSES",
+    "channels_last_convolutions",
+    "drop_empty_pads",
     "eliminate_common_subexpressions",
     "fold_clones",
     "fold_constant_subgraphs",
@@ -108,4 +115,6 @@ __all__ = [
     "run_aten_passes",
     "run_cudagraph_passes",
     "run_torch_side_passes",
+    "seed_draws",
+    "unfuse_addmm_epilogues",
 ]

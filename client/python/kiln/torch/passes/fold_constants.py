@@ -12,7 +12,6 @@ import torch.fx
 from .. import lowering as L
 from ..nodes import get_attr, pure, returns_alias, written_nodes
 
-
 # A folded value larger than this (elements) is computed on every call instead of being held.
 _MAX_CONSTANT_ELEMENTS = 1 << 24
 

@@ -11,7 +11,6 @@ import torch.fx
 
 from ..nodes import mutates, traced_value
 
-
 _reinterpret = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
 
 

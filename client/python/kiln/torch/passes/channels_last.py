@@ -15,7 +15,7 @@ and torch's pointwise ops keep whatever layout their inputs have. The pass inser
 already: the graph's image input and the weights (one copy each per call, which Inductor's
 layout optimisation makes too), and nothing else, because a convolution's output is then
 channels-last and everything computed from it follows. Where such a clone lands in a kiln part
-it costs nothing: :func:`.partition.build_part` makes a part write a channels-last result in
+it costs nothing: :func:`..partition.build_part` makes a part write a channels-last result in
 that layout directly (the permutation is part of the kernel's store), so batch norm, ReLU and
 the residual add between two convolutions read and write NHWC in one kernel.
 
@@ -42,7 +42,8 @@ import torch
 import torch.fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-from . import lowering as L
+from .. import lowering as L
+from ..nodes import is_channels_last
 
 log = logging.getLogger("kiln.torch")
 aten = torch.ops.aten
@@ -69,15 +70,6 @@ def _static_tensor(n: Any) -> Optional[torch.Tensor]:
 
 def _is_format(m: torch.Tensor, fmt: torch.memory_format) -> bool:
     return bool(m.is_contiguous(memory_format=fmt))
-
-
-def is_channels_last(m: torch.Tensor) -> bool:
-    """Whether ``m`` (a 4-D or 5-D tensor) is in torch's channels-last format."""
-    fmt = _FORMATS.get(m.ndim)
-    try:
-        return fmt is not None and _is_format(m, fmt)
-    except Exception:  # a symbolic layout the trace cannot decide
-        return False
 
 
 def _output(g: torch.fx.Graph) -> torch.fx.Node:
