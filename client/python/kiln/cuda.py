@@ -140,7 +140,7 @@ class CudaKernel:
         self.handle: str = compiled.handle
         self.device_index = _device_index(device)
         target = getattr(compiled, "target", None)
-        dev_sm = core.cuda_device_sm(self.device_index)
+        dev_sm = device_sm(self.device_index)
         if target is not None and target.is_cuda and target.sm > dev_sm:
             raise KilnError(f"{self.handle[:12]} was compiled for {target}, but device {self.device_index} is "
                             f"sm_{dev_sm}: compile for cuda:sm_{dev_sm}")
@@ -613,7 +613,7 @@ class RawKernel:
             hit = self._functions.get(device)
         if hit is not None:
             return hit
-        cubin, lowered = self.compile(core.cuda_device_sm(device))
+        cubin, lowered = self.compile(device_sm(device))
         try:
             fn = core.CudaFunction(device, cubin, lowered)
         except core.CoreError as e:
