@@ -25,12 +25,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -129,9 +131,20 @@ ABSL_FLAG(int, compile_worker_fd, -1,
 ABSL_FLAG(
     std::string, shared_cache, "",
     "Shared cache tier behind the local one, for replicas that share compiles: "
-    "redis://[[USER]:PASSWORD@]HOST:PORT[/DB] or redis-cluster://[[USER]:PASSWORD@]H1:P1,...; "
-    "empty: local only. $KILN_REDIS_PASSWORD (and $KILN_REDIS_USER) supply the credentials "
+    "redis://[[USER]:PASSWORD@]HOST:PORT[/DB] or redis-cluster://[[USER]:PASSWORD@]H1:P1,..., "
+    "rediss:// and rediss-cluster:// over TLS; empty: local only. --shared-cache-password-file "
+    "or $KILN_REDIS_PASSWORD (with $KILN_REDIS_USER for an ACL user) supply the credentials "
     "when the URL has none, keeping them out of the process list.");
+ABSL_FLAG(std::string, shared_cache_password_file, "",
+          "File holding the shared cache's password (its first line).");
+ABSL_FLAG(std::string, shared_cache_tls_ca, "",
+          "PEM CA bundle a rediss:// server's certificate must chain to; empty: the system's.");
+ABSL_FLAG(std::string, shared_cache_tls_cert, "",
+          "PEM client certificate chain for a rediss:// server that requires one.");
+ABSL_FLAG(std::string, shared_cache_tls_key, "", "PEM private key of --shared-cache-tls-cert.");
+ABSL_FLAG(std::string, shared_cache_tls_server_name, "",
+          "Name every rediss:// server's certificate must carry (and SNI); empty: the host "
+          "connected to, as named in the URL or the cluster's slot map.");
 ABSL_FLAG(int, shared_cache_timeout_ms, 250,
           "Limit on each connect and call to the shared cache, in milliseconds.");
 ABSL_FLAG(double, shared_cache_ttl_s, 0,
@@ -283,6 +296,56 @@ void WarnAboutTokenExposure(const std::string& token_file, bool tls, const std::
     spdlog::warn("token file {} is readable by others on this machine (mode {:o}): chmod 600 it",
                  token_file, st.st_mode & 0777);
   }
+}
+
+// The shared tier's client from --shared-cache and its companion flags. Credentials come from
+// the URL, else the password file, else the environment; TLS files only with rediss://.
+absl::StatusOr<std::unique_ptr<shared::RedisClient>> MakeRedisClient(const std::string& url) {
+  absl::StatusOr<shared::RedisOptions> options = shared::ParseRedisUrl(url);
+  if (!options.ok()) return options.status();
+  if (options->password.empty()) {
+    const std::string file = absl::GetFlag(FLAGS_shared_cache_password_file);
+    const char* env = std::getenv("KILN_REDIS_PASSWORD");
+    if (!file.empty()) {
+      std::ifstream in(file);
+      if (!in || !std::getline(in, options->password) || options->password.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--shared-cache-password-file ", file, ": cannot read a password from its first line"));
+      }
+      if (!options->password.empty() && options->password.back() == '\r') {
+        options->password.pop_back();
+      }
+    } else if (env != nullptr && *env != '\0') {
+      options->password = env;
+    }
+    if (const char* user = std::getenv("KILN_REDIS_USER");
+        !options->password.empty() && user != nullptr && options->username.empty()) {
+      options->username = user;
+    }
+  }
+  options->tls.ca_file = absl::GetFlag(FLAGS_shared_cache_tls_ca);
+  options->tls.cert_file = absl::GetFlag(FLAGS_shared_cache_tls_cert);
+  options->tls.key_file = absl::GetFlag(FLAGS_shared_cache_tls_key);
+  options->tls.server_name = absl::GetFlag(FLAGS_shared_cache_tls_server_name);
+  const bool tls_flags = !options->tls.ca_file.empty() || !options->tls.cert_file.empty() ||
+                         !options->tls.key_file.empty() || !options->tls.server_name.empty();
+  if (tls_flags && !options->tls.enabled) {
+    return absl::InvalidArgumentError(
+        "--shared-cache-tls-* are given but the shared cache URL is not rediss:// or "
+        "rediss-cluster://: the connection would not use them");
+  }
+  if (!options->password.empty() && !options->tls.enabled &&
+      absl::c_any_of(options->seeds,
+                     [](const shared::RedisEndpoint& e) { return !LoopbackOnly(e.ToString()); })) {
+    spdlog::warn(
+        "the shared cache password crosses the network in clear text: use rediss:// (Redis "
+        "with TLS), or a Redis on a loopback address");
+  }
+  const absl::Duration timeout =
+      absl::Milliseconds(std::max(1, absl::GetFlag(FLAGS_shared_cache_timeout_ms)));
+  options->connect_timeout = timeout;
+  options->command_timeout = timeout;
+  return shared::RedisClient::Create(*std::move(options));
 }
 
 std::string NextToSelf(const std::string& name) {
@@ -462,19 +525,9 @@ int Run() {
   std::unique_ptr<shared::LeaseManager> leases;
   store::ArtifactStore* cache = store->get();
   if (const std::string url = absl::GetFlag(FLAGS_shared_cache); !url.empty()) {
-    absl::StatusOr<shared::RedisOptions> redis_options = shared::ParseRedisUrl(url);
-    if (!redis_options.ok()) return Fail(redis_options.status().ToString());
-    if (const char* password = std::getenv("KILN_REDIS_PASSWORD");
-        redis_options->password.empty() && password != nullptr && *password != '\0') {
-      redis_options->password = password;
-      if (const char* user = std::getenv("KILN_REDIS_USER"); user != nullptr)
-        redis_options->username = user;
-    }
-    const absl::Duration timeout =
-        absl::Milliseconds(std::max(1, absl::GetFlag(FLAGS_shared_cache_timeout_ms)));
-    redis_options->connect_timeout = timeout;
-    redis_options->command_timeout = timeout;
-    redis = std::make_unique<shared::RedisClient>(*std::move(redis_options));
+    absl::StatusOr<std::unique_ptr<shared::RedisClient>> client = MakeRedisClient(url);
+    if (!client.ok()) return Fail(client.status().ToString());
+    redis = *std::move(client);
     shared::SharedStoreOptions l2_options;
     l2_options.ttl = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_shared_cache_ttl_s)));
     if (signer != nullptr) {

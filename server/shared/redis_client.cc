@@ -1,8 +1,5 @@
 #include "server/shared/redis_client.h"
 
-#include <hiredis/hiredis.h>
-#include <sys/time.h>
-
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -19,59 +16,6 @@ namespace {
 
 constexpr int kSlots = 16384;
 constexpr int kMaxRedirects = 5;
-
-RedisReply Convert(const redisReply* r) {
-  RedisReply out;
-  switch (r->type) {
-    case REDIS_REPLY_STRING:
-      out.type = RedisReply::Type::kString;
-      out.str.assign(r->str, r->len);
-      break;
-    case REDIS_REPLY_STATUS:
-      out.type = RedisReply::Type::kStatus;
-      out.str.assign(r->str, r->len);
-      break;
-    case REDIS_REPLY_INTEGER:
-      out.type = RedisReply::Type::kInteger;
-      out.integer = r->integer;
-      break;
-    case REDIS_REPLY_ARRAY:
-      out.type = RedisReply::Type::kArray;
-      out.elements.reserve(r->elements);
-      for (size_t i = 0; i < r->elements; ++i) out.elements.push_back(Convert(r->element[i]));
-      break;
-    default:
-      out.type = RedisReply::Type::kNil;
-  }
-  return out;
-}
-
-// One command on one connection. Error replies become FailedPrecondition.
-absl::StatusOr<RedisReply> Execute(redisContext* ctx, const RedisEndpoint& endpoint,
-                                   const std::vector<absl::string_view>& args) {
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  argv.reserve(args.size());
-  lens.reserve(args.size());
-  for (absl::string_view a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  auto* r = static_cast<redisReply*>(
-      redisCommandArgv(ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
-  if (r == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat(endpoint.ToString(), ": ", ctx->err != 0 ? ctx->errstr : "no reply"));
-  }
-  absl::StatusOr<RedisReply> out;
-  if (r->type == REDIS_REPLY_ERROR) {
-    out = absl::FailedPreconditionError(std::string(r->str, r->len));
-  } else {
-    out = Convert(r);
-  }
-  freeReplyObject(r);
-  return out;
-}
 
 absl::StatusOr<RedisEndpoint> ParseEndpoint(absl::string_view text, absl::string_view url) {
   const size_t colon = text.rfind(':');
@@ -176,8 +120,6 @@ absl::Status ParseUserInfo(absl::string_view info, absl::string_view url, RedisO
 
 }  // namespace
 
-std::string RedisEndpoint::ToString() const { return absl::StrCat(host, ":", port); }
-
 absl::StatusOr<RedisOptions> ParseRedisUrl(absl::string_view full_url) {
   RedisOptions options;
   const std::string redacted = RedactRedisUrl(full_url);
@@ -185,9 +127,16 @@ absl::StatusOr<RedisOptions> ParseRedisUrl(absl::string_view full_url) {
   absl::string_view rest = full_url;
   if (absl::ConsumePrefix(&rest, "redis-cluster://")) {
     options.cluster = true;
+  } else if (absl::ConsumePrefix(&rest, "rediss-cluster://")) {
+    options.cluster = true;
+    options.tls.enabled = true;
+  } else if (absl::ConsumePrefix(&rest, "rediss://")) {
+    options.tls.enabled = true;
   } else if (!absl::ConsumePrefix(&rest, "redis://")) {
     return absl::InvalidArgumentError(
-        absl::StrCat("shared cache URL '", url, "' must start with redis:// or redis-cluster://"));
+        absl::StrCat("shared cache URL '", url,
+                     "' must start with redis://, rediss:// (TLS), redis-cluster:// or "
+                     "rediss-cluster://"));
   }
   if (const size_t at = UserInfoEnd(rest); at != absl::string_view::npos) {
     if (absl::Status s = ParseUserInfo(rest.substr(0, at), full_url, &options); !s.ok()) return s;
@@ -213,8 +162,10 @@ absl::StatusOr<RedisOptions> ParseRedisUrl(absl::string_view full_url) {
     return absl::InvalidArgumentError(absl::StrCat("shared cache URL '", url, "' names no server"));
   }
   if (!options.cluster && options.seeds.size() > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shared cache URL '", url, "' names several servers; use redis-cluster:// for a cluster"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared cache URL '", url,
+                     "' names several servers; use redis-cluster:// (or rediss-cluster://) for a "
+                     "cluster"));
   }
   return options;
 }
@@ -240,33 +191,41 @@ uint16_t KeySlot(absl::string_view key) {
   return crc % kSlots;
 }
 
-struct RedisClient::Conn {
-  explicit Conn(redisContext* c) : ctx(c) {}
-  ~Conn() {
-    if (ctx != nullptr) redisFree(ctx);
-  }
-  redisContext* ctx;
-};
-
 struct RedisClient::Node {
   RedisEndpoint endpoint;
   absl::Mutex mu;
-  std::vector<std::unique_ptr<Conn>> idle ABSL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<RedisConnection>> idle ABSL_GUARDED_BY(mu);
   std::atomic<bool> down{false};
   std::atomic<int64_t> down_until_ns{0};  // absl::GetCurrentTimeNanos() scale
 };
 
+namespace {
+
+absl::StatusOr<std::shared_ptr<const RedisTls>> MakeTls(const RedisTlsOptions& options) {
+  if (!options.enabled) return std::shared_ptr<const RedisTls>();
+  return RedisTls::Create(options);
+}
+
+}  // namespace
+
 RedisClient::RedisClient(RedisOptions options)
     : options_(std::move(options)),
       description_(absl::StrCat(
-          options_.cluster ? "redis-cluster://" : "redis://",
+          "redis", options_.tls.enabled ? "s" : "", options_.cluster ? "-cluster://" : "://",
           options_.password.empty() ? "" : absl::StrCat(options_.username, ":***@"),
           absl::StrJoin(
               options_.seeds, ",",
               [](std::string* out, const RedisEndpoint& e) { absl::StrAppend(out, e.ToString()); }),
-          options_.db != 0 ? absl::StrCat("/", options_.db) : "")) {
+          options_.db != 0 ? absl::StrCat("/", options_.db) : "")),
+      tls_(MakeTls(options_.tls)) {
   absl::MutexLock lock(&mu_);
   if (options_.cluster) slots_.assign(kSlots, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<RedisClient>> RedisClient::Create(RedisOptions options) {
+  auto client = std::make_unique<RedisClient>(std::move(options));
+  if (!client->tls_.ok()) return client->tls_.status();
+  return client;
 }
 
 RedisClient::~RedisClient() = default;
@@ -346,7 +305,7 @@ absl::Status RedisClient::RefreshSlots() {
 absl::StatusOr<RedisReply> RedisClient::RunOn(Node* node,
                                               const std::vector<absl::string_view>& args,
                                               bool asking) {
-  std::unique_ptr<Conn> conn;
+  std::unique_ptr<RedisConnection> conn;
   {
     absl::MutexLock lock(&node->mu);
     if (!node->idle.empty()) {
@@ -354,33 +313,29 @@ absl::StatusOr<RedisReply> RedisClient::RunOn(Node* node,
       node->idle.pop_back();
     }
   }
-  const RedisEndpoint& e = node->endpoint;
   if (conn == nullptr) {
-    conn = std::make_unique<Conn>(
-        redisConnectWithTimeout(e.host.c_str(), e.port, absl::ToTimeval(options_.connect_timeout)));
-    if (conn->ctx == nullptr || conn->ctx->err != 0) {
-      const std::string why = conn->ctx == nullptr ? "out of memory" : conn->ctx->errstr;
-      return absl::UnavailableError(absl::StrCat("cannot connect to ", e.ToString(), ": ", why));
-    }
-    redisSetTimeout(conn->ctx, absl::ToTimeval(options_.command_timeout));
+    if (!tls_.ok()) return absl::UnavailableError(tls_.status().message());
+    absl::StatusOr<std::unique_ptr<RedisConnection>> opened = RedisConnection::Open(
+        node->endpoint, tls_->get(), options_.connect_timeout, options_.command_timeout);
+    if (!opened.ok()) return opened.status();
+    conn = *std::move(opened);
     if (!options_.password.empty()) {
       absl::StatusOr<RedisReply> authed =
-          options_.username.empty()
-              ? Execute(conn->ctx, e, {"AUTH", options_.password})
-              : Execute(conn->ctx, e, {"AUTH", options_.username, options_.password});
+          options_.username.empty() ? conn->Execute({"AUTH", options_.password})
+                                    : conn->Execute({"AUTH", options_.username, options_.password});
       if (!authed.ok()) return authed.status();
     }
     if (!options_.cluster && options_.db != 0) {
       const std::string db = absl::StrCat(options_.db);
-      absl::StatusOr<RedisReply> selected = Execute(conn->ctx, e, {"SELECT", db});
+      absl::StatusOr<RedisReply> selected = conn->Execute({"SELECT", db});
       if (!selected.ok()) return selected.status();
     }
   }
   absl::StatusOr<RedisReply> reply = RedisReply();
-  if (asking) reply = Execute(conn->ctx, e, {"ASKING"});
-  if (reply.ok()) reply = Execute(conn->ctx, e, args);
+  if (asking) reply = conn->Execute({"ASKING"});
+  if (reply.ok()) reply = conn->Execute(args);
   // A connection that saw an I/O error or a timeout may hold a late reply: never reuse it.
-  if (reply.ok() || absl::IsFailedPrecondition(reply.status())) {
+  if (!conn->broken()) {
     absl::MutexLock lock(&node->mu);
     if (node->idle.size() < static_cast<size_t>(options_.max_idle_connections)) {
       node->idle.push_back(std::move(conn));

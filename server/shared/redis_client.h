@@ -1,11 +1,13 @@
-// RedisClient: kilnd's connection to the shared cache tier, a thin layer over hiredis.
+// RedisClient: kilnd's connection to the shared cache tier.
 //
 // It speaks to one standalone Redis (redis://[[USER]:PASSWORD@]HOST:PORT[/DB]) or to a Redis
-// Cluster (redis-cluster://[[USER]:PASSWORD@]H1:P1,H2:P2,...). With a password every new
-// connection authenticates first (AUTH, with the ACL user when one is named); the password
-// never appears in logs, errors or stats (`description()` shows it as ***). A server that
-// refuses the client (NOAUTH, WRONGPASS, NOPERM) counts as down, with its reason logged: a
-// shared tier that takes no writes must not report itself as serving.
+// Cluster (redis-cluster://[[USER]:PASSWORD@]H1:P1,H2:P2,...); rediss:// and rediss-cluster://
+// are the same over TLS (RedisTlsOptions: CA, client certificate, server name; see
+// redis_connection.h). With a password every new connection authenticates first (AUTH, with the
+// ACL user when one is named); the password never appears in logs, errors or stats
+// (`description()` shows it as ***). A server that refuses the client (NOAUTH, WRONGPASS,
+// NOPERM) or a TLS handshake that fails counts as down, with its reason logged: a shared tier
+// that takes no writes must not report itself as serving.
 //
 // In cluster mode it keeps the slot map (CLUSTER SLOTS), routes each command by the hash slot
 // of its key (CRC16 of the key, or of the part between the first "{" and the next "}" when
@@ -25,7 +27,7 @@
 // no`; with the default, Redis itself refuses every key once a master has been gone for
 // `cluster-node-timeout`.)
 //
-// Connections are pooled per server node; a connection that saw an error is closed.
+// Connections (RedisConnection) are pooled per server node; one that saw an I/O error is closed.
 // Thread-safety: all methods may be called concurrently.
 #pragma once
 
@@ -43,16 +45,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-
-struct redisContext;
+#include "server/shared/redis_connection.h"
 
 namespace kiln::shared {
-
-struct RedisEndpoint {
-  std::string host;
-  int port = 6379;
-  std::string ToString() const;
-};
 
 struct RedisOptions {
   bool cluster = false;
@@ -60,6 +55,7 @@ struct RedisOptions {
   int db = 0;                        // standalone only (a cluster has just db 0)
   std::string username;              // ACL user; empty: the default user
   std::string password;              // empty: no AUTH
+  RedisTlsOptions tls;
   absl::Duration connect_timeout = absl::Milliseconds(250);
   absl::Duration command_timeout = absl::Milliseconds(250);
   absl::Duration retry_interval = absl::Seconds(1);
@@ -67,7 +63,8 @@ struct RedisOptions {
 };
 
 // "redis://[[USER]:PASSWORD@]HOST:PORT[/DB]" or "redis-cluster://[[USER]:PASSWORD@]H1:P1,..."
-// (user and password percent-encoded where needed) -> options with default timeouts.
+// (user and password percent-encoded where needed), or the same with rediss:// and
+// rediss-cluster:// (tls.enabled) -> options with default timeouts.
 // InvalidArgument naming the part that is wrong, the password never quoted.
 absl::StatusOr<RedisOptions> ParseRedisUrl(absl::string_view url);
 
@@ -77,21 +74,15 @@ std::string RedactRedisUrl(absl::string_view url);
 // The hash slot (0..16383) Redis Cluster assigns `key`, hash tags included.
 uint16_t KeySlot(absl::string_view key);
 
-// A reply copied out of hiredis. Error replies never appear here: they are statuses.
-struct RedisReply {
-  enum class Type { kNil, kString, kInteger, kArray, kStatus };
-  Type type = Type::kNil;
-  std::string str;  // kString, kStatus
-  int64_t integer = 0;
-  std::vector<RedisReply> elements;  // kArray
-  bool is_nil() const { return type == Type::kNil; }
-};
-
 class RedisClient {
  public:
   // Connects to nothing yet: a server that is down at start is simply "down" on first use.
+  // With options.tls.enabled the TLS files are read here; when they cannot be used every call
+  // fails Unavailable naming why (Create reports it at once instead).
   // REQUIRES: options.seeds non-empty.
   explicit RedisClient(RedisOptions options);
+  // The constructor, but InvalidArgument when the TLS files cannot be used.
+  static absl::StatusOr<std::unique_ptr<RedisClient>> Create(RedisOptions options);
   ~RedisClient();
 
   RedisClient(const RedisClient&) = delete;
@@ -122,7 +113,6 @@ class RedisClient {
 
  private:
   struct Node;
-  struct Conn;
 
   Node* NodeFor(const std::string& host, int port) ABSL_LOCKS_EXCLUDED(mu_);
   Node* NodeForSlot(uint16_t slot) ABSL_LOCKS_EXCLUDED(mu_);
@@ -138,6 +128,8 @@ class RedisClient {
   // Immutable after construction.
   const RedisOptions options_;
   const std::string description_;
+  // Set when options_.tls.enabled: the context, or why there is none.
+  const absl::StatusOr<std::shared_ptr<const RedisTls>> tls_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Node>> nodes_ ABSL_GUARDED_BY(mu_);

@@ -344,6 +344,22 @@ MUTANTS: list[Mutant] = [
         tests=("gtest:shared_tier_test:RedisClusterRoutingTest.AMasterDownTakesOutItsSlotsOnly",),
     ),
     Mutant(
+        name="redis-tls-trusts-any-certificate",
+        what="TLS to Redis accepts a server certificate no trusted CA signed",
+        file="server/shared/redis_connection.cc",
+        find="  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);",
+        replace="  SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, nullptr);",
+        tests=("gtest:shared_tier_test:RedisTlsTest.AnUntrustedOrMisnamedServerIsRefused",),
+    ),
+    Mutant(
+        name="redis-tls-any-server-name",
+        what="TLS to Redis accepts a trusted certificate issued for another name",
+        file="server/shared/redis_connection.cc",
+        find="    SSL_set1_host(ssl_, name.c_str());",
+        replace="",
+        tests=("gtest:shared_tier_test:RedisTlsTest.AnUntrustedOrMisnamedServerIsRefused",),
+    ),
+    Mutant(
         name="disk-full-never-resumes",
         what="a store suspended by a full disk never resumes writing once space is back",
         file="server/store/rocksdb_store.cc",

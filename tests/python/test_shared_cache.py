@@ -216,3 +216,82 @@ def test_password_protected_redis(tmp_path, redis, monkeypatch):
             assert cb.health("kiln.SharedCache") == "SERVING"
         for daemon in (a, b):
             assert secret not in daemon.log(), "the password reached kilnd's log"
+
+
+def test_tls_redis_with_client_certificates_and_a_password_file(tmp_path, monkeypatch):
+    """A Redis reachable only over TLS that also asks for a client certificate and a password,
+    as managed services run it: two replicas with rediss://, the test CA, a client certificate
+    and the password from a file (or the environment) share compiles; a replica that cannot
+    trust the server reports the tier NOT_SERVING and logs why; TLS files that cannot be used,
+    or TLS files with a plaintext URL, stop kilnd at start naming the problem."""
+    from pki import make_ca, make_leaf
+
+    ca = make_ca(tmp_path, "redis-ca")
+    server = make_leaf(tmp_path, "redis-server", ca)
+    client_cert = make_leaf(tmp_path, "kilnd-client", ca)
+    other_ca = make_ca(tmp_path, "other-ca")
+    port = _free_port()
+    secret = "tls-s3cret-pw"
+    proc = subprocess.Popen(["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+                             "--tls-cert-file", str(server[0]), "--tls-key-file", str(server[1]),
+                             "--tls-ca-cert-file", str(ca[0]), "--tls-auth-clients", "yes",
+                             "--requirepass", secret, "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    binary = find_kilnd()
+    if binary is None:
+        no_kilnd()
+    try:
+        assert _wait_port(port, 10), "redis-server did not start"
+        password_file = tmp_path / "redis-password"
+        password_file.write_text(secret + "\n")
+        password_file.chmod(0o600)
+        url = f"rediss://127.0.0.1:{port}"
+        tls = ["--shared-cache-tls-ca", str(ca[0]), "--shared-cache-tls-cert", str(client_cert[0]),
+               "--shared-cache-tls-key", str(client_cert[1])]
+        with kiln.local.LocalDaemon(binary, tmp_path / "a",
+                                    args=["--shared-cache", url, "--shared-cache-password-file",
+                                          str(password_file), *tls]) as a:
+            monkeypatch.setenv("KILN_REDIS_PASSWORD", secret)  # B's password: from the environment
+            b = kiln.local.LocalDaemon(binary, tmp_path / "b", args=["--shared-cache", url, *tls])
+            monkeypatch.delenv("KILN_REDIS_PASSWORD")
+            with b:
+                g = _graph(7.5)
+                with kiln.Client(a.address) as ca_client:
+                    assert not ca_client.compile(g, "cpu").cache_hit
+                with kiln.Client(b.address) as cb:
+                    assert cb.compile(g, "cpu").cache_hit, "B reads A's compile through TLS"
+                    s = cb.stats()
+                    assert s.shared.available and s.shared.hits == 1 and s.compiles == 0
+                    assert s.shared.address == f"rediss://:***@127.0.0.1:{port}"
+                    assert cb.health("kiln.SharedCache") == "SERVING"
+                for daemon in (a, b):
+                    assert secret not in daemon.log(), "the password reached kilnd's log"
+
+        # A CA that did not sign the server's certificate: the tier is down, and the log says why.
+        wrong = ["--shared-cache-tls-ca", str(other_ca[0]), "--shared-cache-tls-cert", str(client_cert[0]),
+                 "--shared-cache-tls-key", str(client_cert[1])]
+        with kiln.local.LocalDaemon(binary, tmp_path / "c",
+                                    args=["--shared-cache", url, "--shared-cache-password-file",
+                                          str(password_file), *wrong]) as c:
+            with kiln.Client(c.address) as cc:
+                assert not cc.compile(_graph(7.75), "cpu").cache_hit  # served from the local tier
+                end = time.monotonic() + 10
+                while cc.health("kiln.SharedCache") == "SERVING" and time.monotonic() < end:
+                    time.sleep(0.1)
+                assert cc.health("kiln.SharedCache") == "NOT_SERVING"
+            log = c.log()
+            assert "TLS handshake" in log and "not trusted" in log, log[-2000:]
+    finally:
+        proc.kill()
+        proc.wait()
+
+    for args, message in [
+        (["--shared-cache", url, "--shared-cache-tls-ca", str(tmp_path / "missing.crt")], "missing.crt"),
+        (["--shared-cache", f"redis://127.0.0.1:{port}", "--shared-cache-tls-ca", str(ca[0])], "not rediss://"),
+        (["--shared-cache", url, "--shared-cache-password-file", str(tmp_path / "no-password")],
+         "--shared-cache-password-file"),
+    ]:
+        p = subprocess.run([str(binary), "--listen=127.0.0.1:0", f"--cache-dir={tmp_path / 'never'}", *args],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode != 0 and message in p.stderr, (args, p.returncode, p.stderr[-2000:])
+

@@ -21,6 +21,7 @@
 #include "server/store/rocksdb_store.h"
 #include "server/store/tiered_store.h"
 #include "tests/integration/redis_process.h"
+#include "tests/integration/test_pki.h"
 
 namespace kiln::shared {
 namespace {
@@ -86,6 +87,22 @@ TEST(ParseRedisUrlTest, RejectsMalformedUrlsNamingThePart) {
     absl::StatusOr<RedisOptions> o = ParseRedisUrl(bad);
     EXPECT_TRUE(absl::IsInvalidArgument(o.status())) << bad;
   }
+}
+
+TEST(ParseRedisUrlTest, RedissMeansTls) {
+  absl::StatusOr<RedisOptions> o = ParseRedisUrl("rediss://:pw@cache.example:6380");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->tls.enabled);
+  EXPECT_FALSE(o->cluster);
+  EXPECT_EQ(o->password, "pw");
+  EXPECT_EQ(RedisClient(*o).description(), "rediss://:***@cache.example:6380");
+  o = ParseRedisUrl("rediss-cluster://10.0.0.1:7000,10.0.0.2:7001");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->tls.enabled);
+  EXPECT_TRUE(o->cluster);
+  EXPECT_EQ(RedisClient(*o).description(), "rediss-cluster://10.0.0.1:7000,10.0.0.2:7001");
+  EXPECT_FALSE(ParseRedisUrl("redis://h:1")->tls.enabled);
+  EXPECT_FALSE(ParseRedisUrl("redis-cluster://h:1")->tls.enabled);
 }
 
 TEST(L2RecordsTest, VerificationRejectsEveryKindOfDamage) {
@@ -550,6 +567,152 @@ TEST(RedisClusterRoutingTest, EveryNodeDownMakesTheClientUnavailable) {
   }
   EXPECT_FALSE(client.available());
   EXPECT_EQ(client.nodes_down(), 3);
+}
+
+// A redis-server with TLS (Debian's is built with it) on a second port beside its plaintext
+// one, which the tests use to configure it; certificates from the test CA.
+class RedisTlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kiln-redis-tls-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    ASSERT_EQ(kiln::testing::MakeTestCertificates(dir_), "");
+    std::string error;
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      tls_port_ = kiln::testing::RandomLoopbackPort();
+      error =
+          redis_.Start({"--tls-port", std::to_string(tls_port_), "--tls-cert-file",
+                        dir_ + "/server.crt", "--tls-key-file", dir_ + "/server.key",
+                        "--tls-ca-cert-file", dir_ + "/ca.crt", "--tls-auth-clients", "optional"});
+      if (error.empty()) break;
+    }
+    ASSERT_EQ(error, "");
+  }
+  void TearDown() override {
+    redis_.Stop();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // rediss:// to the TLS port, trusting the test CA.
+  RedisOptions Options(const std::string& userinfo = "") const {
+    absl::StatusOr<RedisOptions> options =
+        ParseRedisUrl(absl::StrCat("rediss://", userinfo, "127.0.0.1:", tls_port_));
+    EXPECT_TRUE(options.ok()) << options.status();
+    options->tls.ca_file = dir_ + "/ca.crt";
+    return *options;
+  }
+
+  std::string dir_;
+  int tls_port_ = 0;
+  RedisProcess redis_;
+};
+
+TEST_F(RedisTlsTest, CommandsRoundTripOverTls) {
+  absl::StatusOr<std::unique_ptr<RedisClient>> client = RedisClient::Create(Options());
+  ASSERT_TRUE(client.ok()) << client.status();
+  // Larger than one TLS record and than one read: the reply arrives in many pieces.
+  std::string big(3 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 2654435761u) >> 13);
+  ASSERT_TRUE((*client)->Command({"SET", "big", big}).ok());
+  for (int i = 0; i < 3; ++i) {  // the pooled connection is reused
+    absl::StatusOr<RedisReply> got = (*client)->Command({"GET", "big"});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(got->str == big);
+  }
+  // Written over TLS, read over plaintext: the same server.
+  kiln::testing::RedisReplyPtr plain = RedisCall(redis_.port(), {"STRLEN", "big"});
+  ASSERT_NE(plain, nullptr);
+  EXPECT_EQ(plain->integer, static_cast<long long>(big.size()));
+
+  RedisOptions by_name = Options();
+  by_name.tls.server_name = "localhost";  // the certificate names localhost and 127.0.0.1
+  RedisClient named(by_name);
+  EXPECT_TRUE(named.Command({"GET", "big"}).ok());
+
+  // With a password too: TLS carries the AUTH.
+  ASSERT_NE(RedisCall(redis_.port(), {"CONFIG", "SET", "requirepass", "pw-over-tls"}), nullptr);
+  RedisClient authed(Options(":pw-over-tls@"));
+  EXPECT_TRUE(authed.Command({"GET", "big"}).ok());
+  RedisClient unauthed(Options());
+  absl::StatusOr<RedisReply> refused = unauthed.Command({"GET", "big"});
+  EXPECT_TRUE(absl::IsUnavailable(refused.status())) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "NOAUTH")) << refused.status();
+}
+
+// A server kilnd cannot trust, or one that is not what the URL names, or the wrong protocol on
+// either side: each is Unavailable with its reason, and the tier counts as down.
+TEST_F(RedisTlsTest, AnUntrustedOrMisnamedServerIsRefused) {
+  struct Case {
+    std::string what;
+    RedisOptions options;
+    std::string reason;
+  };
+  std::vector<Case> cases;
+  RedisOptions system_cas = Options();
+  system_cas.tls.ca_file.clear();  // the test CA is not among the system's
+  cases.push_back({"system CAs", system_cas, "not trusted"});
+  RedisOptions misnamed = Options();
+  misnamed.tls.server_name = "cache.elsewhere.example";
+  cases.push_back({"another name", misnamed, "not trusted for 'cache.elsewhere.example'"});
+  RedisOptions plaintext_to_tls = *ParseRedisUrl(absl::StrCat("redis://127.0.0.1:", tls_port_));
+  cases.push_back({"plaintext to the TLS port", plaintext_to_tls, ""});
+  RedisOptions tls_to_plaintext = Options();
+  tls_to_plaintext.seeds[0].port = redis_.port();
+  cases.push_back({"TLS to the plaintext port", tls_to_plaintext, "TLS handshake"});
+  for (Case& c : cases) {
+    c.options.connect_timeout = c.options.command_timeout = absl::Milliseconds(500);
+    RedisClient client(c.options);
+    const absl::Time start = absl::Now();
+    absl::StatusOr<RedisReply> r = client.Command({"GET", "k"});
+    EXPECT_TRUE(absl::IsUnavailable(r.status())) << c.what << ": " << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), c.reason)) << c.what << ": " << r.status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(3)) << c.what;
+    EXPECT_FALSE(client.available()) << c.what;
+  }
+}
+
+// `tls-auth-clients yes`: a client certificate is required, and the one the test CA signed works.
+TEST_F(RedisTlsTest, ClientCertificatesWhenTheServerRequiresThem) {
+  ASSERT_NE(RedisCall(redis_.port(), {"CONFIG", "SET", "tls-auth-clients", "yes"}), nullptr);
+  RedisClient without(Options());
+  absl::StatusOr<RedisReply> r = without.Command({"SET", "k", "v"});
+  EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
+  EXPECT_FALSE(without.available());
+
+  RedisOptions with = Options();
+  with.tls.cert_file = dir_ + "/client.crt";
+  with.tls.key_file = dir_ + "/client.key";
+  absl::StatusOr<std::unique_ptr<RedisClient>> client = RedisClient::Create(with);
+  ASSERT_TRUE(client.ok()) << client.status();
+  r = (*client)->Command({"SET", "k", "v"});
+  EXPECT_TRUE(r.ok()) << r.status();
+}
+
+// TLS files that cannot be used: Create says which; a client made anyway fails every call.
+TEST_F(RedisTlsTest, UnusableTlsFilesAreNamed) {
+  RedisOptions missing_ca = Options();
+  missing_ca.tls.ca_file = dir_ + "/no-such-ca.crt";
+  absl::StatusOr<std::unique_ptr<RedisClient>> c = RedisClient::Create(missing_ca);
+  EXPECT_TRUE(absl::IsInvalidArgument(c.status())) << c.status();
+  EXPECT_TRUE(absl::StrContains(c.status().message(), "no-such-ca.crt")) << c.status();
+
+  RedisOptions half = Options();
+  half.tls.cert_file = dir_ + "/client.crt";
+  c = RedisClient::Create(half);
+  EXPECT_TRUE(absl::IsInvalidArgument(c.status())) << c.status();
+
+  RedisOptions mismatched = Options();
+  mismatched.tls.cert_file = dir_ + "/client.crt";
+  mismatched.tls.key_file = dir_ + "/server.key";
+  c = RedisClient::Create(mismatched);
+  EXPECT_TRUE(absl::IsInvalidArgument(c.status())) << c.status();
+  EXPECT_TRUE(absl::StrContains(c.status().message(), "server.key")) << c.status();
+
+  RedisClient anyway(missing_ca);
+  absl::StatusOr<RedisReply> r = anyway.Command({"GET", "k"});
+  EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "no-such-ca.crt")) << r.status();
 }
 
 }  // namespace
