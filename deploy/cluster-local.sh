@@ -31,11 +31,14 @@ for _ in $(seq 50); do
   sleep 0.1
 done
 
+# One signing key for every replica: a replica serves only records from Redis that it verifies.
+[ -f "$STATE/signing.pem" ] || "$KILND" keygen "$STATE/signing.pem" >/dev/null
 n=0
 for port in "${PORTS[@]}"; do
   n=$((n + 1))
   "$KILND" --listen "127.0.0.1:$port" --cache-dir "$STATE/replica-$n" \
-    --shared-cache "redis://127.0.0.1:$REDIS_PORT" 2>>"$STATE/replica-$n.log" &
+    --shared-cache "redis://127.0.0.1:$REDIS_PORT" --signing-key "$STATE/signing.pem" \
+    2>>"$STATE/replica-$n.log" &
   pids+=($!)
 done
 echo "redis on 127.0.0.1:$REDIS_PORT; kilnd replicas on ${PORTS[*]} (logs in $STATE/)."

@@ -530,7 +530,12 @@ int Run() {
     redis = *std::move(client);
     shared::SharedStoreOptions l2_options;
     l2_options.ttl = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_shared_cache_ttl_s)));
-    if (signer != nullptr) {
+    if (signer == nullptr) {
+      spdlog::warn(
+          "--shared-cache without --signing-key: results read from Redis are checked against "
+          "their digests only, so whoever can write to Redis decides what code clients run; "
+          "give every replica the same --signing-key");
+    } else {
       l2_options.verify = [s = signer.get()](const std::string& key, const v1::ActionResult& r) {
         return s->VerifyStored(key, r);
       };

@@ -66,9 +66,27 @@ void LogReply(std::string_view method, std::string_view caller, const CompileRep
 // answered from the cache; a miss then gets ResourceExhausted. `done` runs exactly once, as
 // for CompileService::Compile; the returned Withdraw is the compile's (a no-op when none
 // started).
+// `done`, which first remembers the request's key for lookups by key when the reply has a
+// result, and sets it on the reply.
+compile::CompileCallback RememberingRequest(compile::CompileService* compile,
+                                            std::string request_key,
+                                            compile::CompileCallback done) {
+  return [compile, request_key = std::move(request_key),
+          done = std::move(done)](CompileReply reply) mutable {
+    if (reply.status.ok() && reply.result != nullptr) {
+      compile->RememberRequest(request_key, reply.handle);
+      reply.request_key = std::move(request_key);
+    }
+    done(std::move(reply));
+  };
+}
+
 compile::Withdraw CompileWithinLimit(compile::CompileService* compile, const auth::Caller& caller,
                                      const v1::CompileRequest& request, compile::Priority priority,
                                      absl::Time deadline, compile::CompileCallback done) {
+  done = RememberingRequest(compile,
+                            wire::RequestKey(request.graph(), request.target(), request.options()),
+                            std::move(done));
   std::shared_ptr<auth::CompileSlot> slot = auth::Authorizer::TryAcquireCompile(caller);
   if (slot == nullptr) {
     v1::LookupRequest lookup;
@@ -144,6 +162,7 @@ void FillResponse(const CompileReply& r, absl::Time start, v1::CompileResponse* 
   if (r.result != nullptr) *response->mutable_result() = *r.result;
   response->set_cache_hit(r.cache_hit);
   response->set_not_persisted(r.not_persisted);
+  response->set_request_key(r.request_key);
   response->set_server_ms(MsSince(start));
 }
 
@@ -396,7 +415,14 @@ grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* conte
   const absl::Time start = absl::Now();
   absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kRead, "Lookup");
   if (!caller.ok()) return Refuse(reactor, "Lookup", caller.status());
-  CompileReply reply = compile_->Lookup(*request);
+  CompileReply reply;
+  if (request->request_key().empty() || request->has_graph()) {
+    RememberingRequest(
+        compile_, wire::RequestKey(request->graph(), request->target(), request->options()),
+        [&reply](CompileReply r) { reply = std::move(r); })(compile_->Lookup(*request));
+  } else {
+    reply = compile_->Lookup(*request);
+  }
   FillResponse(reply, start, response);
   spdlog::debug("Lookup {} {} {} {:.3f} ms", caller->name, reply.handle.substr(0, 12),
                 reply.status.ok() ? "hit" : absl::StatusCodeToString(reply.status.code()),

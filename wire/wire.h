@@ -14,7 +14,10 @@
 //    keys a reader trusts (several at once, so a key can be rotated without a flag day). The
 //    signing half (the private key) is kilnd's, in server/auth.
 //
-// 3. Secret files. ReadSecretFile reads a key, certificate or token file, naming what it is in
+// 3. Request keys. RequestKey names a (graph, target, options) request so that a client can
+//    ask for its cached result by key, without sending the graph (FORMAT.md, "Request keys").
+//
+// 4. Secret files. ReadSecretFile reads a key, certificate or token file, naming what it is in
 //    the error.
 //
 // Thread-safety: pure functions; a TrustedKeys is safe to use from many threads once built.
@@ -48,6 +51,13 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // outside the canonical set, which a peer might send, becomes UNKNOWN).
 int WireCode(const absl::Status& status);
 absl::Status FromWireCode(int code, const std::string& message);
+
+// ---------------------------------------------------------------------------- request keys
+
+// Lowercase hex SHA-256 over the deterministic serializations of the three messages, as
+// FORMAT.md defines it. Not an action key: an index kilnd keeps of requests it has seen.
+std::string RequestKey(const v1::Graph& graph, const v1::Target& target,
+                       const v1::CompileOptions& options);
 
 // ---------------------------------------------------------------------------- signed results
 

@@ -184,6 +184,17 @@ absl::StatusOr<std::optional<v1::CompileResponse>> Client::Lookup(const v1::Grap
   return *std::move(response);
 }
 
+absl::StatusOr<std::optional<v1::CompileResponse>> Client::LookupByKey(
+    const std::string& request_key, absl::Time deadline) {
+  v1::LookupRequest request;
+  request.set_request_key(request_key);
+  absl::StatusOr<v1::CompileResponse> response =
+      CallUnary(&v1::Kiln::Stub::Lookup, request, Resolve(deadline, options_.timeout));
+  if (absl::IsNotFound(response.status())) return std::nullopt;
+  if (!response.ok()) return response.status();
+  return *std::move(response);
+}
+
 absl::StatusOr<v1::CompileResponse> Client::GetResult(const std::string& handle,
                                                       absl::Time deadline) {
   v1::GetResultRequest request;

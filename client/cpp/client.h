@@ -97,6 +97,11 @@ class Client {
                                                             const v1::CompileOptions& options = {},
                                                             absl::Time deadline = kDefaultDeadline);
 
+  // Cache only, by request key (wire::RequestKey of graph, target and options): nullopt when the
+  // daemon has not seen the request or no longer has its result. Never sends the graph.
+  absl::StatusOr<std::optional<v1::CompileResponse>> LookupByKey(
+      const std::string& request_key, absl::Time deadline = kDefaultDeadline);
+
   // The stored result for a handle; NotFound when it is not (or no longer) cached.
   absl::StatusOr<v1::CompileResponse> GetResult(const std::string& handle,
                                                 absl::Time deadline = kDefaultDeadline);

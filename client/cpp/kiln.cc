@@ -58,6 +58,9 @@ const v1::Artifact* FindArtifact(const v1::CompileResponse& response, v1::Artifa
 
 namespace {
 
+// Results one Session keeps by request key (each a loaded kernel and a few KB of metadata).
+constexpr size_t kKnownResults = 4096;
+
 // The bytes of the local artifact at `path`, checked against `digest` at load time: the
 // artifact directory is shared with other processes, so what was verified when it was fetched
 // may have changed since.
@@ -256,9 +259,52 @@ absl::StatusOr<LoadedKernel> Session::CompileAndLoad(const v1::Graph& graph,
                                                      const v1::Target& target,
                                                      const v1::CompileOptions& options,
                                                      absl::Time deadline) {
-  KILN_ASSIGN_OR_RETURN(v1::CompileResponse response,
-                        client_->Compile(graph, target, options, deadline));
-  return Load(std::move(response), deadline);
+  const std::string request_key = wire::RequestKey(graph, target, options);
+  {
+    absl::MutexLock lock(&known_mu_);
+    auto it = known_.find(request_key);
+    if (it != known_.end()) {
+      ++local_hits_;
+      return it->second.AsCacheHit();
+    }
+  }
+  std::optional<v1::CompileResponse> response;
+  if (by_key_.load(std::memory_order_relaxed)) {
+    absl::StatusOr<std::optional<v1::CompileResponse>> found =
+        client_->LookupByKey(request_key, deadline);
+    if (absl::IsInvalidArgument(found.status())) {
+      by_key_.store(false, std::memory_order_relaxed);  // a daemon from before request keys
+    } else if (!found.ok()) {
+      return found.status();
+    } else if (found->has_value()) {
+      response = **std::move(found);
+    }
+  }
+  const bool by_key = response.has_value();
+  if (!by_key) {
+    KILN_ASSIGN_OR_RETURN(response, client_->Compile(graph, target, options, deadline));
+  }
+  KILN_ASSIGN_OR_RETURN(LoadedKernel kernel, Load(*std::move(response), deadline));
+  absl::MutexLock lock(&known_mu_);
+  if (by_key) ++key_hits_;
+  if (known_.emplace(request_key, kernel).second) {
+    known_order_.push_back(request_key);
+    if (known_order_.size() > kKnownResults) {
+      known_.erase(known_order_.front());
+      known_order_.pop_front();
+    }
+  }
+  return kernel;
+}
+
+int64_t Session::local_hits() const {
+  absl::MutexLock lock(&known_mu_);
+  return local_hits_;
+}
+
+int64_t Session::key_hits() const {
+  absl::MutexLock lock(&known_mu_);
+  return key_hits_;
 }
 
 absl::StatusOr<LoadedKernel> Session::LoadCuda(v1::CompileResponse response, absl::Time deadline) {

@@ -11,9 +11,11 @@
 //
 // A Session joins a Client (the RPCs), an ArtifactCache (the local content-addressed
 // directory), the CPU loader and the CUDA loader (cuda_loader.h, which opens the driver only
-// when a CUDA result is loaded). Compiling a graph the daemon has seen is a cache hit on the
-// daemon; loading an artifact this machine has seen is a hit in the local directory, so a
-// warm CompileAndLoad costs one small RPC and no fetch.
+// when a CUDA result is loaded). A request the Session answered before is answered again from
+// its memory, with no RPC (a result never changes under its request key); a request the daemon
+// has seen is asked for by request key (wire.h), a small RPC without the graph; loading an
+// artifact this machine has seen is a hit in the local directory, so a warm CompileAndLoad in
+// a new process costs one small RPC and no fetch.
 //
 // Trust: before anything of a result is fetched or loaded, the Session checks it against its
 // TrustPolicy: with trusted keys configured (SessionOptions.trusted_keys, or
@@ -28,14 +30,19 @@
 // many threads at once.
 #pragma once
 
+#include <atomic>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/core/cuda_loader.h"
@@ -78,6 +85,13 @@ class LoadedKernel {
   // Whether the daemon answered from its cache (no compile ran for this request).
   bool cache_hit() const { return response_.cache_hit(); }
   const v1::CompileResponse& response() const { return response_; }
+  // This kernel, answered again without the daemon: marked as a cache hit.
+  LoadedKernel AsCacheHit() const {
+    LoadedKernel again = *this;
+    again.response_.set_cache_hit(true);
+    again.response_.set_server_ms(0);
+    return again;
+  }
   const v1::LaunchPlan& plan() const { return response_.result().plan(); }
   bool is_cuda() const { return cuda_ != nullptr; }
   // Where the .so was loaded from: an in-memory copy (/proc/self/fd/N) of the bytes that were
@@ -165,6 +179,10 @@ class Session {
                                               const v1::CompileOptions& options = {},
                                               absl::Time deadline = Client::kDefaultDeadline);
 
+  // Requests answered from this Session's memory, and by request key from the daemon's.
+  int64_t local_hits() const;
+  int64_t key_hits() const;
+
   // Loads a result the daemon already holds, by handle (GetResult, then as above).
   absl::StatusOr<LoadedKernel> LoadHandle(const std::string& handle,
                                           absl::Time deadline = Client::kDefaultDeadline);
@@ -188,6 +206,14 @@ class Session {
   const std::unique_ptr<Client> client_;
   const std::unique_ptr<ArtifactCache> cache_;
   const TrustPolicy trust_;
+
+  // Results by request key, oldest first in `known_order_` (bounded).
+  mutable absl::Mutex known_mu_;
+  absl::flat_hash_map<std::string, LoadedKernel> known_ ABSL_GUARDED_BY(known_mu_);
+  std::deque<std::string> known_order_ ABSL_GUARDED_BY(known_mu_);
+  int64_t local_hits_ ABSL_GUARDED_BY(known_mu_) = 0;
+  int64_t key_hits_ ABSL_GUARDED_BY(known_mu_) = 0;
+  std::atomic<bool> by_key_{true};  // off after a daemon that does not know lookups by key
 };
 
 }  // namespace kiln::client

@@ -100,6 +100,7 @@ CompileService::CompileService(Compiler* compiler, store::ArtifactStore* store,
       started_(absl::Now()),
       memory_(options.memory_cache_entries, options.memory_cache_ttl),
       failures_(options.negative_ttl),
+      requests_index_(options.request_index_entries),
       pool_(ResolveWorkers(options.workers), std::max<int64_t>(1, options.queue_size)) {}
 
 CompileService::~CompileService() { Shutdown(absl::Now()); }
@@ -447,13 +448,30 @@ CompileReply CompileService::CompileAndWait(const v1::CompileRequest& request, P
 CompileReply CompileService::Lookup(const v1::LookupRequest& request) {
   requests_.fetch_add(1, std::memory_order_relaxed);
   CompileReply reply;
-  absl::StatusOr<Prepared> prepared = Prepare(request.graph(), request.target(), request.options());
-  if (!prepared.ok()) {
-    invalid_.fetch_add(1, std::memory_order_relaxed);
-    reply.status = prepared.status();
-    return reply;
+  if (!request.request_key().empty() && !request.has_graph()) {
+    if (!IsHexKey(request.request_key())) {
+      invalid_.fetch_add(1, std::memory_order_relaxed);
+      reply.status = absl::InvalidArgumentError(
+          absl::StrCat("request_key '", request.request_key().substr(0, 80),
+                       "' is not a 64-digit lowercase hex key"));
+      return reply;
+    }
+    reply.handle = requests_index_.Get(request.request_key());
+    if (reply.handle.empty()) {
+      reply.status = absl::NotFoundError(absl::StrCat("request key ", request.request_key(),
+                                                      " is not known here: send the graph"));
+      return reply;
+    }
+  } else {
+    absl::StatusOr<Prepared> prepared =
+        Prepare(request.graph(), request.target(), request.options());
+    if (!prepared.ok()) {
+      invalid_.fetch_add(1, std::memory_order_relaxed);
+      reply.status = prepared.status();
+      return reply;
+    }
+    reply.handle = prepared->key.digest;
   }
-  reply.handle = prepared->key.digest;
   absl::StatusOr<std::shared_ptr<const v1::ActionResult>> cached =
       LookupCached(reply.handle, absl::Now());
   if (!cached.ok()) {
@@ -466,6 +484,11 @@ CompileReply CompileService::Lookup(const v1::LookupRequest& request) {
     reply.cache_hit = true;
   }
   return reply;
+}
+
+void CompileService::RememberRequest(const std::string& request_key,
+                                     const std::string& action_key) {
+  requests_index_.Put(request_key, action_key);
 }
 
 absl::StatusOr<std::shared_ptr<const v1::ActionResult>> CompileService::GetResult(

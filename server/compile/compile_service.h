@@ -49,6 +49,7 @@ struct CompileServiceOptions {
   int64_t queue_size = 256;  // jobs waiting for a worker; beyond it: ResourceExhausted
   absl::Duration negative_ttl = absl::Seconds(30);  // how long a compile failure is replayed
   size_t memory_cache_entries = 4096;               // in-memory front of the store; 0 disables it
+  size_t request_index_entries = 65536;  // request keys remembered; 0 disables lookups by key
   absl::Duration memory_cache_ttl = absl::Seconds(2);  // how often a hot entry is revalidated
   ir::Limits limits;
   // Cluster-wide single-flight across replicas sharing a cache; nullptr: this process only.
@@ -78,6 +79,7 @@ struct CompileReply {
   bool joined = false;         // waited on an identical job another request had started
   bool negative_hit = false;   // answered from the failure cache
   bool not_persisted = false;  // compiled, but kept in memory only (the disk refused writes)
+  std::string request_key;     // set by the gRPC layer: the key of the request it answered
 };
 using CompileCallback = std::function<void(CompileReply)>;
 // Withdraws one request (its caller is gone): answers it with Cancelled and lets the compiler
@@ -108,8 +110,13 @@ class CompileService {
   CompileReply CompileAndWait(const v1::CompileRequest& request, Priority priority,
                               absl::Time deadline);
 
-  // Cache only: NotFound on a miss. Never compiles.
+  // Cache only: NotFound on a miss. Never compiles. A request that names a request key (and no
+  // graph) is answered through the request index: NotFound when the key is unknown here.
   CompileReply Lookup(const v1::LookupRequest& request);
+
+  // Remembers that the request with `request_key` (wire::RequestKey, computed by kilnd from a
+  // request it decoded) has the action key `action_key`, for Lookup by request key.
+  void RememberRequest(const std::string& request_key, const std::string& action_key);
 
   // The cached result for a handle (a lowercase hex action key): InvalidArgument for a
   // malformed handle, NotFound when it is not (or no longer) cached.
@@ -200,6 +207,7 @@ class CompileService {
 
   ResultCache memory_;
   FailureCache failures_;
+  RequestIndex requests_index_;
 
   absl::Mutex targets_mu_;
   absl::flat_hash_map<std::string, TargetInfo> targets_ ABSL_GUARDED_BY(targets_mu_);

@@ -86,4 +86,34 @@ size_t FailureCache::size() const {
   return entries_.size();
 }
 
+std::string RequestIndex::Get(const std::string& request_key) {
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(request_key);
+  if (it == index_.end()) return "";
+  lru_.splice(lru_.begin(), lru_, it->second);
+  return it->second->second;
+}
+
+void RequestIndex::Put(const std::string& request_key, const std::string& action_key) {
+  if (capacity_ == 0) return;
+  absl::MutexLock lock(&mu_);
+  auto it = index_.find(request_key);
+  if (it != index_.end()) {
+    it->second->second = action_key;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return;
+  }
+  lru_.emplace_front(request_key, action_key);
+  index_.emplace(request_key, lru_.begin());
+  if (lru_.size() > capacity_) {
+    index_.erase(lru_.back().first);
+    lru_.pop_back();
+  }
+}
+
+size_t RequestIndex::size() const {
+  absl::MutexLock lock(&mu_);
+  return lru_.size();
+}
+
 }  // namespace kiln::compile

@@ -84,4 +84,28 @@ class FailureCache {
       ABSL_GUARDED_BY(mu_);
 };
 
+// RequestIndex: which action key each recently seen request key (wire/FORMAT.md) led to, so a
+// client can ask for a cached result by request key without sending its graph. An LRU of
+// `capacity` entries (about 200 bytes each); only keys kilnd computed itself go in.
+// Thread-safety: all methods may be called concurrently.
+class RequestIndex {
+ public:
+  explicit RequestIndex(size_t capacity) : capacity_(capacity) {}
+
+  // The action key, or "" when the request key is not (or no longer) known.
+  std::string Get(const std::string& request_key);
+  void Put(const std::string& request_key, const std::string& action_key);
+  size_t size() const;
+
+ private:
+  using List = std::list<std::pair<std::string, std::string>>;  // (request key, action key)
+
+  // Immutable after construction.
+  const size_t capacity_;
+
+  mutable absl::Mutex mu_;
+  List lru_ ABSL_GUARDED_BY(mu_);  // most recent first
+  absl::flat_hash_map<std::string, List::iterator> index_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace kiln::compile

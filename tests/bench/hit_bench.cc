@@ -93,9 +93,10 @@ Flags ParseFlags(int argc, char** argv) {
 // completion callback until told to stop.
 class ClientLoop {
  public:
+  // Sends `request` (the whole graph) or, when `by_key` is set, that lookup by request key.
   ClientLoop(const std::string& address, int id, bool shared_channel,
-             const v1::CompileRequest* request)
-      : request_(request) {
+             const v1::CompileRequest* request, const v1::LookupRequest* by_key)
+      : request_(request), by_key_(by_key) {
     grpc::ChannelArguments args;
     // Distinct channel arguments give each client a connection of its own.
     if (!shared_channel) args.SetInt("kiln.bench.client", id);
@@ -123,8 +124,13 @@ class ClientLoop {
     context_ = std::make_unique<grpc::ClientContext>();
     context_->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     start_ = Clock::now();
-    stub_->async()->Compile(context_.get(), request_, &response_,
-                            [this](grpc::Status status) { OnDone(status); });
+    if (by_key_ != nullptr) {
+      stub_->async()->Lookup(context_.get(), by_key_, &response_,
+                             [this](grpc::Status status) { OnDone(status); });
+    } else {
+      stub_->async()->Compile(context_.get(), request_, &response_,
+                              [this](grpc::Status status) { OnDone(status); });
+    }
   }
 
   void OnDone(const grpc::Status& status) {
@@ -144,6 +150,7 @@ class ClientLoop {
   }
 
   const v1::CompileRequest* request_;
+  const v1::LookupRequest* by_key_;
   std::unique_ptr<v1::Kiln::Stub> stub_;
   std::unique_ptr<grpc::ClientContext> context_;
   v1::CompileResponse response_;
@@ -171,11 +178,12 @@ double Percentile(std::vector<double>& sorted, double p) {
   return sorted[i];
 }
 
-HitResult MeasureHits(const std::string& address, const v1::CompileRequest& request, int clients,
-                      bool shared_channel, double seconds) {
+HitResult MeasureHits(const std::string& address, const v1::CompileRequest& request,
+                      const v1::LookupRequest* by_key, int clients, bool shared_channel,
+                      double seconds) {
   std::vector<std::unique_ptr<ClientLoop>> loops;
   for (int i = 0; i < clients; ++i) {
-    loops.push_back(std::make_unique<ClientLoop>(address, i, shared_channel, &request));
+    loops.push_back(std::make_unique<ClientLoop>(address, i, shared_channel, &request, by_key));
   }
   std::atomic<bool> stop{false};
   const auto warmup = std::chrono::milliseconds(500);
@@ -270,14 +278,23 @@ int Main(int argc, char** argv) {
   std::printf("kilnd at %s; hit key %.12s (%s)\n\n", address.c_str(), warm.handle().c_str(),
               warm.cache_hit() ? "already cached" : "compiled now");
 
-  std::printf("%-22s %8s %10s %9s %9s %9s %11s %7s\n", "cache-hit Compile", "clients", "requests",
-              "p50 ms", "p99 ms", "mean ms", "hits/s", "errors");
-  for (int clients : flags.seconds > 0 ? flags.clients : std::vector<int>{}) {
-    HitResult r = MeasureHits(address, request, clients, flags.shared_channel, flags.seconds);
-    std::printf("%-22s %8d %10zu %9.3f %9.3f %9.3f %11.0f %7d\n", "", r.clients, r.requests,
-                r.p50_ms, r.p99_ms, r.mean_ms, r.per_s, r.errors);
-    if (r.errors > 0) std::printf("  last error: %s\n", r.last_error.c_str());
-    std::fflush(stdout);
+  // The same hit asked two ways: the whole request, and its request key alone (kilnd answers
+  // from its memory of requests; wire/FORMAT.md).
+  v1::LookupRequest by_key;
+  by_key.set_request_key(warm.request_key());
+  std::printf("%-22s %8s %10s %9s %9s %9s %11s %7s\n", "cache hit", "clients", "requests", "p50 ms",
+              "p99 ms", "mean ms", "hits/s", "errors");
+  const v1::LookupRequest* const ways[] = {nullptr, &by_key};
+  for (const v1::LookupRequest* key : ways) {
+    for (int clients : flags.seconds > 0 ? flags.clients : std::vector<int>{}) {
+      HitResult r =
+          MeasureHits(address, request, key, clients, flags.shared_channel, flags.seconds);
+      std::printf("%-22s %8d %10zu %9.3f %9.3f %9.3f %11.0f %7d\n",
+                  key == nullptr ? "Compile (graph sent)" : "Lookup by request key", r.clients,
+                  r.requests, r.p50_ms, r.p99_ms, r.mean_ms, r.per_s, r.errors);
+      if (r.errors > 0) std::printf("  last error: %s\n", r.last_error.c_str());
+      std::fflush(stdout);
+    }
   }
 
   // Medians over --cold-runs fresh keys. "outside ms" is the server's time not spent in the

@@ -30,6 +30,7 @@ def time_hits(c: kiln.Client, graph, seconds: float) -> list[float]:
     ms = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
+        c._known.clear()  # a hit from kilnd each time, not the client's memory of results
         t0 = time.perf_counter()
         r = c.compile(graph, "cpu", {"opt_level": 0})
         ms.append((time.perf_counter() - t0) * 1e3)

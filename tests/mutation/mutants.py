@@ -344,6 +344,14 @@ MUTANTS: list[Mutant] = [
         tests=("gtest:shared_tier_test:RedisClusterRoutingTest.AMasterDownTakesOutItsSlotsOnly",),
     ),
     Mutant(
+        name="request-index-answers-any-key",
+        what="a lookup by request key answers the most recent request's result whatever the key",
+        file="server/compile/result_cache.cc",
+        find='  if (it == index_.end()) return "";',
+        replace='  if (it == index_.end() || true) return lru_.empty() ? "" : lru_.front().second;',
+        tests=("pytest:tests/python/test_request_keys.py -k fresh_client",),
+    ),
+    Mutant(
         name="redis-tls-trusts-any-certificate",
         what="TLS to Redis accepts a server certificate no trusted CA signed",
         file="server/shared/redis_connection.cc",

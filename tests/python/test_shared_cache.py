@@ -266,6 +266,7 @@ def test_tls_redis_with_client_certificates_and_a_password_file(tmp_path, monkey
                     assert cb.health("kiln.SharedCache") == "SERVING"
                 for daemon in (a, b):
                     assert secret not in daemon.log(), "the password reached kilnd's log"
+                    assert "--shared-cache without --signing-key" in daemon.log()
 
         # A CA that did not sign the server's certificate: the tier is down, and the log says why.
         wrong = ["--shared-cache-tls-ca", str(other_ca[0]), "--shared-cache-tls-cert", str(client_cert[0]),

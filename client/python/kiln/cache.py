@@ -83,6 +83,7 @@ class ArtifactCache:
         self.root = Path(root).expanduser() if root is not None else default_cache_dir()
         self._store: Optional[core.Store] = None
         self._lock = threading.Lock()
+        self._manifests: set[str] = set()  # handles whose manifest this process saw saved
 
     @property
     def store(self) -> core.Store:
@@ -140,11 +141,13 @@ class ArtifactCache:
         whose manifest is there already keeps it: the handle fixes the graph's dtypes, shapes
         and strides (only input names could differ), and a warm start looks up every part of a
         model, where reading each manifest back to compare cost a third of a cache hit."""
+        if handle in self._manifests:
+            return
         try:
             path = self._manifest_path(handle)
-            if path.is_file():
-                return
-            atomic_write(path, json.dumps(manifest, sort_keys=True).encode())
+            if not path.is_file():
+                atomic_write(path, json.dumps(manifest, sort_keys=True).encode())
+            self._manifests.add(handle)
         except (OSError, ValueError):
             pass
 

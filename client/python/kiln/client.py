@@ -19,19 +19,24 @@ digest right before they are loaded.
 
 from __future__ import annotations
 
+import copy
 import threading
+from collections import OrderedDict
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
 from . import cuda
 from . import dtypes as dt
-from .connection import DEFAULT_ADDRESS, Connection, TargetLike, make_options
-from .errors import ArtifactError, KilnError, NotFoundError
+from .connection import DEFAULT_ADDRESS, Connection, TargetLike, make_options, request_key
+from .errors import ArtifactError, CompileError, KilnError, NotFoundError
 from .loader import CpuKernel, aligned_empty, default_num_threads, load_cpu_kernel
 from .plan import eval_size, size_name
 from .target import Target, host_isa, host_runs
 from .v1 import service_pb2
+
+# Results one client keeps for requests it already answered (each is a few KB of metadata).
+_KNOWN_RESULTS = 4096
 
 
 class Client(Connection):
@@ -43,6 +48,17 @@ class Client(Connection):
     free the channel.
     """
 
+    def __init__(self, address: Optional[str] = None, **kwargs: Any) -> None:
+        super().__init__(address, **kwargs)
+        # The hit path, fastest first: results this client already has, by request key (a
+        # result never changes under its key); then kilnd's memory, asked by request key
+        # alone; then the whole request. Counted in local_hits and key_hits.
+        self._known: OrderedDict[str, Compiled] = OrderedDict()
+        self._known_lock = threading.Lock()
+        self._by_key = True  # off after a kilnd that does not know lookups by key
+        self.local_hits = 0
+        self.key_hits = 0
+
     def compile(self, graph: Any, target: TargetLike = "cpu", options: Any = None, *, timeout: Optional[float] = None) -> "Compiled":
         """Gets or compiles ``graph`` (a kiln.v1.Graph) for ``target``.
 
@@ -50,20 +66,30 @@ class Client(Connection):
         ``"cuda:sm_90"``, a :class:`kiln.Target` or a kiln.v1.Target. ``options``: a
         kiln.v1.CompileOptions or a dict for :func:`make_options`. Raises CompileError for a
         graph the daemon rejects (the message names the node and the rule) or fails to build.
+
+        A request this client answered before is answered again from memory; otherwise the
+        daemon is asked by request key first (a small message) and sent the graph only when
+        it has not seen the request.
         """
         req = self._request(graph, target, options)
-        resp = self._call("Compile", req, timeout if timeout is not None else self.compile_timeout)
+        key = request_key(req.graph, req.target, req.options)
+        compiled = self._known_result(key) or self._lookup_by_key(key, graph, timeout)
+        if compiled is None:
+            resp = self._call("Compile", req, timeout if timeout is not None else self.compile_timeout)
+            compiled = self._remember(key, Compiled(self, resp, graph=graph))
         if self.recorder is not None:
             # Only graphs the daemon accepted: a replay of a rejected one would fail again.
             self.recorder.record(req)
-        compiled = Compiled(self, resp, graph=graph)
-        compiled._save_manifest()
         return compiled
 
     def lookup(self, graph: Any, target: TargetLike = "cpu", options: Any = None, *, timeout: Optional[float] = None) -> Optional["Compiled"]:
         """The cached result for ``graph`` on ``target``, or None when the daemon has none."""
-        req = service_pb2.LookupRequest()
         full = self._request(graph, target, options)
+        key = request_key(full.graph, full.target, full.options)
+        compiled = self._known_result(key) or self._lookup_by_key(key, graph, timeout)
+        if compiled is not None:
+            return compiled
+        req = service_pb2.LookupRequest()
         req.graph.CopyFrom(full.graph)
         req.target.CopyFrom(full.target)
         req.options.CopyFrom(full.options)
@@ -71,7 +97,43 @@ class Client(Connection):
             resp = self._call("Lookup", req, timeout)
         except NotFoundError:
             return None
-        return Compiled(self, resp, graph=graph)
+        return self._remember(key, Compiled(self, resp, graph=graph))
+
+    def _known_result(self, key: str) -> Optional["Compiled"]:
+        with self._known_lock:
+            known = self._known.get(key)
+            if known is None:
+                return None
+            self._known.move_to_end(key)
+            self.local_hits += 1
+        return known.again()
+
+    def _lookup_by_key(self, key: str, graph: Any, timeout: Optional[float]) -> Optional["Compiled"]:
+        """The daemon's cached result for the request with ``key``, asked by key alone; None
+        when it has not seen the request (or the result is gone)."""
+        if not self._by_key:
+            return None
+        try:
+            resp = self._call("Lookup", service_pb2.LookupRequest(request_key=key), timeout)
+        except NotFoundError:
+            return None
+        except CompileError as e:
+            if e.code != "INVALID_ARGUMENT":
+                raise
+            # A kilnd from before lookups by key reads the request as an empty graph.
+            self._by_key = False
+            return None
+        with self._known_lock:
+            self.key_hits += 1
+        return self._remember(key, Compiled(self, resp, graph=graph))
+
+    def _remember(self, key: str, compiled: "Compiled") -> "Compiled":
+        compiled._save_manifest()
+        with self._known_lock:
+            self._known[key] = compiled
+            if len(self._known) > _KNOWN_RESULTS:
+                self._known.popitem(last=False)
+        return compiled
 
     def get(self, handle: str, *, timeout: Optional[float] = None) -> "Compiled":
         """The compiled result stored under ``handle``; NotFoundError when it is not cached."""
@@ -132,6 +194,14 @@ class Compiled:
             by_role: dict[tuple[int, int], Any] = {(b.role, b.index): b for b in self.plan.buffers}
             self._in_exprs = [list(by_role[(service_pb2.INPUT, i)].shape_exprs) for i in range(len(self.inputs))]
             self._out_exprs = [list(by_role[(service_pb2.OUTPUT, i)].shape_exprs) for i in range(len(self.outputs))]
+
+    def again(self) -> "Compiled":
+        """This result, answered again without asking the daemon: a copy marked as a cache
+        hit that shares the loaded kernel."""
+        c = copy.copy(self)
+        c.cache_hit = True
+        c.server_ms = 0.0
+        return c
 
     def __repr__(self) -> str:
         return (f"<kiln.Compiled {self.handle[:12]} target={self.target} kernels={self.stats.num_kernels} "

@@ -35,6 +35,22 @@ TargetLike = Union[str, Target, Any]
 _COMPILE_ERROR_CODES = frozenset({"INVALID_ARGUMENT", "INTERNAL", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "UNIMPLEMENTED"})
 
 
+_REQUEST_KEY_DOMAIN = b"kiln-request-key-v1\n"
+
+
+def request_key(graph: Any, target: Any, options: Any) -> str:
+    """The request key of a (kiln.v1.Graph, Target, CompileOptions) request, as kilnd computes
+    it (wire/FORMAT.md, "Request keys"): lowercase hex SHA-256 over a domain string and each
+    message's deterministic serialization, length-prefixed. A :class:`kiln.Client` asks for a
+    cached result by this key before it sends a whole graph."""
+    h = hashlib.sha256(_REQUEST_KEY_DOMAIN)
+    for message in (graph, target, options):
+        data = message.SerializeToString(deterministic=True)
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
 def make_options(opt_level: Optional[int] = None, vector_math: bool = True, algebraic_rewrites: bool = True,
                  variant: int = 0) -> Any:
     """A kiln.v1.CompileOptions: ``opt_level`` 0-3 (default: the daemon's, 3), ``vector_math``

@@ -126,13 +126,19 @@ TEST_F(ClientDaemonTest, SoftmaxCompilesLoadsRunsAndIsCachedAtBothEnds) {
     for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], want[i], 1e-6f) << "at " << i;
   }
 
-  // The same graph again: a hit on the daemon, and the .so is already here.
+  // kilnd and the client agree on the request's key.
+  EXPECT_EQ(kernel->response().request_key(), wire::RequestKey(graph, HostCpuTarget(), {}));
+
+  // The same graph again: answered by the session itself, no RPC, and the .so is already here.
+  const int64_t calls = session->client().stats().calls;
   absl::StatusOr<LoadedKernel> again = session->CompileAndLoad(graph);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(again->cache_hit());
   EXPECT_EQ(again->handle(), kernel->handle());
   EXPECT_EQ(again->library_path(), kernel->library_path());
   EXPECT_EQ(session->client().stats().fetches, 1);
+  EXPECT_EQ(session->client().stats().calls, calls);
+  EXPECT_EQ(session->local_hits(), 1);
 
   // Another session (another client, as another process would have) on the same directory
   // fetches nothing either; by handle alone it loads the same library.
@@ -152,7 +158,10 @@ TEST_F(ClientDaemonTest, SoftmaxCompilesLoadsRunsAndIsCachedAtBothEnds) {
   absl::StatusOr<LoadedKernel> fresh_kernel = fresh->CompileAndLoad(graph);
   ASSERT_TRUE(fresh_kernel.ok()) << fresh_kernel.status();
   EXPECT_TRUE(fresh_kernel->cache_hit());
+  EXPECT_EQ(fresh_kernel->handle(), kernel->handle());
   EXPECT_EQ(fresh->client().stats().fetches, 1);
+  EXPECT_EQ(fresh->key_hits(), 1) << "asked by request key, without the graph";
+  EXPECT_EQ(fresh->client().stats().calls, 2);  // the lookup by key and the fetch
 }
 
 // A softmax over rows of symbolic length: one compile, one library, every size.

@@ -409,6 +409,43 @@ TEST_F(CompileServiceTest, MemoryFrontStopsServingWhatTheStoreEvicted) {
   EXPECT_EQ(compiler_.calls(), calls + 1);
 }
 
+// Lookups by request key: only keys kilnd remembered answer, the index is bounded (least
+// recently used out first), and a remembered key whose result left the store is a miss.
+TEST_F(CompileServiceTest, LookupByRequestKeyAnswersRememberedKeysOnly) {
+  CompileServiceOptions o = Options(2);
+  o.request_index_entries = 2;
+  Start(o);
+  auto by_key = [&](const std::string& request_key) {
+    v1::LookupRequest lookup;
+    lookup.set_request_key(request_key);
+    return service_->Lookup(lookup);
+  };
+  const std::string k1(64, '1'), k2(64, '2'), k3(64, '3');
+  EXPECT_TRUE(absl::IsNotFound(by_key(k1).status));
+  EXPECT_TRUE(absl::IsInvalidArgument(by_key("not-a-key").status));
+
+  const CompileReply a = CompileNow(AddGraph(21));
+  const CompileReply b = CompileNow(AddGraph(22));
+  ASSERT_TRUE(a.status.ok() && b.status.ok());
+  service_->RememberRequest(k1, a.handle);
+  service_->RememberRequest(k2, b.handle);
+  CompileReply hit = by_key(k1);
+  ASSERT_TRUE(hit.status.ok()) << hit.status;
+  EXPECT_TRUE(hit.cache_hit);
+  EXPECT_EQ(hit.handle, a.handle);
+  ASSERT_NE(hit.result, nullptr);
+  EXPECT_EQ(hit.result->artifacts(0).digest(), a.result->artifacts(0).digest());
+  EXPECT_EQ(by_key(k2).handle, b.handle);
+
+  service_->RememberRequest(k3, a.handle);  // k1 is now the least recently used: it goes
+  EXPECT_TRUE(absl::IsNotFound(by_key(k1).status));
+  EXPECT_EQ(by_key(k2).handle, b.handle);
+  EXPECT_EQ(by_key(k3).handle, a.handle);
+
+  service_->RememberRequest(k2, std::string(64, 'f'));  // an action key the store lacks
+  EXPECT_TRUE(absl::IsNotFound(by_key(k2).status));
+}
+
 TEST_F(CompileServiceTest, GetResultChecksTheHandle) {
   Start();
   EXPECT_EQ(service_->GetResult("not-a-key").status().code(), absl::StatusCode::kInvalidArgument);

@@ -1,0 +1,116 @@
+"""The hit path by request key (wire/FORMAT.md, "Request keys"): the client computes the key of a
+(graph, target, options) request as kilnd does, asks kilnd by key before it sends a graph, and
+answers a request it has answered before from its own memory.
+
+Against the real kilnd: the keys agree for random graphs of every op and dtype, symbolic and
+strided inputs and other options; a fresh client gets each result by key (and the right one:
+its kernel is run against NumPy); a kilnd that has not seen the request (restarted) is sent
+the whole request; a malformed or unknown key is refused naming the rule; a client answers
+from memory with kilnd gone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from conftest import find_kilnd, no_kilnd
+from kiln.connection import request_key
+from kiln.errors import CompileError, NotFoundError
+from kiln.v1 import service_pb2
+from random_graphs import make_graph
+
+
+def _scaled_exp(c: float, n: int = 256):
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (n,))
+    return b.build(b.exp(x) * c)
+
+
+def _key_of(client: kiln.Client, graph, target="cpu", options=None) -> str:
+    req = client._request(graph, target, options)
+    return request_key(req.graph, req.target, req.options)
+
+
+def test_client_and_kilnd_compute_the_same_request_key(client):
+    cases = [(make_graph(seed).graph, "cpu", None) for seed in range(12)]
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", (64, 32), dims=("N", None))
+    t = b.input("t", "f64", (8, 4), strides=(1, 8))
+    cases.append((b.build([b.exp(x) * -0.0, b.sum(t * 1e-300, axes=[1])]), "cpu", None))
+    cases.append((_scaled_exp(2.5), "cpu", {"opt_level": 1, "vector_math": False}))
+    cases.append((_scaled_exp(2.5), "cpu", {"variant": 1}))
+    cases.append((_scaled_exp(2.5), "cpu:x86-64-v2", None))
+    keys = set()
+    for graph, target, options in cases:
+        compiled = kiln.Client(client.address).compile(graph, target, options)
+        mine = _key_of(client, graph, target, options)
+        assert compiled.response.request_key == mine, (target, options)
+        keys.add(mine)
+    assert len(keys) == len(cases), "two different requests got one key"
+
+
+def test_a_fresh_client_gets_each_result_by_key(server, rng):
+    graphs = {c: _scaled_exp(c) for c in (1.5, -0.75, 3.25)}
+    with kiln.Client(server) as first:
+        handles = {c: first.compile(g, "cpu").handle for c, g in graphs.items()}
+    x = rng.standard_normal(256).astype(np.float32)
+    with kiln.Client(server) as fresh:
+        for c, g in graphs.items():
+            compiled = fresh.compile(g, "cpu")
+            assert compiled.cache_hit and compiled.handle == handles[c]
+            np.testing.assert_allclose(compiled(x), np.exp(x) * np.float32(c), rtol=2e-6)
+        assert fresh.key_hits == len(graphs) and fresh.local_hits == 0
+        # Lookup takes the same path.
+        assert fresh.lookup(_scaled_exp(-0.75), "cpu").handle == handles[-0.75]
+        assert fresh.local_hits == 1
+
+
+def test_a_kilnd_that_has_not_seen_the_request_is_sent_the_graph(tmp_path):
+    binary = find_kilnd()
+    if binary is None:
+        no_kilnd()
+    graph = _scaled_exp(4.5)
+    cache = tmp_path / "cache"
+    with kiln.local.LocalDaemon(binary, tmp_path / "one", cache_dir=cache) as d:
+        with kiln.Client(d.address) as c:
+            handle = c.compile(graph, "cpu").handle
+            assert c.key_hits == 0
+    with kiln.local.LocalDaemon(binary, tmp_path / "two", cache_dir=cache) as d:  # memory empty
+        with kiln.Client(d.address) as c:
+            compiled = c.compile(graph, "cpu")
+            assert compiled.cache_hit and compiled.handle == handle, "from the store, by the whole request"
+            assert c.key_hits == 0
+            assert c.stats().compiles == 0
+        with kiln.Client(d.address) as c:
+            assert c.compile(graph, "cpu").cache_hit and c.key_hits == 1, "now kilnd knows the key"
+
+
+def test_malformed_and_unknown_keys_are_refused_with_the_rule(client):
+    with pytest.raises(CompileError) as bad:
+        client._call("Lookup", service_pb2.LookupRequest(request_key="zz" * 32), 10)
+    assert bad.value.code == "INVALID_ARGUMENT" and "64-digit lowercase hex" in str(bad.value)
+    with pytest.raises(NotFoundError) as unknown:
+        client._call("Lookup", service_pb2.LookupRequest(request_key="0" * 64), 10)
+    assert "send the graph" in str(unknown.value)
+
+
+def test_a_client_answers_what_it_answered_before_without_kilnd(tmp_path, rng):
+    binary = find_kilnd()
+    if binary is None:
+        no_kilnd()
+    graph = _scaled_exp(0.5)
+    x = rng.standard_normal(256).astype(np.float32)
+    with kiln.local.LocalDaemon(binary, tmp_path / "d") as d:
+        c = kiln.Client(d.address, max_attempts=1, timeout=2.0)
+        first = c.compile(graph, "cpu")
+        assert not first.cache_hit
+        first(x)  # its artifacts are fetched into the local cache
+    # kilnd has stopped: the same request is still answered, from this client's memory.
+    again = c.compile(graph, "cpu")
+    assert again.cache_hit and again.handle == first.handle and c.local_hits == 1
+    np.testing.assert_allclose(again(x), np.exp(x) * np.float32(0.5), rtol=2e-6)
+    with pytest.raises(kiln.errors.RpcError):  # anything new needs kilnd
+        c.compile(_scaled_exp(0.25), "cpu")
+    c.close()
