@@ -114,12 +114,17 @@ TEST_F(TrustTest, TlsTokensAndVerifiedLoadWithTheCppClient) {
   EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
   EXPECT_NE(refused.status().message().find("not trusted"), std::string::npos);
 
-  // Roles: a reader may load what exists, not compile; no token at all is unauthenticated.
+  // Roles: a reader may load what exists (by handle, or by request key: a lookup, no
+  // compile), not compile anything new; no token at all is unauthenticated.
   absl::StatusOr<std::unique_ptr<Session>> reader =
       Connect(kilnd.address(), testing::kReaderToken, Path("sign.pem.pub"));
   ASSERT_TRUE(reader.ok());
   EXPECT_TRUE((*reader)->LoadHandle(kernel->handle()).ok());
-  absl::Status denied = (*reader)->CompileAndLoad(Graph(), Cpu()).status();
+  absl::StatusOr<client::LoadedKernel> looked_up = (*reader)->CompileAndLoad(Graph(), Cpu());
+  ASSERT_TRUE(looked_up.ok()) << looked_up.status();
+  EXPECT_EQ(looked_up->handle(), kernel->handle());
+  EXPECT_EQ((*reader)->key_hits(), 1);
+  absl::Status denied = (*reader)->CompileAndLoad(Graph(0.75), Cpu()).status();
   EXPECT_TRUE(absl::IsPermissionDenied(denied)) << denied;
   EXPECT_NE(denied.message().find("needs role 'compile'"), std::string::npos);
   unsetenv("KILN_TOKEN");
