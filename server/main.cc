@@ -25,7 +25,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -42,6 +41,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -307,13 +307,13 @@ absl::StatusOr<std::unique_ptr<shared::RedisClient>> MakeRedisClient(const std::
     const std::string file = absl::GetFlag(FLAGS_shared_cache_password_file);
     const char* env = std::getenv("KILN_REDIS_PASSWORD");
     if (!file.empty()) {
-      std::ifstream in(file);
-      if (!in || !std::getline(in, options->password) || options->password.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--shared-cache-password-file ", file, ": cannot read a password from its first line"));
-      }
-      if (!options->password.empty() && options->password.back() == '\r') {
-        options->password.pop_back();
+      KILN_ASSIGN_OR_RETURN(std::string text,
+                            wire::ReadSecretFile(file, "--shared-cache-password-file"));
+      options->password =
+          std::string(absl::StripSuffix(absl::string_view(text).substr(0, text.find('\n')), "\r"));
+      if (options->password.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("--shared-cache-password-file ", file,
+                                                       ": its first line holds no password"));
       }
     } else if (env != nullptr && *env != '\0') {
       options->password = env;

@@ -66,17 +66,23 @@ void LogReply(std::string_view method, std::string_view caller, const CompileRep
 // answered from the cache; a miss then gets ResourceExhausted. `done` runs exactly once, as
 // for CompileService::Compile; the returned Withdraw is the compile's (a no-op when none
 // started).
-// `done`, which first remembers the request's key for lookups by key when the reply has a
-// result, and sets it on the reply.
+// When `reply` has a result: remembers the request's key for lookups by key, and sets it on
+// the reply.
+void RememberRequest(compile::CompileService* compile, std::string request_key,
+                     CompileReply* reply) {
+  if (reply->status.ok() && reply->result != nullptr) {
+    compile->RememberRequest(request_key, reply->handle);
+    reply->request_key = std::move(request_key);
+  }
+}
+
+// `done`, after RememberRequest.
 compile::CompileCallback RememberingRequest(compile::CompileService* compile,
                                             std::string request_key,
                                             compile::CompileCallback done) {
   return [compile, request_key = std::move(request_key),
           done = std::move(done)](CompileReply reply) mutable {
-    if (reply.status.ok() && reply.result != nullptr) {
-      compile->RememberRequest(request_key, reply.handle);
-      reply.request_key = std::move(request_key);
-    }
+    RememberRequest(compile, std::move(request_key), &reply);
     done(std::move(reply));
   };
 }
@@ -415,13 +421,11 @@ grpc::ServerUnaryReactor* KilnService::Lookup(grpc::CallbackServerContext* conte
   const absl::Time start = absl::Now();
   absl::StatusOr<auth::Caller> caller = Authorize(context, auth::Role::kRead, "Lookup");
   if (!caller.ok()) return Refuse(reactor, "Lookup", caller.status());
-  CompileReply reply;
+  CompileReply reply = compile_->Lookup(*request);
   if (request->request_key().empty() || request->has_graph()) {
-    RememberingRequest(
-        compile_, wire::RequestKey(request->graph(), request->target(), request->options()),
-        [&reply](CompileReply r) { reply = std::move(r); })(compile_->Lookup(*request));
-  } else {
-    reply = compile_->Lookup(*request);
+    RememberRequest(compile_,
+                    wire::RequestKey(request->graph(), request->target(), request->options()),
+                    &reply);
   }
   FillResponse(reply, start, response);
   spdlog::debug("Lookup {} {} {} {:.3f} ms", caller->name, reply.handle.substr(0, 12),

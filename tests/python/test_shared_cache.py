@@ -178,6 +178,19 @@ def test_local_cluster_script_shares_compiles(tmp_path):
         assert not _wait_port(port, 0.2), f"port {port} still open after SIGTERM\n{out}"
 
 
+def _b_reads_what_a_compiled(a, b, graph, address: str) -> None:
+    """Replica A compiles ``graph``; replica B serves it from the shared tier, whose address it
+    reports as ``address`` (the password as ***), and the tier is SERVING."""
+    with kiln.Client(a.address) as ca:
+        assert not ca.compile(graph, "cpu").cache_hit
+    with kiln.Client(b.address) as cb:
+        assert cb.compile(graph, "cpu").cache_hit, "B reads A's compile from Redis"
+        s = cb.stats()
+        assert s.shared.available and s.shared.hits == 1 and s.compiles == 0
+        assert s.shared.address == address
+        assert cb.health("kiln.SharedCache") == "SERVING"
+
+
 def test_password_protected_redis(tmp_path, redis, monkeypatch):
     """A Redis that requires a password: without it kilnd reports the shared tier down with
     the reason (it used to report SERVING and silently write nothing); with it, given in the
@@ -205,15 +218,8 @@ def test_password_protected_redis(tmp_path, redis, monkeypatch):
     monkeypatch.setenv("KILN_REDIS_PASSWORD", secret)
     with kiln.local.LocalDaemon(binary, tmp_path / "a", args=["--shared-cache", with_password]) as a, \
             kiln.local.LocalDaemon(binary, tmp_path / "b", args=["--shared-cache", redis_url]) as b:
-        g = _graph(5.5)
-        with kiln.Client(a.address) as ca:
-            assert not ca.compile(g, "cpu").cache_hit
-        with kiln.Client(b.address) as cb:  # the password from the environment
-            assert cb.compile(g, "cpu").cache_hit
-            s = cb.stats()
-            assert s.shared.available and s.shared.hits == 1 and s.compiles == 0
-            assert s.shared.address == f"redis://:***@127.0.0.1:{port}"
-            assert cb.health("kiln.SharedCache") == "SERVING"
+        # B has the password from the environment.
+        _b_reads_what_a_compiled(a, b, _graph(5.5), f"redis://:***@127.0.0.1:{port}")
         for daemon in (a, b):
             assert secret not in daemon.log(), "the password reached kilnd's log"
 
@@ -255,15 +261,7 @@ def test_tls_redis_with_client_certificates_and_a_password_file(tmp_path, monkey
             b = kiln.local.LocalDaemon(binary, tmp_path / "b", args=["--shared-cache", url, *tls])
             monkeypatch.delenv("KILN_REDIS_PASSWORD")
             with b:
-                g = _graph(7.5)
-                with kiln.Client(a.address) as ca_client:
-                    assert not ca_client.compile(g, "cpu").cache_hit
-                with kiln.Client(b.address) as cb:
-                    assert cb.compile(g, "cpu").cache_hit, "B reads A's compile through TLS"
-                    s = cb.stats()
-                    assert s.shared.available and s.shared.hits == 1 and s.compiles == 0
-                    assert s.shared.address == f"rediss://:***@127.0.0.1:{port}"
-                    assert cb.health("kiln.SharedCache") == "SERVING"
+                _b_reads_what_a_compiled(a, b, _graph(7.5), f"rediss://:***@127.0.0.1:{port}")
                 for daemon in (a, b):
                     assert secret not in daemon.log(), "the password reached kilnd's log"
                     assert "--shared-cache without --signing-key" in daemon.log()
