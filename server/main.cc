@@ -145,6 +145,14 @@ ABSL_FLAG(std::string, shared_cache_tls_key, "", "PEM private key of --shared-ca
 ABSL_FLAG(std::string, shared_cache_tls_server_name, "",
           "Name every rediss:// server's certificate must carry (and SNI); empty: the host "
           "connected to, as named in the URL or the cluster's slot map.");
+ABSL_FLAG(std::string, shared_cache_secret_file, "",
+          "File of the replicas' shared secrets, one per line (at least 16 bytes each): results "
+          "written to the shared cache carry an HMAC-SHA256 under the first, and a result read "
+          "is served only when its MAC verifies under one of them. Every replica needs the "
+          "file; it guards results in Redis without --signing-key.");
+ABSL_FLAG(bool, shared_cache_accept_unauthenticated, false,
+          "With --shared-cache-secret-file: also serve shared results that carry no MAC (while "
+          "replicas move onto the secret one at a time). Results with a wrong MAC are refused.");
 ABSL_FLAG(int, shared_cache_timeout_ms, 250,
           "Limit on each connect and call to the shared cache, in milliseconds.");
 ABSL_FLAG(double, shared_cache_ttl_s, 0,
@@ -348,6 +356,38 @@ absl::StatusOr<std::unique_ptr<shared::RedisClient>> MakeRedisClient(const std::
   return shared::RedisClient::Create(*std::move(options));
 }
 
+// The replicas' MAC secrets from --shared-cache-secret-file: one per line, blank lines and
+// surrounding whitespace ignored; each long enough that it cannot be guessed.
+absl::StatusOr<shared::L2Auth> LoadL2Auth() {
+  shared::L2Auth auth;
+  auth.accept_unauthenticated = absl::GetFlag(FLAGS_shared_cache_accept_unauthenticated);
+  const std::string file = absl::GetFlag(FLAGS_shared_cache_secret_file);
+  if (file.empty()) {
+    if (auth.accept_unauthenticated) {
+      return absl::InvalidArgumentError(
+          "--shared-cache-accept-unauthenticated needs --shared-cache-secret-file");
+    }
+    return auth;
+  }
+  KILN_ASSIGN_OR_RETURN(std::string text, wire::ReadSecretFile(file, "--shared-cache-secret-file"));
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    if (line.size() < shared::kMinL2SecretBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--shared-cache-secret-file ", file, ": line ", auth.secrets.size() + 1,
+                       " holds ", line.size(), " bytes; a secret needs at least ",
+                       shared::kMinL2SecretBytes, " (e.g. `head -c 32 /dev/urandom | base64`)"));
+    }
+    auth.secrets.emplace_back(line);
+  }
+  if (auth.secrets.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shared-cache-secret-file ", file, " holds no secret"));
+  }
+  return auth;
+}
+
 std::string NextToSelf(const std::string& name) {
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
@@ -530,12 +570,22 @@ int Run() {
     redis = *std::move(client);
     shared::SharedStoreOptions l2_options;
     l2_options.ttl = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_shared_cache_ttl_s)));
-    if (signer == nullptr) {
+    absl::StatusOr<shared::L2Auth> auth = LoadL2Auth();
+    if (!auth.ok()) return Fail(auth.status().ToString());
+    l2_options.auth = *std::move(auth);
+    if (!l2_options.auth.secrets.empty()) {
+      spdlog::info("shared results are authenticated with {} secret(s){}",
+                   l2_options.auth.secrets.size(),
+                   l2_options.auth.accept_unauthenticated ? "; unauthenticated ones accepted" : "");
+    }
+    if (signer == nullptr && l2_options.auth.secrets.empty()) {
       spdlog::warn(
-          "--shared-cache without --signing-key: results read from Redis are checked against "
-          "their digests only, so whoever can write to Redis decides what code clients run; "
-          "give every replica the same --signing-key");
-    } else {
+          "--shared-cache without --signing-key or --shared-cache-secret-file: results read "
+          "from Redis are checked against their digests only, so whoever can write to Redis "
+          "decides what code clients run; give every replica the same --signing-key or "
+          "--shared-cache-secret-file");
+    }
+    if (signer != nullptr) {
       l2_options.verify = [s = signer.get()](const std::string& key, const v1::ActionResult& r) {
         return s->VerifyStored(key, r);
       };

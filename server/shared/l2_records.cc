@@ -6,6 +6,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/key/digest.h"
+#include "openssl/crypto.h"
+#include "openssl/evp.h"
+#include "openssl/hmac.h"
 
 namespace kiln::shared {
 namespace {
@@ -27,14 +30,19 @@ T Read(absl::string_view in, size_t offset) {
   return value;
 }
 
-// Action record header, 48 bytes:
+// Action record header, 48 bytes, or 80 with a MAC:
 //   [0]      u8   record version
-//   [1]      u8   flags, 0
+//   [1]      u8   flags: bit 0, the header carries a MAC
 //   [2..4)   u16  header length (a later version may append fields old readers skip)
 //   [4..8)   u32  reserved, 0
 //   [8..16)  u64  payload length
 //   [16..48) 32 B SHA-256 of (action key ‖ payload): binds the record to its key
+//   [48..80) 32 B HMAC-SHA256(secret, kMacContext ‖ the digest above), with flag bit 0
 constexpr size_t kActionHeaderBytes = 48;
+constexpr size_t kMacBytes = 32;
+constexpr uint8_t kFlagMac = 1;
+// Domain separation: these MACs can never be mistaken for another use of the same secret.
+constexpr absl::string_view kMacContext = "kiln:v1:action-record-mac\n";
 // Blob head header, 16 bytes:
 //   [0]      u8   record version
 //   [1]      u8   kind: 0 inline, 1 chunked
@@ -54,6 +62,30 @@ std::string BoundDigest(absl::string_view action_key, absl::string_view payload)
   return key::Sha256(message).value_or(std::string());
 }
 
+// HMAC-SHA256 of the record's digest under `secret`; the digest already binds key and payload.
+std::string RecordMac(absl::string_view secret, absl::string_view digest) {
+  const std::string message = absl::StrCat(kMacContext, digest);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int mac_len = 0;
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac,
+           &mac_len) == nullptr ||
+      mac_len != kMacBytes) {
+    return std::string();  // never matches a stored MAC: the record is refused, not trusted
+  }
+  return std::string(reinterpret_cast<const char*>(mac), mac_len);
+}
+
+// Whether `mac` is the MAC of `digest` under one of the secrets, compared in constant time.
+bool MacMatches(const L2Auth& auth, absl::string_view digest, absl::string_view mac) {
+  bool match = false;
+  for (const std::string& secret : auth.secrets) {
+    const std::string want = RecordMac(secret, digest);
+    match |= want.size() == mac.size() && CRYPTO_memcmp(want.data(), mac.data(), mac.size()) == 0;
+  }
+  return match;
+}
+
 }  // namespace
 
 std::string ActionKey(absl::string_view action_key) { return Tagged("ac", action_key); }
@@ -63,15 +95,20 @@ std::string ChunkKey(absl::string_view hex_digest, uint32_t index) {
   return absl::StrCat(Tagged("cas", hex_digest), ":", index);
 }
 
-std::string EncodeActionRecord(absl::string_view action_key, absl::string_view payload) {
+std::string EncodeActionRecord(absl::string_view action_key, absl::string_view payload,
+                               const L2Auth& auth) {
+  const bool mac = !auth.secrets.empty();
+  const size_t header = kActionHeaderBytes + (mac ? kMacBytes : 0);
+  const std::string digest = BoundDigest(action_key, payload);
   std::string out;
-  out.reserve(kActionHeaderBytes + payload.size());
+  out.reserve(header + payload.size());
   Append<uint8_t>(out, kL2RecordVersion);
-  Append<uint8_t>(out, 0);
-  Append<uint16_t>(out, kActionHeaderBytes);
+  Append<uint8_t>(out, mac ? kFlagMac : 0);
+  Append<uint16_t>(out, static_cast<uint16_t>(header));
   Append<uint32_t>(out, 0);
   Append<uint64_t>(out, payload.size());
-  out.append(BoundDigest(action_key, payload));
+  out.append(digest);
+  if (mac) out.append(RecordMac(auth.secrets.front(), digest));
   out.append(payload.data(), payload.size());
   return out;
 }
@@ -116,7 +153,7 @@ absl::StatusOr<BlobHead> DecodeBlobHead(absl::string_view value) {
 }
 
 absl::StatusOr<absl::string_view> VerifyL2Record(L2RecordKind kind, absl::string_view name,
-                                                 absl::string_view value) {
+                                                 absl::string_view value, const L2Auth& auth) {
   if (kind == L2RecordKind::kBlob) {
     if (key::Sha256Hex(std::string_view(value.data(), value.size())) != name) {
       return absl::DataLossError(absl::StrCat("blob ", name.substr(0, 12), " (", value.size(),
@@ -141,9 +178,24 @@ absl::StatusOr<absl::string_view> VerifyL2Record(L2RecordKind kind, absl::string
                                             ")"));
   }
   const absl::string_view payload = value.substr(header_len);
-  if (value.substr(16, 32) != BoundDigest(name, payload)) {
+  const absl::string_view digest = value.substr(16, 32);
+  if (digest != BoundDigest(name, payload)) {
     return absl::DataLossError(
         absl::StrCat("action record for ", name.substr(0, 12), " does not match its digest"));
+  }
+  if (auth.secrets.empty()) return payload;
+  const bool has_mac =
+      (Read<uint8_t>(value, 1) & kFlagMac) != 0 && header_len >= kActionHeaderBytes + kMacBytes;
+  if (!has_mac) {
+    if (auth.accept_unauthenticated) return payload;
+    return absl::DataLossError(absl::StrCat(
+        "action record for ", name.substr(0, 12),
+        " carries no MAC: written by a replica without the cluster's secret, or forged"));
+  }
+  if (!MacMatches(auth, digest, value.substr(kActionHeaderBytes, kMacBytes))) {
+    return absl::DataLossError(
+        absl::StrCat("action record for ", name.substr(0, 12),
+                     " fails its MAC: written with another secret, or forged"));
   }
   return payload;
 }

@@ -8,8 +8,10 @@
 // VerifyL2Record is the trust boundary: whoever can write Redis may deny service (delete or
 // garble values) but must never choose what kilnd serves. Every value read from the shared
 // tier goes through it before anything else looks at it; a value that fails is treated as
-// absent and counted as a corruption. Today it checks lengths and SHA-256 digests; a record
-// signature check belongs in the same function.
+// absent and counted as a corruption. It checks lengths and SHA-256 digests, and, when the
+// replicas share a secret (--shared-cache-secret-file), each action record's HMAC-SHA256: then
+// a writer without the secret cannot make a record any replica serves. Blobs need no MAC: they
+// are named by their SHA-256 and reached only through an authenticated record.
 //
 // Thread-safety: free functions without state.
 #pragma once
@@ -17,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -37,9 +40,24 @@ enum class L2RecordKind {
   kBlob,    // `name` is the blob's hex digest; the value the whole blob, reassembled
 };
 
-// Action record: header (version, header length, payload length, SHA-256 over the action
-// key and the payload) + payload (a serialized kiln.v1.ActionResult).
-std::string EncodeActionRecord(absl::string_view action_key, absl::string_view payload);
+// The replicas' shared secrets for action-record MACs. `secrets[0]` authenticates what this
+// replica writes; a record read must carry the MAC of one of them. With no secrets, records
+// are written without a MAC and read on their digest alone.
+struct L2Auth {
+  std::vector<std::string> secrets;
+  // Also accept records that carry no MAC (a record whose MAC is wrong is refused still): for
+  // moving a running cluster onto a secret one replica at a time.
+  bool accept_unauthenticated = false;
+};
+
+// The smallest secret kilnd accepts, in bytes.
+inline constexpr size_t kMinL2SecretBytes = 16;
+
+// Action record: header (version, flags, header length, payload length, SHA-256 over the
+// action key and the payload, and with `auth` secrets an HMAC-SHA256 of that digest) + payload
+// (a serialized kiln.v1.ActionResult).
+std::string EncodeActionRecord(absl::string_view action_key, absl::string_view payload,
+                               const L2Auth& auth = {});
 
 // Blob head: small header (version, kind, chunk count, total size), then the bytes when the
 // blob is stored inline. A chunked blob's head holds only the header.
@@ -57,8 +75,9 @@ absl::StatusOr<BlobHead> DecodeBlobHead(absl::string_view value);
 // ActionResult payload of an action record, or the blob itself. DataLoss when it is damaged,
 // truncated, stored under the wrong name, or its digest does not match, and for a record
 // version this reader does not know (formats change under a new key prefix, so within
-// kiln:v1: an unknown version can only be damage).
+// kiln:v1: an unknown version can only be damage). With `auth` secrets, also DataLoss for an
+// action record whose MAC is missing (unless accept_unauthenticated) or matches none of them.
 absl::StatusOr<absl::string_view> VerifyL2Record(L2RecordKind kind, absl::string_view name,
-                                                 absl::string_view value);
+                                                 absl::string_view value, const L2Auth& auth = {});
 
 }  // namespace kiln::shared

@@ -92,7 +92,7 @@ absl::Status SharedStore::PutResult(const std::string& key, const v1::ActionResu
   for (int i = 0; i < result.artifacts_size(); ++i) {
     if (absl::Status s = PutBlob(result.artifacts(i).digest(), blobs[i]); !s.ok()) return s;
   }
-  return Set(ActionKey(key), EncodeActionRecord(key, result.SerializeAsString()));
+  return Set(ActionKey(key), EncodeActionRecord(key, result.SerializeAsString(), options_.auth));
 }
 
 void SharedStore::DropCorrupt(const std::string& key, const absl::Status& why) {
@@ -112,7 +112,7 @@ absl::StatusOr<std::optional<v1::ActionResult>> SharedStore::GetResult(const std
   }
   bytes_read_.fetch_add(static_cast<int64_t>(reply->str.size()), std::memory_order_relaxed);
   absl::StatusOr<absl::string_view> payload =
-      VerifyL2Record(L2RecordKind::kAction, key, reply->str);
+      VerifyL2Record(L2RecordKind::kAction, key, reply->str, options_.auth);
   v1::ActionResult result;
   if (payload.ok() && !result.ParseFromArray(payload->data(), static_cast<int>(payload->size()))) {
     payload = absl::DataLossError("action record payload does not parse");

@@ -2,7 +2,9 @@
 //
 // Layout (FORMAT.md): blobs under kiln:v1:cas:{DIGEST} (chunked beyond `chunk_bytes`),
 // action records under kiln:v1:ac:{KEY}. Every value read passes VerifyL2Record
-// (l2_records.h) first; a value that fails is a miss, counted as a corruption and deleted.
+// (l2_records.h) first, with the replicas' MAC secrets when they have some, and then the
+// signature check when kilnd signs; a value that fails is a miss, counted as a corruption
+// and deleted.
 //
 // Writes: PutResult writes each blob not already present (chunks first, head last), then the
 // action record, so a reader that finds a record finds blobs written before it. Reads:
@@ -28,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/shared/l2_records.h"
 #include "server/shared/redis_client.h"
 #include "server/store/artifact_store.h"
 
@@ -43,6 +46,9 @@ struct SharedStoreOptions {
   // signature by a trusted key) to be a hit; one that fails is a corruption like a bad digest:
   // counted, deleted, never copied into the local tier. Must be thread-safe.
   std::function<absl::Status(const std::string& key, const v1::ActionResult& result)> verify;
+  // The replicas' shared secrets: action records are written with a MAC and read only when
+  // theirs verifies (l2_records.h). A record refused for its MAC is a corruption too.
+  L2Auth auth;
 };
 
 // A latency histogram with fixed bounds; lock-free.

@@ -368,6 +368,22 @@ MUTANTS: list[Mutant] = [
         tests=("gtest:shared_tier_test:RedisTlsTest.AnUntrustedOrMisnamedServerIsRefused",),
     ),
     Mutant(
+        name="l2-missing-mac-accepted",
+        what="a replica with the cluster's secret serves shared records that carry no MAC",
+        file="server/shared/l2_records.cc",
+        find="    if (auth.accept_unauthenticated) return payload;",
+        replace="    return payload;",
+        tests=("gtest:shared_tier_test:L2RecordsTest.MacsBindRecordsToTheClusterSecret",),
+    ),
+    Mutant(
+        name="l2-mac-not-compared",
+        what="a shared record's MAC is read but never compared with the one the secret makes",
+        file="server/shared/l2_records.cc",
+        find="  if (!MacMatches(auth, digest, value.substr(kActionHeaderBytes, kMacBytes))) {",
+        replace="  if (false) {",
+        tests=("gtest:shared_tier_test:L2RecordsTest.MacsBindRecordsToTheClusterSecret",),
+    ),
+    Mutant(
         name="disk-full-never-resumes",
         what="a store suspended by a full disk never resumes writing once space is back",
         file="server/store/rocksdb_store.cc",

@@ -294,3 +294,107 @@ def test_tls_redis_with_client_certificates_and_a_password_file(tmp_path, monkey
                            capture_output=True, text=True, timeout=60)
         assert p.returncode != 0 and message in p.stderr, (args, p.returncode, p.stderr[-2000:])
 
+
+
+def _redis_call(port: int, *args: bytes | str) -> bytes | None:
+    """One command to the Redis on ``port`` with binary-safe arguments; a bulk reply's bytes,
+    None for nil, b"OK"-style for a status reply."""
+    parts = [a.encode() if isinstance(a, str) else a for a in args]
+    request = b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while b"\r\n" not in data:
+            data += s.recv(65536)
+        head, rest = data.split(b"\r\n", 1)
+        if head[:1] in (b"+", b":"):
+            return head[1:]
+        assert head[:1] == b"$", head
+        size = int(head[1:])
+        if size < 0:
+            return None
+        while len(rest) < size + 2:
+            rest += s.recv(65536)
+        return rest[:size]
+
+
+def _action_record(key: str, payload: bytes, secret: bytes | None = None) -> bytes:
+    """An action record as server/shared/FORMAT.md lays it out, with a MAC when given a secret."""
+    import hashlib
+    import hmac
+    import struct
+
+    digest = hashlib.sha256(key.encode() + payload).digest()
+    mac = b"" if secret is None else hmac.new(secret, b"kiln:v1:action-record-mac\n" + digest,
+                                              hashlib.sha256).digest()
+    header = struct.pack("<BBHIQ", 1, 1 if mac else 0, 48 + len(mac), 0, len(payload))
+    return header + digest + mac + payload
+
+
+def test_a_shared_secret_keeps_redis_writers_from_choosing_results(tmp_path, redis):
+    """Without a signing key, whoever can write to Redis can put any compiled code under any
+    key, its digest recomputed: a replica without a secret serves it. Replicas that share
+    --shared-cache-secret-file refuse it (counted as a corruption, compiled afresh), refuse a
+    MAC made with another secret, and still share what each other wrote."""
+    import numpy as np
+
+    redis_url, _ = redis
+    port = int(redis_url.rsplit(":", 1)[1])
+    secret = b"c2VjcmV0LXNoYXJlZC1ieS10aGUtcmVwbGljYXM="
+    secret_file = tmp_path / "l2-secret"
+    secret_file.write_bytes(secret + b"\n")
+    secret_file.chmod(0o600)
+    binary = find_kilnd()
+    if binary is None:
+        no_kilnd()
+    with_secret = ["--shared-cache", redis_url, "--shared-cache-secret-file", str(secret_file)]
+    x = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    with kiln.local.LocalDaemon(binary, tmp_path / "a", args=with_secret) as a, \
+            kiln.local.LocalDaemon(binary, tmp_path / "b", args=with_secret) as b, \
+            kiln.local.LocalDaemon(binary, tmp_path / "c", args=["--shared-cache", redis_url]) as c:
+        assert "--shared-cache without" not in a.log() and "--shared-cache without" in c.log()
+        _b_reads_what_a_compiled(a, b, _graph(1.25), redis_url)
+        with kiln.Client(a.address) as ca, kiln.Client(b.address) as cb, kiln.Client(c.address) as cc:
+            wanted, other = ca.compile(_graph(2.0), "cpu"), ca.compile(_graph(-3.0), "cpu")
+            stored = _redis_call(port, "GET", f"kiln:v1:ac:{{{other.handle}}}")
+            assert stored is not None and stored[1] == 1, "A's record carries a MAC"
+            payload = stored[int.from_bytes(stored[2:4], "little"):]
+
+            # The attack: other's code under wanted's key. C (no secret) serves it.
+            assert _redis_call(port, "SET", f"kiln:v1:ac:{{{wanted.handle}}}",
+                               _action_record(wanted.handle, payload)) == b"OK"
+            fooled = cc.compile(_graph(2.0), "cpu")
+            assert fooled.cache_hit
+            np.testing.assert_allclose(fooled(x), np.exp(x) * -3.0, rtol=1e-5)
+
+            # B refuses it, compiles the graph itself, and counts the record as a corruption.
+            served = cb.compile(_graph(2.0), "cpu")
+            np.testing.assert_allclose(served(x), np.exp(x) * 2.0, rtol=1e-5)
+            assert cb.stats().shared.corruptions == 1
+            assert "carries no MAC" in b.log()
+
+            # A MAC under another secret is refused too; one under the cluster's is served.
+            forged = _graph(4.0)
+            handle = ca.compile(forged, "cpu").handle
+            key = f"kiln:v1:ac:{{{handle}}}"
+            _redis_call(port, "SET", key, _action_record(handle, payload, b"not-the-cluster-secret"))
+            with kiln.local.LocalDaemon(binary, tmp_path / "d", args=with_secret) as d, \
+                    kiln.Client(d.address) as cd:
+                again = cd.compile(forged, "cpu")
+                np.testing.assert_allclose(again(x), np.exp(x) * 4.0, rtol=1e-5)
+                assert cd.stats().shared.corruptions == 1 and "fails its MAC" in d.log()
+                assert _redis_call(port, "GET", key)[1] == 1, "D wrote its own record back"
+
+    for args, message in [
+        (["--shared-cache-secret-file", str(tmp_path / "none")], "--shared-cache-secret-file"),
+        (["--shared-cache-accept-unauthenticated"], "needs --shared-cache-secret-file"),
+    ]:
+        p = subprocess.run([str(binary), "--listen=127.0.0.1:0", f"--cache-dir={tmp_path / 'never'}",
+                            "--shared-cache", redis_url, *args], capture_output=True, text=True, timeout=60)
+        assert p.returncode != 0 and message in p.stderr, (args, p.returncode, p.stderr[-2000:])
+    short = tmp_path / "short-secret"
+    short.write_text("too short\n")
+    p = subprocess.run([str(binary), "--listen=127.0.0.1:0", f"--cache-dir={tmp_path / 'never'}",
+                        "--shared-cache", redis_url, "--shared-cache-secret-file", str(short)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "at least 16" in p.stderr, p.stderr[-2000:]

@@ -133,6 +133,47 @@ TEST(L2RecordsTest, VerificationRejectsEveryKindOfDamage) {
   EXPECT_TRUE(absl::IsDataLoss(DecodeBlobHead("tiny").status()));
 }
 
+TEST(L2RecordsTest, MacsBindRecordsToTheClusterSecret) {
+  const std::string key(64, 'b');
+  const L2Auth ours{{std::string(32, 's')}, false};
+  const L2Auth theirs{{std::string(32, 't')}, false};
+  const std::string record = EncodeActionRecord(key, "payload bytes", ours);
+  absl::StatusOr<absl::string_view> ok = VerifyL2Record(L2RecordKind::kAction, key, record, ours);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, "payload bytes");
+  // A reader without a secret still reads it (the MAC is a header field it skips).
+  EXPECT_EQ(*VerifyL2Record(L2RecordKind::kAction, key, record), "payload bytes");
+
+  // Another secret, a record with its digest recomputed but no MAC, and one with a MAC byte
+  // flipped: all refused, the missing MAC accepted only when told to.
+  absl::Status other = VerifyL2Record(L2RecordKind::kAction, key, record, theirs).status();
+  EXPECT_TRUE(absl::IsDataLoss(other));
+  EXPECT_TRUE(absl::StrContains(other.message(), "fails its MAC")) << other;
+  const std::string forged = EncodeActionRecord(key, "payload bytes");
+  absl::Status bare = VerifyL2Record(L2RecordKind::kAction, key, forged, ours).status();
+  EXPECT_TRUE(absl::IsDataLoss(bare));
+  EXPECT_TRUE(absl::StrContains(bare.message(), "carries no MAC")) << bare;
+  L2Auth migrating = ours;
+  migrating.accept_unauthenticated = true;
+  EXPECT_TRUE(VerifyL2Record(L2RecordKind::kAction, key, forged, migrating).ok());
+  std::string flipped = record;
+  flipped[48] ^= 1;
+  EXPECT_TRUE(
+      absl::IsDataLoss(VerifyL2Record(L2RecordKind::kAction, key, flipped, migrating).status()));
+  // Flag cleared to pass a MAC'd record off as unauthenticated: refused without the migration.
+  std::string stripped = record;
+  stripped[1] = 0;
+  EXPECT_TRUE(
+      absl::IsDataLoss(VerifyL2Record(L2RecordKind::kAction, key, stripped, ours).status()));
+
+  // Rotation: a reader holding the new and the old secret reads records of both.
+  const L2Auth rotating{{std::string(32, 't'), std::string(32, 's')}, false};
+  EXPECT_TRUE(VerifyL2Record(L2RecordKind::kAction, key, record, rotating).ok());
+  EXPECT_TRUE(VerifyL2Record(L2RecordKind::kAction, key,
+                             EncodeActionRecord(key, "payload bytes", rotating), theirs)
+                  .ok());
+}
+
 v1::ActionResult ResultNaming(const std::vector<std::string>& blobs) {
   v1::ActionResult result;
   for (const std::string& b : blobs) {
