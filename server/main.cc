@@ -679,6 +679,23 @@ int Run() {
     ext_options.nvcc = absl::GetFlag(FLAGS_nvcc);
     ext_options.nvrtc_tool = NextToSelf("kiln-nvrtc");
     ext_options.sign = compile_options.sign;
+    if (l2 != nullptr) {
+      // Inputs uploaded to one replica are every replica's: a Redis error is a miss (the
+      // client is asked for the blob) or an unshared upload, never a failed build.
+      shared::SharedStore* tier = l2.get();
+      ext_options.shared_inputs = {[tier](const std::string& hex) {
+                                     absl::StatusOr<bool> has = tier->HasBlob(hex);
+                                     return has.ok() && *has;
+                                   },
+                                   [tier](const std::string& hex) -> std::optional<std::string> {
+                                     absl::StatusOr<std::optional<std::string>> got =
+                                         tier->GetBlob(hex);
+                                     return got.ok() ? *std::move(got) : std::nullopt;
+                                   },
+                                   [tier](const std::string& hex, const std::string& bytes) {
+                                     tier->PutBlob(hex, bytes).IgnoreError();
+                                   }};
+    }
     absl::StatusOr<std::unique_ptr<ext::ExtensionBuilder>> made =
         ext::ExtensionBuilder::Create(ext_options, cache);
     if (!made.ok()) return Fail(absl::StrCat("custom builds: ", made.status().message()));

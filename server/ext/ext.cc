@@ -318,7 +318,7 @@ absl::StatusOr<std::unique_ptr<ExtensionBuilder>> ExtensionBuilder::Create(
   chmod(b->scratch_path_.c_str(), 0711);
   const std::string trees = b->scratch_path_ + "/trees";
   absl::StatusOr<std::unique_ptr<InputStore>> inputs =
-      InputStore::Open(options.dir, trees, options.input_capacity_bytes);
+      InputStore::Open(options.dir, trees, options.input_capacity_bytes, options.shared_inputs);
   chmod(trees.c_str(), 0711);
   // The NVRTC program, where the sandbox can reach it.
   if (!b->options_.nvrtc_tool.empty()) {
@@ -362,7 +362,7 @@ v1::FindMissingBlobsResponse ExtensionBuilder::FindMissing(
     const v1::FindMissingBlobsRequest& request) {
   v1::FindMissingBlobsResponse out;
   for (const std::string& d : request.digests()) {
-    if (!IsHexDigest(d) || !inputs_->Has(d)) out.add_missing(d);
+    if (!IsHexDigest(d) || !inputs_->Reachable(d)) out.add_missing(d);
   }
   return out;
 }

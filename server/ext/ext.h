@@ -5,7 +5,8 @@
 // - Inputs are content-addressed blobs in an InputStore (input_store.h): callers ask which
 //   digests are missing (FindMissing), upload those (Upload), then ask for a build naming
 //   trees by digest. A build whose inputs are incomplete answers with the missing digests and
-//   builds nothing.
+//   builds nothing. With a shared tier (ExtOptions::shared_inputs), inputs uploaded to one
+//   replica serve builds on every replica.
 // - The action key is the SHA-256 of the request (priority aside: sources and trees by digest,
 //   flags, archs, Python tag, the caller's ABI facts) and of the toolchain's identity (the host
 //   compiler's and nvcc's or NVRTC's versions). A hit answers from the store without looking
@@ -73,6 +74,8 @@ struct ExtOptions {
   std::string nvrtc_tool;  // the kiln-nvrtc program for raw kernels; optional
   // Signs a result before it is stored (the handle is its key), as for graph compiles.
   std::function<absl::Status(const std::string& key, v1::ActionResult* result)> sign;
+  // The cluster's shared tier for input blobs (input_store.h); empty: inputs stay per replica.
+  SharedInputs shared_inputs;
 };
 
 struct ExtStats {

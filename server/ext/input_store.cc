@@ -40,12 +40,14 @@ bool IsCleanRelativePath(const std::string& path) {
 
 absl::StatusOr<std::unique_ptr<InputStore>> InputStore::Open(const std::string& dir,
                                                              const std::string& trees_dir,
-                                                             int64_t capacity_bytes) {
+                                                             int64_t capacity_bytes,
+                                                             SharedInputs shared) {
   std::error_code ec;
   fs::create_directories(fs::path(dir) / "blobs", ec);
   if (!ec) fs::create_directories(trees_dir, ec);
   if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  std::unique_ptr<InputStore> store(new InputStore(dir, trees_dir, capacity_bytes));
+  std::unique_ptr<InputStore> store(
+      new InputStore(dir, trees_dir, capacity_bytes, std::move(shared)));
   absl::MutexLock lock(&store->mu_);
   for (const auto& e : fs::directory_iterator(fs::path(dir) / "blobs", ec)) {
     std::string name = e.path().filename().string();
@@ -69,14 +71,36 @@ bool InputStore::Has(const std::string& hex) const {
   return held_.contains(hex);
 }
 
+bool InputStore::Reachable(const std::string& hex) const {
+  return Has(hex) || (shared_ && IsHexDigest(hex) && shared_.has(hex));
+}
+
+bool InputStore::Ensure(const std::string& hex) {
+  if (Has(hex)) return true;
+  if (!shared_ || !IsHexDigest(hex)) return false;
+  std::optional<std::string> bytes = shared_.get(hex);
+  // The tier verifies; checked again here, since a wrong blob would be built from.
+  if (!bytes.has_value() || key::Sha256Hex(*bytes) != hex) return false;
+  bool inserted = false;
+  return PutLocal(*bytes, &inserted).ok();
+}
+
+absl::StatusOr<std::string> InputStore::Put(const std::string& bytes) {
+  bool inserted = false;
+  absl::StatusOr<std::string> hex = PutLocal(bytes, &inserted);
+  if (hex.ok() && inserted && shared_) shared_.put(*hex, bytes);
+  return hex;
+}
+
 void InputStore::Touch(const std::string& hex) {
   absl::MutexLock lock(&mu_);
   auto it = held_.find(hex);
   if (it != held_.end()) it->second.tick = ++tick_;
 }
 
-absl::StatusOr<std::string> InputStore::Put(const std::string& bytes) {
+absl::StatusOr<std::string> InputStore::PutLocal(const std::string& bytes, bool* inserted) {
   std::string hex = key::Sha256Hex(bytes);
+  *inserted = false;
   if (Has(hex)) {
     Touch(hex);
     return hex;
@@ -92,9 +116,10 @@ absl::StatusOr<std::string> InputStore::Put(const std::string& bytes) {
     return absl::UnavailableError(absl::StrCat("cannot store an input blob: ", ec.message()));
   }
   absl::MutexLock lock(&mu_);
-  auto [it, inserted] = held_.try_emplace(hex, Held{static_cast<int64_t>(bytes.size()), 0});
+  auto [it, added] = held_.try_emplace(hex, Held{static_cast<int64_t>(bytes.size()), 0});
   it->second.tick = ++tick_;
-  if (inserted) bytes_ += static_cast<int64_t>(bytes.size());
+  if (added) bytes_ += static_cast<int64_t>(bytes.size());
+  *inserted = added;
   EvictLocked();
   return hex;
 }
@@ -167,12 +192,12 @@ absl::StatusOr<v1::InputTree> InputStore::ReadTree(const std::string& hex) {
 }
 
 std::vector<std::string> InputStore::MissingFor(const std::string& tree_hex) {
-  if (!Has(tree_hex)) return {tree_hex};
+  if (!Ensure(tree_hex)) return {tree_hex};
   absl::StatusOr<v1::InputTree> tree = ReadTree(tree_hex);
   if (!tree.ok()) return {tree_hex};
   std::vector<std::string> missing;
   for (const v1::InputFile& f : tree->files()) {
-    if (!Has(f.digest())) missing.push_back(f.digest());
+    if (!Ensure(f.digest())) missing.push_back(f.digest());
   }
   return missing;
 }

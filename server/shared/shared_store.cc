@@ -56,6 +56,22 @@ absl::Status SharedStore::Set(const std::string& key, absl::string_view value) {
 }
 
 absl::Status SharedStore::PutBlob(const std::string& digest, const std::string& bytes) {
+  ScopedLatency timed(&latency_);
+  if (!key::IsDigest(digest) || key::Sha256Hex(bytes) != digest) {
+    return absl::InvalidArgumentError("a blob must be stored under its SHA-256");
+  }
+  return WriteBlob(digest, bytes);
+}
+
+absl::StatusOr<bool> SharedStore::HasBlob(const std::string& digest) {
+  ScopedLatency timed(&latency_);
+  if (!key::IsDigest(digest)) return false;
+  absl::StatusOr<RedisReply> exists = client_->Command({"EXISTS", BlobKey(digest)});
+  if (!exists.ok()) return exists.status();
+  return exists->integer == 1;
+}
+
+absl::Status SharedStore::WriteBlob(const std::string& digest, const std::string& bytes) {
   const std::string head_key = BlobKey(digest);
   absl::StatusOr<RedisReply> exists = client_->Command({"EXISTS", head_key});
   if (!exists.ok()) return exists.status();
@@ -90,7 +106,7 @@ absl::Status SharedStore::PutResult(const std::string& key, const v1::ActionResu
     }
   }
   for (int i = 0; i < result.artifacts_size(); ++i) {
-    if (absl::Status s = PutBlob(result.artifacts(i).digest(), blobs[i]); !s.ok()) return s;
+    if (absl::Status s = WriteBlob(result.artifacts(i).digest(), blobs[i]); !s.ok()) return s;
   }
   return Set(ActionKey(key), EncodeActionRecord(key, result.SerializeAsString(), options_.auth));
 }

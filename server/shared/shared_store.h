@@ -75,12 +75,19 @@ class SharedStore : public store::ArtifactStore {
   absl::StatusOr<std::optional<v1::ActionResult>> GetResult(const std::string& key) override;
   absl::StatusOr<std::optional<std::string>> GetBlob(const std::string& digest) override;
 
+  // Blobs by themselves (a custom build's inputs, which no action record names): stored under
+  // their digest like artifacts, read back verified by GetBlob. REQUIRES: key::Sha256Hex(bytes)
+  // == digest (checked: InvalidArgument).
+  absl::Status PutBlob(const std::string& digest, const std::string& bytes);
+  // Whether the blob's head is present (a chunk may still be missing: GetBlob then misses).
+  absl::StatusOr<bool> HasBlob(const std::string& digest);
+
   // hits, misses and corruptions; the shared tier's size is Redis's business (INFO memory).
   store::StoreStats Stats() const override;
   void AddTierStats(v1::GetStatsResponse* stats) const override;
 
  private:
-  absl::Status PutBlob(const std::string& digest, const std::string& bytes);
+  absl::Status WriteBlob(const std::string& digest, const std::string& bytes);
   absl::Status Set(const std::string& key, absl::string_view value);
   // Counts a value that failed verification and deletes it, so the next writer replaces it.
   void DropCorrupt(const std::string& key, const absl::Status& why);

@@ -384,6 +384,14 @@ MUTANTS: list[Mutant] = [
         tests=("gtest:shared_tier_test:L2RecordsTest.MacsBindRecordsToTheClusterSecret",),
     ),
     Mutant(
+        name="build-inputs-not-shared",
+        what="a replica lacking a custom build's input never looks for it in the shared tier",
+        file="server/ext/input_store.cc",
+        find="  if (!shared_ || !IsHexDigest(hex)) return false;",
+        replace="  return false;",
+        tests=("pytest:tests/python/test_shared_cache.py -k build_inputs",),
+    ),
+    Mutant(
         name="disk-full-never-resumes",
         what="a store suspended by a full disk never resumes writing once space is back",
         file="server/store/rocksdb_store.cc",

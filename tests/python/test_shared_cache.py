@@ -398,3 +398,29 @@ def test_a_shared_secret_keeps_redis_writers_from_choosing_results(tmp_path, red
                         "--shared-cache", redis_url, "--shared-cache-secret-file", str(short)],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "at least 16" in p.stderr, p.stderr[-2000:]
+
+
+def test_build_inputs_uploaded_to_one_replica_serve_a_build_on_another(tmp_path, redis):
+    """A client uploads a custom build's inputs to replica A; replica B, which never saw them,
+    finds them in the shared tier: nothing is uploaded again, B builds, and the module runs."""
+    import ctypes
+
+    from kiln import ext
+    from kiln.v1 import service_pb2
+
+    tree = ext.Tree.from_bytes({
+        "inc/scale.h": b"#define KILN_SCALE 5\n",
+        "scaled.cc": b'#include "inc/scale.h"\nextern "C" int kiln_scaled(int x) { return KILN_SCALE * x; }\n',
+    })
+    request = service_pb2.BuildExtensionRequest(name="scaled", source_tree=tree.digest, compile=["scaled.cc"],
+                                                python_tag="shared-inputs-test")
+    redis_url, _ = redis
+    with replicas_sharing(redis_url, tmp_path) as (a, b):
+        with kiln.Client(a.address) as ca, kiln.Client(b.address, cache_dir=tmp_path / "client-b") as cb:
+            assert ext.ensure_uploaded(ca, [tree]) > 0
+            assert ext.ensure_uploaded(cb, [tree]) == 0, "B reports the inputs A holds as present"
+            built = ext.build_extension(cb, request, [tree])
+            assert not built.cache_hit and built.uploaded_bytes == 0, built
+            module = ctypes.CDLL(str(cb.fetch(built.result.artifacts[0].digest)))
+            assert module.kiln_scaled(4) == 20
+            assert (ca.stats().ext_builds, cb.stats().ext_builds) == (0, 1)

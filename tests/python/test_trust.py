@@ -362,6 +362,43 @@ def test_untrusted_key_is_refused_before_anything_loads(secure, pki):
     assert loader.loaded_kernel_count() == before
 
 
+def test_custom_builds_are_verified_like_graphs(secure, pki, tmp_path):
+    """An extension module and a raw CUDA kernel built by kilnd come back signed; a client that
+    trusts another key refuses both before it fetches or loads anything."""
+    import ctypes
+
+    import kiln.cuda
+    import kiln.torch_extension
+
+    from kiln import ext
+
+    tree = ext.Tree.from_bytes({"triple.cc": b'extern "C" int kiln_triple(int x) { return 3 * x; }\n'})
+    request = service_pb2.BuildExtensionRequest(name="tripled", source_tree=tree.digest, compile=["triple.cc"],
+                                                python_tag="verified-test")
+    raw = service_pb2.CompileRawKernelRequest(
+        source='extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }', name="twice", sm=90)
+    with client(secure, pki, "compiler") as c:
+        built = ext.build_extension(c, request, [tree])
+        assert built.result.signature.key_id in c.trust.key_ids and len(built.result.signature.signature) == 64
+        module = ctypes.CDLL(str(c.fetch(built.result.artifacts[0].digest)))
+        assert module.kiln_triple(7) == 21
+        try:
+            kernel = ext.compile_raw_kernel(c, raw)
+        except kiln.errors.RpcError as e:
+            if "NVRTC" not in str(e) or os.environ.get("KILN_REQUIRE_NVRTC"):
+                raise
+            kernel = None  # this kilnd has no NVRTC: the extension alone is checked
+        if kernel is not None:
+            assert kernel.result.signature.key_id in c.trust.key_ids
+    with client(secure, pki, "compiler", trusted_keys=[pki.other_signing[1]], cache_dir=tmp_path) as c:
+        with pytest.raises(VerificationError, match="not trusted"):
+            kiln.torch_extension.build_prepared(kiln.torch_extension.Prepared(request, tree, [], []), c)
+        if kernel is not None:
+            with pytest.raises(VerificationError, match="not trusted"):
+                kiln.cuda.RawKernel(raw.source, raw.name, client=c).compile(90)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()], "nothing of a refused build was fetched"
+
+
 def _mutations(resp):
     """Copies of a signed response, each with one signed part changed."""
     def copy():

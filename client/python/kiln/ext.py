@@ -217,7 +217,9 @@ class BuildOutcome:
 
 def build_extension(client: Any, request: Any, trees: Sequence[Tree], *, timeout: Optional[float] = None) -> BuildOutcome:
     """Get-or-build ``request`` (a kiln.v1.BuildExtensionRequest naming ``trees``): asks first
-    (a hit needs no upload), uploads what kilnd lacks when it says so, and asks again."""
+    (a hit needs no upload), uploads what kilnd lacks when it says so, and asks again. The
+    result is verified under the client's trust policy (its signature by a trusted key) like a
+    compiled graph's, before anything of it is used."""
     start = time.perf_counter()
     timeout = timeout if timeout is not None else client.compile_timeout
     uploaded = 0
@@ -225,6 +227,8 @@ def build_extension(client: Any, request: Any, trees: Sequence[Tree], *, timeout
     for attempt in range(3):
         resp = client._call("BuildExtension", request, timeout)
         if not resp.missing:
+            # Before the module is fetched or loaded: a refused result raises VerificationError.
+            client.trust.check(resp.handle, resp.result)
             return BuildOutcome(resp.handle, resp.result, resp.cache_hit, uploaded, time.perf_counter() - start)
         unknown = [d for d in resp.missing if d not in sources]
         if unknown:
@@ -317,9 +321,11 @@ def _replay_extension(client: Any, payload: dict[str, Any], record_dir: Path, pr
 
 
 def compile_raw_kernel(client: Any, request: Any, *, timeout: Optional[float] = None) -> BuildOutcome:
-    """Get-or-compile a raw CUDA kernel (a kiln.v1.CompileRawKernelRequest)."""
+    """Get-or-compile a raw CUDA kernel (a kiln.v1.CompileRawKernelRequest); its result is
+    verified under the client's trust policy like a graph's."""
     start = time.perf_counter()
     resp = client._call("CompileRawKernel", request, timeout if timeout is not None else client.compile_timeout)
+    client.trust.check(resp.handle, resp.result)
     return BuildOutcome(resp.handle, resp.result, resp.cache_hit, 0, time.perf_counter() - start)
 
 
