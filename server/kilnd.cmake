@@ -21,7 +21,7 @@ kiln_cc_library(kiln_metrics
   DEPS kiln_proto PkgConfig::CPPHTTPLIB absl::status absl::statusor absl::strings
     absl::str_format Threads::Threads)
 
-add_executable(kilnd ${CMAKE_CURRENT_LIST_DIR}/main.cc)
+add_executable(kilnd ${CMAKE_CURRENT_LIST_DIR}/main.cc ${CMAKE_CURRENT_LIST_DIR}/flags.cc)
 target_link_libraries(kilnd PRIVATE
   kiln_server
   kiln_auth

@@ -129,3 +129,18 @@ def test_roles_table_matches_what_kilnd_enforces():
     for role in ("read", "compile"):
         stray = {name for name in rows[role] if required.get(name) != role}
         assert not stray, f"docs/trust.md: the `{role}` row names calls of another role: {stray}"
+
+
+def test_kilnd_help_lists_every_flag():
+    """``kilnd --help`` shows every flag kilnd defines (server/flags.cc), with its help text."""
+    import subprocess
+
+    from conftest import find_kilnd, no_kilnd
+
+    binary = find_kilnd()
+    if binary is None:
+        no_kilnd()
+    defined = re.findall(r"ABSL_FLAG\(\s*[\w:]+,\s*(\w+),", (REPO / "server" / "flags.cc").read_text())
+    out = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30)
+    shown = set(re.findall(r"--(\w+)", out.stdout + out.stderr))
+    assert len(defined) > 40 and [f for f in defined if f not in shown] == [], out.stdout[-2000:]
