@@ -2273,6 +2273,53 @@ def test_long_reductions_over_small_outputs_add_their_bias_apart(monkeypatch: An
         assert unfuse_addmm_epilogues(graph(*shape)) == 0, shape
 
 
+def test_convolution_bias_moves_into_the_part_that_reads_it(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+    """A convolution's bias joins the kiln part that reads the convolution next (torch would
+    add it in a kernel of its own): the convolutions torch runs take no bias, the results
+    match eager. One whose output the graph returns keeps its bias."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kiln.torch.passes import unfuse_convolution_bias
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GELU(),
+                              torch.nn.Conv2d(8, 8, 1), torch.nn.LayerNorm([8, 6, 6])).eval()
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        want = net(x)
+        got = compiled(net, client)(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    convs = [n for gm, _ in rewrites for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    assert len(convs) == 2 and all(n.args[2] is None for n in convs), [n.args[2] for n in convs]
+
+    def graph(returned: bool) -> torch.fx.Graph:
+        g = torch.fx.Graph()
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            vals = [torch.empty(4, 3, 8, 8, device="cuda"), torch.empty(5, 3, 3, 3, device="cuda"),
+                    torch.empty(5, device="cuda")]
+            out = torch.empty(4, 5, 6, 6, device="cuda")
+        args = []
+        for name, v in zip(("x", "w", "b"), vals):
+            p = g.placeholder(name)
+            p.meta["val"] = v
+            args.append(p)
+        conv = g.call_function(torch.ops.aten.convolution.default,
+                               (*args, [1, 1], [0, 0], [1, 1], False, [0, 0], 1))
+        conv.meta["val"] = out
+        act = g.call_function(torch.ops.aten.relu.default, (conv,))
+        act.meta["val"] = out
+        g.output((act, conv) if returned else (act,))
+        return g
+
+    g = graph(returned=False)
+    assert unfuse_convolution_bias(g) == 1
+    targets = [n.target for n in g.nodes if n.op == "call_function"]
+    assert targets == [torch.ops.aten.convolution.default, torch.ops.aten.view.default,
+                       torch.ops.aten.add.Tensor, torch.ops.aten.relu.default], targets
+    view = next(n for n in g.nodes if n.target is torch.ops.aten.view.default)
+    assert view.args[1] == [-1, 1, 1] and tuple(view.meta["val"].shape) == (5, 1, 1)
+    assert unfuse_convolution_bias(graph(returned=True)) == 0
+
+
 def test_contiguous_clones_on_the_torch_side_copy_only_what_is_not_contiguous() -> None:
     """fold_clones: a clone read by plain ops becomes ``contiguous()`` (no copy of a contiguous
     tensor, a copy of any other); clones that are graph outputs, that an in-place op writes,

@@ -8,8 +8,8 @@ Three stages, each a list below; :mod:`..dynamo_backend` runs the first and the 
    once), dropout's draws seeded for kiln's kernels, convolutions made channels-last, and
    constants folded (after the layout pass, which propagates fake tensors through the graph:
    a folded value must be a real tensor). Last, two rewrites for the partitioner: pads of zero
-   widths dropped, and bias epilogues that kiln reads unfused (a question the partitioner's
-   colors answer, so on the graph it will see).
+   widths dropped, and the bias epilogues of matrix products and convolutions that kiln reads
+   unfused (a question the partitioner's colors answer, so on the graph it will see).
 2. :data:`TORCH_SIDE_PASSES`, on the rewritten graph (kiln parts as modules between torch
    nodes), in order: view chains collapse before the matrix products are matched (a folded
    transpose is what ``fold_linear`` looks for), products become ``linear`` before views are
@@ -42,7 +42,7 @@ from .launch_long_kernels_first import launch_long_kernels_first
 from .philox_on_host import philox_state_on_host
 from .reshape_other_views import reshape_other_views
 from .seed_draws import seed_draws
-from .unfuse_addmm_epilogues import unfuse_addmm_epilogues
+from .unfuse_addmm_epilogues import unfuse_addmm_epilogues, unfuse_convolution_bias
 
 GraphPass = Callable[[torch.fx.Graph], int]
 
@@ -80,7 +80,7 @@ def run_aten_passes(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, 
             report_output_strides(gm)
         bump(layout_copies=copies)
     bump(constants=fold_constant_subgraphs(gm))
-    if drop_empty_pads(gm.graph) + unfuse_addmm_epilogues(gm.graph):
+    if drop_empty_pads(gm.graph) + unfuse_addmm_epilogues(gm.graph) + unfuse_convolution_bias(gm.graph):
         gm.recompile()
 
 
@@ -117,4 +117,5 @@ __all__ = [
     "run_torch_side_passes",
     "seed_draws",
     "unfuse_addmm_epilogues",
+    "unfuse_convolution_bias",
 ]

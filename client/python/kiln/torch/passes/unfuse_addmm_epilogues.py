@@ -1,6 +1,7 @@
 """Bias epilogues move to kiln (stage 1, last): an ``addmm`` whose result a kiln node reads
-becomes ``mm`` plus an ``add`` that joins that node's part. Which node kiln reads is the
-partitioner's own question (:func:`..partition.node_color`), asked here ahead of it."""
+becomes ``mm`` plus an ``add`` that joins that node's part, and so does a ``convolution``'s
+bias. Which node kiln reads is the partitioner's own question (:func:`..partition.node_color`),
+asked here ahead of it."""
 
 from __future__ import annotations
 
@@ -140,3 +141,42 @@ def _read_by_kiln(n: torch.fx.Node) -> bool:
 
 
 __all__ = ["unfuse_addmm_epilogues"]
+
+
+def unfuse_convolution_bias(graph: torch.fx.Graph) -> int:
+    """``convolution(x, w, bias, ...)`` whose result kiln reads next (and the graph does not
+    return) becomes ``convolution(x, w, None, ...)`` in torch plus ``add(., bias)`` broadcast
+    along the channels in that kiln part, returning how many were rewritten.
+
+    torch runs a convolution's bias as a kernel of its own after cuDNN's (``add_`` over the
+    whole output: a read and a write of it, a launch and four ATen calls on the host); in the
+    part that reads the output next it is one more term of a kernel that runs anyway. ConvNeXt
+    and PoolFormer have a bias on every convolution: 40 and 28 such kernels per inference call
+    at batch 16 (H200), which Inductor also folds into the kernels after the convolution. The
+    sum is the same one torch computes (the convolution rounded to its dtype, then the bias
+    added), so results do not change. A result the graph returns (a training forward saves
+    it) keeps its bias in torch: the kiln part would write it a second time."""
+    aten = torch.ops.aten
+    done = 0
+    for n in list(graph.nodes):
+        if n.op != "call_function" or n.target is not aten.convolution.default or len(n.args) != 9 or n.kwargs:
+            continue
+        bias = n.args[2]
+        meta, bias_meta = L.node_meta(n), L.node_meta(bias)
+        if not (isinstance(bias, torch.fx.Node) and isinstance(meta, torch.Tensor)
+                and isinstance(bias_meta, torch.Tensor) and meta.ndim >= 3 and bias_meta.ndim == 1):
+            continue
+        if not _read_by_kiln(n) or _returned(n):
+            continue
+        channels = [-1] + [1] * (meta.ndim - 2)  # the bias along dimension 1 of the output
+        with graph.inserting_before(n):
+            conv = graph.call_function(aten.convolution.default, (n.args[0], n.args[1], None, *n.args[3:]))
+            conv.meta.update(n.meta)  # the same shape, dtype, device and layout with or without a bias
+            column = graph.call_function(aten.view.default, (bias, channels))
+            column.meta["val"] = bias_meta.view(channels)
+            add = graph.call_function(aten.add.Tensor, (conv, column))
+            add.meta.update(n.meta)
+        n.replace_all_uses_with(add)
+        graph.erase_node(n)
+        done += 1
+    return done
