@@ -392,6 +392,14 @@ MUTANTS: list[Mutant] = [
         tests=("pytest:tests/python/test_shared_cache.py -k build_inputs",),
     ),
     Mutant(
+        name="cuda-few-rows-never-split",
+        what="a CUDA row kernel over a few long rows with short reductions keeps one block per row",
+        file="kernels/codegen/cuda/cuda_kernel.cc",
+        find="    Row(RowSplitPoint(d_outer, fv));",
+        replace="    Row(d_outer);",
+        tests=("gtest:cuda_codegen_test:CudaEmulation.FewLongRowsSplitDeeper",),
+    ),
+    Mutant(
         name="disk-full-never-resumes",
         what="a store suspended by a full disk never resumes writing once space is back",
         file="server/store/rocksdb_store.cc",

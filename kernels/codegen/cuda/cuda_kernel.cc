@@ -9,6 +9,32 @@
 namespace kiln::codegen::cuda {
 namespace internal {
 
+// A row kernel's rows are its outer indices 0..d_outer, the deepest the hoisted reductions
+// read. When those are few (a group norm's samples: 16 rows of 200,704 elements, one block
+// each on a GPU of 132 SMs) and the reductions short (the statistics already reduced to a few
+// dozen chunks per sample by an earlier kernel), deeper outer variables make more rows, each
+// recomputing the short reductions: a row per sample and channel. Stops once the rows fill
+// the GPU, before a row gets shorter than a block's worth, and while the recomputed
+// reductions stay under a quarter of the kernel's elements.
+int KernelGen::RowSplitPoint(int d_outer, const FreeVarMap& fv) const {
+  const int rank = static_cast<int>(loops_.size());
+  for (int d = 0; d < rank; ++d)
+    if (Varies(loops_[d])) return d_outer;
+  int64_t reduced = 0;  // per row: every hoisted reduction's range
+  for (const auto& [n, vars] : fv) {
+    if (n->kind == Expr::Kind::kReduce && !vars.empty() && vars.back() < rank)
+      reduced += ReduceExtent(*n, kern_.extents);
+  }
+  const int64_t elements = Product(loops_, 0, rank);
+  int p = d_outer;
+  while (p + 2 < rank && Product(loops_, 0, p + 1) < int64_t{4} * cfg_.sm_count) {
+    const int64_t rows = Product(loops_, 0, p + 2);
+    if (Product(loops_, p + 2, rank) < kRowSplitMinLength || rows * reduced * 4 > elements) break;
+    ++p;
+  }
+  return p;
+}
+
 absl::StatusOr<std::vector<KernelFunction>> KernelGen::Run() {
   for (schedule::KernelOutput& o : kern_.outputs) o.value = pool_.InternTree(o.value);
   if (Product(loops_, 0, loops_.size()) == 0) return fns_;  // nothing to compute
@@ -57,7 +83,7 @@ absl::StatusOr<std::vector<KernelFunction>> KernelGen::Run() {
   }
   int64_t n_out = Product(loops_, 0, rank);
   if (d_outer >= 0) {
-    Row(d_outer);
+    Row(RowSplitPoint(d_outer, fv));
   } else if (!inner) {
     Pointwise();
   } else if (r_inner >= 64 && contiguous) {

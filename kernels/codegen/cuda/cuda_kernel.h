@@ -11,6 +11,9 @@
 //                 memory (short rows: a few threads, several rows per block, shuffles only),
 //                 32 per thread (at least a warp) for rows bound by arithmetic on re-read
 //                 operands when the rows alone fill the GPU (a reduced outer product);
+//                 rows too few to fill the GPU whose reductions are short (a group norm's
+//                 chunked statistics combined per sample) split at a deeper loop, each row
+//                 recomputing the short reductions;
 //   per-output    reductions inside the innermost loop: one thread per output with sequential
 //                 loops (small reductions, e.g. k-means' argmin over the centres), or a row of
 //                 threads per output when the reduction is long and contiguous;

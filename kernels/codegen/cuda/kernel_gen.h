@@ -53,6 +53,8 @@ inline constexpr int64_t kCacheBudgetWords = 48;
 inline constexpr int64_t kRowElementsPerThread = 8;
 // Elements per thread for rows bound by arithmetic rather than loads (see KernelGen::Row).
 inline constexpr int64_t kComputeRowElementsPerThread = 32;
+// The shortest row a row kernel's loops are split into to make more rows (RowSplitPoint).
+inline constexpr int64_t kRowSplitMinLength = 256;
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -188,6 +190,9 @@ class KernelGen {
   // The strategies (cuda_strategies.cc).
   void Pointwise();
   void Row(int p);  // outer variables 0..p, one row per outer index
+  // Where a row kernel whose reductions read outer variables 0..d_outer splits its loops:
+  // d_outer, or deeper when that leaves the GPU mostly idle (cuda_kernel.cc).
+  int RowSplitPoint(int d_outer, const FreeVarMap& fv) const;
   // One row function named `name`: `threads` per row when the row length varies (0: the
   // default for its shape). Sets `*rows` and `*work` (the longest range a row walks).
   // `aligned` (a row length that varies): vectors along the row as though its length, and

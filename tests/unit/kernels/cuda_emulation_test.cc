@@ -321,6 +321,35 @@ TEST(CudaEmulation, RowKernels) {
   }));
 }
 
+// Chunked statistics, then a consumer over every element that combines each sample's chunks
+// (a group norm after its first pass): the few samples would be a few long rows, so the row
+// kernel splits deeper (a row per sample and channel), each row recomputing the short combine.
+ir::Graph ChunkedNormalize(int64_t n, int64_t c, int64_t hw, int64_t chunks) {
+  return Make({Ty(DType::kF32, {n, c, hw})}, [=](ir::Builder& b) {
+    auto parts = *b.Add("reshape", {0}, {{"shape", ir::IntList{n, chunks, c * hw / chunks}}});
+    auto m = *b.Add("mean", {parts}, {{"axes", ir::IntList{2}}});
+    auto mean = *b.Add("mean", {m}, {{"axes", ir::IntList{1}}});
+    auto column = *b.Add("reshape", {mean}, {{"shape", ir::IntList{n, 1, 1}}});
+    auto centred = *b.Add("sub", {0, column});
+    return std::vector<ValueId>{*b.Add("mul", {centred, centred})};
+  });
+}
+
+TEST(CudaEmulation, FewLongRowsSplitDeeper) {
+  const ir::Graph g = ChunkedNormalize(4, 32, 1024, 8);
+  auto gen = testing::SharedPipeline().Generate(g, CudaTarget(90), CompileOptions{});
+  ASSERT_TRUE(gen.ok()) << gen.status();
+  EXPECT_NE(gen->fusion_report.find("row: 128 row(s) of 1024,"), std::string::npos)
+      << gen->fusion_report;
+  ExpectMatchesCpu(g);
+  // Rows enough already: one row per sample.
+  const ir::Graph many = ChunkedNormalize(600, 4, 256, 8);
+  auto wide = testing::SharedPipeline().Generate(many, CudaTarget(90), CompileOptions{});
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_NE(wide->fusion_report.find("row: 600 row(s) of 1024"), std::string::npos)
+      << wide->fusion_report;
+}
+
 TEST(CudaEmulation, PerOutputReductions) {
   ExpectMatchesCpu(KMeans(1001, 5, DType::kF64));
   ExpectMatchesCpu(KMeans(1000, 8, DType::kF32));
