@@ -144,3 +144,18 @@ def test_kilnd_help_lists_every_flag():
     out = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30)
     shown = set(re.findall(r"--(\w+)", out.stdout + out.stderr))
     assert len(defined) > 40 and [f for f in defined if f not in shown] == [], out.stdout[-2000:]
+
+
+def test_every_mutant_still_applies():
+    """Each mutant of tests/mutation/mutants.py names text that occurs exactly once in its file,
+    so an edit to the code it plants a bug in shows here, not after CI's long mutation stage."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("kiln_mutants", REPO / "tests" / "mutation" / "mutants.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while they are made
+    spec.loader.exec_module(module)
+    stale = [f"{m.name}: {(REPO / m.file).read_text().count(m.find)} matches in {m.file}"
+             for m in module.MUTANTS if (REPO / m.file).read_text().count(m.find) != 1]
+    assert len(module.MUTANTS) >= 50 and stale == []
