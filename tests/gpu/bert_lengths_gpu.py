@@ -15,7 +15,6 @@ Writes $OUT/bert_lengths_gpu.md; exits 1 when a check fails.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -26,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import kiln.torch as kt  # noqa: E402
-from reduce_accuracy_gpu import kilnd_binary, local_client, report  # noqa: E402
+from gpu_common import interleaved_ms, kilnd_binary, local_client, report  # noqa: E402
 
 LENGTHS = (128, 96, 64, 200, 37)
 
@@ -75,20 +74,11 @@ def main() -> int:
         for L in LENGTHS:
             med = {}
             if not opts.no_timing:
-                times: dict[str, list[float]] = {k: [] for k in fns}
                 for f in fns.values():
                     for _ in range(3):
                         f(input_ids=inputs[L])
-                for _ in range(opts.rounds):
-                    for label, f in fns.items():
-                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        start.record()
-                        for _ in range(opts.iters):
-                            f(input_ids=inputs[L])
-                        end.record()
-                        end.synchronize()
-                        times[label].append(start.elapsed_time(end) / opts.iters)
-                med = {k: statistics.median(v) for k, v in times.items()}
+                med = interleaved_ms({k: lambda r, f=f, L=L: f(input_ids=inputs[L]) for k, f in fns.items()},
+                                     opts.rounds, opts.iters)
             ratio = med["kiln"] / med["Inductor"] if med else float("nan")
             rows.append([str(L), f"{errs[L]:.1e}", f"{med.get('Inductor', float('nan')):.3f}",
                          f"{med.get('kiln', float('nan')):.3f}", f"{ratio:.3f}"])

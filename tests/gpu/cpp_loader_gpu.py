@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from part_overhead import per_call_us  # noqa: E402  (the same host timing as the part call figures)
+from gpu_common import per_call_us  # noqa: E402  (the same host timing as the part call figures)
 
 try:
     import kiln.core as kcore

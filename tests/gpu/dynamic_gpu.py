@@ -44,6 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kiln  # noqa: E402
 import kiln.local  # noqa: E402
+from gpu_common import interleaved_ms, kilnd_binary  # noqa: E402
 
 failures: list[str] = []
 VARIANTS = False  # --variants: also time each tuning variant of the symbolic-length kernels
@@ -292,19 +293,9 @@ def run_bert(lengths: list[int], iters: int) -> list[list[Any]]:
             if backend == "kiln":
                 native.wait(600)  # time the parts' native call path, not a build running beside
         mid = ktorch.stats()
-        times: dict[str, list[float]] = {b: [] for b in fns}
-        for r in range(iters + 3):
-            for backend, fn in fns.items():
-                torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                with torch.no_grad():
-                    fn(input_ids=ids[r % 3], attention_mask=mask)
-                end.record()
-                end.synchronize()
-                if r >= 3:
-                    times[backend].append(start.elapsed_time(end))
-        ms = {b: statistics.median(t) for b, t in times.items()}
+        with torch.no_grad():
+            ms = interleaved_ms({b: lambda r, fn=fn, ids=ids, mask=mask: fn(input_ids=ids[r % 3], attention_mask=mask)
+                                 for b, fn in fns.items()}, iters, warmup=3)
         after = ktorch.stats()
         new = (mid["compiled"] - before["compiled"]) - (mid["cache_hits"] - before["cache_hits"]) - \
               (mid["memo_hits"] - before["memo_hits"])
@@ -341,9 +332,8 @@ def main() -> int:
     opts = ap.parse_args()
     global VARIANTS
     VARIANTS = opts.variants
-    binary = os.environ.get("KILND")
-    if not binary or not Path(binary).is_file():
-        print("dynamic_gpu: set KILND to a built kilnd binary", file=sys.stderr)
+    binary = kilnd_binary("dynamic_gpu")
+    if binary is None:
         return 2
     md = [f"# Dynamic shapes on {torch.cuda.get_device_name()} (torch {torch.__version__})\n"]
     with tempfile.TemporaryDirectory(prefix="kiln-dynamic-gpu-") as tmp:

@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import shutil
-import statistics
 import sys
 import tarfile
 import tempfile
@@ -94,26 +93,11 @@ def cmd_build(archive: Path, pack: Path) -> None:
     print(json.dumps(manifest, indent=1))
 
 
-def _timed(fn, n: int = 50) -> float:
-    import torch
-
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
 def cmd_run(pack: Path) -> int:
     import torch
 
     import kiln.cuda
+    from gpu_common import median_ms
     from kiln.torch import extension as kext
     from reference import lltm_reference, make_function
 
@@ -159,12 +143,12 @@ def cmd_run(pack: Path) -> int:
           [(batch, features), (3 * state, features + state), (3 * state,), (batch, state), (batch, state)]]
 
     def step(impl):
-        def run():
+        def run(i: int) -> None:
             h, c = impl(*xs)
             (h.sum() + c.sum()).backward()
         return run
 
-    t_ext, t_ref = _timed(step(fn.apply)), _timed(step(lltm_reference))
+    t_ext, t_ref = median_ms(step(fn.apply), 50, warmup=5), median_ms(step(lltm_reference), 50, warmup=5)
     rows.append(f"lltm step 64x256x512 f32: extension {t_ext:.3f} ms, plain PyTorch {t_ref:.3f} ms (ratio {t_ref / t_ext:.2f}x)")
     # The raw kernel, from its cubin.
     raw = manifest["axpy"]

@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gpu_common import event_times_ms
+
 REPO = Path(__file__).resolve().parents[2]
 try:
     import kiln.core as kcore
@@ -197,17 +199,7 @@ def run_suite(load, manifest, seed, results, only=None):
 def time_ms(fn, sets, iters, warmup=3):
     """Median of CUDA-event timings, rotating over the input sets. Launches run ahead of the
     GPU (events are recorded on the stream), so host overhead does not enter the timings."""
-    for i in range(warmup):
-        fn(sets[i % len(sets)])
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        starts[i].record()
-        fn(sets[i % len(sets)])
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return statistics.median(event_times_ms(lambda i: fn(sets[i % len(sets)]), iters, warmup))
 
 
 def kmeans_ties(got, want, X, means):

@@ -29,7 +29,6 @@ Exit status: 0 when every check passed, 1 when one failed, 2 when the setup is m
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import tempfile
@@ -356,9 +355,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="kiln.jit(target='cuda') on a GPU: checks against NumPy, and timing")
     ap.add_argument("--iters", type=int, default=50, help="calls timed per workload (default 50)")
     opts = ap.parse_args()
-    binary = os.environ.get("KILND")
-    if not binary or not Path(binary).is_file():
-        print("jit_cuda_gpu: set KILND to a built kilnd binary", file=sys.stderr)
+    from gpu_common import kilnd_binary
+
+    binary = kilnd_binary("jit_cuda_gpu")
+    if binary is None:
         return 2
     report = Report()
     t0 = time.perf_counter()

@@ -24,14 +24,13 @@ from __future__ import annotations
 import copy
 import os
 import sys
-import tempfile
 import warnings
-from pathlib import Path
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from gpu_common import private_kilnd  # noqa: E402
 from torch_backend_gpu import resnet18_input, resnet18_model  # noqa: E402
 
 TOL = 1e-4  # relative error of a whole tensor
@@ -85,15 +84,9 @@ def run(layout: str, train: bool) -> tuple[list[tuple[str, float, float]], dict[
 
 
 def main() -> int:
-    binary = os.environ.get("KILND") or str(Path(__file__).resolve().parents[2] / "build" / "server" / "kilnd")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    work = Path(tempfile.mkdtemp(prefix="kiln-layout-gpu-"))
-    os.environ["KILN_CACHE_DIR"] = str(work / "client-cache")
-    import kiln.local
-
-    daemon = kiln.local.LocalDaemon(binary, work)
-    os.environ["KILN_SERVER"] = daemon.address
+    private_kilnd("layout_gpu.py", "kiln-layout-gpu-")  # torch.compile(backend="kiln") reaches it by KILN_SERVER
     rows, failed = [], 0
     for train in (False, True):
         for layout in ("channels_last", "keep"):

@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(LLTM))
 
 import kiln.torch as kt  # noqa: E402
-from reduce_accuracy_gpu import kilnd_binary, local_client, report  # noqa: E402
+from gpu_common import kilnd_binary, local_client, report  # noqa: E402
 
 
 def lltm_check(module, label: str, failures: list[str]) -> str:

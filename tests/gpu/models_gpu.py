@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
 import time
 import warnings
@@ -38,8 +37,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "python"))
 
 import kiln.torch as kt  # noqa: E402
+from gpu_common import interleaved_ms, kilnd_binary, local_client, report  # noqa: E402
 from model_zoo import MODELS, build, inputs, tensors  # noqa: E402
-from reduce_accuracy_gpu import kilnd_binary, local_client, report  # noqa: E402
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -284,17 +283,7 @@ def time_models(names: list[str], client: Any, rounds: int, iters: int,
             for f in fns.values():  # warm
                 for _ in range(3):
                     f(**x)
-            times: dict[str, list[float]] = {k: [] for k in fns}
-            for _ in range(rounds):
-                for label, f in fns.items():
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    for _ in range(iters):
-                        f(**x)
-                    end.record()
-                    end.synchronize()
-                    times[label].append(start.elapsed_time(end) / iters)
-        med = {k: statistics.median(v) for k, v in times.items()}
+            med = interleaved_ms({k: lambda r, f=f, x=x: f(**x) for k, f in fns.items()}, rounds, iters)
         s = kt.stats()
         rows.append([name, f"{med['eager']:.3f}", f"{med['Inductor']:.3f}", f"{med['kiln']:.3f}",
                      f"{med['kiln'] / med['Inductor']:.3f}", f"{med['kiln'] / med['eager']:.3f}",

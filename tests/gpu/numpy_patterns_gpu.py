@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kiln  # noqa: E402
-from reduce_accuracy_gpu import graph_time_us, kilnd_binary, local_client, report  # noqa: E402
+from gpu_common import graph_time_us, kilnd_binary, local_client, report  # noqa: E402
 
 # (name, input shape, kiln/NumPy function, torch function)
 PATTERNS: list[tuple[str, tuple[int, ...], Callable[[Any], Any], Callable[[torch.Tensor], torch.Tensor]]] = [

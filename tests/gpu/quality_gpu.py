@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -120,32 +119,17 @@ class Report:
         self.line("PASS", name, detail or "")
 
 
-def event_samples(call: Callable[[], Any], iters: int, warmup: int = 5) -> list[float]:
-    """CUDA-event intervals (ms) around single back-to-back calls."""
-    import torch
-
-    for _ in range(warmup):
-        call()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        starts[i].record()
-        call()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
-
-
 def interleaved_ms(calls: dict[str, Callable[[], Any]], iters: int, rounds: int = 10) -> dict[str, float]:
     """Median event interval per call of each function, timed in rounds (each function a
     share of its calls per round, in turn): at tens of microseconds per call the host sets the
     time, and its drift over a run falls on every column alike."""
+    from gpu_common import event_times_ms
+
     samples: dict[str, list[float]] = {k: [] for k in calls}
     per = max(1, iters // rounds)
     for _ in range(rounds):
         for label, call in calls.items():
-            samples[label] += event_samples(call, per, warmup=2)
+            samples[label] += event_times_ms(lambda i, call=call: call(), per, warmup=2)
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
@@ -283,9 +267,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="kernel quality on a GPU: kiln vs eager and Inductor")
     ap.add_argument("--iters", type=int, default=100, help="calls timed per variant (default 100)")
     opts = ap.parse_args()
-    binary = os.environ.get("KILND")
-    if not binary or not Path(binary).is_file():
-        print("quality_gpu: set KILND to a built kilnd binary", file=sys.stderr)
+    from gpu_common import kilnd_binary
+
+    binary = kilnd_binary("quality_gpu")
+    if binary is None:
         return 2
     report = Report()
     t0 = time.perf_counter()

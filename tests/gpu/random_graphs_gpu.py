@@ -132,7 +132,7 @@ def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--attention":
         attention(sys.argv[2])
         return 0
-    from reduce_accuracy_gpu import kilnd_binary, local_client, report
+    from gpu_common import kilnd_binary, local_client, report
 
     binary = kilnd_binary("random_graphs_gpu")
     if binary is None:

@@ -17,77 +17,16 @@ when ``$OUT`` is set. Exits 1 when a result is outside the bound.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kiln  # noqa: E402
-import kiln.local  # noqa: E402
-
-
-def graph_time_us(fn: Callable[[], Any], calls: int = 20, replays: int = 15) -> float:
-    """Kernel time of one call: `calls` calls captured in a CUDA graph, median replay."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=stream):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / calls)
-    return float(np.median(times))
-
-
-def report(title: str, head: list[str], rows: list[list[str]], failures: list[str], all_ok: str, name: str) -> int:
-    """Prints a markdown table of `rows` under `title` (and writes it to $OUT/`name` when OUT is
-    set), then the failures or `all_ok`; returns the exit status (1 when something failed)."""
-    where = torch.cuda.get_device_name() if torch.cuda.is_available() else "the CPU"
-    md = [f"# {title} on {where} (torch {torch.__version__})\n",
-          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    md += ["| " + " | ".join(r) + " |" for r in rows]
-    md.append("\n" + ("FAILURES:\n" + "\n".join(failures) if failures else all_ok))
-    text = "\n".join(md) + "\n"
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], name).write_text(text)
-    return 1 if failures else 0
-
-
-def kilnd_binary(script: str) -> Optional[str]:
-    """$KILND when it names a file, else None (after saying so, as ``script``)."""
-    binary = os.environ.get("KILND")
-    if not binary or not Path(binary).is_file():
-        print(f"{script}: set KILND to a built kilnd binary", file=sys.stderr)
-        return None
-    return binary
-
-
-@contextlib.contextmanager
-def local_client(binary: str, prefix: str) -> Iterator[Any]:
-    """A client of a kilnd started from ``binary`` in a temporary folder, stopped on exit."""
-    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        daemon = kiln.local.LocalDaemon(binary, Path(tmp), timeout=30)
-        try:
-            with kiln.Client(daemon.address, cache_dir=Path(tmp) / "client-cache") as client:
-                yield client
-        finally:
-            daemon.stop()
+from gpu_common import graph_time_us, kilnd_binary, local_client, report  # noqa: E402
 
 
 def rel_err(got: torch.Tensor, exact: np.ndarray) -> float:

@@ -36,10 +36,8 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -48,7 +46,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-# ---------------------------------------------------------------------------------- daemon
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import kilnd_binary, median_ms, private_kilnd  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------- workloads
@@ -339,22 +338,6 @@ def run_held_results_check(name: str, w: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------- timing
 
-def median_ms(step: Callable[[int], Any], iters: int, warmup: int) -> float:
-    for i in range(warmup):
-        step(i)
-    torch.cuda.synchronize()
-    times = []
-    for i in range(iters):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        step(i)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def steady_state(name: str, w: dict[str, Any], backend: str, train: bool, iters: int, warmup: int) -> float:
     """Median ms per call (inference) or per forward+backward step (``train``)."""
     torch._dynamo.reset()
@@ -526,19 +509,14 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to do")
         return 1
-    binary = os.environ.get("KILND") or str(Path(__file__).resolve().parents[2] / "build" / "server" / "kilnd")
-    if not Path(binary).is_file():
-        print(f"kilnd not found at {binary}: set KILND")
+    binary = kilnd_binary("torch_backend_gpu.py")  # this run's kilnd, and the cold runs' below
+    if binary is None:
         return 1
     torch.backends.cuda.matmul.allow_tf32 = False  # checks compare against eager in full f32
     torch.backends.cudnn.allow_tf32 = False
 
-    work = Path(tempfile.mkdtemp(prefix="kiln-torch-gpu-"))
-    os.environ["KILN_CACHE_DIR"] = str(work / "client-cache")
+    daemon, work = private_kilnd("torch_backend_gpu.py", "kiln-torch-gpu-")
     import kiln.local
-
-    daemon = kiln.local.LocalDaemon(binary, work)
-    os.environ["KILN_SERVER"] = daemon.address
     import kiln.torch  # noqa: F401
 
     name_dev = torch.cuda.get_device_name()

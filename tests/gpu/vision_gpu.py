@@ -32,7 +32,7 @@ from typing import Any, Optional
 import torch
 
 from models_gpu import CHECK_COLUMNS, TIMING_COLUMNS, check_model, time_models
-from reduce_accuracy_gpu import kilnd_binary, local_client, report
+from gpu_common import kilnd_binary, local_client, report
 
 # name -> extra constructor arguments; every family runs at any image side the script uses but
 # ViT, which needs its configured 224.

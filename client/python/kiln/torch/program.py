@@ -182,7 +182,7 @@ def direct_calls() -> dict[Any, tuple[str, Any]]:
                 aten.gather.default: torch.gather, aten.embedding.default: torch.embedding}
     # Attention: the OpOverload's Python call cost 29 µs of host time on an H200's host where
     # F.scaled_dot_product_attention, reaching the same kernel through torch's bindings, cost
-    # 18 (tests/gpu/host_calls.py); the bindings of the ATen ops themselves are called here.
+    # 18 (tests/bench/gpu/host_calls.py); the bindings of the ATen ops themselves are called here.
     # Only calls that draw no random numbers (_direct_call), so the graph's random ops stay
     # recognisable.
     for name in ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",

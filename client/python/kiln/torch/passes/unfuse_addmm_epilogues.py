@@ -74,7 +74,7 @@ def _split_k_product(out: torch.Tensor, a: torch.fx.Node) -> bool:
     (K >= 2N) over an output too small to fill the GPU with 128x128 tiles. There cuBLAS's plain
     GEMM splits the reduction (split-K) and its bias-epilogue path does not: BERT-base's
     3072->768 product over 2048 rows runs 209 µs as ``mm`` and 255 µs as ``addmm`` on an H200
-    (``tests/gpu/gemm_choice.py``), and the separate add costs ~6 µs. Elsewhere the epilogue
+    (``tests/bench/gpu/gemm_choice.py``), and the separate add costs ~6 µs. Elsewhere the epilogue
     is as fast or faster (768->768: 65 µs against 69), and the addmm stays."""
     am = L.node_meta(a)
     if not (isinstance(am, torch.Tensor) and out.device.type == "cuda" and out.dtype == torch.float32

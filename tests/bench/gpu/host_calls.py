@@ -6,23 +6,25 @@ waits for the device: the figure is what the host spends (Python, dispatcher, al
 cuBLAS setup, driver launch). Shapes are BERT-base's at batch 16, sequence 128 (2048 rows of
 768, an FFN of 3072). Medians over rounds of 50 calls.
 
-    python3 tests/gpu/host_calls.py     # prints a table; writes $OUT/host_calls.md when OUT is set
+    python3 tests/bench/gpu/host_calls.py     # prints a table; writes $OUT/host_calls.md when OUT is set
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))  # tests/gpu
+from gpu_common import host_ms  # noqa: E402
+
 
 def busy_us(fn: Callable[[], Any], calls: int = 50, rounds: int = 7) -> float:
-    """Host µs per call of ``fn``, the GPU kept busy (profile_torch.host_ms's method)."""
-    from profile_torch import host_ms
-
+    """Host µs per call of ``fn``, the GPU kept busy (gpu_common.host_ms's method)."""
     ms, _ = host_ms(lambda i: fn(), calls, rounds=rounds, step_ms=1.0)
     return ms * 1000
 

@@ -26,7 +26,7 @@ models_gpu.py's timed Hugging Face models, inference (``llama_infer``, ``gpt2_in
 of one step each (the order rotating), so that drift of a shared host falls on all columns
 alike; without it each backend is timed after the other.
 
-    KILND=path/to/kilnd PYTHONPATH=client/python python3 tests/gpu/profile_torch.py [--workloads ...]
+    KILND=path/to/kilnd PYTHONPATH=client/python python3 tests/bench/gpu/profile_torch.py [--workloads ...]
         [--mode reduce-overhead]   # both backends in that torch.compile mode (CUDA graphs)
 
 Writes ``$OUT/profile_torch.md`` and ``$OUT/profile_torch.json`` when ``OUT`` is set.
@@ -41,14 +41,14 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from torch_backend_gpu import median_ms  # the same CUDA-event timing as the backend checks
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))  # tests/gpu: the checks' workloads
+from gpu_common import host_ms, interleaved_ms, median_ms, private_kilnd  # noqa: E402
 
 
 def bert_workload(train: bool, seq: int = 128, warm: tuple[int, ...] = ()) -> tuple[Callable[[int], Any], list[torch.nn.Module]]:
@@ -299,51 +299,6 @@ def profile_steps(step: Callable[[int], Any], steps: int, kiln_names: set[str]) 
     }
 
 
-def interleaved_ms(steps: dict[str, Callable[[int], Any]], rounds: int) -> dict[str, float]:
-    """Median ms per step of each label, timed in rounds of one step per label (the order
-    rotating): drift of the shared host between labels falls on all of them alike."""
-    labels = list(steps)
-    times: dict[str, list[float]] = {k: [] for k in labels}
-    torch.cuda.synchronize()
-    for r in range(rounds):
-        for k in labels[r % len(labels):] + labels[:r % len(labels)]:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            steps[k](r)
-            end.record()
-            end.synchronize()
-            times[k].append(start.elapsed_time(end))
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
-def host_ms(step: Callable[[int], Any], steps: int, rounds: int = 5, step_ms: float = 40.0) -> tuple[float, bool]:
-    """Host time of one step, the GPU kept busy: a sleep kernel long enough for ``steps`` steps
-    is queued first, so no launch waits for the device and the time is what the host spends
-    enqueueing the step (Python, dispatcher, allocator, driver). Median over ``rounds``; the
-    flag is False when the sleep ran out before the host finished (the figure then includes
-    waiting, e.g. on a synchronizing op)."""
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(10_000_000)
-    end.record()
-    end.synchronize()
-    cycles_per_ms = 10_000_000 / max(start.elapsed_time(end), 1e-3)
-    vals, valid = [], True
-    for r in range(rounds):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(int(cycles_per_ms * (step_ms * steps + 50.0)))  # step_ms: a generous host time per step
-        slept = torch.cuda.Event()
-        slept.record()
-        t0 = time.perf_counter()
-        for i in range(steps):
-            step(r * steps + i)
-        vals.append((time.perf_counter() - t0) * 1000 / steps)
-        valid = valid and not slept.query()
-        torch.cuda.synchronize()
-    return statistics.median(vals), valid
-
-
 def part_gpu_times(step: Callable[[int], Any], steps: int) -> list[tuple[float, Any]]:
     """GPU ms per step of each kiln part (CUDA events around its calls: in a GPU-bound step the
     events wait behind earlier work, so each pair brackets the part's own kernels), largest
@@ -433,16 +388,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 1
-    import kiln.local
-
-    binary = kiln.local.find_kilnd()
-    if binary is None:
-        print("kilnd not found: set KILND")
-        return 1
-    work = Path(tempfile.mkdtemp(prefix="kiln-profile-"))
-    os.environ["KILN_CACHE_DIR"] = str(work / "client-cache")
-    daemon = kiln.local.LocalDaemon(binary, work)
-    os.environ["KILN_SERVER"] = daemon.address
+    daemon, _ = private_kilnd("profile_torch.py", "kiln-profile-")
     import kiln.torch
     from kiln.torch import native
     from kiln.torch import counters
@@ -517,7 +463,7 @@ def main() -> int:
                     row["part_lines"] = part_lines(part_gpu_times(step, opts.profile_steps), opts.top)
                 print(f"{name} {label}: {ms:.3f} ms (first call {first:.1f} s)", flush=True)
             if opts.interleave:
-                for label, ms in interleaved_ms(steps, opts.iters).items():
+                for label, ms in interleaved_ms(steps, opts.iters, rotate=True).items():
                     row[label]["sequential_ms"] = row[label]["median_ms"]
                     row[label]["median_ms"] = ms
                     print(f"{name} {label}: {ms:.3f} ms interleaved", flush=True)

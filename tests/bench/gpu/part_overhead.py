@@ -10,7 +10,7 @@ is a few microseconds, so the host path is the whole cost; this script times it 
 static part and for a part compiled with symbolic sizes, beside the same function in eager
 torch and the pieces of the path alone: ``CudaKernel.launch`` and ``torch.empty``.
 
-    KILND=build/server/kilnd PYTHONPATH=client/python python3 tests/gpu/part_overhead.py [--cpu]
+    KILND=build/server/kilnd PYTHONPATH=client/python python3 tests/bench/gpu/part_overhead.py [--cpu]
 
 ``--cpu`` times the CPU path instead (f32[8, 32] tensors, the artifact's ``kiln_run``).
 
@@ -20,33 +20,15 @@ Writes ``$OUT/part_overhead.md`` when ``$OUT`` is set.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def per_call_us(fn: Callable[[], Any], calls: int = 2000, batches: int = 7) -> float:
-    for _ in range(200):
-        fn()
-    _sync()
-    times = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-        _sync()
-    return statistics.median(times)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))  # tests/gpu
+from gpu_common import kilnd_binary, per_call_us  # noqa: E402
 
 
 def main() -> int:
@@ -58,6 +40,9 @@ def main() -> int:
     dev = "cpu" if opts.cpu else "cuda"
     if not opts.cpu and not torch.cuda.is_available():
         print("no CUDA device")
+        return 2
+    binary = kilnd_binary("part_overhead.py")
+    if binary is None:
         return 2
     import kiln.local
     import kiln.torch  # noqa: F401  (registers the backend)
@@ -72,7 +57,7 @@ def main() -> int:
 
     R.KilnPart.__init__ = tracked  # type: ignore[method-assign]
     work = Path(tempfile.mkdtemp(prefix="kiln-overhead-"))
-    daemon = kiln.local.LocalDaemon(kiln.local.find_kilnd(), work)
+    daemon = kiln.local.LocalDaemon(binary, work)
     from kiln.torch import native
 
     native.start(kiln.Client(daemon.address))

@@ -6,20 +6,20 @@ of CUDA-event timings over 10 calls), and kiln's parts and fallbacks. With ``--p
 also each backend's N most expensive GPU kernels per call (torch.profiler, 10 calls) and the
 GPU time and launches per call: where kiln's time goes against Inductor's.
 
-    tests/gpu/with_pack.sh PACK python3 tests/gpu/timm_quick.py [--profile 15] poolformer_s12 convnext_atto
+    tests/gpu/with_pack.sh PACK python3 tests/bench/gpu/timm_quick.py [--profile 15] poolformer_s12 convnext_atto
 """
 import argparse
 import collections
-import statistics
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, "tests/gpu")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))  # tests/gpu
 import kiln.torch as kt  # noqa: E402
 import timm  # noqa: E402
-from reduce_accuracy_gpu import kilnd_binary, local_client  # noqa: E402
+from gpu_common import interleaved_ms, kilnd_binary, local_client  # noqa: E402
 
 
 def kernel_profile(f, x, top: int, calls: int = 10) -> str:
@@ -63,17 +63,7 @@ def main() -> None:
             want = m(x)
             errs = {k: ((f(x) - want).abs().max() / want.abs().max()).item() for k, f in fns.items()}
             kt.wait()
-            t = {k: [] for k in fns}
-            for _ in range(5):
-                for k, f in fns.items():
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    for _ in range(10):
-                        f(x)
-                    e.record()
-                    e.synchronize()
-                    t[k].append(s.elapsed_time(e) / 10)
-            med = {k: statistics.median(v) for k, v in t.items()}
+            med = interleaved_ms({k: lambda r, f=f, x=x: f(x) for k, f in fns.items()}, 5, 10)
             st = kt.stats()
             print(f"{name}: err kiln {errs['kiln']:.1e} ind {errs['Inductor']:.1e} | eager {med['eager']:.3f} "
                   f"ind {med['Inductor']:.3f} kiln {med['kiln']:.3f} ms, kiln/ind {med['kiln']/med['Inductor']:.3f} "

@@ -5,7 +5,7 @@ alignment of each operand, and the GPU time of the step's GEMM and attention ker
 (torch profiler): where kiln's step gets a slower GEMM kernel than Inductor's, this shows
 whether the call itself differs (layouts kiln hands to torch) or only the kernel chosen.
 
-    tests/gpu/with_pack.sh PACK python3 tests/gpu/matmul_calls.py [--batch 16 --seq 128]
+    tests/gpu/with_pack.sh PACK python3 tests/bench/gpu/matmul_calls.py [--batch 16 --seq 128]
 
 Writes $OUT/matmul_calls.md when $OUT is set. Needs transformers.
 """
@@ -14,12 +14,15 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import tempfile
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))  # tests/gpu
+from gpu_common import private_kilnd  # noqa: E402
 
 
 def operand(a: Any) -> str:
@@ -48,14 +51,10 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
     opts = ap.parse_args()
-    import kiln.local
     import kiln.torch
     from transformers import BertConfig, BertModel
 
-    work = Path(tempfile.mkdtemp(prefix="kiln-mm-"))
-    os.environ["KILN_CACHE_DIR"] = str(work / "client-cache")
-    daemon = kiln.local.LocalDaemon(os.environ["KILND"], work)
-    os.environ["KILN_SERVER"] = daemon.address
+    daemon, _ = private_kilnd("matmul_calls.py", "kiln-mm-")
     lines = [f"# Matrix products of a BERT-base training step on {torch.cuda.get_device_name()}, "
              f"batch {opts.batch}, sequence {opts.seq}", ""]
     logged: dict[str, list[str]] = {}

@@ -3,18 +3,19 @@
 their strategies and grids. For the parts whose ops include a given op name (default: every
 part), prints the part's ops and kilnd's report.
 
-    tests/gpu/with_pack.sh PACK python3 tests/gpu/part_report.py poolformer_s12 --op native_group_norm --limit 2
+    tests/gpu/with_pack.sh PACK python3 tests/bench/gpu/part_report.py poolformer_s12 --op native_group_norm --limit 2
 """
 import argparse
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, "tests/gpu")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))  # tests/gpu
 import kiln.torch as kt  # noqa: E402
 import timm  # noqa: E402
-from reduce_accuracy_gpu import kilnd_binary, local_client  # noqa: E402
+from gpu_common import kilnd_binary, local_client  # noqa: E402
 
 
 def main() -> None:

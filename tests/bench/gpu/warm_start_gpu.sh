@@ -6,12 +6,12 @@
 # warm and PyTorch's own AOT precompile loaded from its file, alternating rounds
 # (tests/bench/torch_warm_bench.py). Logs go to $OUT when it is set.
 #
-#   tests/gpu/with_pack.sh PACK bash tests/gpu/warm_start_gpu.sh [REPEAT] [WORKLOADS]
+#   tests/gpu/with_pack.sh PACK bash tests/bench/gpu/warm_start_gpu.sh [REPEAT] [WORKLOADS]
 # $BACKENDS overrides torch_warm_bench.py's backend list.
 set -euo pipefail
 repeat="${1:-3}"
 workloads="${2:-bert bert-train resnet18}"
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 out="${OUT:-$(mktemp -d)}"
 for w in $workloads; do
   case "$w" in

@@ -7,7 +7,7 @@ call runs 20 times under the torch profiler and the kernels it launched are list
 mean GPU time. cuBLAS picks kernels by heuristics that see the call (bias epilogue or not, the
 API path), so two spellings of one product can differ in speed.
 
-    python3 tests/gpu/gemm_choice.py     # writes $OUT/gemm_choice.md when OUT is set
+    python3 tests/bench/gpu/gemm_choice.py     # writes $OUT/gemm_choice.md when OUT is set
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ busy time, and the idle gaps between kernels grouped by the host op that launche
 ending each gap (the op the GPU waited for), with the host ops' total times. A host-bound
 step shows as gaps; this names the host work behind them.
 
-    tests/gpu/with_pack.sh PACK python3 tests/gpu/step_gaps.py [--seq 128] [--steps 3]
+    tests/gpu/with_pack.sh PACK python3 tests/bench/gpu/step_gaps.py [--seq 128] [--steps 3]
 
 Writes $OUT/step_gaps.md when $OUT is set. Needs transformers.
 """
@@ -15,11 +15,14 @@ import argparse
 import collections
 import json
 import os
-import tempfile
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))  # tests/gpu
+from gpu_common import private_kilnd  # noqa: E402
 
 
 def innermost_op(cpu_ops: list[dict[str, Any]], ts: float) -> str:
@@ -114,14 +117,10 @@ def main() -> int:
                          "was launched and when it ran, from the step's start")
     ap.add_argument("--warm", default="", help="sequence lengths run first (e.g. 128,96: the length becomes symbolic)")
     opts = ap.parse_args()
-    import kiln.local
     import kiln.torch
     from transformers import BertConfig, BertModel
 
-    work = Path(tempfile.mkdtemp(prefix="kiln-gaps-"))
-    os.environ["KILN_CACHE_DIR"] = str(work / "client-cache")
-    daemon = kiln.local.LocalDaemon(os.environ["KILND"], work)
-    os.environ["KILN_SERVER"] = daemon.address
+    daemon, work = private_kilnd("step_gaps.py", "kiln-gaps-")
     out = Path(os.environ.get("OUT") or work)
     lines = [f"# Idle GPU in a BERT-base inference step on {torch.cuda.get_device_name()}, batch 16, "
              f"sequence {opts.seq}" + (f" (after lengths {opts.warm})" if opts.warm else ""), ""]

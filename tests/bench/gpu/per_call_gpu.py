@@ -6,7 +6,7 @@ interleaved rounds in one process (median µs per call). A second row does the s
 graph of several launches (a small MLP block: matrix products, layer norm, GELU), where a
 CUDA graph's replay is meant to win.
 
-    tests/gpu/with_pack.sh PACK python3 tests/gpu/per_call_gpu.py [--calls 2000] [--rounds 7]
+    tests/gpu/with_pack.sh PACK python3 tests/bench/gpu/per_call_gpu.py [--calls 2000] [--rounds 7]
 
 Writes $OUT/per_call_gpu.md; exits 1 when a compiled result differs from eager or kiln ran
 nothing.
@@ -23,11 +23,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))  # tests/gpu
 
 import kiln.torch as kt  # noqa: E402
-from reduce_accuracy_gpu import kilnd_binary, local_client, report  # noqa: E402
+from gpu_common import kilnd_binary, local_client, report  # noqa: E402
 
 
 def sin_cos(x: torch.Tensor) -> torch.Tensor:
