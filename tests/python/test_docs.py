@@ -2,7 +2,8 @@
 the sizes that make them readable.
 
 - Every relative link in README.md, BENCHMARKS.md and docs/*.md names a file or folder of the
-  repository.
+  repository, and so does every path of a script under tests/ those pages name (the commands
+  they quote: ``$W python3 tests/gpu/models_gpu.py``).
 - Every reference of the form ``FILE.md, "Section"`` (in those pages, and in comments of code,
   scripts and manifests) names a heading of that file.
 - BENCHMARKS.md stays at 400 lines or fewer; README.md reaches the end of its quick start (the
@@ -26,6 +27,8 @@ PAGES = [REPO / "README.md", REPO / "BENCHMARKS.md", *sorted((REPO / "docs").glo
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 # `docs/cluster.md, "Sizing"`, `[cluster.md](cluster.md), "Sizing"`, `BENCHMARKS.md's "GPU kernels"`.
 SECTION_REF = re.compile(r"([\w./-]+\.md)(?:\]\([^)]*\))?(?:'s)?,?\s+(?:section\s+)?\"([^\"\n]+)\"")
+# A script under tests/ named by its path from the repository root, in a command or in prose.
+SCRIPT_PATH = re.compile(r"(?<![\w./-])tests/[\w./-]+\.(?:py|sh)\b")
 SCANNED_SUFFIXES = {".md", ".py", ".sh", ".yaml", ".yml", ".cc", ".h", ".txt", ".cmake", ".service"}
 
 
@@ -64,6 +67,13 @@ def links(page: Path) -> list[str]:
 def test_relative_links_resolve(page):
     broken = [t for t in links(page) if not (page.parent / t.split("#")[0]).exists()]
     assert not broken, f"{page.name}: links to nothing: {broken}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_named_scripts_exist(page):
+    """A moved or renamed script takes the commands that run it along."""
+    missing = sorted({s for s in SCRIPT_PATH.findall(page.read_text()) if not (REPO / s).is_file()})
+    assert not missing, f"{page.name}: names scripts that do not exist: {missing}"
 
 
 def scanned_files() -> list[Path]:
