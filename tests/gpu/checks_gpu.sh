@@ -2,8 +2,8 @@
 # Every GPU correctness check in one run (no benchmarks): each script compares kiln's results
 # with PyTorch or NumPy on real data and exits non-zero on a mismatch, a fallback it does not
 # allow, or a check that ran nothing. Prints one PASS/FAIL line per check and exits 1 if any
-# failed; each check's log goes to $OUT (or a temporary folder). ctest runs it as `gpu_checks`
-# (label gpu) from a build tree; on a machine with a carried pack:
+# failed; each check's log goes to $OUT (or a temporary folder). ctest runs each check as
+# `gpu_NAME` (label gpu) from a build tree; on a machine with a carried pack:
 #
 #   tests/gpu/with_pack.sh PACK bash tests/gpu/checks_gpu.sh [NAME...]
 #
