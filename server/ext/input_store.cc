@@ -79,10 +79,12 @@ bool InputStore::Ensure(const std::string& hex) {
   if (Has(hex)) return true;
   if (!shared_ || !IsHexDigest(hex)) return false;
   std::optional<std::string> bytes = shared_.get(hex);
-  // The tier verifies; checked again here, since a wrong blob would be built from.
-  if (!bytes.has_value() || key::Sha256Hex(*bytes) != hex) return false;
+  if (!bytes.has_value()) return false;
+  // The tier verifies; PutLocal's own hash checks again, since a wrong blob would be built
+  // from (stored under its real digest, it serves nothing that asks for `hex`).
   bool inserted = false;
-  return PutLocal(*bytes, &inserted).ok();
+  absl::StatusOr<std::string> stored = PutLocal(*bytes, &inserted);
+  return stored.ok() && *stored == hex;
 }
 
 absl::StatusOr<std::string> InputStore::Put(const std::string& bytes) {
