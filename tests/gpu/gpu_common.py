@@ -13,6 +13,7 @@ with the client core alone.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import statistics
@@ -58,8 +59,8 @@ def private_kilnd(script: str, prefix: str) -> tuple[Any, Path]:
     """:func:`kilnd_binary`'s kilnd (exits with status 1, as ``script``, when there is none)
     started in a new temporary folder, and the folder (its log is ``kilnd.log`` there). The
     process's clients use it: ``KILN_SERVER`` names it and ``KILN_CACHE_DIR`` a client cache in
-    the folder, for ``torch.compile(backend="kiln")`` and for child processes alike. The caller
-    stops it."""
+    the folder, for ``torch.compile(backend="kiln")`` and for child processes alike. It is
+    stopped when the process exits (a failed check too); a caller may stop it sooner."""
     binary = kilnd_binary(script)
     if binary is None:
         raise SystemExit(1)
@@ -68,6 +69,7 @@ def private_kilnd(script: str, prefix: str) -> tuple[Any, Path]:
     import kiln.local
 
     daemon = kiln.local.LocalDaemon(binary, work)
+    atexit.register(daemon.stop)
     os.environ["KILN_SERVER"] = daemon.address
     return daemon, work
 

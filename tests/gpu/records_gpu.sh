@@ -10,11 +10,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 work="$(mktemp -d)"
-"$KILND" --listen 127.0.0.1:50779 --cache-dir "$work/kilnd" >"$work/kilnd.log" 2>&1 &
+python="${PYTHON:-python3}"
+# A free loopback port, read back from kilnd's log: other checks may run beside this one.
+"$KILND" --listen 127.0.0.1:0 --cache-dir "$work/kilnd" >"$work/kilnd.log" 2>&1 &
 pid=$!
-trap 'kill $pid' EXIT
-sleep 2
-export KILN_SERVER=127.0.0.1:50779 KILN_TORCH_RECORDS=1
+trap 'kill $pid; wait $pid' EXIT
+address=""
+for _ in $(seq 300); do
+  address="$(sed -n 's/.*kilnd listening on \([0-9.]*:[0-9]*\).*/\1/p' "$work/kilnd.log" | head -1)"
+  [ -n "$address" ] && break
+  kill -0 $pid 2>/dev/null || { cat "$work/kilnd.log"; exit 1; }
+  sleep 0.1
+done
+[ -n "$address" ] || { echo "records_gpu: kilnd never listened"; cat "$work/kilnd.log"; exit 1; }
+export KILN_SERVER="$address" KILN_TORCH_RECORDS=1
 status=0
 for how in records precompile; do
 for cmode in default reduce-overhead; do
@@ -25,10 +34,10 @@ for cmode in default reduce-overhead; do
     [ "$cmode" = default ] || extra+=("compile_mode=$cmode")
     for run in cold warm; do
       mkdir -p "$work/$name-$run"
-      KILN_CACHE_DIR="$work/cache-$name-$run" python3 tests/python/records_child.py "$model" \
+      KILN_CACHE_DIR="$work/cache-$name-$run" "$python" tests/python/records_child.py "$model" \
         "$work/$name-$run" "${extra[@]}"
     done
-    python3 - "$work/$name" "$how $cmode $model" "$how" <<'PY' || status=1
+    "$python" - "$work/$name" "$how $cmode $model" "$how" <<'PY' || status=1
 import json, sys, torch
 base, name, how = sys.argv[1], sys.argv[2], sys.argv[3]
 cold, warm = (json.load(open(f"{base}-{r}/result.json")) for r in ("cold", "warm"))
