@@ -304,6 +304,14 @@ MUTANTS: list[Mutant] = [
         tests=_daemon("tests/python/test_torch_backend.py -k test_group_norm_alone"),
     ),
     Mutant(
+        name="group-norm-result-layout-not-restored",
+        what="the channels-last pass leaves a group norm's result contiguous, so everything after it reads the residual stream strided",
+        file="client/python/kiln/torch/passes/channels_last.py",
+        find="                restored += _result_in_format(g, n, fmt)",
+        replace="                pass",
+        tests=_daemon("tests/python/test_torch_backend.py -k test_group_norm_after_convolutions"),
+    ),
+    Mutant(
         name="layout-view-copy-skipped",
         what="the channels-last pass gives up on a graph with a view its new layout cannot express instead of copying the view's operand",
         file="client/python/kiln/torch/passes/channels_last.py",

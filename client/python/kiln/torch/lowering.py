@@ -1337,7 +1337,8 @@ def _native_group_norm(ctx: LoweringContext, x: Value, weight: Optional[Value], 
     interleave along the channels, rather than read channel-major with strided loads. A long
     group is reduced in equal chunks (a mean and a sum of squared deviations per chunk), and
     the chunks combined exactly (Chan et al.'s pairwise update: M2 = sum M2_s + L * sum (m_s -
-    mean)^2), so the first pass has rows enough to fill a GPU."""
+    mean)^2), so the first pass has rows enough to fill a GPU: runs of spatial positions
+    channels-last, channels (or runs of a channel's rows) in the traced layout."""
     if x.ndim < 2 or x.shape[0] != n or x.shape[1] != c or group <= 0 or c % group:
         raise Unsupported("group_norm with sizes that do not match its operand")
     out_dt = kiln_dtype(ctx.out_meta(0).dtype)
@@ -1354,28 +1355,34 @@ def _native_group_norm(ctx: LoweringContext, x: Value, weight: Optional[Value], 
         grouped = ctx.b.reshape(ctx.b.permute(xs, [0, *range(2, x.ndim), 1]), (n, hw, group, cg))
         s = _chunks(hw, cg, n * group)
         parts = ctx.b.reshape(grouped, (n, s, hw // s, group, cg))
-        axes, per = [2, 4], (hw // s) * cg
-    else:  # [N, G, C/G * HW]
-        grouped = ctx.b.reshape(xs, (n, group, cg * hw))
-        s = _chunks(cg * hw, 1, n * group)
-        parts = ctx.b.reshape(grouped, (n, group, s, cg * hw // s))
-        axes, per = [3], cg * hw // s
+        axes, chunk_axes, per = [2, 4], [1], (hw // s) * cg
+    else:  # [N, G, C/G, *spatial]; a chunk is one channel, or a run of its first spatial axis
+        # The reduced axes stay the operand's own (no merged channel-and-space axis): indices
+        # along them are affine in the address, so the CUDA code generator sees a contiguous
+        # reduction and gives each chunk a row of threads.
+        grouped = ctx.b.reshape(xs, (n, group, cg, *spatial))
+        if not spatial or n * group >= 1024 or cg * hw < 4 * _GROUP_CHUNK:
+            parts, axes, chunk_axes, s, per = grouped, list(range(2, grouped.ndim)), [], 1, cg * hw
+        else:
+            want = max(1, min(spatial[0], hw // _GROUP_CHUNK))
+            cut = max(d for d in range(1, want + 1) if spatial[0] % d == 0)
+            parts = ctx.b.reshape(grouped, (n, group, cg, cut, spatial[0] // cut, *spatial[1:]))
+            axes, chunk_axes, s, per = list(range(4, 4 + len(spatial))), [2, 3], cg * cut, hw // cut
     m_s = ctx.b.mean(parts, axes, keepdim=True)
     d = ctx.b.sub(parts, m_s)
     m2_s = ctx.b.sum(ctx.b.mul(d, d), axes, keepdim=True)
-    chunk_axis = 1 if last else 2
     if s > 1:
-        mean = ctx.b.mean(m_s, [chunk_axis], keepdim=True)
+        mean = ctx.b.mean(m_s, chunk_axes, keepdim=True)
         spread = ctx.b.sub(m_s, mean)
-        m2 = ctx.b.add(ctx.b.sum(m2_s, [chunk_axis], keepdim=True),
-                       ctx.b.mul(ctx.b.sum(ctx.b.mul(spread, spread), [chunk_axis], keepdim=True),
+        m2 = ctx.b.add(ctx.b.sum(m2_s, chunk_axes, keepdim=True),
+                       ctx.b.mul(ctx.b.sum(ctx.b.mul(spread, spread), chunk_axes, keepdim=True),
                                  ctx.value(float(per), acc)))
     else:
         mean, m2 = m_s, m2_s
     var = ctx.b.mul(m2, ctx.value(1.0 / float(per * s), acc))
     rstd = ctx.b.rsqrt(ctx.b.add(var, ctx.value(float(eps), acc)))
     # Statistics [N, G] and their broadcast shapes over `grouped`.
-    stat_shape = (n, 1, group, 1) if last else (n, group, 1)
+    stat_shape = (n, 1, group, 1) if last else (n, group) + (1,) * (1 + len(spatial))
     mean_b, rstd_b = (ctx.b.reshape(v, stat_shape) for v in (mean, rstd))
     normed = ctx.b.mul(ctx.b.sub(grouped, mean_b), rstd_b)
     if last:

@@ -36,6 +36,7 @@ stem, two basic blocks and the head of resnet18 at batch 8, 224x224, ran 49 ms a
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any, Optional, Sequence
 
 import torch
@@ -61,6 +62,12 @@ _FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
 # arguments that must be contiguous. The pass gives them a contiguous copy, on every device
 # (one graph, whatever runs it): in a kiln part with its consumer the copy is never written.
 _CONTIGUOUS_ONLY = {aten.native_group_norm.default: (0,), aten.native_group_norm_backward.default: (0, 1)}
+# Of those, the ops whose first result goes back to the layout their first operand had: torch
+# writes it contiguous, and everything computed from it would follow (PoolFormer's pooling,
+# subtraction and residual add between two group norms), reading the residual stream strided
+# and handing the next group norm an operand it reduces across the memory order. In a kiln part
+# the copy is the part's store order; after torch's kernel it is one copy.
+_RESULT_KEEPS_LAYOUT = frozenset({aten.native_group_norm.default})
 
 
 def _static_tensor(n: Any) -> Optional[torch.Tensor]:
@@ -232,8 +239,10 @@ class _Propagation(FakeTensorProp):
 
 def _contiguous_operands(g: torch.fx.Graph) -> list[torch.fx.Node]:
     """Contiguous copies of the operands of ops in ``_CONTIGUOUS_ONLY`` that the new layouts
-    made non-contiguous; returns the copies."""
+    made non-contiguous, and for ops in ``_RESULT_KEEPS_LAYOUT`` a copy of the first result in
+    the first operand's layout; returns the copies."""
     made: dict[torch.fx.Node, torch.fx.Node] = {}
+    restored: list[torch.fx.Node] = []
     for n in list(g.nodes):
         if n.op != "call_function" or n.target not in _CONTIGUOUS_ONLY:
             continue
@@ -247,7 +256,24 @@ def _contiguous_operands(g: torch.fx.Graph) -> list[torch.fx.Node]:
                     made[a] = g.call_function(aten.clone.default, (a,), {"memory_format": torch.contiguous_format})
                 made[a].meta[RELAYOUT] = True
             n.replace_input_with(a, made[a])
-    return list(made.values())
+            fmt = _FORMATS.get(m.ndim)
+            if i == 0 and n.target in _RESULT_KEEPS_LAYOUT and fmt is not None and _is_format(m, fmt):
+                restored += _result_in_format(g, n, fmt)
+    return list(made.values()) + restored
+
+
+def _result_in_format(g: torch.fx.Graph, n: torch.fx.Node, fmt: torch.memory_format) -> list[torch.fx.Node]:
+    """A ``fmt`` copy of ``n``'s first result (its ``getitem(n, 0)``), read by all its users in
+    its place; returns the copy (none when nothing reads the result)."""
+    first = [u for u in n.users if u.target is operator.getitem and u.args[1] == 0]
+    copies = []
+    for item in first:
+        with g.inserting_after(item):
+            c = g.call_function(aten.clone.default, (item,), {"memory_format": fmt})
+        c.meta[RELAYOUT] = True
+        item.replace_all_uses_with(c, delete_user_cb=lambda u, c=c: u is not c)
+        copies.append(c)
+    return copies
 
 
 def _save_channels_last_copies(output: torch.fx.Node, made: dict[torch.fx.Node, torch.fx.Node],
