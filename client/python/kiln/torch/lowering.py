@@ -1344,8 +1344,11 @@ def _native_group_norm(ctx: LoweringContext, x: Value, weight: Optional[Value], 
     out_dt = kiln_dtype(ctx.out_meta(0).dtype)
     acc = "f32" if out_dt in ("f16", "bf16") else out_dt
     src = ctx.node.args[0]
-    if isinstance(src, torch.fx.Node) and src.target is aten.clone.default and src.meta.get(RELAYOUT):
-        src = src.args[0]  # the layout pass's contiguous copy (for torch's kernel): kiln reads its source
+    if isinstance(src, torch.fx.Node) and src.target is aten.clone.default:
+        # A copy (the layout pass's contiguous one, for torch's kernel) holds its source's
+        # values: kiln reads the source, in the source's layout. Not only the marked copies:
+        # a pass that rebuilds nodes can drop the mark.
+        src = src.args[0]
     xm = node_meta(src)
     spatial = x.shape[2:]
     cg = c // group
