@@ -46,31 +46,31 @@ def _load_protogen(root: Path) -> Any:
     return module
 
 
-# The core's sources, relative to the repository root (an sdist carries them under kiln/native/).
-CORE_SOURCES = (
-    "client/core/cpu_library.cc",
-    "client/core/store.cc",
-    "client/core/c_api.cc",
-    "client/core/cuda_plan.cc",
-    "client/core/cuda_loader.cc",
-)
-CORE_HEADERS = (
-    "client/core/kiln_core.h",
-    "client/core/error.h",
-    "client/core/store.h",
-    "client/core/cpu_library.h",
-    "client/core/exports.map",
-    "client/core/cuda_plan.h",
-    "client/core/cuda_loader.h",
-)
+# The core's files, relative to the repository root (an sdist carries them under kiln/native/):
+# the library sources listed in client/core/sources.txt (CMake reads the same list), the C ABI,
+# and the headers and linker version script beside them.
+CORE_DIR = "client/core"
+CORE_LIST = f"{CORE_DIR}/sources.txt"
+
+
+def core_sources(src: Path) -> list[str]:
+    """The core's sources under ``src``: those of sources.txt, then the C ABI."""
+    listed = [line.strip() for line in (src / CORE_LIST).read_text().splitlines()]
+    return [f"{CORE_DIR}/{f}" for f in listed if f and not f.startswith("#")] + [f"{CORE_DIR}/c_api.cc"]
+
+
+def core_headers(src: Path) -> list[str]:
+    """The headers, the version script and the list, whose changes rebuild the core too."""
+    found = sorted(p.name for p in (src / CORE_DIR).iterdir() if p.suffix == ".h")
+    return [f"{CORE_DIR}/{f}" for f in found] + [f"{CORE_DIR}/exports.map", CORE_LIST]
 
 
 def _core_source_root(root: Path) -> Path:
     """Where the core's sources are: the sdist's kiln/native/, else the repository around client/python."""
     for candidate in (root / "kiln" / "native", root.parent.parent):
-        if all((candidate / f).is_file() for f in CORE_SOURCES + CORE_HEADERS):
+        if (candidate / CORE_LIST).is_file() and all((candidate / f).is_file() for f in core_sources(candidate)):
             return candidate
-    raise RuntimeError(f"kiln: the native core's sources ({CORE_SOURCES[0]}, ...) are neither under "
+    raise RuntimeError(f"kiln: the native core's sources ({CORE_LIST} and what it lists) are neither under "
                        f"{root / 'kiln' / 'native'} nor under {root.parent.parent}")
 
 
@@ -84,21 +84,22 @@ def _libcrypto(cxx: str) -> list[str]:
 def build_core(src: Path, out: Path) -> None:
     """Compiles libkiln_core.so from the sources under ``src`` into ``out`` (skipped when ``out``
     is newer than every source, for repeated editable installs)."""
-    inputs = [src / f for f in CORE_SOURCES + CORE_HEADERS]
+    sources = core_sources(src)
+    inputs = [src / f for f in sources + core_headers(src)]
     if out.is_file() and out.stat().st_mtime >= max(p.stat().st_mtime for p in inputs):
         return
     cxx = os.environ.get("CXX", "c++")
     flags = ["-std=c++20", "-O2", "-fPIC", "-fvisibility=hidden", f"-I{src}"]
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kiln-core-") as tmp:
-        objects = [Path(tmp) / (Path(f).stem + ".o") for f in CORE_SOURCES]
+        objects = [Path(tmp) / (Path(f).stem + ".o") for f in sources]
 
         def compile_one(pair: tuple[str, Path]) -> None:
             source, obj = pair
             subprocess.run([cxx, *flags, "-c", str(src / source), "-o", str(obj)], check=True)
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            list(pool.map(compile_one, zip(CORE_SOURCES, objects)))
+            list(pool.map(compile_one, zip(sources, objects)))
         linked = Path(tmp) / "libkiln_core.so"
         subprocess.run([cxx, "-shared", "-o", str(linked), *map(str, objects), "-static-libstdc++", "-static-libgcc",
                         "-Wl,--no-undefined", "-Wl,--exclude-libs,ALL", "-s",
