@@ -307,8 +307,8 @@ MUTANTS: list[Mutant] = [
         name="group-norm-result-layout-not-restored",
         what="the channels-last pass leaves a group norm's result contiguous, so everything after it reads the residual stream strided",
         file="client/python/kiln/torch/passes/channels_last.py",
-        find="                restored += _result_in_format(g, n, fmt)",
-        replace="                pass",
+        find="                    restored += _result_in_format(g, n, fmt)",
+        replace="                    pass",
         tests=_daemon("tests/python/test_torch_backend.py -k test_group_norm_after_convolutions"),
     ),
     Mutant(

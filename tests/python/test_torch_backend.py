@@ -378,7 +378,20 @@ class _PoolFormerBlock(torch.nn.Module):
         return x + self.fc(torch.nn.functional.gelu(self.norm2(x)))
 
 
-def test_group_norm_after_convolutions(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+class _ContiguousPoolFormerBlock(_PoolFormerBlock):
+    """The block as torch traces it on CUDA, where ``group_norm`` copies its operand contiguous
+    itself: the trace holds that copy, and the layout pass finds the group norm's operand
+    contiguous already."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        y = self.norm1(torch.clone(x, memory_format=torch.contiguous_format))
+        x = x + (self.pool(y) - y)
+        return x + self.fc(torch.nn.functional.gelu(self.norm2(torch.clone(x, memory_format=torch.contiguous_format))))
+
+
+@pytest.mark.parametrize("block", [_PoolFormerBlock, _ContiguousPoolFormerBlock])
+def test_group_norm_after_convolutions(client: Any, monkeypatch: pytest.MonkeyPatch, block: type) -> None:
     """GroupNorm on a convolution's channels-last output: torch's CUDA kernel refuses any
     operand but a contiguous one, so the layout pass gives it a contiguous copy (in every graph
     it rewrites, forward and backward); kiln lowers the group norm itself, and the copy fuses
@@ -404,8 +417,8 @@ def test_group_norm_after_convolutions(client: Any, monkeypatch: pytest.MonkeyPa
         return n
 
     monkeypatch.setattr(passes, "channels_last_convolutions", spy)
-    exact = _PoolFormerBlock().double()
-    net = _PoolFormerBlock()
+    exact = block().double()
+    net = block()
     net.load_state_dict(exact.state_dict())
     # 16 channels of 48x80: one group of 61440 elements, reduced in chunks.
     x = torch.randn(2, 3, 48, 80, dtype=torch.float64)
@@ -422,7 +435,7 @@ def test_group_norm_after_convolutions(client: Any, monkeypatch: pytest.MonkeyPa
     assert len(groups) == 2 and all(p["handle"] for p in groups), groups
     # Gradients: kiln's distance from float64 within a few times eager f32's (norm1's bias has
     # none to speak of: the pooling minus its input cancels it, so both are rounding noise).
-    ref = _PoolFormerBlock()
+    ref = block()
     ref.load_state_dict(exact.state_dict())
     grads = []
     for model, dtype in ((net, torch.float32), (ref, torch.float32), (exact, torch.float64)):

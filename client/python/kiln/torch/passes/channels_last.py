@@ -249,16 +249,23 @@ def _contiguous_operands(g: torch.fx.Graph) -> list[torch.fx.Node]:
         for i in _CONTIGUOUS_ONLY[n.target]:
             a = n.args[i]
             m = _static_tensor(a)
-            if m is None or _is_format(m, torch.contiguous_format):
+            if m is None:
+                continue
+            if i == 0 and n.target in _RESULT_KEEPS_LAYOUT:
+                # The operand's layout before any contiguous copy: the pass's own, or the one the
+                # trace already has (on CUDA, torch's group_norm copies its input contiguous).
+                src = a.args[0] if a.op == "call_function" and a.target is aten.clone.default else a
+                sm = _static_tensor(src)
+                fmt = _FORMATS.get(sm.ndim) if sm is not None else None
+                if fmt is not None and _is_format(sm, fmt) and not _is_format(sm, torch.contiguous_format):
+                    restored += _result_in_format(g, n, fmt)
+            if _is_format(m, torch.contiguous_format):
                 continue
             if a not in made:
                 with g.inserting_before(n):
                     made[a] = g.call_function(aten.clone.default, (a,), {"memory_format": torch.contiguous_format})
                 made[a].meta[RELAYOUT] = True
             n.replace_input_with(a, made[a])
-            fmt = _FORMATS.get(m.ndim)
-            if i == 0 and n.target in _RESULT_KEEPS_LAYOUT and fmt is not None and _is_format(m, fmt):
-                restored += _result_in_format(g, n, fmt)
     return list(made.values()) + restored
 
 
