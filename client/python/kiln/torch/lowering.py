@@ -1314,12 +1314,26 @@ RELAYOUT = "kiln_relayout"
 _GROUP_CHUNK = 4096
 
 
+def _few_long_rows(rows: int, length: int) -> bool:
+    """Whether ``rows`` reductions of ``length`` elements each are too few and too long to
+    fill a GPU on their own, so they are reduced in chunks."""
+    return rows < 1024 and length >= 4 * _GROUP_CHUNK
+
+
+def copy_source(n: Any) -> Any:
+    """The node a ``clone`` copies (it holds the same values, in the source's layout), else
+    ``n`` itself."""
+    if isinstance(n, torch.fx.Node) and n.op == "call_function" and n.target is aten.clone.default:
+        return n.args[0]
+    return n
+
+
 def _chunks(length: int, unit: int, rows: int) -> int:
     """How many equal chunks to cut each of ``rows`` rows of ``length`` runs of ``unit``
     elements into (a chunk holds whole runs): 1 when the rows alone are many or short, else a
     divisor of ``length`` leaving chunks of about ``_GROUP_CHUNK`` elements."""
     total = length * unit
-    if rows >= 1024 or total < 4 * _GROUP_CHUNK:
+    if not _few_long_rows(rows, total):
         return 1
     want = max(1, min(length, total // _GROUP_CHUNK))
     return max(d for d in range(1, want + 1) if length % d == 0)
@@ -1343,13 +1357,10 @@ def _native_group_norm(ctx: LoweringContext, x: Value, weight: Optional[Value], 
         raise Unsupported("group_norm with sizes that do not match its operand")
     out_dt = kiln_dtype(ctx.out_meta(0).dtype)
     acc = "f32" if out_dt in ("f16", "bf16") else out_dt
-    src = ctx.node.args[0]
-    if isinstance(src, torch.fx.Node) and src.target is aten.clone.default:
-        # A copy (the layout pass's contiguous one, for torch's kernel) holds its source's
-        # values: kiln reads the source, in the source's layout. Not only the marked copies:
-        # a pass that rebuilds nodes can drop the mark.
-        src = src.args[0]
-    xm = node_meta(src)
+    # A contiguous copy of the operand (the layout pass's, for torch's kernel, or on CUDA the
+    # one torch's own group_norm traces) holds its source's values: kiln reads the source, in
+    # the source's layout.
+    xm = node_meta(copy_source(ctx.node.args[0]))
     spatial = x.shape[2:]
     cg = c // group
     last = x.ndim >= 3 and isinstance(xm, torch.Tensor) and xm.stride()[1] == 1 and c > 1
@@ -1364,7 +1375,7 @@ def _native_group_norm(ctx: LoweringContext, x: Value, weight: Optional[Value], 
         # along them are affine in the address, so the CUDA code generator sees a contiguous
         # reduction and gives each chunk a row of threads.
         grouped = ctx.b.reshape(xs, (n, group, cg, *spatial))
-        if not spatial or n * group >= 1024 or cg * hw < 4 * _GROUP_CHUNK:
+        if not spatial or not _few_long_rows(n * group, cg * hw):
             parts, axes, chunk_axes, s, per = grouped, list(range(2, grouped.ndim)), [], 1, cg * hw
         else:
             want = max(1, min(spatial[0], hw // _GROUP_CHUNK))

@@ -254,8 +254,7 @@ def _contiguous_operands(g: torch.fx.Graph) -> list[torch.fx.Node]:
             if i == 0 and n.target in _RESULT_KEEPS_LAYOUT:
                 # The operand's layout before any contiguous copy: the pass's own, or the one the
                 # trace already has (on CUDA, torch's group_norm copies its input contiguous).
-                src = a.args[0] if a.op == "call_function" and a.target is aten.clone.default else a
-                sm = _static_tensor(src)
+                sm = _static_tensor(L.copy_source(a))
                 fmt = _FORMATS.get(sm.ndim) if sm is not None else None
                 if fmt is not None and _is_format(sm, fmt) and not _is_format(sm, torch.contiguous_format):
                     restored += _result_in_format(g, n, fmt)
