@@ -312,6 +312,14 @@ MUTANTS: list[Mutant] = [
         tests=_daemon("tests/python/test_torch_backend.py -k test_group_norm_after_convolutions"),
     ),
     Mutant(
+        name="avg-pool-divisor-counts-padding",
+        what="average pooling divides by the padded window where torch, without count_include_pad, divides by the taps inside the operand",
+        file="client/python/kiln/torch/lowering.py",
+        find="        if not count_include_pad:",
+        replace="        if False:",
+        tests=_daemon("tests/python/test_torch_backend.py -k test_average_pooling_runs_in_kiln"),
+    ),
+    Mutant(
         name="layout-view-copy-skipped",
         what="the channels-last pass gives up on a graph with a view its new layout cannot express instead of copying the view's operand",
         file="client/python/kiln/torch/passes/channels_last.py",

@@ -1262,6 +1262,80 @@ def _vector_norm(ctx: LoweringContext, x: Value, ord: Any = 2, dim: Any = None, 
 
 # ---------------------------------------------------------------------------------- composites
 
+# Average pooling is a sum of shifted strided slices of the zero-padded operand, one per tap of
+# the window; past this many taps it is left to torch.
+_POOL_MAX_TAPS = 64
+
+
+def _pair(v: Sequence[int], default: tuple[int, int]) -> tuple[int, int]:
+    """A 2-D pooling argument as torch takes it: two values, one for both axes, or none."""
+    return (int(v[0]), int(v[-1])) if len(v) else default
+
+
+@register_lowering(aten.avg_pool2d.default)
+def _avg_pool2d(ctx: LoweringContext, x: Value, kernel_size: Sequence[int], stride: Sequence[int] = (),
+                padding: Sequence[int] = (0,), ceil_mode: bool = False, count_include_pad: bool = True,
+                divisor_override: Optional[int] = None) -> Value:
+    """``F.avg_pool2d``: each output the sum of a window's taps, each tap one strided slice of
+    the padded operand (a pointwise kernel reads them all, so the pooling fuses with what is
+    computed before and after it: PoolFormer's ``pool(y) - y``). The divisor per position is
+    torch's: the window clipped to the padded operand (``count_include_pad``) or to the
+    operand itself, computed from the positions' indices."""
+    if ctx.out_symbolic or x.ndim not in (3, 4):
+        raise Unsupported("average pooling of symbolic sizes or of other than 3 or 4 dimensions")
+    if isinstance(ctx.meta, torch.Tensor) and ctx.meta.device.type != "cpu":
+        # Measured on an H200 (PoolFormer-s12, batch 16): fused with the group norms around
+        # it, the pooling's part took 47 us per call against 30 for torch's pooling kernel and
+        # a smaller part, so the model's GPU time grew from 3.66 to 4.12 ms. On CUDA the
+        # pooling stays torch's until its kernel reads each input once.
+        raise Unsupported("average pooling on CUDA runs in torch (kiln's fused kernel measured slower)")
+    kh, kw = _pair(kernel_size, (1, 1))
+    sh, sw = _pair(stride, (kh, kw))
+    ph, pw = _pair(padding, (0, 0))
+    if kh * kw > _POOL_MAX_TAPS:
+        raise Unsupported(f"average pooling over {kh}x{kw} taps")
+    H, W = x.shape[-2], x.shape[-1]
+    oh, ow = ctx.out_shape[-2:]
+    out_dt = ctx.out_dtype
+    acc = "f32" if out_dt in ("f16", "bf16") else out_dt
+    # Zeros around the operand: the padding, and past its end the rows and columns a ceil-mode
+    # window reaches.
+    extra_h = max(0, (oh - 1) * sh + kh - H - ph)
+    extra_w = max(0, (ow - 1) * sw + kw - W - pw)
+    padded = ctx.cast(x, acc)
+    for axis, lo, hi in ((x.ndim - 2, ph, extra_h), (x.ndim - 1, pw, extra_w)):
+        pieces = []
+        if lo:
+            pieces.append(ctx.b.full(tuple(lo if a == axis else d for a, d in enumerate(padded.shape)), 0.0, acc))
+        pieces.append(padded)
+        if hi:
+            pieces.append(ctx.b.full(tuple(hi if a == axis else d for a, d in enumerate(padded.shape)), 0.0, acc))
+        if len(pieces) > 1:
+            padded = ctx.b.concat(pieces, axis)
+    total: Optional[Value] = None
+    for i in range(kh):
+        for j in range(kw):
+            tap = ctx.b.slice(padded, [x.ndim - 2, x.ndim - 1], [i, j], [i + (oh - 1) * sh + 1, j + (ow - 1) * sw + 1],
+                              [sh, sw])
+            total = tap if total is None else ctx.b.add(total, tap)
+    assert total is not None
+    if divisor_override:
+        return ctx.cast(ctx.b.div(total, ctx.value(float(divisor_override), acc)), out_dt)
+
+    def count(n: int, k: int, st: int, pad: int, size: int) -> Value:
+        # Window extents along one axis, as torch clips them.
+        start = ctx.b.sub(ctx.b.mul(ctx.b.iota((n,), 0, "i64"), ctx.value(st, "i64")), ctx.value(pad, "i64"))
+        end = ctx.b.minimum(ctx.b.add(start, ctx.value(k, "i64")), ctx.value(size + pad, "i64"))
+        if not count_include_pad:
+            start = ctx.b.maximum(start, ctx.value(0, "i64"))
+            end = ctx.b.minimum(end, ctx.value(size, "i64"))
+        return ctx.cast(ctx.b.sub(end, start), acc)
+
+    ch = ctx.b.reshape(count(oh, kh, sh, ph, H), (oh, 1))
+    cw = ctx.b.reshape(count(ow, kw, sw, pw, W), (1, ow))
+    return ctx.cast(ctx.b.div(total, ctx.b.mul(ch, cw)), out_dt)
+
+
 @register_lowering(aten._softmax.default)
 def _softmax(ctx: LoweringContext, x: Value, dim: int, half_to_float: bool = False) -> Value:
     return ctx.b.softmax(ctx.cast(x, ctx.out_dtype), axis=_norm_dim(dim, x.ndim))
