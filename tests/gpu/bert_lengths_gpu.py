@@ -15,6 +15,8 @@ Writes $OUT/bert_lengths_gpu.md; exits 1 when a check fails.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -83,7 +85,12 @@ def main() -> int:
             rows.append([str(L), f"{errs[L]:.1e}", f"{med.get('Inductor', float('nan')):.3f}",
                          f"{med.get('kiln', float('nan')):.3f}", f"{ratio:.3f}"])
             print(" | ".join(rows[-1]), flush=True)
-        rows.append(["all", "", "", "", f"graphs {s['graphs']}, parts {s['parts']}, fallbacks {s['failed']}"])
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], "bert_lengths_graphs.json").write_text(json.dumps(kt.last_graphs(), default=str))
+        per_graph = ", ".join(str(len(g["parts"])) for g in kt.last_graphs())
+        s = kt.stats()
+        rows.append(["all", "", "", "", f"graphs {s['graphs']} (parts {per_graph}), fallbacks {s['failed']}, "
+                     f"part calls native {s['native_calls']} / Python {s['kernel_calls'] - s['native_calls']}"])
     return report(f"BERT-base at five sequence lengths, batch {opts.batch}",
                   ["length", "kiln error", "Inductor ms", "kiln ms", "kiln / Inductor"], rows, failures,
                   "every length ran in kiln and matched eager", "bert_lengths_gpu.md")

@@ -6,6 +6,12 @@ alignment of each operand, and the GPU time of the step's GEMM and attention ker
 whether the call itself differs (layouts kiln hands to torch) or only the kernel chosen.
 
     tests/gpu/with_pack.sh PACK python3 tests/bench/gpu/matmul_calls.py [--batch 16 --seq 128]
+        [--infer] [--no-mask] [--warm 128,96,64,200]
+
+``--infer``: an inference step (no_grad) instead of a training step; ``--no-mask``: no attention
+mask passed; ``--warm``: lengths each compiled model sees first (two or more make the sequence
+length symbolic, as a server of variable-length batches meets it); ``--shared``: both backends
+compile one model, eager running it first at each length (as ``bert_lengths_gpu.py`` does).
 
 Writes $OUT/matmul_calls.md when $OUT is set. Needs transformers.
 """
@@ -50,27 +56,47 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--infer", action="store_true")
+    ap.add_argument("--no-mask", action="store_true")
+    ap.add_argument("--warm", default="")
+    ap.add_argument("--shared", action="store_true")
     opts = ap.parse_args()
     import kiln.torch
     from transformers import BertConfig, BertModel
 
     daemon, _ = private_kilnd("matmul_calls.py", "kiln-mm-")
-    lines = [f"# Matrix products of a BERT-base training step on {torch.cuda.get_device_name()}, "
-             f"batch {opts.batch}, sequence {opts.seq}", ""]
+    lines = [f"# Matrix products of a BERT-base {'inference' if opts.infer else 'training'} step on "
+             f"{torch.cuda.get_device_name()}, batch {opts.batch}, sequence {opts.seq}"
+             f"{', no mask' if opts.no_mask else ''}{', after lengths ' + opts.warm if opts.warm else ''}", ""]
     logged: dict[str, list[str]] = {}
+    shared = BertModel(BertConfig()).cuda().train(not opts.infer) if opts.shared else None
     try:
         for be in ("inductor", "kiln"):
-            torch._dynamo.reset()
+            if shared is None:
+                torch._dynamo.reset()
             torch.manual_seed(0)
-            model = BertModel(BertConfig()).cuda().train()
-            ids = torch.randint(0, 30522, (opts.batch, opts.seq), device="cuda")
-            mask = torch.ones(opts.batch, opts.seq, dtype=torch.long, device="cuda")
+            model = shared if shared is not None else BertModel(BertConfig()).cuda().train(not opts.infer)
             weight = torch.randn(opts.batch, opts.seq, 768, device="cuda")
             cm = torch.compile(model, backend=be)
 
+            def call(n: int) -> Any:
+                ids = torch.randint(0, 30522, (opts.batch, n), device="cuda")
+                mask = {} if opts.no_mask else {"attention_mask": torch.ones_like(ids)}
+                if shared is not None:
+                    with torch.no_grad():
+                        model(input_ids=ids, **mask)
+                return cm(input_ids=ids, **mask).last_hidden_state
+
             def step() -> None:
-                out = cm(input_ids=ids, attention_mask=mask).last_hidden_state
-                (out * weight).sum().backward()
+                if opts.infer:
+                    with torch.no_grad():
+                        call(opts.seq)
+                else:
+                    (call(opts.seq) * weight).sum().backward()
+
+            for n in (int(v) for v in opts.warm.split(",") if v):
+                with torch.no_grad():
+                    call(n)
 
             for _ in range(3):
                 step()

@@ -16,7 +16,8 @@ kiln steps and a few Inductor steps with ``torch.profiler`` and reports, per ste
 Workloads: Hugging Face ``BertModel(BertConfig())`` (BERT-base, random weights, nothing
 downloaded) at batch 16, sequence 128, inference under ``no_grad`` and a training step with
 AdamW, and inference at sequence length 64, compiled for it (``bert_infer64``) or after
-lengths 128 and 96 made the length symbolic (``bert_infer_dyn64``); layer_norm -> gelu forward+backward on f32[32768, 4096];
+lengths 128 and 96 made the length symbolic (``bert_infer_dyn64``; ``bert_infer_dyn37`` after
+128, 96, 64 and 200); layer_norm -> gelu forward+backward on f32[32768, 4096];
 torch_backend_gpu.py's encoder block, LLTM cell (``encoder_infer``, ``encoder_train``,
 ``lltm_infer``, ``lltm_train``) and resnet18 (inference, and ``resnet18_train``: a training step);
 models_gpu.py's timed Hugging Face models, inference (``llama_infer``, ``gpt2_infer``,
@@ -51,16 +52,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))  # tests/gp
 from gpu_common import host_ms, interleaved_ms, median_ms, private_kilnd  # noqa: E402
 
 
-def bert_workload(train: bool, seq: int = 128, warm: tuple[int, ...] = ()) -> tuple[Callable[[int], Any], list[torch.nn.Module]]:
+def bert_workload(train: bool, seq: int = 128, warm: tuple[int, ...] = (),
+                  mask: bool = True) -> tuple[Callable[[int], Any], list[torch.nn.Module]]:
     """Steps at sequence length ``seq``; the compiled model first sees the lengths ``warm``
-    (128 then 96: torch's automatic dynamic shapes make the length symbolic)."""
+    (128 then 96: torch's automatic dynamic shapes make the length symbolic). ``mask``: an
+    attention mask of ones is passed (else none, as ``bert_lengths_gpu.py`` calls it)."""
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
     model = BertModel(BertConfig()).cuda()
     model.train(train)
     ids = [torch.randint(0, 30522, (16, seq), device="cuda") for _ in range(3)]
-    mask = torch.ones(16, seq, dtype=torch.long, device="cuda")
+    masks = {"attention_mask": torch.ones(16, seq, dtype=torch.long, device="cuda")} if mask else {}
     weight = torch.randn(16, seq, 768, device="cuda")
 
     def make(backend: str | None) -> Callable[[int], Any]:
@@ -69,17 +72,17 @@ def bert_workload(train: bool, seq: int = 128, warm: tuple[int, ...] = ()) -> tu
             with torch.no_grad():
                 for t in warm:
                     fn(input_ids=torch.randint(0, 30522, (16, t), device="cuda"),
-                       attention_mask=torch.ones(16, t, dtype=torch.long, device="cuda"))
+                       **({"attention_mask": torch.ones(16, t, dtype=torch.long, device="cuda")} if mask else {}))
         if not train:
             def step(i: int) -> Any:
                 with torch.no_grad():
-                    return fn(input_ids=ids[i % 3], attention_mask=mask).last_hidden_state
+                    return fn(input_ids=ids[i % 3], **masks).last_hidden_state
             return step
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
         def train_step(i: int) -> Any:
             opt.zero_grad(set_to_none=True)
-            out = fn(input_ids=ids[i % 3], attention_mask=mask).last_hidden_state
+            out = fn(input_ids=ids[i % 3], **masks).last_hidden_state
             (out * weight).sum().backward()
             opt.step()
             return out
@@ -196,6 +199,8 @@ WORKLOADS = {
     "bert_train": lambda: bert_workload(train=True),
     "bert_infer64": lambda: bert_workload(train=False, seq=64),
     "bert_infer_dyn64": lambda: bert_workload(train=False, seq=64, warm=(128, 96)),
+    "bert_infer_dyn37": lambda: bert_workload(train=False, seq=37, warm=(128, 96, 64, 200)),
+    "bert_nomask_dyn37": lambda: bert_workload(train=False, seq=37, warm=(128, 96, 64, 200), mask=False),
     "ln_gelu_train": ln_gelu_workload,
     "encoder_train": lambda: example_workload("encoder", train=True),
     "lltm_train": lambda: example_workload("lltm", train=True),
