@@ -7,6 +7,7 @@
 #include "client/core/cuda_loader.h"
 #include "client/core/kiln_core.h"
 #include "client/core/store.h"
+#include "kernels/key/sha256.h"
 
 struct kiln_store {
   std::unique_ptr<kiln::core::ArtifactStore> store;
@@ -104,7 +105,7 @@ void kiln_store_counters(const kiln_store* store, int64_t* hits, int64_t* corrup
 
 void kiln_sha256_hex(const void* bytes, size_t num_bytes, char* hex) {
   const std::string h =
-      kiln::core::Sha256Hex(std::string_view(static_cast<const char*>(bytes), num_bytes));
+      kiln::key::Sha256Hex(std::string_view(static_cast<const char*>(bytes), num_bytes));
   std::memcpy(hex, h.c_str(), h.size() + 1);
 }
 

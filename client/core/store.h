@@ -35,11 +35,6 @@
 
 namespace kiln::core {
 
-// Lowercase hex SHA-256.
-std::string Sha256Hex(std::string_view bytes);
-// True for 64 lowercase hex digits.
-bool IsDigest(std::string_view s);
-
 // An exclusive flock() on a digest's lock file, released with the object.
 class StoreLock {
  public:
