@@ -94,6 +94,19 @@ int kiln_store_put(kiln_store* store, const char* digest, const void* bytes, siz
   return CopyPath(*stored, path, path_size);
 }
 
+int kiln_store_add(kiln_store* store, const void* bytes, size_t num_bytes, char* digest, char* path,
+                   size_t path_size) {
+  if (store == nullptr || digest == nullptr || (bytes == nullptr && num_bytes > 0))
+    return Fail(KILN_CORE_INVALID_ARGUMENT, "null argument");
+  kiln::core::Error error;
+  std::string hex;
+  std::optional<std::string> stored =
+      store->store->Add(std::string_view(static_cast<const char*>(bytes), num_bytes), &hex, &error);
+  if (!Record(error) || !stored.has_value()) return -1;
+  std::memcpy(digest, hex.c_str(), hex.size() + 1);
+  return CopyPath(*stored, path, path_size);
+}
+
 void kiln_store_counters(const kiln_store* store, int64_t* hits, int64_t* corruptions,
                          int64_t* puts) {
   kiln::core::ArtifactStore::Counters c;

@@ -263,6 +263,21 @@ std::optional<std::string> ArtifactStore::Put(std::string_view digest, std::stri
                 "bytes for artifact " + std::string(digest) + " hash to " + got + "; not stored");
     return std::nullopt;
   }
+  return Write(digest, bytes, error);
+}
+
+std::optional<std::string> ArtifactStore::Add(std::string_view bytes, std::string* digest,
+                                              Error* error) {
+  *digest = key::Sha256Hex(bytes);
+  if (!key::IsDigest(*digest)) {  // empty: OpenSSL could not allocate
+    error->Fail(KILN_CORE_INTERNAL, "SHA-256 failed in OpenSSL");
+    return std::nullopt;
+  }
+  return Write(*digest, bytes, error);
+}
+
+std::optional<std::string> ArtifactStore::Write(std::string_view digest, std::string_view bytes,
+                                                Error* error) {
   const std::string path = PathFor(digest);
   if (Verify(path, digest, error) == Check::kValid) return path;
   *error = Error();  // a file that cannot be read is replaced

@@ -73,6 +73,10 @@ class ArtifactStore {
   // Checks that `bytes` hash to `digest` (DATA_LOSS otherwise, nothing written), then writes
   // them atomically; the path, or nullopt on failure.
   std::optional<std::string> Put(std::string_view digest, std::string_view bytes, Error* error);
+  // Writes `bytes` atomically under their SHA-256, computed here once, into `*digest`: for a
+  // caller that has no digest of its own, which Put would only make it compute twice. The
+  // path, or nullopt on failure. REQUIRES: digest != nullptr.
+  std::optional<std::string> Add(std::string_view bytes, std::string* digest, Error* error);
   // Serialises fetches (and repairs) of one digest across threads and processes.
   std::optional<StoreLock> LockFor(std::string_view digest, Error* error);
 
@@ -85,6 +89,8 @@ class ArtifactStore {
   Check Verify(const std::string& path, std::string_view digest, Error* error);
   // Verify, deleting a corrupt file; the caller holds the digest's lock.
   Check VerifyAndRepairLocked(std::string_view digest, Error* error);
+  // Writes `bytes`, which hash to `digest`, under it (unless a valid copy is there already).
+  std::optional<std::string> Write(std::string_view digest, std::string_view bytes, Error* error);
   // Moves a legacy cas/ copy into place; true when there was one.
   bool AdoptLegacy(std::string_view digest, const std::string& path);
   void Remember(std::string_view digest, const std::string& path);

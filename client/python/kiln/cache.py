@@ -20,7 +20,6 @@ asked for. Handle manifests are this package's own.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -126,9 +125,8 @@ class ArtifactCache:
             raise
 
     def put_bytes(self, data: bytes) -> tuple[str, Path]:
-        """Stores bytes under their own digest; returns (digest, path)."""
-        digest = hashlib.sha256(data).hexdigest()
-        return digest, self.store.put(digest, data)
+        """Stores bytes under their own digest, computed by the store; returns (digest, path)."""
+        return self.store.add(data)
 
     # Handle manifests: small JSON notes about graphs compiled from this machine.
 
