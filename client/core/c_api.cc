@@ -73,6 +73,15 @@ const char* kiln_store_root(const kiln_store* store) {
   return store != nullptr ? store->store->root().c_str() : "";
 }
 
+int kiln_store_path_for(const kiln_store* store, const char* digest, char* path, size_t path_size) {
+  if (store == nullptr || digest == nullptr)
+    return Fail(KILN_CORE_INVALID_ARGUMENT, "null argument");
+  kiln::core::Error error;
+  std::optional<std::string> where = store->store->CheckedPathFor(digest, &error);
+  if (!Record(error) || !where.has_value()) return -1;
+  return CopyPath(*where, path, path_size);
+}
+
 int kiln_store_find(kiln_store* store, const char* digest, char* path, size_t path_size) {
   if (store == nullptr || digest == nullptr)
     return Fail(KILN_CORE_INVALID_ARGUMENT, "null argument");

@@ -57,6 +57,12 @@ KILN_CORE_API void kiln_store_close(kiln_store* store);
 /* The root folder, valid as long as the store. */
 KILN_CORE_API const char* kiln_store_root(const kiln_store* store);
 
+/* Where the store keeps `digest` (whether or not it is there; the layout is the store's own,
+ * store.h), copied into `path` of `path_size` bytes: 0, or -1 (INVALID_ARGUMENT for a malformed
+ * digest). Reading the file there is not verifying it: kiln_store_find verifies. */
+KILN_CORE_API int kiln_store_path_for(const kiln_store* store, const char* digest, char* path,
+                                      size_t path_size);
+
 /* Looks `digest` up: 1 when a verified artifact is there (its path, NUL-terminated, copied into
  * `path` of `path_size` bytes), 0 when it is absent (a corrupt file counts as absent and is
  * deleted), -1 on failure (a path that does not fit is one). */

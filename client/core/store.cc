@@ -146,6 +146,12 @@ std::string ArtifactStore::PathFor(std::string_view digest) const {
   return path;
 }
 
+std::optional<std::string> ArtifactStore::CheckedPathFor(std::string_view digest,
+                                                         Error* error) const {
+  if (!CheckDigest(digest, error)) return std::nullopt;
+  return PathFor(digest);
+}
+
 ArtifactStore::FileId ArtifactStore::IdOf(const struct stat& st) {
   return FileId{static_cast<uint64_t>(st.st_ino), static_cast<int64_t>(st.st_size),
                 static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,

@@ -63,7 +63,12 @@ class ArtifactStore {
   static std::unique_ptr<ArtifactStore> Open(const std::string& root, Error* error);
 
   const std::string& root() const { return root_; }
+  // Where `digest` lives (whether or not it is there): the layout above, known here alone.
+  // REQUIRES: key::IsDigest(digest).
   std::string PathFor(std::string_view digest) const;
+  // PathFor for a digest from outside (the C ABI's callers): nullopt and INVALID_ARGUMENT for a
+  // malformed one, which must never become a path.
+  std::optional<std::string> CheckedPathFor(std::string_view digest, Error* error) const;
 
   // The path of a verified artifact; nullopt when absent (a corrupt file is deleted and is
   // absent) or on failure (then `error` is set).

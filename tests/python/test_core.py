@@ -35,6 +35,19 @@ def test_store_puts_finds_and_counts(tmp_path):
     assert store.counters() == {"hits": 1, "corruptions": 0, "puts": 1}
 
 
+def test_store_says_where_an_artifact_lives(tmp_path):
+    """The layout is the core's: callers ask it for a path rather than composing one."""
+    store = core.Store(tmp_path)
+    d = _digest(b"somewhere")
+    assert store.path_for(d) == tmp_path / "artifacts" / d[:2] / d
+    assert not store.path_for(d).exists()  # only where it would be
+    assert store.put(d, b"somewhere") == store.path_for(d)
+    for bad in ("../../etc/passwd", d.upper(), d[:-1], ""):
+        with pytest.raises(core.CoreError) as e:
+            store.path_for(bad)
+        assert e.value.code == core.INVALID_ARGUMENT and "not a SHA-256 digest" in str(e.value)
+
+
 def test_store_refuses_bytes_that_do_not_hash_to_the_digest(tmp_path):
     store = core.Store(tmp_path)
     with pytest.raises(core.CoreError) as e:
@@ -107,7 +120,9 @@ def test_python_cache_is_the_core_store(tmp_path, monkeypatch):
     d, path = cache.put_bytes(b"shared")
     monkeypatch.undo()
     assert d == _digest(b"shared") and cache.store.counters()["puts"] == 1
-    assert core.Store(tmp_path).find(d) == path
+    assert core.Store(tmp_path).find(d) == path == cache.path_for(d) == cache.store.path_for(d)
+    with pytest.raises(ValueError):
+        cache.path_for("../" + d[3:])
     with pytest.raises(ValueError, match="expected 3"):
         cache.put_chunks(_digest(b"ab"), [b"a", b"b"], 3)
 

@@ -80,6 +80,7 @@ def _open(path: Path) -> ctypes.CDLL:
         "kiln_store_open": ([cp], vp),
         "kiln_store_close": ([vp], None),
         "kiln_store_root": ([vp], cp),
+        "kiln_store_path_for": ([vp, cp, ctypes.c_char_p, sz], ctypes.c_int),
         "kiln_store_find": ([vp, cp, ctypes.c_char_p, sz], ctypes.c_int),
         "kiln_store_put": ([vp, cp, vp, sz, ctypes.c_char_p, sz], ctypes.c_int),
         "kiln_store_add": ([vp, vp, sz, ctypes.c_char_p, ctypes.c_char_p, sz], ctypes.c_int),
@@ -158,6 +159,14 @@ class Store:
         handle, self._handle = getattr(self, "_handle", None), None
         if handle:
             self._lib.kiln_store_close(handle)
+
+    def path_for(self, digest: str) -> Path:
+        """Where the store keeps ``digest`` (whether or not it is there; the layout is the
+        core's): CoreError INVALID_ARGUMENT for a malformed digest. Not verified: see find."""
+        out = ctypes.create_string_buffer(_PATH_MAX)
+        if self._lib.kiln_store_path_for(self._handle, digest.encode(), out, _PATH_MAX) < 0:
+            raise last_error()
+        return Path(out.value.decode())
 
     def find(self, digest: str) -> Optional[Path]:
         """The path of a verified artifact, or None (a corrupt file is deleted and absent)."""
