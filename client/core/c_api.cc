@@ -7,6 +7,7 @@
 #include "client/core/cuda_loader.h"
 #include "client/core/kiln_core.h"
 #include "client/core/store.h"
+#include "kernels/key/sha256.h"
 
 struct kiln_store {
   std::unique_ptr<kiln::core::ArtifactStore> store;
@@ -72,6 +73,15 @@ const char* kiln_store_root(const kiln_store* store) {
   return store != nullptr ? store->store->root().c_str() : "";
 }
 
+int kiln_store_path_for(const kiln_store* store, const char* digest, char* path, size_t path_size) {
+  if (store == nullptr || digest == nullptr)
+    return Fail(KILN_CORE_INVALID_ARGUMENT, "null argument");
+  kiln::core::Error error;
+  std::optional<std::string> where = store->store->CheckedPathFor(digest, &error);
+  if (!Record(error) || !where.has_value()) return -1;
+  return CopyPath(*where, path, path_size);
+}
+
 int kiln_store_find(kiln_store* store, const char* digest, char* path, size_t path_size) {
   if (store == nullptr || digest == nullptr)
     return Fail(KILN_CORE_INVALID_ARGUMENT, "null argument");
@@ -93,6 +103,19 @@ int kiln_store_put(kiln_store* store, const char* digest, const void* bytes, siz
   return CopyPath(*stored, path, path_size);
 }
 
+int kiln_store_add(kiln_store* store, const void* bytes, size_t num_bytes, char* digest, char* path,
+                   size_t path_size) {
+  if (store == nullptr || digest == nullptr || (bytes == nullptr && num_bytes > 0))
+    return Fail(KILN_CORE_INVALID_ARGUMENT, "null argument");
+  kiln::core::Error error;
+  std::string hex;
+  std::optional<std::string> stored =
+      store->store->Add(std::string_view(static_cast<const char*>(bytes), num_bytes), &hex, &error);
+  if (!Record(error) || !stored.has_value()) return -1;
+  std::memcpy(digest, hex.c_str(), hex.size() + 1);
+  return CopyPath(*stored, path, path_size);
+}
+
 void kiln_store_counters(const kiln_store* store, int64_t* hits, int64_t* corruptions,
                          int64_t* puts) {
   kiln::core::ArtifactStore::Counters c;
@@ -104,7 +127,7 @@ void kiln_store_counters(const kiln_store* store, int64_t* hits, int64_t* corrup
 
 void kiln_sha256_hex(const void* bytes, size_t num_bytes, char* hex) {
   const std::string h =
-      kiln::core::Sha256Hex(std::string_view(static_cast<const char*>(bytes), num_bytes));
+      kiln::key::Sha256Hex(std::string_view(static_cast<const char*>(bytes), num_bytes));
   std::memcpy(hex, h.c_str(), h.size() + 1);
 }
 

@@ -28,9 +28,8 @@ constexpr int64_t kIndexLimit = int64_t{1} << 30;
 constexpr int kComputeCapabilityMajor = 75;
 constexpr int kComputeCapabilityMinor = 76;
 // cuFuncSetAttribute: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, which a launch with more
-// than 48 KiB of dynamic shared memory needs raised first.
+// than kCudaDefaultSharedBytes of dynamic shared memory needs raised first.
 constexpr int kMaxDynamicShared = 8;
-constexpr unsigned kDefaultSharedLimit = 48 * 1024;
 
 struct Driver {
   CUresult (*cuInit)(unsigned) = nullptr;
@@ -231,7 +230,7 @@ std::unique_ptr<CudaModule> CudaModule::Load(std::string_view cubin, std::string
       *error = d.Describe(fr, ("kernel " + s.kernel).c_str());
       return nullptr;
     }
-    if (s.shared_bytes > kDefaultSharedLimit) {
+    if (s.shared_bytes > kCudaDefaultSharedBytes) {
       if (CUresult ar =
               d.cuFuncSetAttribute(f, kMaxDynamicShared, static_cast<int>(s.shared_bytes));
           ar != kSuccess) {
@@ -506,20 +505,27 @@ bool CudaFunction::Launch(const unsigned grid[3], const unsigned block[3], unsig
   const Driver& d = GetDriver();
   ContextScope scope(d, context_, error);
   if (!scope.ok()) return false;
-  if (shared_bytes > kDefaultSharedLimit) {
-    if (CUresult r =
-            d.cuFuncSetAttribute(function_, kMaxDynamicShared, static_cast<int>(shared_bytes));
-        r != kSuccess) {
-      *error = d.Describe(r, "raising the kernel's shared memory limit");
-      return false;
-    }
-  }
+  if (!AllowShared(shared_bytes, error)) return false;
   CUresult r = d.cuLaunchKernel(function_, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                                 shared_bytes, static_cast<CUstream>(stream), params, nullptr);
   if (r != kSuccess) {
     *error = d.Describe(r, "cuLaunchKernel");
     return false;
   }
+  return true;
+}
+
+bool CudaFunction::AllowShared(unsigned bytes, std::string* error) {
+  if (bytes <= shared_allowed_.load(std::memory_order_acquire)) return true;  // the common case
+  std::lock_guard<std::mutex> lock(shared_mu_);
+  if (bytes <= shared_allowed_.load(std::memory_order_relaxed)) return true;  // raised meanwhile
+  const Driver& d = GetDriver();
+  if (CUresult r = d.cuFuncSetAttribute(function_, kMaxDynamicShared, static_cast<int>(bytes));
+      r != kSuccess) {
+    *error = d.Describe(r, "raising the kernel's shared memory limit");
+    return false;  // the limit stays as it was: a later launch asking as much tries again
+  }
+  shared_allowed_.store(bytes, std::memory_order_release);
   return true;
 }
 

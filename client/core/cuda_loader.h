@@ -23,6 +23,7 @@
 // the workspace share one allocation and must not overlap in time.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -34,6 +35,10 @@
 #include "client/core/cuda_plan.h"
 
 namespace kiln::core {
+
+// The dynamic shared memory a kernel may use without its limit raised first (the driver's
+// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, set through cuFuncSetAttribute).
+inline constexpr unsigned kCudaDefaultSharedBytes = 48 * 1024;
 
 class CudaModule {
  public:
@@ -99,21 +104,38 @@ class CudaModule {
 // One kernel of a cubin, without a launch plan: a raw kernel (kiln.cuda.RawKernel), its
 // arguments built by the caller. Loaded like a module (same contexts); never unloaded before
 // the object goes.
+//
+// Thread-safety: Launch may be called from many threads at once.
 class CudaFunction {
  public:
   static std::unique_ptr<CudaFunction> Load(int device, std::string_view cubin,
                                             const std::string& name, std::string* error);
   ~CudaFunction();
   // cuLaunchKernel in the function's context: `params` as the driver takes them (one pointer
-  // per kernel parameter, to its value). Asynchronous.
+  // per kernel parameter, to its value). Asynchronous. A launch with more than
+  // kCudaDefaultSharedBytes of dynamic shared memory has it allowed first (AllowShared).
   bool Launch(const unsigned grid[3], const unsigned block[3], unsigned shared_bytes, void* stream,
               void** params, std::string* error);
 
  private:
   CudaFunction() = default;
+  // Makes sure the function may use `bytes` of dynamic shared memory: raises its limit
+  // (cuFuncSetAttribute) when `bytes` is more than any launch asked for before, and only then,
+  // rather than on every launch. The caller's context is the function's.
+  bool AllowShared(unsigned bytes, std::string* error);
+
+  // Immutable after Load.
   void* context_ = nullptr;   // CUcontext
   void* module_ = nullptr;    // CUmodule
   void* function_ = nullptr;  // CUfunction
+  // The function's dynamic shared memory limit as last set: the largest size any launch asked
+  // for (kCudaDefaultSharedBytes until one asked for more). Read without the lock on every
+  // launch; written, together with the driver call it records, only under shared_mu_, so that
+  // two launches raising it at once cannot leave the driver's limit below the recorded one (the
+  // lower setting last). The store (release) follows the driver call, so a launch that reads
+  // the new value (acquire) launches after the limit is in place.
+  std::mutex shared_mu_;
+  std::atomic<unsigned> shared_allowed_{kCudaDefaultSharedBytes};
 };
 
 // Device queries, through the same driver binding. Each returns -1 and sets `*error` when

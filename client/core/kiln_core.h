@@ -27,8 +27,9 @@
 extern "C" {
 #endif
 
-/* The version of this ABI; bumped when a function changes meaning or signature. */
-#define KILN_CORE_ABI_VERSION 2
+/* The version of this ABI; bumped when a function is added or changes meaning or signature
+ * (kiln.core checks it before it binds any function). */
+#define KILN_CORE_ABI_VERSION 3
 KILN_CORE_API uint32_t kiln_core_abi_version(void);
 
 /* What the last failing call on this thread said (empty when none failed). */
@@ -56,6 +57,12 @@ KILN_CORE_API void kiln_store_close(kiln_store* store);
 /* The root folder, valid as long as the store. */
 KILN_CORE_API const char* kiln_store_root(const kiln_store* store);
 
+/* Where the store keeps `digest` (whether or not it is there; the layout is the store's own,
+ * store.h), copied into `path` of `path_size` bytes: 0, or -1 (INVALID_ARGUMENT for a malformed
+ * digest). Reading the file there is not verifying it: kiln_store_find verifies. */
+KILN_CORE_API int kiln_store_path_for(const kiln_store* store, const char* digest, char* path,
+                                      size_t path_size);
+
 /* Looks `digest` up: 1 when a verified artifact is there (its path, NUL-terminated, copied into
  * `path` of `path_size` bytes), 0 when it is absent (a corrupt file counts as absent and is
  * deleted), -1 on failure (a path that does not fit is one). */
@@ -66,6 +73,11 @@ KILN_CORE_API int kiln_store_find(kiln_store* store, const char* digest, char* p
  * no-op. */
 KILN_CORE_API int kiln_store_put(kiln_store* store, const char* digest, const void* bytes,
                                  size_t num_bytes, char* path, size_t path_size);
+/* Stores `bytes` under their SHA-256, computed once, here: its 64 hex digits and a NUL go to
+ * `digest` (65 bytes). For a caller without a digest of its own (kiln_store_put would have it
+ * hash the bytes first, and then hash them again). 0 and the path, or -1. */
+KILN_CORE_API int kiln_store_add(kiln_store* store, const void* bytes, size_t num_bytes,
+                                 char* digest, char* path, size_t path_size);
 /* Counters since the store was opened: hits (verified finds), corrupt files deleted, puts. */
 KILN_CORE_API void kiln_store_counters(const kiln_store* store, int64_t* hits, int64_t* corruptions,
                                        int64_t* puts);

@@ -13,22 +13,11 @@
 #include <system_error>
 #include <utility>
 
+#include "kernels/key/sha256.h"
 #include "openssl/evp.h"
 
 namespace kiln::core {
 namespace {
-
-// Lowercase hex of a digest's bytes.
-std::string ToHex(const unsigned char* digest, unsigned int length) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(2 * static_cast<size_t>(length));
-  for (unsigned int i = 0; i < length; ++i) {
-    hex.push_back(kHex[digest[i] >> 4]);
-    hex.push_back(kHex[digest[i] & 15]);
-  }
-  return hex;
-}
 
 bool ErrnoFail(Error* error, const std::string& what, const std::string& path, int err) {
   // A full, read-only or forbidden folder is the environment's problem and may pass; anything
@@ -70,7 +59,7 @@ bool HashFile(const std::string& path, std::string* hex, bool* missing, Error* e
   unsigned int length = 0;
   EVP_DigestFinal_ex(ctx, digest, &length);
   EVP_MD_CTX_free(ctx);
-  *hex = ToHex(digest, length);
+  *hex = key::DigestToHex(std::string_view(reinterpret_cast<const char*>(digest), length));
   return true;
 }
 
@@ -106,27 +95,13 @@ bool MakeParent(const std::string& path, Error* error) {
 }
 
 bool CheckDigest(std::string_view digest, Error* error) {
-  if (IsDigest(digest)) return true;
+  if (key::IsDigest(digest)) return true;
   return error->Fail(
       KILN_CORE_INVALID_ARGUMENT,
       "'" + std::string(digest) + "' is not a SHA-256 digest (64 lowercase hex digits)");
 }
 
 }  // namespace
-
-std::string Sha256Hex(std::string_view bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &length, EVP_sha256(), nullptr);
-  return ToHex(digest, length);
-}
-
-bool IsDigest(std::string_view s) {
-  if (s.size() != 64) return false;
-  for (char c : s)
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  return true;
-}
 
 StoreLock::StoreLock(StoreLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
 StoreLock::~StoreLock() {
@@ -169,6 +144,12 @@ std::string ArtifactStore::PathFor(std::string_view digest) const {
   path += '/';
   path += digest;
   return path;
+}
+
+std::optional<std::string> ArtifactStore::CheckedPathFor(std::string_view digest,
+                                                         Error* error) const {
+  if (!CheckDigest(digest, error)) return std::nullopt;
+  return PathFor(digest);
 }
 
 ArtifactStore::FileId ArtifactStore::IdOf(const struct stat& st) {
@@ -283,11 +264,26 @@ std::optional<std::string> ArtifactStore::FindLocked(std::string_view digest, Er
 std::optional<std::string> ArtifactStore::Put(std::string_view digest, std::string_view bytes,
                                               Error* error) {
   if (!CheckDigest(digest, error)) return std::nullopt;
-  if (const std::string got = Sha256Hex(bytes); got != digest) {
+  if (const std::string got = key::Sha256Hex(bytes); got != digest) {
     error->Fail(KILN_CORE_DATA_LOSS,
                 "bytes for artifact " + std::string(digest) + " hash to " + got + "; not stored");
     return std::nullopt;
   }
+  return Write(digest, bytes, error);
+}
+
+std::optional<std::string> ArtifactStore::Add(std::string_view bytes, std::string* digest,
+                                              Error* error) {
+  *digest = key::Sha256Hex(bytes);
+  if (!key::IsDigest(*digest)) {  // empty: OpenSSL could not allocate
+    error->Fail(KILN_CORE_INTERNAL, "SHA-256 failed in OpenSSL");
+    return std::nullopt;
+  }
+  return Write(*digest, bytes, error);
+}
+
+std::optional<std::string> ArtifactStore::Write(std::string_view digest, std::string_view bytes,
+                                                Error* error) {
   const std::string path = PathFor(digest);
   if (Verify(path, digest, error) == Check::kValid) return path;
   *error = Error();  // a file that cannot be read is replaced

@@ -35,11 +35,6 @@
 
 namespace kiln::core {
 
-// Lowercase hex SHA-256.
-std::string Sha256Hex(std::string_view bytes);
-// True for 64 lowercase hex digits.
-bool IsDigest(std::string_view s);
-
 // An exclusive flock() on a digest's lock file, released with the object.
 class StoreLock {
  public:
@@ -68,7 +63,12 @@ class ArtifactStore {
   static std::unique_ptr<ArtifactStore> Open(const std::string& root, Error* error);
 
   const std::string& root() const { return root_; }
+  // Where `digest` lives (whether or not it is there): the layout above, known here alone.
+  // REQUIRES: key::IsDigest(digest).
   std::string PathFor(std::string_view digest) const;
+  // PathFor for a digest from outside (the C ABI's callers): nullopt and INVALID_ARGUMENT for a
+  // malformed one, which must never become a path.
+  std::optional<std::string> CheckedPathFor(std::string_view digest, Error* error) const;
 
   // The path of a verified artifact; nullopt when absent (a corrupt file is deleted and is
   // absent) or on failure (then `error` is set).
@@ -78,6 +78,10 @@ class ArtifactStore {
   // Checks that `bytes` hash to `digest` (DATA_LOSS otherwise, nothing written), then writes
   // them atomically; the path, or nullopt on failure.
   std::optional<std::string> Put(std::string_view digest, std::string_view bytes, Error* error);
+  // Writes `bytes` atomically under their SHA-256, computed here once, into `*digest`: for a
+  // caller that has no digest of its own, which Put would only make it compute twice. The
+  // path, or nullopt on failure. REQUIRES: digest != nullptr.
+  std::optional<std::string> Add(std::string_view bytes, std::string* digest, Error* error);
   // Serialises fetches (and repairs) of one digest across threads and processes.
   std::optional<StoreLock> LockFor(std::string_view digest, Error* error);
 
@@ -90,6 +94,8 @@ class ArtifactStore {
   Check Verify(const std::string& path, std::string_view digest, Error* error);
   // Verify, deleting a corrupt file; the caller holds the digest's lock.
   Check VerifyAndRepairLocked(std::string_view digest, Error* error);
+  // Writes `bytes`, which hash to `digest`, under it (unless a valid copy is there already).
+  std::optional<std::string> Write(std::string_view digest, std::string_view bytes, Error* error);
   // Moves a legacy cas/ copy into place; true when there was one.
   bool AdoptLegacy(std::string_view digest, const std::string& path);
   void Remember(std::string_view digest, const std::string& path);

@@ -18,8 +18,8 @@ loaders behind kiln.core) is compiled here with the system's C++ compiler ($CXX,
 reached through ctypes, so one wheel serves every Python version). OpenSSL's libcrypto and the
 C++ runtime are linked in statically, so the library needs only libc wherever the wheel goes.
 A C++ compiler and OpenSSL's headers are what building needs (deploy/setup.sh installs both).
-Why not CMake through scikit-build-core: the core is seven files with no dependency CMake would
-find better than the compiler does, and this keeps one backend (hatchling) for the protocol
+Why not CMake through scikit-build-core: the core is a handful of files with no dependency CMake
+would find better than the compiler does, and this keeps one backend (hatchling) for the protocol
 modules and the core alike.
 """
 
@@ -46,9 +46,10 @@ def _load_protogen(root: Path) -> Any:
     return module
 
 
-# The core's files, relative to the repository root (an sdist carries them under kiln/native/):
-# the library sources listed in client/core/sources.txt (CMake reads the same list), the C ABI,
-# and the headers and linker version script beside them.
+# The core's files, relative to the repository root (an sdist carries them at the same paths
+# under kiln/native/): the library sources listed in client/core/sources.txt (CMake reads the
+# same list; it names them from the root, as one, kernels/key/sha256.cc, is shared with the rest
+# of kiln), the C ABI, and the headers and linker version script beside them.
 CORE_DIR = "client/core"
 CORE_LIST = f"{CORE_DIR}/sources.txt"
 
@@ -56,13 +57,15 @@ CORE_LIST = f"{CORE_DIR}/sources.txt"
 def core_sources(src: Path) -> list[str]:
     """The core's sources under ``src``: those of sources.txt, then the C ABI."""
     listed = [line.strip() for line in (src / CORE_LIST).read_text().splitlines()]
-    return [f"{CORE_DIR}/{f}" for f in listed if f and not f.startswith("#")] + [f"{CORE_DIR}/c_api.cc"]
+    return [f for f in listed if f and not f.startswith("#")] + [f"{CORE_DIR}/c_api.cc"]
 
 
 def core_headers(src: Path) -> list[str]:
     """The headers, the version script and the list, whose changes rebuild the core too."""
     found = sorted(p.name for p in (src / CORE_DIR).iterdir() if p.suffix == ".h")
-    return [f"{CORE_DIR}/{f}" for f in found] + [f"{CORE_DIR}/exports.map", CORE_LIST]
+    # The header of each listed source from elsewhere in the repository (sha256.h).
+    shared = [str(Path(f).with_suffix(".h")) for f in core_sources(src) if not f.startswith(f"{CORE_DIR}/")]
+    return [f"{CORE_DIR}/{f}" for f in found] + shared + [f"{CORE_DIR}/exports.map", CORE_LIST]
 
 
 def _core_source_root(root: Path) -> Path:

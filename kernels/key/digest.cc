@@ -1,7 +1,5 @@
 #include "kernels/key/digest.h"
 
-#include <openssl/evp.h>
-
 #include "absl/strings/str_cat.h"
 
 namespace kiln::key {
@@ -16,24 +14,9 @@ int HexValue(char c) {
 }  // namespace
 
 absl::StatusOr<std::string> Sha256(std::string_view data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int md_len = 0;
-  if (EVP_Digest(data.data(), data.size(), md, &md_len, EVP_sha256(), nullptr) != 1 ||
-      md_len != kDigestBytes)
-    return absl::InternalError("SHA-256 failed in OpenSSL");
-  return std::string(reinterpret_cast<const char*>(md), md_len);
-}
-
-std::string Sha256Hex(std::string_view data) {
-  auto raw = Sha256(data);
-  return raw.ok() ? DigestToHex(*raw) : std::string();
-}
-
-bool IsDigest(std::string_view digest) {
-  if (digest.size() != 2 * kDigestBytes) return false;
-  for (char c : digest)
-    if (HexValue(c) < 0) return false;
-  return true;
+  std::string raw = Sha256Raw(data);
+  if (raw.empty()) return absl::InternalError("SHA-256 failed in OpenSSL");
+  return raw;
 }
 
 absl::StatusOr<std::string> DigestFromHex(std::string_view hex) {
@@ -44,18 +27,6 @@ absl::StatusOr<std::string> DigestFromHex(std::string_view hex) {
   for (size_t i = 0; i < kDigestBytes; ++i)
     raw[i] = static_cast<char>(HexValue(hex[2 * i]) * 16 + HexValue(hex[2 * i + 1]));
   return raw;
-}
-
-std::string DigestToHex(std::string_view raw) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(2 * raw.size());
-  for (char c : raw) {
-    const auto byte = static_cast<unsigned char>(c);
-    hex.push_back(kDigits[byte >> 4]);
-    hex.push_back(kDigits[byte & 0xf]);
-  }
-  return hex;
 }
 
 }  // namespace kiln::key

@@ -35,6 +35,19 @@ def test_store_puts_finds_and_counts(tmp_path):
     assert store.counters() == {"hits": 1, "corruptions": 0, "puts": 1}
 
 
+def test_store_says_where_an_artifact_lives(tmp_path):
+    """The layout is the core's: callers ask it for a path rather than composing one."""
+    store = core.Store(tmp_path)
+    d = _digest(b"somewhere")
+    assert store.path_for(d) == tmp_path / "artifacts" / d[:2] / d
+    assert not store.path_for(d).exists()  # only where it would be
+    assert store.put(d, b"somewhere") == store.path_for(d)
+    for bad in ("../../etc/passwd", d.upper(), d[:-1], ""):
+        with pytest.raises(core.CoreError) as e:
+            store.path_for(bad)
+        assert e.value.code == core.INVALID_ARGUMENT and "not a SHA-256 digest" in str(e.value)
+
+
 def test_store_refuses_bytes_that_do_not_hash_to_the_digest(tmp_path):
     store = core.Store(tmp_path)
     with pytest.raises(core.CoreError) as e:
@@ -90,10 +103,26 @@ def test_store_adopts_the_old_python_layout(tmp_path):
     assert not legacy.exists()
 
 
-def test_python_cache_is_the_core_store(tmp_path):
+def test_store_adds_bytes_under_the_digest_it_computes(tmp_path):
+    store = core.Store(tmp_path)
+    data = os.urandom(10_000)
+    d, path = store.add(data)
+    assert d == _digest(data) and path == tmp_path / "artifacts" / d[:2] / d and path.read_bytes() == data
+    assert store.add(data) == (d, path)  # there already: nothing written again
+    assert store.counters() == {"hits": 0, "corruptions": 0, "puts": 1}
+    assert store.add(b"") == (_digest(b""), tmp_path / "artifacts" / _digest(b"")[:2] / _digest(b""))
+
+
+def test_python_cache_is_the_core_store(tmp_path, monkeypatch):
     cache = ArtifactCache(tmp_path)
+    # The core names the bytes (they are hashed once, there): Python hashes nothing.
+    monkeypatch.setattr(hashlib, "sha256", None)
     d, path = cache.put_bytes(b"shared")
-    assert core.Store(tmp_path).find(d) == path
+    monkeypatch.undo()
+    assert d == _digest(b"shared") and cache.store.counters()["puts"] == 1
+    assert core.Store(tmp_path).find(d) == path == cache.path_for(d) == cache.store.path_for(d)
+    with pytest.raises(ValueError):
+        cache.path_for("../" + d[3:])
     with pytest.raises(ValueError, match="expected 3"):
         cache.put_chunks(_digest(b"ab"), [b"a", b"b"], 3)
 
@@ -161,6 +190,18 @@ def test_missing_core_is_a_clear_error(tmp_path):
     run = subprocess.run([sys.executable, "-c", "from kiln import core; core.Store()"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode != 0 and "kiln's native core is missing" in run.stderr and "KILN_CORE_LIBRARY" in run.stderr
+
+
+def test_core_of_another_abi_is_a_clear_error(tmp_path):
+    """An older core lacks functions this package binds: its ABI version is what is reported."""
+    src = tmp_path / "old.c"
+    src.write_text("unsigned kiln_core_abi_version(void) { return 2; }\n")
+    old = tmp_path / "libkiln_core.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(old), str(src)], check=True)
+    env = dict(os.environ, KILN_CORE_LIBRARY=str(old))
+    run = subprocess.run([sys.executable, "-c", "from kiln import core; core.Store()"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and f"speaks ABI 2; this package needs {core.ABI_VERSION}" in run.stderr, run.stderr
 
 
 def test_core_is_the_one_the_tests_built():

@@ -1,26 +1,24 @@
 """The local content-addressed artifact directory.
 
-Layout under the root (``$KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln``, else
-``~/.cache/kiln``)::
+Under the root (``$KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln``, else ``~/.cache/kiln``)::
 
-    artifacts/<first two hex digits>/<sha256>   artifact bytes, named by their SHA-256
-    handles/<handle>.json                       what this machine knows about a handle's graph
-                                                (input names, dtypes, shapes, strides), written
-                                                when a client compiles it, so a handle alone
-                                                can be run
+    artifacts/...             artifact bytes, named by their SHA-256: the core's store, whose
+                              layout client/core/store.h states (ArtifactCache.path_for asks it)
+    handles/<handle>.json     what this machine knows about a handle's graph (input names,
+                              dtypes, shapes, strides), written when a client compiles it, so a
+                              handle alone can be run
 
 The artifact folder is kept by the native client core (``client/core/store.h``, through
 :mod:`kiln.core`), the very code the C++ client uses, so a machine running both keeps each
 artifact once under one set of rules: written to a temporary name and renamed into place (a
 reader never sees a partial artifact, several processes may fill the folder at once), hashed
-before its first use in a process, deleted when it does not match its name. Artifacts an older
-client left under ``cas/<xx>/<sha256>`` are moved into ``artifacts/`` the first time they are
-asked for. Handle manifests are this package's own.
+before its first use in a process, deleted when it does not match its name, and artifacts an
+older client left elsewhere adopted the first time they are asked for. Handle manifests are this
+package's own.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -95,9 +93,10 @@ class ArtifactCache:
         return self._store
 
     def path_for(self, digest: str) -> Path:
-        """Where an artifact lives (whether or not it is there)."""
+        """Where an artifact lives (whether or not it is there), as the core's store lays it out;
+        ValueError for a malformed digest. The file there is not verified: :meth:`get` is."""
         check_digest(digest)
-        return self.root / "artifacts" / digest[:2] / digest
+        return self.store.path_for(digest)
 
     def get(self, digest: str) -> Optional[Path]:
         """The path of a present, verified artifact, or None.
@@ -126,9 +125,8 @@ class ArtifactCache:
             raise
 
     def put_bytes(self, data: bytes) -> tuple[str, Path]:
-        """Stores bytes under their own digest; returns (digest, path)."""
-        digest = hashlib.sha256(data).hexdigest()
-        return digest, self.store.put(digest, data)
+        """Stores bytes under their own digest, computed by the store; returns (digest, path)."""
+        return self.store.add(data)
 
     # Handle manifests: small JSON notes about graphs compiled from this machine.
 

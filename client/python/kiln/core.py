@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence, Union
 from .errors import KilnError
 
 #: The C ABI version this module speaks (KILN_CORE_ABI_VERSION).
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 # enum kiln_core_error.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, DATA_LOSS, UNAVAILABLE, INTERNAL = range(7)
@@ -66,6 +66,11 @@ def _open(path: Path) -> ctypes.CDLL:
         lib = ctypes.CDLL(str(path))
     except OSError as e:
         raise KilnError(f"cannot load kiln's native core {path}: {e}") from e
+    # The version first: an older core lacks functions this module binds.
+    lib.kiln_core_abi_version.restype = ctypes.c_uint32
+    version = lib.kiln_core_abi_version()
+    if version != ABI_VERSION:
+        raise KilnError(f"kiln's native core {path} speaks ABI {version}; this package needs {ABI_VERSION}")
     vp, cp, sz, i64 = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int64
     p64 = ctypes.POINTER(i64)
     sigs: dict[str, tuple[list[Any], Any]] = {
@@ -75,8 +80,10 @@ def _open(path: Path) -> ctypes.CDLL:
         "kiln_store_open": ([cp], vp),
         "kiln_store_close": ([vp], None),
         "kiln_store_root": ([vp], cp),
+        "kiln_store_path_for": ([vp, cp, ctypes.c_char_p, sz], ctypes.c_int),
         "kiln_store_find": ([vp, cp, ctypes.c_char_p, sz], ctypes.c_int),
         "kiln_store_put": ([vp, cp, vp, sz, ctypes.c_char_p, sz], ctypes.c_int),
+        "kiln_store_add": ([vp, vp, sz, ctypes.c_char_p, ctypes.c_char_p, sz], ctypes.c_int),
         "kiln_store_counters": ([vp, p64, p64, p64], None),
         "kiln_sha256_hex": ([vp, sz, ctypes.c_char_p], None),
         "kiln_cpu_open": ([cp], vp),
@@ -105,9 +112,6 @@ def _open(path: Path) -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.argtypes = argtypes
         fn.restype = restype
-    version = lib.kiln_core_abi_version()
-    if version != ABI_VERSION:
-        raise KilnError(f"kiln's native core {path} speaks ABI {version}; this package needs {ABI_VERSION}")
     return lib
 
 
@@ -156,6 +160,14 @@ class Store:
         if handle:
             self._lib.kiln_store_close(handle)
 
+    def path_for(self, digest: str) -> Path:
+        """Where the store keeps ``digest`` (whether or not it is there; the layout is the
+        core's): CoreError INVALID_ARGUMENT for a malformed digest. Not verified: see find."""
+        out = ctypes.create_string_buffer(_PATH_MAX)
+        if self._lib.kiln_store_path_for(self._handle, digest.encode(), out, _PATH_MAX) < 0:
+            raise last_error()
+        return Path(out.value.decode())
+
     def find(self, digest: str) -> Optional[Path]:
         """The path of a verified artifact, or None (a corrupt file is deleted and absent)."""
         out = ctypes.create_string_buffer(_PATH_MAX)
@@ -174,6 +186,17 @@ class Store:
         if rc < 0:
             raise last_error()
         return Path(out.value.decode())
+
+    def add(self, data: Union[bytes, bytearray, memoryview]) -> tuple[str, Path]:
+        """Stores ``data`` under its SHA-256, which the core computes (once); returns (digest,
+        path)."""
+        ptr, n, _keep = _bytes_pointer(data)
+        digest = ctypes.create_string_buffer(65)
+        out = ctypes.create_string_buffer(_PATH_MAX)
+        rc = self._lib.kiln_store_add(self._handle, ctypes.cast(ptr, ctypes.c_void_p), n, digest, out, _PATH_MAX)
+        if rc < 0:
+            raise last_error()
+        return digest.value.decode(), Path(out.value.decode())
 
     def counters(self) -> dict[str, int]:
         """hits, corruptions and puts since this store was opened."""

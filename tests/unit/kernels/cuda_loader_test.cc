@@ -7,7 +7,12 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <iterator>
+#include <thread>
+#include <vector>
 
 #include "client/core/kiln_core.h"
 #include "tests/unit/kernels/cuda_test_util.h"
@@ -292,6 +297,103 @@ TEST_F(FakeDriver, CApiRunsASymbolicPlanAtEverySize) {
   EXPECT_NE(std::string(kiln_core_last_error()).find("32-bit"), std::string::npos)
       << kiln_core_last_error();
   kiln_cuda_free(m);
+}
+
+// A dry run of the fake driver for the test's length: launches are checked (one with more
+// dynamic shared memory than its function's limit is refused, as by the driver) and recorded,
+// and nothing runs.
+class DryRun {
+ public:
+  explicit DryRun(void* driver)
+      : set_(reinterpret_cast<void (*)(int)>(dlsym(driver, "fake_cuda_dry_run"))),
+        try_count_(reinterpret_cast<int (*)()>(dlsym(driver, "fake_cuda_shared_limit_try_count"))),
+        try_(reinterpret_cast<int (*)(int)>(dlsym(driver, "fake_cuda_shared_limit_try"))),
+        over_(reinterpret_cast<int (*)()>(dlsym(driver, "fake_cuda_over_limit_launches"))) {
+    set_(1);
+  }
+  ~DryRun() { set_(0); }
+  // Every value cuFuncSetAttribute was asked to set the limit to, in order.
+  std::vector<int> LimitTries() const {
+    std::vector<int> out;
+    for (int i = 0; i < try_count_(); ++i) out.push_back(try_(i));
+    return out;
+  }
+  int OverLimitLaunches() const { return over_(); }
+
+ private:
+  void (*set_)(int);
+  int (*try_count_)();
+  int (*try_)(int);
+  int (*over_)();
+};
+
+constexpr char kRawCubin[] =
+    "\x7f"
+    "ELF: a raw kernel's image";
+constexpr unsigned kGrid[3] = {4, 1, 1}, kBlock[3] = {128, 1, 1};
+
+// A raw kernel's limit on dynamic shared memory is raised when a launch needs more than any
+// before it, and only then: not on every launch, and never lowered.
+TEST_F(FakeDriver, RawKernelRaisesItsSharedMemoryLimitOnlyForANewMaximum) {
+  DryRun dry(driver_);
+  std::string error;
+  auto f = core::CudaFunction::Load(0, kRawCubin, "raw", &error);
+  ASSERT_NE(f, nullptr) << error;
+  for (unsigned kib : {0, 1, 48, 64, 64, 96, 32, 96, 80, 0, 96}) {
+    EXPECT_TRUE(f->Launch(kGrid, kBlock, kib * 1024, nullptr, nullptr, &error))
+        << kib << ": " << error;
+  }
+  EXPECT_EQ(dry.LimitTries(), (std::vector<int>{64 * 1024, 96 * 1024}));
+  EXPECT_EQ(launch_count_(), 11);
+  // More than the device has: the driver refuses the limit, the launch fails saying why, and the
+  // limit stays as it was, so a later launch asking as much asks the driver again.
+  EXPECT_FALSE(f->Launch(kGrid, kBlock, 300 * 1024, nullptr, nullptr, &error));
+  EXPECT_NE(error.find("shared memory limit"), std::string::npos) << error;
+  EXPECT_TRUE(f->Launch(kGrid, kBlock, 96 * 1024, nullptr, nullptr, &error)) << error;
+  EXPECT_FALSE(f->Launch(kGrid, kBlock, 300 * 1024, nullptr, nullptr, &error));
+  EXPECT_TRUE(f->Launch(kGrid, kBlock, 128 * 1024, nullptr, nullptr, &error)) << error;
+  EXPECT_EQ(dry.LimitTries(),
+            (std::vector<int>{64 * 1024, 96 * 1024, 300 * 1024, 300 * 1024, 128 * 1024}));
+  EXPECT_EQ(dry.OverLimitLaunches(), 0);
+  // Another function of the same image starts from the driver's default.
+  auto g = core::CudaFunction::Load(0, kRawCubin, "raw", &error);
+  ASSERT_NE(g, nullptr) << error;
+  EXPECT_TRUE(g->Launch(kGrid, kBlock, 64 * 1024, nullptr, nullptr, &error)) << error;
+  EXPECT_EQ(dry.LimitTries().back(), 64 * 1024);
+}
+
+// Launches from many threads, each needing its own amount of shared memory: none finds the
+// limit below what it needs (two raising it at once must not leave the lower setting last), and
+// the limit is only ever raised.
+TEST_F(FakeDriver, RawKernelLaunchesFromManyThreadsFindTheLimitRaised) {
+  DryRun dry(driver_);
+  std::string error;
+  auto f = core::CudaFunction::Load(0, kRawCubin, "raw", &error);
+  ASSERT_NE(f, nullptr) << error;
+  constexpr int kThreads = 8, kLaunches = 400;
+  const unsigned kib[] = {0, 50, 64, 100, 72, 160, 96, 128, 200};
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::string e;
+      for (int i = 0; i < kLaunches; ++i) {
+        const unsigned bytes = kib[(t + i) % std::size(kib)] * 1024;
+        if (!f->Launch(kGrid, kBlock, bytes, nullptr, nullptr, &e)) failed.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(dry.OverLimitLaunches(), 0);
+  EXPECT_EQ(launch_count_(), kThreads * kLaunches);
+  const std::vector<int> tries = dry.LimitTries();
+  ASSERT_FALSE(tries.empty());
+  EXPECT_TRUE(std::is_sorted(tries.begin(), tries.end()) &&
+              std::adjacent_find(tries.begin(), tries.end()) == tries.end())
+      << "the limit was set to a value no higher than before";
+  EXPECT_EQ(tries.back(), 200 * 1024);
+  EXPECT_LE(tries.size(), 8u);  // each of 50, 64, 72, 96, 100, 128, 160, 200 KiB once at most
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
-// The action key: stable across how a graph was built, different for any semantic change.
+// The action key: stable across how a graph was built, different for any semantic change; and
+// the SHA-256 digests that name it and every artifact.
 #include "kernels/key/key.h"
 
 #include "gtest/gtest.h"
 #include "kernels/ir/op_registry.h"
+#include "kernels/key/digest.h"
 #include "tests/unit/kernels/test_util.h"
 
 namespace kiln {
@@ -89,6 +91,29 @@ TEST(Key, DebugStringIsLabelled) {
                             "options:", "toolchain: toolchain-1", "digest:"})
     EXPECT_NE(s.find(label), std::string::npos) << label << "\n" << s;
   EXPECT_EQ(k.digest.size(), 64u);
+}
+
+// sha256.h is the one SHA-256 of kiln, the client core's too (tests/python/test_core.py checks
+// the core's export against hashlib).
+TEST(Digest, Sha256MatchesTheStandardVectors) {
+  EXPECT_EQ(key::Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(key::Sha256Hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string raw = key::Sha256Raw("abc");
+  EXPECT_EQ(raw.size(), key::kDigestBytes);
+  EXPECT_EQ(key::DigestToHex(raw), key::Sha256Hex("abc"));
+  auto back = key::DigestFromHex(key::Sha256Hex("abc"));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, raw);
+}
+
+TEST(Digest, IsDigestTakesOnly64LowercaseHexDigits) {
+  EXPECT_TRUE(key::IsDigest(key::Sha256Hex("x")));
+  EXPECT_FALSE(key::IsDigest(""));
+  EXPECT_FALSE(key::IsDigest(std::string(63, 'a')));
+  EXPECT_FALSE(key::IsDigest(std::string(64, 'A')));
+  EXPECT_FALSE(key::IsDigest(std::string(62, 'a') + "/."));
+  EXPECT_FALSE(key::DigestFromHex("../../etc/passwd").ok());
 }
 
 }  // namespace
