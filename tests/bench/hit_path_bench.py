@@ -6,11 +6,15 @@ the client verifying them), compiles a few small graphs once, and times, with 1 
 - ``redis-benchmark -t get -c 1`` and a GET from Python over a raw socket (the language's floor);
 - a gRPC health check (the floor of any kilnd call from Python);
 - ``Client.compile`` of a request this client answered before (answered in the process);
-- ``Client.compile`` asked by request key (the client's memory of results cleared each time, as
-  for each graph a fresh process meets): one small Lookup answered from kilnd's memory;
+- ``Client.compile`` of a request this machine asked before (the client's memory of results
+  cleared each time, as for each graph a fresh process meets): kilnd's answer read back from
+  the local folder, kilnd not asked;
+- ``Client.compile`` asked by request key (memory cleared, this machine's answers off): one
+  small Lookup answered from kilnd's memory;
 - the whole request (``Compile`` with the graph), as clients sent it before request keys;
 
-and with 16 client processes, hits per second against ``redis-benchmark -t get -c 16``. The
+and with 16 client processes, hits per second (by key, and from this machine's answers) against
+``redis-benchmark -t get -c 16``. The
 C++ client's figures for the same kilnd come from ``hit_bench`` (built with the project) when
 it is there: one C++ process with 1 and 16 connections, the whole request and by key.
 
@@ -25,6 +29,7 @@ import argparse
 import csv
 import io
 import multiprocessing
+import os
 import shutil
 import socket
 import statistics
@@ -143,7 +148,7 @@ def by_key_worker(address: str, opts: dict[str, Any], seconds: float, start: Any
         n = 0
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
-            c._known.clear()  # ask kilnd by key every time
+            c._known.clear()  # ask kilnd by key (or this machine's answers) every time
             r = c.compile(gs[n % GRAPHS], "cpu")
             assert r.cache_hit
             n += 1
@@ -151,6 +156,7 @@ def by_key_worker(address: str, opts: dict[str, Any], seconds: float, start: Any
 
 
 def hits_per_second(address: str, opts: dict[str, Any], procs: int, seconds: float) -> float:
+    """Hits per second of ``procs`` client processes; ``opts["answer_ttl"]`` 0: asked of kilnd."""
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
     ps = [ctx.Process(target=by_key_worker, args=(address, opts, seconds, start, out)) for _ in range(procs)]
@@ -177,6 +183,14 @@ def one_client_rows(c: kiln.Client, seconds: float) -> dict[str, float]:
 
     def by_key(i: int) -> None:
         c._known.clear()
+        c.answer_ttl = 0.0  # kilnd asked, not this machine's answers
+        try:
+            assert c.compile(gs[i % GRAPHS], "cpu").cache_hit
+        finally:
+            c.answer_ttl = ttl
+
+    def machine(i: int) -> None:
+        c._known.clear()
         assert c.compile(gs[i % GRAPHS], "cpu").cache_hit
 
     def whole(i: int) -> None:  # the client before request keys: Compile, result, manifest
@@ -185,11 +199,14 @@ def one_client_rows(c: kiln.Client, seconds: float) -> dict[str, float]:
         compiled._save_manifest()
         assert compiled.cache_hit
 
-    before = c.key_hits
+    ttl = c.answer_ttl
+    before, answers = c.key_hits, c.machine_hits
     rows.update(p50_interleaved({"hit: the whole request (graph sent)": whole,
                                  "hit: by request key (kilnd's memory)": by_key,
+                                 "hit: this machine's answer (local folder)": machine,
                                  "hit: known to this client": known}, seconds))
     assert c.key_hits > before, "no lookup by key was answered"
+    assert c.machine_hits > answers, "no answer of this machine's was used"
 
     big = big_graph()
     c.compile(big, "cpu")
@@ -203,7 +220,11 @@ def one_client_rows(c: kiln.Client, seconds: float) -> dict[str, float]:
 
     def big_by_key(i: int) -> None:
         c._known.clear()
-        assert c.compile(big, "cpu").cache_hit
+        c.answer_ttl = 0.0
+        try:
+            assert c.compile(big, "cpu").cache_hit
+        finally:
+            c.answer_ttl = ttl
 
     n = len(big.nodes)
     rows.update(p50_interleaved({f"{n}-node graph: the whole request": big_whole,
@@ -221,6 +242,7 @@ def main() -> int:
         print("needs kilnd (deploy/build.sh) and redis-benchmark (redis-tools)", file=sys.stderr)
         return 1
     with tempfile.TemporaryDirectory() as tmp, redis_server() as redis_url:
+        os.environ["KILN_CACHE_DIR"] = str(Path(tmp) / "local")  # this run's clients' folder, workers' too
         port = int(redis_url.rsplit(":", 1)[1])
         subprocess.run(["redis-cli", "-p", str(port), "SET", "key", "x" * 64], check=True, capture_output=True)
         r1 = redis_benchmark(port, 1, 100_000)
@@ -240,12 +262,15 @@ def main() -> int:
                                         probe_options=pki.client_options(mtls=False) if server_args else None) as d:
                 with client_for(d.address, opts) as c:
                     rows = one_client_rows(c, args.seconds)
-                rate = hits_per_second(d.address, opts, args.procs, args.seconds)
+                rate = hits_per_second(d.address, {**opts, "answer_ttl": 0}, args.procs, args.seconds)
+                machine_rate = hits_per_second(d.address, opts, args.procs, args.seconds)
                 cxx = [] if server_args else cxx_rows(d.address, args.seconds)
             print(f"\nkilnd {name}, Python client:")
             for row, ms in rows.items():
                 print(f"  {row:40s} p50 {ms:.3f} ms  ({ms / r1[0]:.1f}x redis-benchmark, {ms / raw:.1f}x Python GET)")
             print(f"  {args.procs} processes, by request key: {rate:.0f} hits/s ({rate / r16[1]:.0%} of redis-benchmark's GETs/s)")
+            print(f"  {args.procs} processes, this machine's answers: {machine_rate:.0f} hits/s "
+                  f"({machine_rate / r16[1]:.0%} of redis-benchmark's GETs/s)")
             if cxx:
                 print("C++ (hit_bench), columns: clients requests p50 p99 mean hits/s errors:")
                 for line in cxx:

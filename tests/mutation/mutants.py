@@ -320,6 +320,22 @@ MUTANTS: list[Mutant] = [
         tests=_daemon("tests/python/test_torch_backend.py -k test_average_pooling_runs_in_kiln"),
     ),
     Mutant(
+        name="machine-answer-private-file-not-required",
+        what="an answer read back from a file other users could write is used without verifying its signature",
+        file="client/python/kiln/cache.py",
+        find="        private = st.st_uid == os.getuid() and not st.st_mode & 0o022",
+        replace="        private = True",
+        tests=_daemon("tests/python/test_trust.py -k this_machines_answers"),
+    ),
+    Mutant(
+        name="machine-answer-age-ignored",
+        what="an answer kilnd gave this machine is used again however long ago kilnd gave it",
+        file="client/python/kiln/cache.py",
+        find="                if time.time() - st.st_mtime > max_age_s:",
+        replace="                if False:",
+        tests=_daemon("tests/python/test_request_keys.py -k past_their_ttl"),
+    ),
+    Mutant(
         name="layout-view-copy-skipped",
         what="the channels-last pass gives up on a graph with a view its new layout cannot express instead of copying the view's operand",
         file="client/python/kiln/torch/passes/channels_last.py",

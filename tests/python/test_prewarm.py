@@ -97,7 +97,8 @@ SECOND_PROCESS = textwrap.dedent(
         ok = True
     except AssertionError:
         ok = False
-    print(json.dumps({"cache_hit": c.cache_hit, "handle": c.handle, "ms": ms, "ok": ok}))
+    print(json.dumps({"cache_hit": c.cache_hit, "handle": c.handle, "ms": ms, "ok": ok,
+                      "machine_hits": c.client.machine_hits}))
     """
 )
 
@@ -107,15 +108,24 @@ def test_second_process_compiles_nothing(client, subprocess_env, rng):
     first = kiln.jit(kmeans, client=client)
     first(X, means)
     handle = first.compiled_for(X, means).handle
-    before = client.stats()
     env = dict(subprocess_env, PYTHONPATH=f"{TESTS_DIR}:{subprocess_env['PYTHONPATH']}")
-    p = subprocess.run([sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
-    r = json.loads(p.stdout.strip().splitlines()[-1])
-    assert r["cache_hit"] and r["handle"] == handle and r["ok"]
+
+    def second(**extra: str) -> dict:
+        p = subprocess.run([sys.executable, "-c", SECOND_PROCESS], env=dict(env, **extra), capture_output=True,
+                           text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        assert r["cache_hit"] and r["handle"] == handle and r["ok"], r
+        return r
+
+    # Answered by kilnd's cache (this machine's answers off), then by this machine's answers.
+    before = client.stats()
+    assert second(KILN_ANSWER_TTL="0")["machine_hits"] == 0
     after = client.stats()
     assert after.compiles == before.compiles
     assert after.cache_hits > before.cache_hits
+    assert second()["machine_hits"] == 1
+    assert client.stats().requests == after.requests, "kilnd was asked"
 
 
 def _serve(env: dict[str, str], cache: Path, kind: str) -> dict:

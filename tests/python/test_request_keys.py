@@ -6,10 +6,17 @@ Against the real kilnd: the keys agree for random graphs of every op and dtype, 
 strided inputs and other options; a fresh client gets each result by key (and the right one:
 its kernel is run against NumPy); a kilnd that has not seen the request (restarted) is sent
 the whole request; a malformed or unknown key is refused naming the rule; a client answers
-from memory with kilnd gone.
+from memory with kilnd gone. Answers kilnd gave this machine are used again by a fresh client
+from the local folder (no request to kilnd, kilnd gone too) within their TTL, asked again past
+it, dropped when damaged, and verified again when their file is not private; an answer signed
+by a key no longer trusted is not used.
 """
 
 from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -59,7 +66,7 @@ def test_a_fresh_client_gets_each_result_by_key(server, rng):
     with kiln.Client(server) as first:
         handles = {c: first.compile(g, "cpu").handle for c, g in graphs.items()}
     x = rng.standard_normal(256).astype(np.float32)
-    with kiln.Client(server) as fresh:
+    with kiln.Client(server, answer_ttl=0) as fresh:  # kilnd asked, not this machine's answers
         for c, g in graphs.items():
             compiled = fresh.compile(g, "cpu")
             assert compiled.cache_hit and compiled.handle == handles[c]
@@ -77,16 +84,16 @@ def test_a_kilnd_that_has_not_seen_the_request_is_sent_the_graph(tmp_path):
     graph = _scaled_exp(4.5)
     cache = tmp_path / "cache"
     with kiln.local.LocalDaemon(binary, tmp_path / "one", cache_dir=cache) as d:
-        with kiln.Client(d.address) as c:
+        with kiln.Client(d.address, answer_ttl=0) as c:
             handle = c.compile(graph, "cpu").handle
             assert c.key_hits == 0
     with kiln.local.LocalDaemon(binary, tmp_path / "two", cache_dir=cache) as d:  # memory empty
-        with kiln.Client(d.address) as c:
+        with kiln.Client(d.address, answer_ttl=0) as c:
             compiled = c.compile(graph, "cpu")
             assert compiled.cache_hit and compiled.handle == handle, "from the store, by the whole request"
             assert c.key_hits == 0
             assert c.stats().compiles == 0
-        with kiln.Client(d.address) as c:
+        with kiln.Client(d.address, answer_ttl=0) as c:
             assert c.compile(graph, "cpu").cache_hit and c.key_hits == 1, "now kilnd knows the key"
 
 
@@ -117,3 +124,62 @@ def test_a_client_answers_what_it_answered_before_without_kilnd(tmp_path, rng):
     with pytest.raises(kiln.errors.RpcError):  # anything new needs kilnd
         c.compile(_scaled_exp(0.25), "cpu")
     c.close()
+
+
+def _answer_file(client: kiln.Client, graph) -> Path:
+    return Path(client.cache._answer_path(client._answer_name(_key_of(client, graph))))
+
+
+def test_a_fresh_client_gets_this_machines_answers_without_asking_kilnd(tmp_path, rng):
+    binary = find_kilnd()
+    if binary is None:
+        no_kilnd()
+    graphs = {c: _scaled_exp(c) for c in (1.25, -2.0)}
+    x = rng.standard_normal(256).astype(np.float32)
+    with kiln.local.LocalDaemon(binary, tmp_path / "d") as d:
+        with kiln.Client(d.address) as first:
+            handles = {c: first.compile(g, "cpu").handle for c, g in graphs.items()}
+            assert first.machine_hits == 0
+            asked = first.stats().requests
+        with kiln.Client(d.address, max_attempts=1) as fresh:
+            for c, g in graphs.items():
+                compiled = fresh.compile(g, "cpu")
+                assert compiled.cache_hit and compiled.handle == handles[c]
+                np.testing.assert_allclose(compiled(x), np.exp(x) * np.float32(c), rtol=2e-6)
+            assert fresh.machine_hits == len(graphs) and fresh.key_hits == 0
+            assert fresh.stats().requests == asked, "kilnd was asked"
+        # Another daemon at another address: this machine's answers are per address.
+        with kiln.local.LocalDaemon(binary, tmp_path / "e") as other, kiln.Client(other.address) as c:
+            c.compile(graphs[1.25], "cpu")
+            assert c.machine_hits == 0
+        address = d.address
+    # kilnd gone: a fresh process still runs what this machine compiled.
+    with kiln.Client(address, max_attempts=1, timeout=2.0) as offline:
+        np.testing.assert_allclose(offline.compile(graphs[-2.0], "cpu")(x), np.exp(x) * np.float32(-2.0), rtol=2e-6)
+        assert offline.machine_hits == 1
+        with pytest.raises(kiln.errors.RpcError):  # anything new needs kilnd
+            offline.compile(_scaled_exp(0.125), "cpu")
+
+
+def test_answers_past_their_ttl_or_damaged_are_asked_of_kilnd_again(server):
+    graph = _scaled_exp(6.5)
+    with kiln.Client(server) as first:
+        handle = first.compile(graph, "cpu").handle
+        path = _answer_file(first, graph)
+    assert path.is_file()
+    stale = time.time() - 120
+    os.utime(path, (stale, stale))
+    with kiln.Client(server, answer_ttl=60) as c:
+        assert c.compile(graph, "cpu").handle == handle
+        assert (c.machine_hits, c.key_hits) == (0, 1), "a stale answer was used"
+    assert path.stat().st_mtime > stale + 60, "kilnd's fresh answer was not written back"
+    with kiln.Client(server, answer_ttl=60) as c:
+        assert c.compile(graph, "cpu").handle == handle and c.machine_hits == 1
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x40
+    path.write_bytes(bytes(data))
+    with kiln.Client(server) as c:
+        assert c.compile(graph, "cpu").handle == handle
+        assert (c.machine_hits, c.key_hits) == (0, 1), "a damaged answer was used"
+    with kiln.Client(server) as c:
+        assert c.compile(graph, "cpu").handle == handle and c.machine_hits == 1, "not written again"

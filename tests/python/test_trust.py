@@ -23,6 +23,7 @@ import pytest
 
 import kiln
 from kiln import loader
+from kiln.connection import request_key
 from kiln.errors import VerificationError
 from kiln.v1 import service_pb2
 from conftest import find_kilnd, no_kilnd
@@ -692,3 +693,36 @@ def test_model_records_are_signed_and_need_their_roles(secure, pki, tmp_path):
     with client(secure, pki, "compiler", trusted_keys=[pki.other_signing[1]]) as untrusting:
         with pytest.raises(VerificationError, match="not trusted"):
             untrusting.get_model(key, fmt)
+
+
+def test_this_machines_answers_are_trusted_only_as_far_as_their_file_and_key(secure, pki, tmp_path, rng):
+    """Answers kilnd gave this machine (kiln.Client's answer tier): a forged one in a file
+    others may write is verified like an answer from kilnd, refused and forgotten; one signed
+    by a key the client no longer trusts is not used at all."""
+    g, x = graph(2.75), rng.standard_normal(16).astype(np.float32)
+    with client(secure, pki, "compiler", cache_dir=tmp_path) as c:
+        handle = c.compile(g, "cpu", FAST).handle
+        req = c._request(g, "cpu", FAST)
+        name = c._answer_name(request_key(req.graph, req.target, req.options))
+        path = Path(c.cache._answer_path(name))
+        body, private = c.cache.load_answer(name, 60)
+    assert private, oct(path.stat().st_mode)
+    resp = service_pb2.CompileResponse.FromString(body)
+    with client(secure, pki, "compiler", cache_dir=tmp_path) as c:
+        assert c.compile(g, "cpu", FAST).handle == handle and c.machine_hits == 1
+    for what, forged in _mutations(resp).items():
+        if what == "handle":
+            continue  # another handle is another answer, not a forgery of this one
+        c.cache.save_answer(name, forged.SerializeToString())
+        path.chmod(0o666)  # a file another user could have written
+        with client(secure, pki, "compiler", cache_dir=tmp_path) as c:
+            compiled = c.compile(g, "cpu", FAST)
+            assert compiled.handle == handle and (c.machine_hits, c.key_hits) == (0, 1), what
+            np.testing.assert_allclose(compiled(x), expected(x, 2.75), rtol=1e-5)
+        assert path.stat().st_mode & 0o777 == 0o644, f"{what}: kilnd's answer was not written back"
+    # The signing key is no longer trusted: the answer is not used, and kilnd's is refused.
+    with client(secure, pki, "compiler", cache_dir=tmp_path, trusted_keys=[pki.other_signing[1]]) as c:
+        with pytest.raises(VerificationError, match="not trusted"):
+            c.compile(g, "cpu", FAST)
+        assert c.machine_hits == 0
+    assert not path.exists(), "the revoked answer was kept"

@@ -7,6 +7,8 @@ Under the root (``$KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln``, else ``~/.ca
     handles/<handle>.json     what this machine knows about a handle's graph (input names,
                               dtypes, shapes, strides), written when a client compiles it, so a
                               handle alone can be run
+    answers/<xx>/<name>       kilnd's answers to requests made from this machine, by request
+                              key and daemon address (:meth:`ArtifactCache.load_answer`)
 
 The artifact folder is kept by the native client core (``client/core/store.h``, through
 :mod:`kiln.core`), the very code the C++ client uses, so a machine running both keeps each
@@ -14,16 +16,21 @@ artifact once under one set of rules: written to a temporary name and renamed in
 reader never sees a partial artifact, several processes may fill the folder at once), hashed
 before its first use in a process, deleted when it does not match its name, and artifacts an
 older client left elsewhere adopted the first time they are asked for. Handle manifests are this
-package's own.
+package's own, and so are answers: a magic line, the SHA-256 of the serialized
+``CompileResponse`` and the response, written atomically; the file's modification time is when
+kilnd last gave it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
@@ -82,6 +89,7 @@ class ArtifactCache:
         self._store: Optional[core.Store] = None
         self._lock = threading.Lock()
         self._manifests: set[str] = set()  # handles whose manifest this process saw saved
+        self._answers = str(self.root / "answers")
 
     @property
     def store(self) -> core.Store:
@@ -149,9 +157,54 @@ class ArtifactCache:
         except (OSError, ValueError):
             pass
 
+    def manifest_saved(self, handle: str) -> bool:
+        """Whether this process saw ``handle``'s manifest saved (save_manifest would do nothing)."""
+        return handle in self._manifests
+
     def load_manifest(self, handle: str) -> Optional[dict[str, Any]]:
         """The manifest saved for ``handle``, or None."""
         try:
             return json.loads(self._manifest_path(handle).read_text())
         except (OSError, ValueError):
             return None
+
+    # Answers: kilnd's responses to requests made from this machine (Client's answer tier).
+
+    _ANSWER_MAGIC = b"kiln-answer-v1\n"
+
+    def _answer_path(self, name: str) -> str:
+        # A string, not a Path: this is on a hit path measured in microseconds.
+        check_digest(name)
+        return os.path.join(self._answers, name[:2], name)
+
+    def load_answer(self, name: str, max_age_s: float) -> Optional[tuple[bytes, bool]]:
+        """The response stored under ``name`` (64 hex digits) when it is there, intact, and
+        given by kilnd at most ``max_age_s`` seconds ago, with whether the file is private to
+        this user (owned by it, writable by no one else); None otherwise. A damaged file is
+        removed."""
+        path = self._answer_path(name)
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if time.time() - st.st_mtime > max_age_s:
+                    return None
+                data = f.read()
+        except OSError:
+            return None
+        head = len(self._ANSWER_MAGIC)
+        body = data[head + 32:]
+        if data[:head] != self._ANSWER_MAGIC or hashlib.sha256(body).digest() != data[head:head + 32]:
+            _unlink_quietly(path)
+            return None
+        private = st.st_uid == os.getuid() and not st.st_mode & 0o022
+        return body, private
+
+    def save_answer(self, name: str, response: bytes) -> None:
+        """Stores a response kilnd gave under ``name`` (best effort: errors are ignored)."""
+        with contextlib.suppress(OSError, ValueError):
+            atomic_write(Path(self._answer_path(name)),
+                         self._ANSWER_MAGIC + hashlib.sha256(response).digest() + response)
+
+    def drop_answer(self, name: str) -> None:
+        """Forgets the answer stored under ``name``."""
+        _unlink_quietly(self._answer_path(name))

@@ -20,6 +20,8 @@ digest right before they are loaded.
 from __future__ import annotations
 
 import copy
+import hashlib
+import os
 import threading
 from collections import OrderedDict
 from typing import Any, Optional, Sequence, Union
@@ -29,7 +31,7 @@ import numpy as np
 from . import cuda
 from . import dtypes as dt
 from .connection import DEFAULT_ADDRESS, Connection, TargetLike, make_options, request_key
-from .errors import ArtifactError, CompileError, KilnError, NotFoundError
+from .errors import ArtifactError, CompileError, KilnError, NotFoundError, VerificationError
 from .loader import CpuKernel, aligned_empty, default_num_threads, load_cpu_kernel
 from .plan import eval_size, size_name
 from .target import Target, host_isa, host_runs
@@ -37,6 +39,8 @@ from .v1 import service_pb2
 
 # Results one client keeps for requests it already answered (each is a few KB of metadata).
 _KNOWN_RESULTS = 4096
+# How long an answer kilnd gave this machine is used again without asking kilnd (seconds).
+DEFAULT_ANSWER_TTL = 300.0
 
 
 class Client(Connection):
@@ -46,17 +50,30 @@ class Client(Connection):
     ``address`` defaults to ``$KILN_SERVER``, then ``localhost:50051``; ``cache_dir`` to
     ``$KILN_CACHE_DIR``, then ``~/.cache/kiln``. Thread-safe; close it (or use ``with``) to
     free the channel.
+
+    ``answer_ttl`` (default ``$KILN_ANSWER_TTL``, else 300 seconds; 0 turns it off): how long
+    an answer kilnd gave any process of this machine is used again, from the local folder,
+    without asking kilnd. Answers are kept per daemon address and request key; a signed one is
+    used again only while its key is trusted. Past the TTL kilnd is asked again (by request
+    key), so a result kilnd no longer gives (a new compiler, a purged entry) stops being used
+    within that time.
     """
 
-    def __init__(self, address: Optional[str] = None, **kwargs: Any) -> None:
+    def __init__(self, address: Optional[str] = None, *, answer_ttl: Optional[float] = None,
+                 **kwargs: Any) -> None:
         super().__init__(address, **kwargs)
+        if answer_ttl is None:
+            answer_ttl = float(os.environ.get("KILN_ANSWER_TTL", DEFAULT_ANSWER_TTL))
+        self.answer_ttl = max(0.0, answer_ttl)
         # The hit path, fastest first: results this client already has, by request key (a
-        # result never changes under its key); then kilnd's memory, asked by request key
+        # result never changes under its key); then answers kilnd gave this machine, from the
+        # local folder (for answer_ttl seconds); then kilnd's memory, asked by request key
         # alone; then the whole request. Counted in local_hits and key_hits.
         self._known: OrderedDict[str, Compiled] = OrderedDict()
         self._known_lock = threading.Lock()
         self._by_key = True  # off after a kilnd that does not know lookups by key
         self.local_hits = 0
+        self.machine_hits = 0
         self.key_hits = 0
 
     def compile(self, graph: Any, target: TargetLike = "cpu", options: Any = None, *, timeout: Optional[float] = None) -> "Compiled":
@@ -73,7 +90,8 @@ class Client(Connection):
         """
         req = self._request(graph, target, options)
         key = request_key(req.graph, req.target, req.options)
-        compiled = self._known_result(key) or self._lookup_by_key(key, graph, timeout)
+        compiled = (self._known_result(key) or self._machine_answer(key, graph)
+                    or self._lookup_by_key(key, graph, timeout))
         if compiled is None:
             resp = self._call("Compile", req, timeout if timeout is not None else self.compile_timeout)
             compiled = self._remember(key, Compiled(self, resp, graph=graph))
@@ -86,7 +104,8 @@ class Client(Connection):
         """The cached result for ``graph`` on ``target``, or None when the daemon has none."""
         full = self._request(graph, target, options)
         key = request_key(full.graph, full.target, full.options)
-        compiled = self._known_result(key) or self._lookup_by_key(key, graph, timeout)
+        compiled = (self._known_result(key) or self._machine_answer(key, graph)
+                    or self._lookup_by_key(key, graph, timeout))
         if compiled is not None:
             return compiled
         req = service_pb2.LookupRequest()
@@ -108,6 +127,40 @@ class Client(Connection):
             self.local_hits += 1
         return known.again()
 
+    def _answer_name(self, key: str) -> str:
+        return hashlib.sha256(f"{self.address}\0{key}".encode()).hexdigest()
+
+    def _machine_answer(self, key: str, graph: Any) -> Optional["Compiled"]:
+        """The answer kilnd gave this machine for the request with ``key``, from the local
+        folder, when it is at most answer_ttl old; None otherwise. A private file (this user's,
+        writable by no one else) signed by a still-trusted key is not verified again; any other
+        goes through the trust policy like an answer from kilnd, and is forgotten if refused."""
+        if not self.answer_ttl:
+            return None
+        name = self._answer_name(key)
+        got = self.cache.load_answer(name, self.answer_ttl)
+        if got is None:
+            return None
+        body, private = got
+        resp = service_pb2.CompileResponse()
+        try:
+            resp.ParseFromString(body)
+        except Exception:  # protobuf's DecodeError: an intact file of another format
+            self.cache.drop_answer(name)
+            return None
+        if not resp.handle:
+            return None
+        resp.cache_hit = True
+        resp.server_ms = 0.0
+        try:
+            compiled = Compiled(self, resp, graph=graph, vouched=private and self.trust.vouched(resp.result))
+        except VerificationError:
+            self.cache.drop_answer(name)
+            return None
+        with self._known_lock:
+            self.machine_hits += 1
+        return self._remember(key, compiled, from_kilnd=False)
+
     def _lookup_by_key(self, key: str, graph: Any, timeout: Optional[float]) -> Optional["Compiled"]:
         """The daemon's cached result for the request with ``key``, asked by key alone; None
         when it has not seen the request (or the result is gone)."""
@@ -127,8 +180,10 @@ class Client(Connection):
             self.key_hits += 1
         return self._remember(key, Compiled(self, resp, graph=graph))
 
-    def _remember(self, key: str, compiled: "Compiled") -> "Compiled":
+    def _remember(self, key: str, compiled: "Compiled", from_kilnd: bool = True) -> "Compiled":
         compiled._save_manifest()
+        if from_kilnd and self.answer_ttl:
+            self.cache.save_answer(self._answer_name(key), compiled.response.SerializeToString())
         with self._known_lock:
             self._known[key] = compiled
             if len(self._known) > _KNOWN_RESULTS:
@@ -169,9 +224,11 @@ class Compiled:
     tensors, CuPy arrays...) for a CUDA target.
     """
 
-    def __init__(self, client: Client, response: Any, graph: Any = None) -> None:
+    def __init__(self, client: Client, response: Any, graph: Any = None, *, vouched: bool = False) -> None:
         # Before anything of the result is used: a refused result raises VerificationError.
-        client.trust.check(response.handle, response.result)
+        # ``vouched``: the client checked this very response before (Client._machine_answer).
+        if not vouched:
+            client.trust.check(response.handle, response.result)
         self.client = client
         self.response = response
         self.handle: str = response.handle
@@ -232,7 +289,7 @@ class Compiled:
         return [ins[i] for i in sorted(ins)], [outs[i] for i in sorted(outs)]
 
     def _save_manifest(self) -> None:
-        if _is_hex64(self.handle):
+        if _is_hex64(self.handle) and not self.client.cache.manifest_saved(self.handle):
             self.client.cache.save_manifest(self.handle, {
                 "inputs": [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape),
                             "strides": list(s.strides) if s.strides else None} for s in self.inputs],
@@ -384,7 +441,7 @@ class Compiled:
 
 
 def _is_hex64(s: str) -> bool:
-    return len(s) == 64 and all(c in "0123456789abcdef" for c in s)
+    return len(s) == 64 and not s.strip("0123456789abcdef")
 
 
 __all__ = ["Client", "Compiled", "TensorSpec", "make_options", "DEFAULT_ADDRESS"]

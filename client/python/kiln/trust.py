@@ -205,6 +205,16 @@ class TrustPolicy:
             if len(self._memo) > self.MEMO_ENTRIES:
                 self._memo.popitem(last=False)
 
+    def vouched(self, result: Any) -> bool:
+        """Whether ``result``, read back from where this client kept it after :meth:`check`
+        passed, may be used without verifying its signature again: when no key is trusted, or
+        when it is signed by a key that is still trusted (a key taken out of the trusted set
+        revokes what it signed). Says nothing about bytes from elsewhere."""
+        if not self._keys:
+            return True
+        sig = result.signature if result.HasField("signature") else None
+        return sig is not None and sig.algorithm == ALGORITHM and sig.key_id in self._keys
+
     def _verify(self, handle: str, result: Any) -> None:
         short = handle[:12]
         if not result.HasField("signature") or not result.signature.signature:
