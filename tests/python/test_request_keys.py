@@ -183,3 +183,12 @@ def test_answers_past_their_ttl_or_damaged_are_asked_of_kilnd_again(server):
         assert (c.machine_hits, c.key_hits) == (0, 1), "a damaged answer was used"
     with kiln.Client(server) as c:
         assert c.compile(graph, "cpu").handle == handle and c.machine_hits == 1, "not written again"
+
+
+def test_a_malformed_answer_ttl_is_refused_naming_the_variable(server, monkeypatch):
+    monkeypatch.setenv("KILN_ANSWER_TTL", "five minutes")
+    with pytest.raises(ValueError, match="KILN_ANSWER_TTL='five minutes': expected seconds"):
+        kiln.Client(server)
+    monkeypatch.setenv("KILN_ANSWER_TTL", "0")
+    with kiln.Client(server) as c:
+        assert c.answer_ttl == 0

@@ -63,12 +63,16 @@ class Client(Connection):
                  **kwargs: Any) -> None:
         super().__init__(address, **kwargs)
         if answer_ttl is None:
-            answer_ttl = float(os.environ.get("KILN_ANSWER_TTL", DEFAULT_ANSWER_TTL))
+            raw = os.environ.get("KILN_ANSWER_TTL", "")
+            try:
+                answer_ttl = float(raw) if raw.strip() else DEFAULT_ANSWER_TTL
+            except ValueError:
+                raise ValueError(f"KILN_ANSWER_TTL={raw!r}: expected seconds (0 turns the answer tier off)") from None
         self.answer_ttl = max(0.0, answer_ttl)
         # The hit path, fastest first: results this client already has, by request key (a
         # result never changes under its key); then answers kilnd gave this machine, from the
         # local folder (for answer_ttl seconds); then kilnd's memory, asked by request key
-        # alone; then the whole request. Counted in local_hits and key_hits.
+        # alone; then the whole request. Counted in local_hits, machine_hits and key_hits.
         self._known: OrderedDict[str, Compiled] = OrderedDict()
         self._known_lock = threading.Lock()
         self._by_key = True  # off after a kilnd that does not know lookups by key
