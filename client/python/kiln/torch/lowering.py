@@ -1147,12 +1147,19 @@ def _constant_pad_nd(ctx: LoweringContext, x: Value, pad: Sequence[int], value: 
             continue
         if ctx.out_symbolic:
             raise Unsupported("a widening pad of a tensor of symbolic sizes")
-
-        def fill(w: int) -> list[Value]:
-            return [ctx.b.full(out.shape[:d] + (w,) + out.shape[d + 1:], value, dt)] if w > 0 else []
-
-        out = ctx.b.concat(fill(lo) + [out] + fill(hi), axis=d)
+        out = _widen(ctx, out, d, lo, hi, value, dt)
     return out
+
+
+def _widen(ctx: LoweringContext, x: Value, axis: int, lo: int, hi: int, value: Any, dtype: str) -> Value:
+    """``x`` with ``lo`` elements of ``value`` before it and ``hi`` after it along ``axis``
+    (fills of static size concatenated; a width of 0 or less adds nothing)."""
+    def fill(w: int) -> list[Value]:
+        return [ctx.b.full(tuple(x.shape[:axis]) + (w,) + tuple(x.shape[axis + 1:]), value, dtype)] if w > 0 else []
+
+    if lo <= 0 and hi <= 0:
+        return x
+    return ctx.b.concat(fill(lo) + [x] + fill(hi), axis=axis)
 
 
 # ---------------------------------------------------------------------------------- reductions
@@ -1302,16 +1309,8 @@ def _avg_pool2d(ctx: LoweringContext, x: Value, kernel_size: Sequence[int], stri
     # window reaches.
     extra_h = max(0, (oh - 1) * sh + kh - H - ph)
     extra_w = max(0, (ow - 1) * sw + kw - W - pw)
-    padded = ctx.cast(x, acc)
-    for axis, lo, hi in ((x.ndim - 2, ph, extra_h), (x.ndim - 1, pw, extra_w)):
-        pieces = []
-        if lo:
-            pieces.append(ctx.b.full(tuple(lo if a == axis else d for a, d in enumerate(padded.shape)), 0.0, acc))
-        pieces.append(padded)
-        if hi:
-            pieces.append(ctx.b.full(tuple(hi if a == axis else d for a, d in enumerate(padded.shape)), 0.0, acc))
-        if len(pieces) > 1:
-            padded = ctx.b.concat(pieces, axis)
+    padded = _widen(ctx, ctx.cast(x, acc), x.ndim - 2, ph, extra_h, 0.0, acc)
+    padded = _widen(ctx, padded, x.ndim - 1, pw, extra_w, 0.0, acc)
     total: Optional[Value] = None
     for i in range(kh):
         for j in range(kw):
