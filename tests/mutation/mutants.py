@@ -320,6 +320,22 @@ MUTANTS: list[Mutant] = [
         tests=_daemon("tests/python/test_torch_backend.py -k test_average_pooling_runs_in_kiln"),
     ),
     Mutant(
+        name="symbolic-relayout-left-to-torch",
+        what="a clone of a tensor with symbolic sizes into another layout (attention's head split and merge) is not taken as a copy worth a kiln part",
+        file="client/python/kiln/torch/partition.py",
+        find="    if not (L.is_static_tensor(src) or L.is_symbolic_tensor(src)):",
+        replace="    if not L.is_static_tensor(src):",
+        tests=_daemon("tests/python/test_torch_backend.py -k test_dynamic_attention_head_copies_run_in_kiln"),
+    ),
+    Mutant(
+        name="sunk-bias-in-wrong-shape",
+        what="a bias add moved below a reshape to heads views the bias with the heads and their width swapped",
+        file="client/python/kiln/torch/passes/unfuse_addmm_epilogues.py",
+        find="    return tuple(trailing) if have == want and trailing else None",
+        replace="    return tuple(reversed(trailing)) if have == want and trailing else None",
+        tests=_daemon("tests/python/test_torch_backend.py -k test_dynamic_attention_head_copies_run_in_kiln"),
+    ),
+    Mutant(
         name="machine-answer-private-file-not-required",
         what="an answer read back from a file other users could write is used without verifying its signature",
         file="client/python/kiln/cache.py",

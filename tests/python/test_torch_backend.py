@@ -1349,6 +1349,42 @@ def test_dynamic_linear_bias_and_views_stay_in_kiln(client) -> None:
     assert any("view.default" in p["ops"] for p in parts), parts
 
 
+def test_dynamic_attention_head_copies_run_in_kiln(client) -> None:
+    """Attention written out, as torch decomposes it on CUDA at a symbolic length: the values
+    split into heads (a permuted view made contiguous before their product) and the heads
+    merged back (the product's permute made contiguous before the output projection). Those
+    copies are kiln parts with symbolic sizes, as at a static length, and not torch's strided
+    copies; one compile serves every length, results match eager. The value projection's bias
+    joins the copy's part (the product is a plain matrix product: cuBLAS's bias epilogue picks
+    slower kernels for these shapes), added after the reshape to heads that kiln cannot take at
+    a symbolic length, as a bias viewed [heads, head width]."""
+    torch.manual_seed(7)
+    heads, width = 4, 128  # copies of 64k elements and more are worth a part (REAL_COPY_ELEMENTS)
+    head = width // heads
+    proj = torch.nn.Linear(width, width)
+
+    def f(x: torch.Tensor, p: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        b, t = x.shape[0], x.shape[1]
+        # -1 as in Hugging Face's attention: a reshape kiln cannot take at a symbolic length
+        vh = proj(x).view(b, t, -1, head).permute(0, 2, 1, 3).expand(b, heads, t, head)
+        vh = vh.contiguous().view(b * heads, t, head)
+        o = torch.bmm(p, vh).view(b, heads, t, head).permute(0, 2, 1, 3).contiguous()
+        return o.view(b * t, width) @ w
+
+    cf = compiled(f, client)  # automatic dynamic: static, then symbolic in the length alone
+    for t in (80, 67, 96):
+        x, p, w = torch.randn(8, t, width), torch.randn(8 * heads, t, t), torch.randn(width, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(cf(x, p, w), f(x, p, w), rtol=1e-4, atol=1e-4)
+    s = kt.stats()
+    assert s["failed"] == 0 and s["eager_calls"] == 0, kt.last_graphs()
+    static, symbolic = kt.last_graphs()
+    for graph in (static, symbolic):
+        copies = [p for p in graph["parts"] if p["kiln"] and "clone.default" in p["ops"]]
+        assert len(copies) == 2, graph["parts"]
+        assert any({"expand.default", "add.Tensor"} <= set(p["ops"]) for p in copies), graph["parts"]
+
+
 def test_dynamic_part_reads_a_transposed_static_argument(client) -> None:
     """A part with symbolic sizes whose argument of static shape is not contiguous (a transposed
     tensor: the cross-attention bias gradients of an encoder-decoder model, whose encoder length

@@ -29,6 +29,7 @@ import functools
 import heapq
 import itertools
 import logging
+import math
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -209,24 +210,33 @@ REAL_COPY_ELEMENTS = 1 << 16
 
 
 def relayouts(n: torch.fx.Node) -> bool:
-    """Whether ``n`` is a clone of a static tensor into another layout: a transposed view made
-    contiguous, or a tensor made channels-last for a convolution (:mod:`.passes.channels_last`)."""
+    """Whether ``n`` is a clone of a tensor into another layout: a transposed view made
+    contiguous, or a tensor made channels-last for a convolution (:mod:`.passes.channels_last`).
+    Symbolic sizes and strides are compared at their example values (no guard): which
+    dimension is inner to which does not change with the sizes."""
     if n.op != "call_function" or n.target is not torch.ops.aten.clone.default or not n.args:
         return False
     out = L.node_meta(n)
     src = L.node_meta(n.args[0]) if isinstance(n.args[0], torch.fx.Node) else None
-    if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor) or not L.is_static_tensor(src):
+    if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    if not (L.is_static_tensor(src) or L.is_symbolic_tensor(src)):
         return False
     # The traced result's layout differs (a clone that preserves the layout is not this).
-    shape = tuple(int(d) for d in src.shape)
-    return (effective_strides(shape, tuple(int(s) for s in src.stride()))
-            != effective_strides(shape, tuple(int(s) for s in out.stride())))
+    try:
+        shape = L.example_shape(src)
+        src_strides = tuple(L.size_hint(s) for s in src.stride())
+        out_strides = tuple(L.size_hint(s) for s in out.stride())
+    except L.Unsupported:
+        return False
+    return effective_strides(shape, src_strides) != effective_strides(shape, out_strides)
 
 
 def is_real_copy(n: torch.fx.Node) -> bool:
     """Whether ``n`` is a clone of a large, static tensor into another layout, or one of the
     layout pass's channels-last copies (:data:`.lowering.RELAYOUT`)."""
-    return relayouts(n) and (L.node_meta(n).numel() >= REAL_COPY_ELEMENTS or bool(n.meta.get(L.RELAYOUT)))
+    return relayouts(n) and (math.prod(L.example_shape(L.node_meta(n))) >= REAL_COPY_ELEMENTS
+                             or bool(n.meta.get(L.RELAYOUT)))
 
 
 # ---------------------------------------------------------------------------------- scheduling

@@ -9,7 +9,7 @@ import torch
 import torch.fx
 
 from .. import lowering as L
-from ..partition import node_color
+from ..partition import is_real_copy, node_color
 
 
 def unfuse_addmm_epilogues(graph: torch.fx.Graph) -> int:
@@ -42,28 +42,34 @@ def unfuse_addmm_epilogues(graph: torch.fx.Graph) -> int:
         if not isinstance(meta, torch.Tensor) or not all(isinstance(x, torch.fx.Node) for x in n.args):
             continue
         bias, a, b = n.args
-        users = list(n.users)
-        view = users[0] if len(users) == 1 and _keeps_last_dim(users[0], meta) else None
-        # A view kiln cannot take (a reshape to a run-time size, in a dynamic-shape graph)
-        # between the product and its reader: the add moves below it, where it still
-        # broadcasts the same way (the view keeps the last dimension).
-        sink = view is not None and node_color(view)[0] is None
-        anchor = view if sink else n  # the node whose value the add replaces
+        # Views kiln cannot take (reshapes to a run-time size, in a dynamic-shape graph)
+        # between the product and its reader: the add moves below the last of them, with the
+        # bias viewed as the dimensions that view splits the last one into (an attention
+        # projection's heads and head width), so that it adds to the same elements.
+        chain = _reshape_chain(n, meta)
+        sunk = max((i for i, v in enumerate(chain) if node_color(v)[0] is None), default=-1)
+        chain = chain[:sunk + 1]
+        anchor = chain[-1] if chain else n  # the node whose value the add replaces
         if (not _read_by_kiln(anchor) or _returned(anchor)) and not _split_k_product(meta, a):
+            continue
+        bias_shape = _bias_shape_after(anchor, meta) if chain else None
+        if chain and (bias_shape is None or not isinstance(L.node_meta(bias), torch.Tensor)):
             continue
         with graph.inserting_before(anchor):
             mm = graph.call_function(aten.mm.default, (a, b))
             mm.meta.update(n.meta)  # same shape, dtype, device and (contiguous) layout
-            base = mm
-            if sink:
-                base = graph.call_function(view.target, (mm, *view.args[1:]), dict(view.kwargs))
+            base, addend = mm, bias
+            for view in chain:
+                base = graph.call_function(view.target, (base, *view.args[1:]), dict(view.kwargs))
                 base.meta.update(view.meta)
-            add = graph.call_function(aten.add.Tensor, (base, bias))
+            if bias_shape is not None and len(bias_shape) > 1:
+                addend = graph.call_function(aten.view.default, (bias, list(bias_shape)))
+                addend.meta["val"] = L.node_meta(bias).view(bias_shape)
+            add = graph.call_function(aten.add.Tensor, (base, addend))
             add.meta.update(anchor.meta)
         anchor.replace_all_uses_with(add)
-        graph.erase_node(anchor)
-        if sink:
-            graph.erase_node(n)
+        for old in [*reversed(chain), n] if chain else [n]:
+            graph.erase_node(old)
         done += 1
     return done
 
@@ -91,17 +97,42 @@ def _split_k_product(out: torch.Tensor, a: torch.fx.Node) -> bool:
     return k >= 2 * n and -(-m // 128) * -(-n // 128) < sms
 
 
-def _keeps_last_dim(v: torch.fx.Node, src: torch.Tensor) -> bool:
-    """Whether ``v`` is a reshape of ``src`` whose last dimension is ``src``'s (a bias along
-    that dimension broadcasts the same before and after it)."""
+def _reshape_chain(n: torch.fx.Node, src: torch.Tensor) -> list[torch.fx.Node]:
+    """The reshapes that follow ``n`` one after the other, each the only reader of the one
+    before (the first, of ``n``) and each keeping ``src``'s last dimension in its trailing
+    ones (:func:`_bias_shape_after`)."""
+    chain: list[torch.fx.Node] = []
+    cur = n
+    while len(cur.users) == 1:
+        (v,) = cur.users
+        if _bias_shape_after(v, src) is None:
+            break
+        chain.append(v)
+        cur = v
+    return chain
+
+
+def _bias_shape_after(v: torch.fx.Node, src: torch.Tensor) -> tuple[int, ...] | None:
+    """When ``v`` is a reshape of ``src`` whose trailing dimensions (static) hold exactly
+    ``src``'s last one (itself, or split as ``[.., heads, width]``): those dimensions, the shape
+    in which a bias along ``src``'s last dimension adds to the same elements after the
+    reshape. None for any other node."""
     aten = torch.ops.aten
     if v.op != "call_function" or v.target not in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
-        return False
+        return None
     m = L.node_meta(v)
-    if not isinstance(m, torch.Tensor) or m.ndim < 1 or src.ndim < 1:
-        return False
-    last, want = m.shape[-1], src.shape[-1]
-    return L._is_static_size(last) and L._is_static_size(want) and int(last) == int(want)
+    if not isinstance(m, torch.Tensor) or m.ndim < 1 or src.ndim < 1 or not L._is_static_size(src.shape[-1]):
+        return None
+    want, have = int(src.shape[-1]), 1
+    trailing: list[int] = []
+    for d in reversed(m.shape):
+        if have == want:
+            break
+        if not L._is_static_size(d) or int(d) == 0:
+            return None
+        trailing.insert(0, int(d))
+        have *= int(d)
+    return tuple(trailing) if have == want and trailing else None
 
 
 def _returned(n: torch.fx.Node) -> bool:
@@ -120,9 +151,9 @@ def _returned(n: torch.fx.Node) -> bool:
 
 
 def _read_by_kiln(n: torch.fx.Node) -> bool:
-    """Whether some node that computes (not a view) reads ``n``, directly or through views
-    that kiln runs too, and lowers to kiln on its own: the bias add then lands in that node's
-    part. (A view kiln cannot take, one with symbolic size arguments say, would leave the add
+    """Whether some node that computes (not a view, or a copy into another layout) reads ``n``,
+    directly or through views that kiln runs too, and lowers to kiln on its own: the bias add
+    then lands in that node's part. (A view kiln cannot take, one with symbolic size arguments say, would leave the add
     alone in a part of its own: an extra kernel where addmm had none.)"""
     seen: set[torch.fx.Node] = set()
     todo = list(n.users)
@@ -133,10 +164,10 @@ def _read_by_kiln(n: torch.fx.Node) -> bool:
         seen.add(u)
         if node_color(u)[0] is None:
             continue
-        if u.target in L.VIEW_OPS:
+        if u.target in L.VIEW_OPS and not is_real_copy(u):
             todo.extend(u.users)
             continue
-        return True
+        return True  # a computing node, or a copy into another layout (a part of its own)
     return False
 
 
