@@ -62,6 +62,27 @@ absl::StatusOr<std::string> ArtifactCache::GetOrFetch(const std::string& digest,
   return Put(digest, *bytes);
 }
 
+absl::StatusOr<std::optional<core::AnswerFolder::Answer>> ArtifactCache::LoadAnswer(
+    const std::string& name, absl::Duration max_age) const {
+  core::Error error;
+  std::optional<core::AnswerFolder::Answer> answer =
+      answers_.Load(name, absl::ToDoubleSeconds(max_age), &error);
+  if (!error.ok()) return ToStatus(error);
+  return answer;
+}
+
+absl::Status ArtifactCache::SaveAnswer(const std::string& name, std::string_view response) const {
+  core::Error error;
+  answers_.Save(name, response, &error);
+  return ToStatus(error);
+}
+
+absl::Status ArtifactCache::DropAnswer(const std::string& name) const {
+  core::Error error;
+  answers_.Drop(name, &error);
+  return ToStatus(error);
+}
+
 ArtifactCacheStats ArtifactCache::stats() const {
   ArtifactCacheStats s;
   s.hits = hits_.load(std::memory_order_relaxed);

@@ -326,7 +326,8 @@ MUTANTS: list[Mutant] = [
         find="  answer.is_private = st.st_uid == geteuid() && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;",
         replace="  answer.is_private = true;",
         build=("kiln_core",),
-        tests=_daemon("tests/python/test_trust.py -k this_machines_answers"),
+        tests=("gtest:client_session_answers_test:*Forged*",
+               *_daemon("tests/python/test_trust.py -k this_machines_answers")),
     ),
     Mutant(
         name="machine-answer-age-ignored",
@@ -335,7 +336,8 @@ MUTANTS: list[Mutant] = [
         find="                    SecondsSince(st.st_mtim) <= max_age_s && ReadAll(fd, st.st_size, &data);",
         replace="                    ReadAll(fd, st.st_size, &data);",
         build=("kiln_core",),
-        tests=_daemon("tests/python/test_request_keys.py -k past_their_ttl"),
+        tests=("gtest:client_answers_test", "gtest:client_session_answers_test:*PastTheirTtl*",
+               *_daemon("tests/python/test_request_keys.py -k past_their_ttl")),
     ),
     Mutant(
         name="machine-answer-integrity-unchecked",
@@ -344,7 +346,8 @@ MUTANTS: list[Mutant] = [
         find="      key::Sha256Raw(view.substr(head)) != view.substr(kMagic.size(), key::kDigestBytes)) {",
         replace="      false) {",
         build=("kiln_core",),
-        tests=_daemon("tests/python/test_request_keys.py -k damaged", "tests/python/test_core.py -k damaged"),
+        tests=("gtest:client_answers_test", "gtest:client_session_answers_test:*Damaged*",
+               *_daemon("tests/python/test_request_keys.py -k damaged", "tests/python/test_core.py -k damaged")),
     ),
     Mutant(
         name="layout-view-copy-skipped",
