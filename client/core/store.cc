@@ -215,6 +215,12 @@ std::optional<std::string> ArtifactStore::Put(std::string_view digest, std::stri
   return Write(digest, bytes, error);
 }
 
+std::optional<std::string> ArtifactStore::PutVerified(std::string_view digest,
+                                                      std::string_view bytes, Error* error) {
+  if (!CheckDigest(digest, error)) return std::nullopt;
+  return Write(digest, bytes, error);
+}
+
 std::optional<std::string> ArtifactStore::Add(std::string_view bytes, std::string* digest,
                                               Error* error) {
   *digest = key::Sha256Hex(bytes);

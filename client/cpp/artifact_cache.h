@@ -60,6 +60,9 @@ class ArtifactCache {
   // racing on one digest (threads or processes) wait for the first one's fetch instead of
   // fetching again. An error from `fetch` is returned as is and nothing is stored.
   absl::StatusOr<std::string> GetOrFetch(const std::string& digest, const FetchFn& fetch);
+  // As GetOrFetch, for a `fetch` that checks the bytes it returns against `digest` itself
+  // (Client::FetchArtifact does): they are stored without being hashed a second time.
+  absl::StatusOr<std::string> GetOrFetchVerified(const std::string& digest, const FetchFn& fetch);
 
   // The answer kilnd gave saved under `name` (core::AnswerName of the daemon's address and the
   // request key) when it is there, intact and at most `max_age` old, with whether its file is
@@ -79,6 +82,8 @@ class ArtifactCache {
  private:
   explicit ArtifactCache(std::unique_ptr<core::ArtifactStore> store)
       : store_(std::move(store)), answers_(store_->root()) {}
+  absl::StatusOr<std::string> FindOrFetch(const std::string& digest, const FetchFn& fetch,
+                                          bool fetch_verifies);
 
   const std::unique_ptr<core::ArtifactStore> store_;
   const core::AnswerFolder answers_;

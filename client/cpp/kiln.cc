@@ -263,7 +263,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(SessionOptions options)
 
 absl::StatusOr<std::string> Session::FetchArtifact(const v1::Artifact& artifact,
                                                    absl::Time deadline) {
-  return cache_->GetOrFetch(artifact.digest(), [&](const std::string& digest) {
+  // The client checks what it fetched against the digest; the cache need not hash it again.
+  return cache_->GetOrFetchVerified(artifact.digest(), [&](const std::string& digest) {
     return client_->FetchArtifact(digest, deadline);
   });
 }
