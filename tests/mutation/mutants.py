@@ -350,6 +350,15 @@ MUTANTS: list[Mutant] = [
                *_daemon("tests/python/test_request_keys.py -k damaged", "tests/python/test_core.py -k damaged")),
     ),
     Mutant(
+        name="cuda-shared-limit-set-per-step",
+        what="the CUDA loader sets a kernel's shared memory limit to what its first step asks, not the most any step asks",
+        file="client/core/cuda_loader.cc",
+        find="d.cuFuncSetAttribute(f, kMaxDynamicShared, static_cast<int>(most->second));",
+        replace="d.cuFuncSetAttribute(f, kMaxDynamicShared, static_cast<int>(s.shared_bytes));",
+        build=("kiln_core",),
+        tests=("gtest:cuda_loader_test:*LargestSharedMemoryLimit*",),
+    ),
+    Mutant(
         name="layout-view-copy-skipped",
         what="the channels-last pass gives up on a graph with a view its new layout cannot express instead of copying the view's operand",
         file="client/python/kiln/torch/passes/channels_last.py",
