@@ -81,6 +81,8 @@ class TrustedKeys {
 
   bool empty() const { return keys_.empty(); }
   size_t size() const { return keys_.size(); }
+  // Whether the key with id `key_id` (KeyIdOf) is one of these.
+  bool Trusts(absl::string_view key_id) const { return keys_.contains(key_id); }
 
   // OK when `result` carries an Ed25519 signature by one of these keys over
   // CanonicalResultBytes(handle, result). FailedPrecondition for an unsigned result or one

@@ -1,8 +1,11 @@
-// The C ABI of kiln_core.h over ArtifactStore, CpuLibrary, CudaModule and CudaFunction.
+// The C ABI of kiln_core.h over ArtifactStore, AnswerFolder, CpuLibrary, CudaModule and
+// CudaFunction.
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 
+#include "client/core/answers.h"
 #include "client/core/cpu_library.h"
 #include "client/core/cuda_loader.h"
 #include "client/core/kiln_core.h"
@@ -11,6 +14,7 @@
 
 struct kiln_store {
   std::unique_ptr<kiln::core::ArtifactStore> store;
+  kiln::core::AnswerFolder answers;  // under the store's root
 };
 struct kiln_cuda_module {
   std::unique_ptr<kiln::core::CudaModule> module;
@@ -64,7 +68,8 @@ kiln_store* kiln_store_open(const char* root) {
   kiln::core::Error error;
   auto store = kiln::core::ArtifactStore::Open(root != nullptr ? root : "", &error);
   if (!Record(error) || store == nullptr) return nullptr;
-  return new kiln_store{std::move(store)};
+  kiln::core::AnswerFolder answers(store->root());
+  return new kiln_store{std::move(store), std::move(answers)};
 }
 
 void kiln_store_close(kiln_store* store) { delete store; }
@@ -130,6 +135,51 @@ void kiln_sha256_hex(const void* bytes, size_t num_bytes, char* hex) {
       kiln::key::Sha256Hex(std::string_view(static_cast<const char*>(bytes), num_bytes));
   std::memcpy(hex, h.c_str(), h.size() + 1);
 }
+
+void kiln_answer_name(const char* address, const char* request_key, char* name) {
+  const std::string hex = kiln::core::AnswerName(address != nullptr ? address : "",
+                                                 request_key != nullptr ? request_key : "");
+  std::memcpy(name, hex.c_str(), hex.size() + 1);
+}
+
+int kiln_store_load_answer(kiln_store* store, const char* name, double max_age_s, void** bytes,
+                           size_t* num_bytes, int* is_private) {
+  if (store == nullptr || name == nullptr || bytes == nullptr || num_bytes == nullptr ||
+      is_private == nullptr) {
+    return Fail(KILN_CORE_INVALID_ARGUMENT, "null argument");
+  }
+  kiln::core::Error error;
+  std::optional<kiln::core::AnswerFolder::Answer> answer =
+      store->answers.Load(name, max_age_s, &error);
+  if (!Record(error)) return -1;
+  if (!answer.has_value()) return 0;
+  // The bytes and the NUL after them: never a zero-byte buffer, which malloc may give as null.
+  void* copy = std::malloc(answer->response.size() + 1);
+  if (copy == nullptr) return Fail(KILN_CORE_INTERNAL, "out of memory");
+  std::memcpy(copy, answer->response.c_str(), answer->response.size() + 1);
+  *bytes = copy;
+  *num_bytes = answer->response.size();
+  *is_private = answer->is_private ? 1 : 0;
+  return 1;
+}
+
+int kiln_store_save_answer(kiln_store* store, const char* name, const void* bytes,
+                           size_t num_bytes) {
+  if (store == nullptr || name == nullptr || (bytes == nullptr && num_bytes > 0))
+    return Fail(KILN_CORE_INVALID_ARGUMENT, "null argument");
+  kiln::core::Error error;
+  store->answers.Save(name, std::string_view(static_cast<const char*>(bytes), num_bytes), &error);
+  return Record(error) ? 0 : -1;
+}
+
+int kiln_store_drop_answer(kiln_store* store, const char* name) {
+  if (store == nullptr || name == nullptr) return Fail(KILN_CORE_INVALID_ARGUMENT, "null argument");
+  kiln::core::Error error;
+  store->answers.Drop(name, &error);
+  return Record(error) ? 0 : -1;
+}
+
+void kiln_core_free(void* bytes) { std::free(bytes); }
 
 const kiln_cpu_library* kiln_cpu_open(const char* path) {
   if (path == nullptr) {

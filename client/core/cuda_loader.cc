@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 namespace kiln::core {
@@ -224,21 +225,31 @@ std::unique_ptr<CudaModule> CudaModule::Load(std::string_view cubin, std::string
     }
     m->from_ptx_ = true;
   }
+  // The most dynamic shared memory any step asks of each kernel: one kernel may run in several
+  // steps with different amounts, and the limit, which the driver sets rather than raises,
+  // must allow the largest.
+  std::map<std::string_view, unsigned> most_shared;
+  for (const CudaPlan::Step& s : plan.steps) {
+    unsigned& most = most_shared[s.kernel];
+    most = std::max(most, s.shared_bytes);
+  }
   for (const CudaPlan::Step& s : plan.steps) {
     CUfunction f = nullptr;
     if (CUresult fr = d.cuModuleGetFunction(&f, m->module_, s.kernel.c_str()); fr != kSuccess) {
       *error = d.Describe(fr, ("kernel " + s.kernel).c_str());
       return nullptr;
     }
-    if (s.shared_bytes > kCudaDefaultSharedBytes) {
-      if (CUresult ar =
-              d.cuFuncSetAttribute(f, kMaxDynamicShared, static_cast<int>(s.shared_bytes));
+    m->functions_.push_back(f);
+    const auto most = most_shared.find(s.kernel);
+    if (most == most_shared.end()) continue;  // this kernel's limit is set already
+    if (most->second > kCudaDefaultSharedBytes) {
+      if (CUresult ar = d.cuFuncSetAttribute(f, kMaxDynamicShared, static_cast<int>(most->second));
           ar != kSuccess) {
         *error = d.Describe(ar, ("allowing kernel " + s.kernel + " its shared memory").c_str());
         return nullptr;
       }
     }
-    m->functions_.push_back(f);
+    most_shared.erase(most);
   }
   m->plan_ = std::move(plan);
   return m;

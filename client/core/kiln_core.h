@@ -4,6 +4,8 @@
  *
  *   - the local artifact store: a content-addressed folder shared by every client on the
  *     machine (layout in store.h), each artifact verified by its SHA-256 before use;
+ *   - the answers folder beside it: kilnd's answers to this machine's requests, which a fresh
+ *     process uses again for a while without asking kilnd (answers.h, FORMAT.md);
  *   - CPU artifacts: a kernel library (kernels/codegen/ABI.md) opened once per process from a
  *     path or from verified bytes, its ABI version checked and its entry points resolved;
  *   - CUDA artifacts: a cubin (or PTX) loaded through the driver and its launch plan run on a
@@ -29,7 +31,7 @@ extern "C" {
 
 /* The version of this ABI; bumped when a function is added or changes meaning or signature
  * (kiln.core checks it before it binds any function). */
-#define KILN_CORE_ABI_VERSION 3
+#define KILN_CORE_ABI_VERSION 4
 KILN_CORE_API uint32_t kiln_core_abi_version(void);
 
 /* What the last failing call on this thread said (empty when none failed). */
@@ -84,6 +86,33 @@ KILN_CORE_API void kiln_store_counters(const kiln_store* store, int64_t* hits, i
 
 /* Lowercase hex SHA-256 of `bytes` into `hex` (65 bytes: 64 digits and a NUL). */
 KILN_CORE_API void kiln_sha256_hex(const void* bytes, size_t num_bytes, char* hex);
+
+/* ---- Answers: kilnd's answers (serialized CompileResponses a client's trust policy accepted)
+ * kept under the store's root in answers/, by daemon address and request key, so that every
+ * client of the machine, Python or C++, finds the same files (answers.h, FORMAT.md). The core
+ * keeps bytes and checks their integrity; what they mean and whether to trust them is the
+ * client's (its trust policy, with is_private below). */
+
+/* The name of the answer to `request_key` from the daemon at `address` (both NUL-terminated
+ * text): the hex SHA-256 of address, a NUL byte and the key, into `name` (65 bytes). */
+KILN_CORE_API void kiln_answer_name(const char* address, const char* request_key, char* name);
+/* Reads the answer saved under `name` (64 hex digits): 1 when it is there, intact and saved at
+ * most `max_age_s` seconds ago, with its bytes in a buffer allocated here (`*bytes`, released
+ * with kiln_core_free; `*num_bytes` long) and in `*is_private` 1 when the file is owned by this
+ * user and writable by no one else, else 0. 0 when there is none: absent, older, unreadable,
+ * or damaged (then removed); `max_age_s` <= 0 is always 0. -1 for a malformed name or a null
+ * argument. */
+KILN_CORE_API int kiln_store_load_answer(kiln_store* store, const char* name, double max_age_s,
+                                         void** bytes, size_t* num_bytes, int* is_private);
+/* Saves `bytes` as the answer `name`, atomically, replacing one there (its age starts again).
+ * 0, or -1 (a malformed name; UNAVAILABLE when the file system refuses). */
+KILN_CORE_API int kiln_store_save_answer(kiln_store* store, const char* name, const void* bytes,
+                                         size_t num_bytes);
+/* Forgets the answer `name` (one that is not there is forgotten already): 0, or -1 for a
+ * malformed name. */
+KILN_CORE_API int kiln_store_drop_answer(kiln_store* store, const char* name);
+/* Releases a buffer the core allocated for the caller (kiln_store_load_answer's). */
+KILN_CORE_API void kiln_core_free(void* bytes);
 
 /* ---- CPU artifacts. */
 typedef struct kiln_cpu_library kiln_cpu_library;

@@ -2,31 +2,21 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdlib.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <utility>
 
+#include "client/core/files.h"
 #include "kernels/key/sha256.h"
 #include "openssl/evp.h"
 
 namespace kiln::core {
 namespace {
-
-bool ErrnoFail(Error* error, const std::string& what, const std::string& path, int err) {
-  // A full, read-only or forbidden folder is the environment's problem and may pass; anything
-  // else here is unexpected.
-  const bool environment =
-      err == ENOSPC || err == EROFS || err == EDQUOT || err == EACCES || err == EPERM;
-  return error->Fail(environment ? KILN_CORE_UNAVAILABLE : KILN_CORE_INTERNAL,
-                     what + " " + path + ": " + std::strerror(err));
-}
 
 // Hashes the file at `path` into `hex`; false with errno's error when it cannot be read
 // (ENOENT is reported through `missing`).
@@ -61,44 +51,6 @@ bool HashFile(const std::string& path, std::string* hex, bool* missing, Error* e
   EVP_MD_CTX_free(ctx);
   *hex = key::DigestToHex(std::string_view(reinterpret_cast<const char*>(digest), length));
   return true;
-}
-
-bool WriteAll(int fd, std::string_view bytes, const std::string& path, Error* error) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoFail(error, "cannot write", path, errno);
-    }
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-// Makes a rename inside `dir` durable (best effort: the file itself is synced already).
-void SyncDirectory(const std::string& dir) {
-  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  fsync(fd);
-  close(fd);
-}
-
-bool MakeParent(const std::string& path, Error* error) {
-  std::error_code ec;
-  std::filesystem::create_directories(path.substr(0, path.rfind('/')), ec);
-  if (ec) {
-    return error->Fail(KILN_CORE_UNAVAILABLE,
-                       "cannot create the folder for " + path + ": " + ec.message());
-  }
-  return true;
-}
-
-bool CheckDigest(std::string_view digest, Error* error) {
-  if (key::IsDigest(digest)) return true;
-  return error->Fail(
-      KILN_CORE_INVALID_ARGUMENT,
-      "'" + std::string(digest) + "' is not a SHA-256 digest (64 lowercase hex digits)");
 }
 
 }  // namespace
@@ -138,12 +90,7 @@ std::unique_ptr<ArtifactStore> ArtifactStore::Open(const std::string& root, Erro
 }
 
 std::string ArtifactStore::PathFor(std::string_view digest) const {
-  std::string path = root_;
-  path += "/artifacts/";
-  path += digest.substr(0, 2);
-  path += '/';
-  path += digest;
-  return path;
+  return ShardedPath(root_ + "/artifacts", digest);
 }
 
 std::optional<std::string> ArtifactStore::CheckedPathFor(std::string_view digest,
@@ -191,11 +138,7 @@ ArtifactStore::Check ArtifactStore::Verify(const std::string& path, std::string_
 }
 
 bool ArtifactStore::AdoptLegacy(std::string_view digest, const std::string& path) {
-  std::string legacy = root_;
-  legacy += "/cas/";
-  legacy += digest.substr(0, 2);
-  legacy += '/';
-  legacy += digest;
+  const std::string legacy = ShardedPath(root_ + "/cas", digest);
   if (access(legacy.c_str(), F_OK) != 0) return false;
   Error ignored;
   if (!MakeParent(path, &ignored)) return false;
@@ -272,6 +215,12 @@ std::optional<std::string> ArtifactStore::Put(std::string_view digest, std::stri
   return Write(digest, bytes, error);
 }
 
+std::optional<std::string> ArtifactStore::PutVerified(std::string_view digest,
+                                                      std::string_view bytes, Error* error) {
+  if (!CheckDigest(digest, error)) return std::nullopt;
+  return Write(digest, bytes, error);
+}
+
 std::optional<std::string> ArtifactStore::Add(std::string_view bytes, std::string* digest,
                                               Error* error) {
   *digest = key::Sha256Hex(bytes);
@@ -288,26 +237,9 @@ std::optional<std::string> ArtifactStore::Write(std::string_view digest, std::st
   if (Verify(path, digest, error) == Check::kValid) return path;
   *error = Error();  // a file that cannot be read is replaced
   if (!MakeParent(path, error)) return std::nullopt;
-  const std::string dir = path.substr(0, path.rfind('/'));
-  // The temporary lives in the final folder: rename is atomic only within a file system.
-  std::string temp = dir + "/." + std::string(digest) + ".XXXXXX";
-  const int fd = mkostemp(temp.data(), O_CLOEXEC);
-  if (fd < 0) {
-    ErrnoFail(error, "cannot create a temporary file in", dir, errno);
+  if (!WriteAtomically(path, "." + std::string(digest) + ".", {bytes}, /*durable=*/true, error)) {
     return std::nullopt;
   }
-  bool ok = WriteAll(fd, bytes, temp, error);
-  // Artifacts are shared by every user of the folder; mkostemp made the file private.
-  if (ok && fchmod(fd, 0644) != 0) ok = ErrnoFail(error, "cannot chmod", temp, errno);
-  if (ok && fsync(fd) != 0) ok = ErrnoFail(error, "cannot fsync", temp, errno);
-  if (close(fd) != 0 && ok) ok = ErrnoFail(error, "cannot close", temp, errno);
-  if (ok && rename(temp.c_str(), path.c_str()) != 0)
-    ok = ErrnoFail(error, "cannot rename into", path, errno);
-  if (!ok) {
-    unlink(temp.c_str());
-    return std::nullopt;
-  }
-  SyncDirectory(dir);
   puts_.fetch_add(1, std::memory_order_relaxed);
   Remember(digest, path);
   return path;

@@ -78,6 +78,11 @@ class ArtifactStore {
   // Checks that `bytes` hash to `digest` (DATA_LOSS otherwise, nothing written), then writes
   // them atomically; the path, or nullopt on failure.
   std::optional<std::string> Put(std::string_view digest, std::string_view bytes, Error* error);
+  // As Put, for bytes the caller has just checked against `digest` itself (a fetch that hashes
+  // what it received): they are not hashed a second time. REQUIRES: the SHA-256 of `bytes` is
+  // `digest` (were it not, the next Find would delete the file as corrupt).
+  std::optional<std::string> PutVerified(std::string_view digest, std::string_view bytes,
+                                         Error* error);
   // Writes `bytes` atomically under their SHA-256, computed here once, into `*digest`: for a
   // caller that has no digest of its own, which Put would only make it compute twice. The
   // path, or nullopt on failure. REQUIRES: digest != nullptr.

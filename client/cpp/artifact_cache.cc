@@ -42,6 +42,16 @@ absl::StatusOr<std::string> ArtifactCache::Put(const std::string& digest,
 
 absl::StatusOr<std::string> ArtifactCache::GetOrFetch(const std::string& digest,
                                                       const FetchFn& fetch) {
+  return FindOrFetch(digest, fetch, /*fetch_verifies=*/false);
+}
+
+absl::StatusOr<std::string> ArtifactCache::GetOrFetchVerified(const std::string& digest,
+                                                              const FetchFn& fetch) {
+  return FindOrFetch(digest, fetch, /*fetch_verifies=*/true);
+}
+
+absl::StatusOr<std::string> ArtifactCache::FindOrFetch(const std::string& digest,
+                                                       const FetchFn& fetch, bool fetch_verifies) {
   core::Error error;
   if (std::optional<std::string> found = store_->Find(digest, &error); found.has_value()) {
     hits_.fetch_add(1, std::memory_order_relaxed);
@@ -59,7 +69,31 @@ absl::StatusOr<std::string> ArtifactCache::GetOrFetch(const std::string& digest,
   fetches_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<std::string> bytes = fetch(digest);
   if (!bytes.ok()) return bytes.status();
-  return Put(digest, *bytes);
+  if (!fetch_verifies) return Put(digest, *bytes);
+  std::optional<std::string> path = store_->PutVerified(digest, *bytes, &error);
+  if (!path.has_value()) return ToStatus(error);
+  return *std::move(path);
+}
+
+absl::StatusOr<std::optional<core::AnswerFolder::Answer>> ArtifactCache::LoadAnswer(
+    const std::string& name, absl::Duration max_age) const {
+  core::Error error;
+  std::optional<core::AnswerFolder::Answer> answer =
+      answers_.Load(name, absl::ToDoubleSeconds(max_age), &error);
+  if (!error.ok()) return ToStatus(error);
+  return answer;
+}
+
+absl::Status ArtifactCache::SaveAnswer(const std::string& name, std::string_view response) const {
+  core::Error error;
+  answers_.Save(name, response, &error);
+  return ToStatus(error);
+}
+
+absl::Status ArtifactCache::DropAnswer(const std::string& name) const {
+  core::Error error;
+  answers_.Drop(name, &error);
+  return ToStatus(error);
 }
 
 ArtifactCacheStats ArtifactCache::stats() const {

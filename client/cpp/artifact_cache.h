@@ -2,7 +2,9 @@
 // ArtifactStore, client/core/store.h, which states the layout and the verification rules), so
 // that loading a handle twice (in one process or in many, in C++ or in Python) fetches its
 // artifacts once. It adds GetOrFetch: fetches of one digest are serialised through the store's
-// lock file, across threads and processes.
+// lock file, across threads and processes. Beside the artifacts it keeps kilnd's answers to
+// this machine's requests (the core's AnswerFolder, client/core/answers.h), which the Python
+// package reads and writes too.
 //
 // Thread-safety: thread-safe. Several processes may share one root.
 #pragma once
@@ -13,9 +15,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/core/answers.h"
 #include "client/core/store.h"
 
 namespace kiln::client {
@@ -55,14 +60,33 @@ class ArtifactCache {
   // racing on one digest (threads or processes) wait for the first one's fetch instead of
   // fetching again. An error from `fetch` is returned as is and nothing is stored.
   absl::StatusOr<std::string> GetOrFetch(const std::string& digest, const FetchFn& fetch);
+  // As GetOrFetch, for a `fetch` that checks the bytes it returns against `digest` itself
+  // (Client::FetchArtifact does): they are stored without being hashed a second time.
+  absl::StatusOr<std::string> GetOrFetchVerified(const std::string& digest, const FetchFn& fetch);
+
+  // The answer kilnd gave saved under `name` (core::AnswerName of the daemon's address and the
+  // request key) when it is there, intact and at most `max_age` old, with whether its file is
+  // private to this user; nullopt otherwise (a damaged file is removed). InvalidArgument for a
+  // malformed name.
+  absl::StatusOr<std::optional<core::AnswerFolder::Answer>> LoadAnswer(
+      const std::string& name, absl::Duration max_age) const;
+  // Saves `response` (a serialized CompileResponse the caller's trust policy accepted) as the
+  // answer `name`; its age starts again.
+  absl::Status SaveAnswer(const std::string& name, std::string_view response) const;
+  // Forgets the answer `name`.
+  absl::Status DropAnswer(const std::string& name) const;
 
   const std::string& root() const { return store_->root(); }
   ArtifactCacheStats stats() const;
 
  private:
-  explicit ArtifactCache(std::unique_ptr<core::ArtifactStore> store) : store_(std::move(store)) {}
+  explicit ArtifactCache(std::unique_ptr<core::ArtifactStore> store)
+      : store_(std::move(store)), answers_(store_->root()) {}
+  absl::StatusOr<std::string> FindOrFetch(const std::string& digest, const FetchFn& fetch,
+                                          bool fetch_verifies);
 
   const std::unique_ptr<core::ArtifactStore> store_;
+  const core::AnswerFolder answers_;
   std::atomic<int64_t> hits_{0};
   std::atomic<int64_t> fetches_{0};
 };

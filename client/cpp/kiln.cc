@@ -16,10 +16,13 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "client/core/answers.h"
 #include "kernels/key/digest.h"
 #include "kernels/util/status_macros.h"
 
@@ -223,24 +226,56 @@ absl::Status TrustPolicy::Check(const v1::CompileResponse& response) const {
   return absl::OkStatus();
 }
 
+bool TrustPolicy::Vouched(const v1::CompileResponse& response) const {
+  if (keys_.empty()) return true;
+  if (!response.result().has_signature()) return false;
+  const v1::ResultSignature& sig = response.result().signature();
+  return sig.algorithm() == wire::kSignatureAlgorithm && keys_.Trusts(sig.key_id());
+}
+
+absl::StatusOr<absl::Duration> AnswerTtlFromEnv() {
+  const char* env = std::getenv("KILN_ANSWER_TTL");
+  const std::string raw = env != nullptr ? env : "";
+  if (absl::StripAsciiWhitespace(raw).empty()) return kDefaultAnswerTtl;
+  double seconds = 0;
+  if (!absl::SimpleAtod(raw, &seconds)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KILN_ANSWER_TTL='", raw, "': expected seconds (0 turns the answer tier off)"));
+  }
+  return seconds > 0 ? absl::Seconds(seconds) : absl::ZeroDuration();  // NaN too is zero
+}
+
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(SessionOptions options) {
   KILN_ASSIGN_OR_RETURN(TrustPolicy trust, TrustPolicy::Create(std::move(options.trusted_keys),
                                                                options.allow_unsigned));
+  absl::Duration answer_ttl;
+  if (options.answer_ttl.has_value()) {
+    answer_ttl = *options.answer_ttl;
+  } else {
+    KILN_ASSIGN_OR_RETURN(answer_ttl, AnswerTtlFromEnv());
+  }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(std::move(options.client)));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<ArtifactCache> cache,
                         ArtifactCache::Open(options.cache_dir));
-  return std::make_unique<Session>(std::move(client), std::move(cache), std::move(trust));
+  return std::make_unique<Session>(std::move(client), std::move(cache), std::move(trust),
+                                   answer_ttl);
 }
 
 absl::StatusOr<std::string> Session::FetchArtifact(const v1::Artifact& artifact,
                                                    absl::Time deadline) {
-  return cache_->GetOrFetch(artifact.digest(), [&](const std::string& digest) {
+  // The client checks what it fetched against the digest; the cache need not hash it again.
+  return cache_->GetOrFetchVerified(artifact.digest(), [&](const std::string& digest) {
     return client_->FetchArtifact(digest, deadline);
   });
 }
 
 absl::StatusOr<LoadedKernel> Session::Load(v1::CompileResponse response, absl::Time deadline) {
   KILN_RETURN_IF_ERROR(Verify(response));
+  return LoadChecked(std::move(response), deadline);
+}
+
+absl::StatusOr<LoadedKernel> Session::LoadChecked(v1::CompileResponse response,
+                                                  absl::Time deadline) {
   if (FindArtifact(response, v1::CUBIN) != nullptr || FindArtifact(response, v1::PTX) != nullptr) {
     return LoadCuda(std::move(response), deadline);
   }
@@ -255,6 +290,33 @@ absl::StatusOr<LoadedKernel> Session::Load(v1::CompileResponse response, absl::T
   return LoadedKernel(std::move(response), std::move(kernel));
 }
 
+std::string Session::AnswerName(const std::string& request_key) const {
+  return core::AnswerName(client_->address(), request_key);
+}
+
+std::optional<LoadedKernel> Session::MachineAnswer(const std::string& name, absl::Time deadline) {
+  absl::StatusOr<std::optional<core::AnswerFolder::Answer>> answer =
+      cache_->LoadAnswer(name, answer_ttl_);
+  if (!answer.ok() || !answer->has_value()) return std::nullopt;
+  v1::CompileResponse response;
+  if (!response.ParseFromString((*answer)->response)) {  // an intact file of another format
+    cache_->DropAnswer(name).IgnoreError();
+    return std::nullopt;
+  }
+  if (response.handle().empty()) return std::nullopt;
+  response.set_cache_hit(true);
+  response.set_server_ms(0);
+  if (!((*answer)->is_private && trust_.Vouched(response)) && !trust_.Check(response).ok()) {
+    cache_->DropAnswer(name).IgnoreError();
+    return std::nullopt;
+  }
+  // A load that fails (an artifact kilnd no longer has, say) leaves the answer to kilnd's next
+  // one, which replaces it.
+  absl::StatusOr<LoadedKernel> kernel = LoadChecked(std::move(response), deadline);
+  if (!kernel.ok()) return std::nullopt;
+  return *std::move(kernel);
+}
+
 absl::StatusOr<LoadedKernel> Session::CompileAndLoad(const v1::Graph& graph,
                                                      const v1::Target& target,
                                                      const v1::CompileOptions& options,
@@ -266,6 +328,16 @@ absl::StatusOr<LoadedKernel> Session::CompileAndLoad(const v1::Graph& graph,
     if (it != known_.end()) {
       ++local_hits_;
       return it->second.AsCacheHit();
+    }
+  }
+  const bool machine_tier = answer_ttl_ > absl::ZeroDuration();
+  const std::string answer_name = machine_tier ? AnswerName(request_key) : "";
+  if (machine_tier) {
+    if (std::optional<LoadedKernel> kernel = MachineAnswer(answer_name, deadline)) {
+      Remember(request_key, *kernel);
+      absl::MutexLock lock(&known_mu_);
+      ++machine_hits_;
+      return *std::move(kernel);
     }
   }
   std::optional<v1::CompileResponse> response;
@@ -285,8 +357,20 @@ absl::StatusOr<LoadedKernel> Session::CompileAndLoad(const v1::Graph& graph,
     KILN_ASSIGN_OR_RETURN(response, client_->Compile(graph, target, options, deadline));
   }
   KILN_ASSIGN_OR_RETURN(LoadedKernel kernel, Load(*std::move(response), deadline));
+  // Kept for the machine's other processes only once the trust policy passed it (in Load).
+  if (machine_tier) {
+    cache_->SaveAnswer(answer_name, kernel.response().SerializeAsString()).IgnoreError();
+  }
+  Remember(request_key, kernel);
+  if (by_key) {
+    absl::MutexLock lock(&known_mu_);
+    ++key_hits_;
+  }
+  return kernel;
+}
+
+void Session::Remember(const std::string& request_key, const LoadedKernel& kernel) {
   absl::MutexLock lock(&known_mu_);
-  if (by_key) ++key_hits_;
   if (known_.emplace(request_key, kernel).second) {
     known_order_.push_back(request_key);
     if (known_order_.size() > kKnownResults) {
@@ -294,12 +378,16 @@ absl::StatusOr<LoadedKernel> Session::CompileAndLoad(const v1::Graph& graph,
       known_order_.pop_front();
     }
   }
-  return kernel;
 }
 
 int64_t Session::local_hits() const {
   absl::MutexLock lock(&known_mu_);
   return local_hits_;
+}
+
+int64_t Session::machine_hits() const {
+  absl::MutexLock lock(&known_mu_);
+  return machine_hits_;
 }
 
 int64_t Session::key_hits() const {

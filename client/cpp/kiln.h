@@ -11,11 +11,15 @@
 //
 // A Session joins a Client (the RPCs), an ArtifactCache (the local content-addressed
 // directory), the CPU loader and the CUDA loader (cuda_loader.h, which opens the driver only
-// when a CUDA result is loaded). A request the Session answered before is answered again from
-// its memory, with no RPC (a result never changes under its request key); a request the daemon
-// has seen is asked for by request key (wire.h), a small RPC without the graph; loading an
-// artifact this machine has seen is a hit in the local directory, so a warm CompileAndLoad in
-// a new process costs one small RPC and no fetch.
+// when a CUDA result is loaded). A hit takes the shortest way there is: a request the Session
+// answered before is answered again from its memory, with no RPC (a result never changes under
+// its request key, wire.h); then from the answers kilnd gave any process of this machine, C++
+// or Python, in the last answer_ttl (the local directory's answers/, per daemon address), with
+// no RPC either; then the daemon is asked by request key, a small RPC without the graph, and
+// sent the graph only when it has not seen the request. Loading an artifact this machine has
+// seen is a hit in the local directory, so a warm CompileAndLoad in a new process costs no RPC
+// within the TTL, one small RPC after it, and no fetch. Past the TTL kilnd is asked again, so a
+// result kilnd no longer gives (a new compiler, a purged entry) stops being used within it.
 //
 // Trust: before anything of a result is fetched or loaded, the Session checks it against its
 // TrustPolicy: with trusted keys configured (SessionOptions.trusted_keys, or
@@ -25,11 +29,16 @@
 // local directory, right before they are loaded (from an in-memory copy of exactly those
 // bytes, so the directory cannot change what is loaded after the check). With no keys configured
 // unsigned results are accepted (a local single-user setup); digests are still checked.
+// An answer read back from the machine's answers/ is used without verifying its signature
+// again only when its file is private to this user (owned by it, writable by no one else) and
+// its signing key is still trusted (TrustPolicy::Vouched); any other is checked like an answer
+// from kilnd, and forgotten when refused.
 //
 // Thread-safety: Session is thread-safe. LoadedKernel is immutable; Run may be called from
 // many threads at once.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <memory>
@@ -140,6 +149,13 @@ class TrustPolicy {
   // match), or unsigned while that is allowed.
   absl::Status Check(const v1::CompileResponse& response) const;
 
+  // Whether `response`, read back from where this user's clients keep the answers they
+  // accepted (a private file of the machine's answers/), may be used without checking its
+  // signature again: when no key is configured, or when it is signed by a key that is still
+  // trusted (taking a key out of the trusted set revokes what it signed). Says nothing about
+  // bytes anyone else could have written: those go through Check.
+  bool Vouched(const v1::CompileResponse& response) const;
+
   size_t num_keys() const { return keys_.size(); }
   bool allow_unsigned() const { return allow_unsigned_; }
 
@@ -150,6 +166,14 @@ class TrustPolicy {
   std::shared_ptr<Memo> memo_;
 };
 
+// How long an answer kilnd gave this machine is used again without asking kilnd, by default.
+inline constexpr absl::Duration kDefaultAnswerTtl = absl::Seconds(300);
+
+// $KILN_ANSWER_TTL in seconds (a negative or NaN value is zero, "inf" forever), else
+// kDefaultAnswerTtl; InvalidArgument naming the variable for a value that is not a number. The
+// Python client reads the variable by the same rule.
+absl::StatusOr<absl::Duration> AnswerTtlFromEnv();
+
 struct SessionOptions {
   ClientOptions client;
   // Root of the local artifact directory; empty means ArtifactCache::DefaultRoot().
@@ -157,14 +181,22 @@ struct SessionOptions {
   // See TrustPolicy::Create.
   std::vector<std::string> trusted_keys;
   std::optional<bool> allow_unsigned;
+  // How long an answer kilnd gave any process of this machine is used again, from the local
+  // directory, without asking kilnd (see Session); zero turns that off. Unset:
+  // AnswerTtlFromEnv().
+  std::optional<absl::Duration> answer_ttl;
 };
 
 class Session {
  public:
   static absl::StatusOr<std::unique_ptr<Session>> Create(SessionOptions options = {});
+  // A Session of parts; it uses this machine's answers only when given an `answer_ttl`.
   Session(std::unique_ptr<Client> client, std::unique_ptr<ArtifactCache> cache,
-          TrustPolicy trust = {})
-      : client_(std::move(client)), cache_(std::move(cache)), trust_(std::move(trust)) {}
+          TrustPolicy trust = {}, absl::Duration answer_ttl = absl::ZeroDuration())
+      : client_(std::move(client)),
+        cache_(std::move(cache)),
+        trust_(std::move(trust)),
+        answer_ttl_(std::max(answer_ttl, absl::ZeroDuration())) {}
 
   // The trust check Load runs first; callers that fetch artifacts themselves (CUDA) run it
   // before using anything of the response.
@@ -179,9 +211,12 @@ class Session {
                                               const v1::CompileOptions& options = {},
                                               absl::Time deadline = Client::kDefaultDeadline);
 
-  // Requests answered from this Session's memory, and by request key from the daemon's.
+  // Requests answered from this Session's memory, from this machine's answers (no RPC), and
+  // by request key from the daemon's memory.
   int64_t local_hits() const;
+  int64_t machine_hits() const;
   int64_t key_hits() const;
+  absl::Duration answer_ttl() const { return answer_ttl_; }
 
   // Loads a result the daemon already holds, by handle (GetResult, then as above).
   absl::StatusOr<LoadedKernel> LoadHandle(const std::string& handle,
@@ -199,19 +234,31 @@ class Session {
   Client& client() { return *client_; }
   ArtifactCache& cache() { return *cache_; }
 
- private:
-  absl::StatusOr<LoadedKernel> LoadCuda(v1::CompileResponse response, absl::Time deadline);
+  // The name of the answer to `request_key` in this machine's answers/: per daemon address.
+  std::string AnswerName(const std::string& request_key) const;
 
-  // Immutable after construction; both are thread-safe.
+ private:
+  // Load without the trust check, for a response that passed it (or was vouched for).
+  absl::StatusOr<LoadedKernel> LoadChecked(v1::CompileResponse response, absl::Time deadline);
+  absl::StatusOr<LoadedKernel> LoadCuda(v1::CompileResponse response, absl::Time deadline);
+  // The answer kilnd gave this machine under `name` within the TTL, loaded; nullopt when there
+  // is none or it cannot be used (one the trust policy refuses, or that does not parse, is
+  // forgotten).
+  std::optional<LoadedKernel> MachineAnswer(const std::string& name, absl::Time deadline);
+  void Remember(const std::string& request_key, const LoadedKernel& kernel);
+
+  // Immutable after construction; Client and ArtifactCache are thread-safe.
   const std::unique_ptr<Client> client_;
   const std::unique_ptr<ArtifactCache> cache_;
   const TrustPolicy trust_;
+  const absl::Duration answer_ttl_;  // zero: no machine answers
 
   // Results by request key, oldest first in `known_order_` (bounded).
   mutable absl::Mutex known_mu_;
   absl::flat_hash_map<std::string, LoadedKernel> known_ ABSL_GUARDED_BY(known_mu_);
   std::deque<std::string> known_order_ ABSL_GUARDED_BY(known_mu_);
   int64_t local_hits_ ABSL_GUARDED_BY(known_mu_) = 0;
+  int64_t machine_hits_ ABSL_GUARDED_BY(known_mu_) = 0;
   int64_t key_hits_ ABSL_GUARDED_BY(known_mu_) = 0;
   std::atomic<bool> by_key_{true};  // off after a daemon that does not know lookups by key
 };

@@ -133,9 +133,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kiln_example: %s\n", kernel.status().ToString().c_str());
     return 2;
   }
+  // Where the answer came from: kilnd (a compile or its cache), or this machine's answers,
+  // which any earlier process of the machine, C++ or Python, left without asking kilnd.
+  const char* answer = !kernel->cache_hit()             ? "compiled"
+                       : (*session)->machine_hits() > 0 ? "cache hit (this machine's answer)"
+                                                        : "cache hit";
   std::printf("%s  %s  %s in %.1f ms  handle %.12s\n", target_text.c_str(),
-              kernel->is_cuda() ? "cuda" : "cpu", kernel->cache_hit() ? "cache hit" : "compiled",
-              Ms(t1 - t0), kernel->handle().c_str());
+              kernel->is_cuda() ? "cuda" : "cpu", answer, Ms(t1 - t0), kernel->handle().c_str());
 
   std::mt19937 rng(12345);
   std::normal_distribution<float> dist(0.0f, 4.0f);

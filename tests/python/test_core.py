@@ -1,6 +1,7 @@
 """The native client core through its C ABI (kiln.core over libkiln_core.so): the artifact
-store's rules and the CPU library loader's errors, without a daemon. The C++ client's tests
-(tests/unit/client) cover the same code through its C++ interface."""
+store's rules, the answers folder's (client/core/FORMAT.md) and the CPU library loader's errors,
+without a daemon. The C++ client's tests (tests/unit/client) cover the same code through its C++
+interface."""
 
 from __future__ import annotations
 
@@ -125,6 +126,62 @@ def test_python_cache_is_the_core_store(tmp_path, monkeypatch):
         cache.path_for("../" + d[3:])
     with pytest.raises(ValueError, match="expected 3"):
         cache.put_chunks(_digest(b"ab"), [b"a", b"b"], 3)
+
+
+_ANSWER_MAGIC = b"kiln-answer-v1\n"
+
+
+def test_answers_keep_the_names_and_files_python_clients_wrote(tmp_path):
+    """The core reads an answers folder that the Python client of before filled (its name rule
+    and file format, written here by hand), and writes the same bytes."""
+    address, key = "kilnd.example:50051", _digest(b"a request")
+    name = core.answer_name(address, key)
+    assert name == hashlib.sha256(f"{address}\0{key}".encode()).hexdigest()
+    response = b"a serialized CompileResponse\0"
+    path = tmp_path / "answers" / name[:2] / name
+    path.parent.mkdir(parents=True)
+    path.write_bytes(_ANSWER_MAGIC + hashlib.sha256(response).digest() + response)
+    path.chmod(0o644)
+    cache = ArtifactCache(tmp_path)
+    assert cache.load_answer(name, 60) == (response, True)
+    assert cache._answer_path(name) == str(path)
+    cache.save_answer(name, b"another")
+    assert path.read_bytes() == _ANSWER_MAGIC + hashlib.sha256(b"another").digest() + b"another"
+    assert oct(path.stat().st_mode & 0o777) == "0o644" and not list(path.parent.glob(".*"))
+    path.chmod(0o664)
+    assert cache.load_answer(name, 60) == (b"another", False)
+    assert cache.load_answer(name, 0) is None
+    cache.drop_answer(name)
+    cache.drop_answer(name)
+    assert not path.exists() and cache.load_answer(name, 60) is None
+
+
+@pytest.mark.parametrize("damage", ["flip", "magic", "short", "empty"])
+def test_a_damaged_answer_is_removed_and_missed(tmp_path, damage):
+    cache = ArtifactCache(tmp_path)
+    name = core.answer_name("localhost:50051", _digest(b"damaged"))
+    cache.save_answer(name, b"x" * 100)
+    path = Path(cache._answer_path(name))
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[-3] ^= 0x40
+    elif damage == "magic":
+        data[0] ^= 0x20
+    path.write_bytes({"short": bytes(data[:20]), "empty": b""}.get(damage, bytes(data)))
+    assert cache.load_answer(name, 60) is None
+    assert not path.exists()
+
+
+def test_answer_names_are_checked_before_they_become_paths(tmp_path):
+    cache = ArtifactCache(tmp_path)
+    for bad in ("../../etc/passwd", "A" * 64, ""):
+        with pytest.raises(ValueError, match="not a SHA-256 digest"):
+            cache.load_answer(bad, 60)
+        cache.save_answer(bad, b"ignored")  # best effort: nothing written, nothing raised
+        with pytest.raises(core.CoreError) as e:
+            cache.store.drop_answer(bad)
+        assert e.value.code == core.INVALID_ARGUMENT
+    assert not (tmp_path / "answers").exists()
 
 
 def test_store_is_shared_by_processes(tmp_path):

@@ -9,12 +9,14 @@ the whole request; a malformed or unknown key is refused naming the rule; a clie
 from memory with kilnd gone. Answers kilnd gave this machine are used again by a fresh client
 from the local folder (no request to kilnd, kilnd gone too) within their TTL, asked again past
 it, dropped when damaged, and verified again when their file is not private; an answer signed
-by a key no longer trusted is not used.
+by a key no longer trusted is not used. The C++ Session shares them: each client runs what the
+other was answered, with kilnd gone.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -25,7 +27,7 @@ import kiln
 from conftest import find_kilnd, no_kilnd
 from kiln.connection import request_key
 from kiln.errors import CompileError, NotFoundError
-from kiln.v1 import service_pb2
+from kiln.v1 import graph_pb2, service_pb2
 from random_graphs import make_graph
 
 
@@ -192,3 +194,55 @@ def test_a_malformed_answer_ttl_is_refused_naming_the_variable(server, monkeypat
     monkeypatch.setenv("KILN_ANSWER_TTL", "0")
     with kiln.Client(server) as c:
         assert c.answer_ttl == 0
+
+
+def _example_softmax(rows: int, cols: int):
+    """The graph kiln_example (client/examples/session_example.cc) builds, message for message,
+    so that both clients compute one request key for it."""
+    g = graph_pb2.Graph()
+    x = g.inputs.add(name="x")
+    x.type.dtype = graph_pb2.F32
+    x.type.shape.extend([rows, cols])
+    node = g.nodes.add(op="softmax", name="probs", inputs=[0])
+    node.attrs["axis"].i = -1
+    g.outputs.append(1)
+    return g
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_the_cpp_session_and_python_share_this_machines_answers(tmp_path, rng):
+    binary = find_kilnd()
+    if binary is None:
+        no_kilnd()
+    example = binary.parent.parent / "client" / "cpp" / "kiln_example"
+    if not example.is_file():
+        pytest.skip(f"kiln_example is not built (looked for {example})")
+    target = "cpu:x86-64-v2"
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "local"), "KILN_ANSWER_TTL": "60"}
+
+    def cpp(address: str, rows: int, cols: int) -> str:
+        run = subprocess.run([str(example), "--server", address, "--target", target, "--rows", str(rows),
+                              "--cols", str(cols)], env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert run.stdout.count("PASS") == 3, run.stdout
+        return run.stdout
+
+    by_python, by_cpp = _example_softmax(33, 70), _example_softmax(40, 50)
+    with kiln.local.LocalDaemon(binary, tmp_path / "d") as d:
+        with kiln.Client(d.address, cache_dir=tmp_path / "local", answer_ttl=60) as c:
+            x = rng.standard_normal((33, 70)).astype(np.float32)
+            np.testing.assert_allclose(c.compile(by_python, target)(x), _softmax(x), rtol=1e-5, atol=1e-7)
+            cpp_name = c._answer_name(_key_of(c, by_cpp, target))
+        assert "compiled" in cpp(d.address, 40, 50)
+        assert Path(c.cache._answer_path(cpp_name)).is_file(), "C++ saved its answer under another name"
+        address = d.address
+    # kilnd gone: each client runs what the other was answered (its artifact is here too).
+    assert "cache hit (this machine's answer)" in cpp(address, 33, 70)
+    with kiln.Client(address, cache_dir=tmp_path / "local", answer_ttl=60, max_attempts=1, timeout=2.0) as c:
+        x = rng.standard_normal((40, 50)).astype(np.float32)
+        np.testing.assert_allclose(c.compile(by_cpp, target)(x), _softmax(x), rtol=1e-5, atol=1e-7)
+        assert c.machine_hits == 1

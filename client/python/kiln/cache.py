@@ -10,27 +10,24 @@ Under the root (``$KILN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kiln``, else ``~/.ca
     answers/<xx>/<name>       kilnd's answers to requests made from this machine, by request
                               key and daemon address (:meth:`ArtifactCache.load_answer`)
 
-The artifact folder is kept by the native client core (``client/core/store.h``, through
-:mod:`kiln.core`), the very code the C++ client uses, so a machine running both keeps each
-artifact once under one set of rules: written to a temporary name and renamed into place (a
-reader never sees a partial artifact, several processes may fill the folder at once), hashed
-before its first use in a process, deleted when it does not match its name, and artifacts an
-older client left elsewhere adopted the first time they are asked for. Handle manifests are this
-package's own, and so are answers: a magic line, the SHA-256 of the serialized
-``CompileResponse`` and the response, written atomically; the file's modification time is when
-kilnd last gave it.
+The artifact and answers folders are kept by the native client core (``client/core/store.h``
+and ``answers.h``, through :mod:`kiln.core`), the very code the C++ client uses, so a machine
+running both keeps each artifact once under one set of rules: written to a temporary name and
+renamed into place (a reader never sees a partial artifact, several processes may fill the
+folder at once), hashed before its first use in a process, deleted when it does not match its
+name, and artifacts an older client left elsewhere adopted the first time they are asked for.
+Answers are shared the same way: one a Python process saved answers a C++ ``Session`` and the
+reverse (the file format is ``client/core/FORMAT.md``). Handle manifests are this package's own.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
@@ -89,7 +86,6 @@ class ArtifactCache:
         self._store: Optional[core.Store] = None
         self._lock = threading.Lock()
         self._manifests: set[str] = set()  # handles whose manifest this process saw saved
-        self._answers = str(self.root / "answers")
 
     @property
     def store(self) -> core.Store:
@@ -168,43 +164,31 @@ class ArtifactCache:
         except (OSError, ValueError):
             return None
 
-    # Answers: kilnd's responses to requests made from this machine (Client's answer tier).
-
-    _ANSWER_MAGIC = b"kiln-answer-v1\n"
-
-    def _answer_path(self, name: str) -> str:
-        # A string, not a Path: this is on a hit path measured in microseconds.
-        check_digest(name)
-        return os.path.join(self._answers, name[:2], name)
+    # Answers: kilnd's responses to requests made from this machine (Client's answer tier), kept
+    # by the core.
 
     def load_answer(self, name: str, max_age_s: float) -> Optional[tuple[bytes, bool]]:
         """The response stored under ``name`` (64 hex digits) when it is there, intact, and
         given by kilnd at most ``max_age_s`` seconds ago, with whether the file is private to
         this user (owned by it, writable by no one else); None otherwise. A damaged file is
-        removed."""
-        path = self._answer_path(name)
+        removed. ValueError for a malformed name."""
         try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                if time.time() - st.st_mtime > max_age_s:
-                    return None
-                data = f.read()
-        except OSError:
-            return None
-        head = len(self._ANSWER_MAGIC)
-        body = data[head + 32:]
-        if data[:head] != self._ANSWER_MAGIC or hashlib.sha256(body).digest() != data[head:head + 32]:
-            _unlink_quietly(path)
-            return None
-        private = st.st_uid == os.getuid() and not st.st_mode & 0o022
-        return body, private
+            return self.store.load_answer(name, max_age_s)
+        except core.CoreError as e:
+            raise ValueError(str(e)) from None
 
     def save_answer(self, name: str, response: bytes) -> None:
         """Stores a response kilnd gave under ``name`` (best effort: errors are ignored)."""
-        with contextlib.suppress(OSError, ValueError):
-            atomic_write(Path(self._answer_path(name)),
-                         self._ANSWER_MAGIC + hashlib.sha256(response).digest() + response)
+        with contextlib.suppress(core.CoreError):
+            self.store.save_answer(name, response)
 
     def drop_answer(self, name: str) -> None:
         """Forgets the answer stored under ``name``."""
-        _unlink_quietly(self._answer_path(name))
+        with contextlib.suppress(core.CoreError):
+            self.store.drop_answer(name)
+
+    def _answer_path(self, name: str) -> str:
+        """Where the answer ``name`` lives, whether or not it is there, as the core lays the
+        folder out (``client/core/answers.h``): for tests that damage or age a file."""
+        check_digest(name)
+        return os.path.join(self.root, "answers", name[:2], name)

@@ -20,7 +20,6 @@ digest right before they are loaded.
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 import threading
 from collections import OrderedDict
@@ -28,7 +27,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from . import cuda
+from . import core, cuda
 from . import dtypes as dt
 from .connection import DEFAULT_ADDRESS, Connection, TargetLike, make_options, request_key
 from .errors import ArtifactError, CompileError, KilnError, NotFoundError, VerificationError
@@ -132,7 +131,7 @@ class Client(Connection):
         return known.again()
 
     def _answer_name(self, key: str) -> str:
-        return hashlib.sha256(f"{self.address}\0{key}".encode()).hexdigest()
+        return core.answer_name(self.address, key)
 
     def _machine_answer(self, key: str, graph: Any) -> Optional["Compiled"]:
         """The answer kilnd gave this machine for the request with ``key``, from the local

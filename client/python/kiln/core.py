@@ -1,6 +1,7 @@
 """The binding to kiln's native client core (``libkiln_core.so``, C ABI in
-``client/core/kiln_core.h``): the one implementation of the artifact store, the CPU library
-loader and the CUDA loader and launcher that the C++ client uses too, reached through ctypes.
+``client/core/kiln_core.h``): the one implementation of the artifact store and the answers
+folder beside it, the CPU library loader and the CUDA loader and launcher that the C++ client
+uses too, reached through ctypes.
 
 The library ships inside the wheel (``kiln/_native/libkiln_core.so``, built by the wheel's
 build hook with libcrypto and the C++ runtime linked in, so it needs only libc).
@@ -18,7 +19,7 @@ from typing import Any, Optional, Sequence, Union
 from .errors import KilnError
 
 #: The C ABI version this module speaks (KILN_CORE_ABI_VERSION).
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 # enum kiln_core_error.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, DATA_LOSS, UNAVAILABLE, INTERNAL = range(7)
@@ -86,6 +87,12 @@ def _open(path: Path) -> ctypes.CDLL:
         "kiln_store_add": ([vp, vp, sz, ctypes.c_char_p, ctypes.c_char_p, sz], ctypes.c_int),
         "kiln_store_counters": ([vp, p64, p64, p64], None),
         "kiln_sha256_hex": ([vp, sz, ctypes.c_char_p], None),
+        "kiln_answer_name": ([cp, cp, ctypes.c_char_p], None),
+        "kiln_store_load_answer": ([vp, cp, ctypes.c_double, ctypes.POINTER(vp), ctypes.POINTER(sz),
+                                    ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
+        "kiln_store_save_answer": ([vp, cp, vp, sz], ctypes.c_int),
+        "kiln_store_drop_answer": ([vp, cp], ctypes.c_int),
+        "kiln_core_free": ([vp], None),
         "kiln_cpu_open": ([cp], vp),
         "kiln_cpu_open_image": ([vp, sz, cp], vp),
         "kiln_cpu_abi_version": ([vp], ctypes.c_uint32),
@@ -143,8 +150,17 @@ def sha256_hex(data: Union[bytes, bytearray, memoryview]) -> str:
     return out.value.decode()
 
 
+def answer_name(address: str, request_key: str) -> str:
+    """The name of the answer to ``request_key`` from the daemon at ``address`` in the answers
+    folder (``client/core/FORMAT.md``)."""
+    out = ctypes.create_string_buffer(65)
+    lib().kiln_answer_name(address.encode(), request_key.encode(), out)
+    return out.value.decode()
+
+
 class Store:
-    """The machine's artifact store (``client/core/store.h`` states its layout and rules)."""
+    """The machine's artifact store (``client/core/store.h`` states its layout and rules), and
+    the answers folder under the same root (``client/core/answers.h``)."""
 
     def __init__(self, root: Optional[Union[str, Path]] = None) -> None:
         lib_ = lib()
@@ -197,6 +213,33 @@ class Store:
         if rc < 0:
             raise last_error()
         return digest.value.decode(), Path(out.value.decode())
+
+    def load_answer(self, name: str, max_age_s: float) -> Optional[tuple[bytes, bool]]:
+        """The answer saved under ``name`` when it is there, intact and at most ``max_age_s``
+        seconds old, with whether its file is private to this user; None otherwise (a damaged
+        file is removed). CoreError INVALID_ARGUMENT for a malformed name."""
+        data, size, private = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_int()
+        rc = self._lib.kiln_store_load_answer(self._handle, name.encode(), max_age_s, ctypes.byref(data),
+                                              ctypes.byref(size), ctypes.byref(private))
+        if rc <= 0:
+            if rc < 0:
+                raise last_error()
+            return None
+        try:
+            return ctypes.string_at(data, size.value), bool(private.value)
+        finally:
+            self._lib.kiln_core_free(data)
+
+    def save_answer(self, name: str, response: bytes) -> None:
+        """Saves ``response`` as the answer ``name``, atomically (CoreError when the name is
+        malformed or the file system refuses)."""
+        if self._lib.kiln_store_save_answer(self._handle, name.encode(), response, len(response)) < 0:
+            raise last_error()
+
+    def drop_answer(self, name: str) -> None:
+        """Forgets the answer ``name`` (CoreError INVALID_ARGUMENT for a malformed name)."""
+        if self._lib.kiln_store_drop_answer(self._handle, name.encode()) < 0:
+            raise last_error()
 
     def counters(self) -> dict[str, int]:
         """hits, corruptions and puts since this store was opened."""

@@ -10,31 +10,18 @@
 
 #include <atomic>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/key/digest.h"
+#include "tests/unit/client/test_support.h"
 
 namespace kiln::client {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-void Overwrite(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << bytes;
-}
 
 class ArtifactCacheTest : public ::testing::Test {
  protected:
@@ -153,6 +140,31 @@ TEST_F(ArtifactCacheTest, FetchErrorStoresNothing) {
   });
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_FALSE(fs::exists(cache_->PathFor(digest_)));
+}
+
+// A fetch that checks its bytes itself (the client's does) has them stored without a second
+// hash; the store still hashes a file before a process first uses it, so bytes that a broken
+// fetch got wrong are deleted at the next find, never handed out.
+TEST_F(ArtifactCacheTest, AVerifyingFetchIsStoredWithoutASecondHash) {
+  auto path = cache_->GetOrFetchVerified(digest_, Server());
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(ReadAll(*path), bytes_);
+  EXPECT_EQ(fetch_calls_, 1);
+  auto again = cache_->GetOrFetchVerified(digest_, Server());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(fetch_calls_, 1);
+
+  const std::string other = key::Sha256Hex("other bytes");
+  auto wrong = cache_->GetOrFetchVerified(
+      other,
+      [](const std::string&) -> absl::StatusOr<std::string> { return std::string("not them"); });
+  ASSERT_TRUE(wrong.ok()) << wrong.status();
+  auto fresh = ArtifactCache::Open(root_);  // another process: nothing verified yet
+  ASSERT_TRUE(fresh.ok());
+  auto found = (*fresh)->Find(other);
+  ASSERT_TRUE(found.ok());
+  EXPECT_FALSE(found->has_value());
+  EXPECT_FALSE(fs::exists(cache_->PathFor(other)));
 }
 
 TEST_F(ArtifactCacheTest, TheFinalNameAppearsOnlyWhenTheBytesAreWhole) {

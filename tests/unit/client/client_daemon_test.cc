@@ -61,44 +61,36 @@ std::vector<float> Softmax(const std::vector<float>& x, int64_t rows, int64_t co
 class ClientDaemonTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(MakeTempDir());
-    ASSERT_FALSE(dir_->empty());
-    kilnd_ = new testing::KilndProcess();
-    const std::string error = kilnd_->Start(*dir_ + "/server-cache");
-    ASSERT_EQ(error, "");
+    suite_ = new SuiteDaemon();
+    ASSERT_EQ(suite_->Start(), "");
   }
   static void TearDownTestSuite() {
-    if (kilnd_ != nullptr) {
-      EXPECT_EQ(kilnd_->Stop(), 0);
+    if (suite_ != nullptr) {
+      EXPECT_EQ(suite_->kilnd().Stop(), 0);
     }
-    delete kilnd_;
-    kilnd_ = nullptr;
-    if (dir_ != nullptr) fs::remove_all(*dir_);
-    delete dir_;
-    dir_ = nullptr;
+    delete suite_;
+    suite_ = nullptr;
   }
 
   void SetUp() override {
-    ASSERT_NE(kilnd_, nullptr);
-    ASSERT_FALSE(kilnd_->address().empty());
+    ASSERT_NE(suite_, nullptr);
+    ASSERT_FALSE(suite_->kilnd().address().empty());
   }
 
   // A session on the suite's daemon with a local cache of its own (or a shared one).
   std::unique_ptr<Session> NewSession(const std::string& cache_name) {
     SessionOptions options;
-    options.client.address = kilnd_->address();
-    options.cache_dir = *dir_ + "/" + cache_name;
+    options.client.address = suite_->kilnd().address();
+    options.cache_dir = suite_->dir() + "/" + cache_name;
     auto session = Session::Create(options);
     EXPECT_TRUE(session.ok()) << session.status();
     return session.ok() ? std::move(*session) : nullptr;
   }
 
-  static testing::KilndProcess* kilnd_;
-  static std::string* dir_;
+  static SuiteDaemon* suite_;
 };
 
-testing::KilndProcess* ClientDaemonTest::kilnd_ = nullptr;
-std::string* ClientDaemonTest::dir_ = nullptr;
+SuiteDaemon* ClientDaemonTest::suite_ = nullptr;
 
 TEST_F(ClientDaemonTest, SoftmaxCompilesLoadsRunsAndIsCachedAtBothEnds) {
   const v1::Graph graph = SoftmaxGraph(kRows, kCols);

@@ -362,6 +362,42 @@ TEST_F(FakeDriver, RawKernelRaisesItsSharedMemoryLimitOnlyForANewMaximum) {
   EXPECT_EQ(dry.LimitTries().back(), 64 * 1024);
 }
 
+// Steps of one kernel asking different amounts of dynamic shared memory: the module sets each
+// kernel's limit once, to the most any of its steps asks, so no step finds it lowered under
+// what it needs (the driver sets the limit; it does not raise it).
+TEST_F(FakeDriver, StepsOfOneKernelGetItsLargestSharedMemoryLimit) {
+  DryRun dry(driver_);
+  core::CudaPlan plan;
+  plan.abi_version = 1;
+  for (core::CudaPlan::Role role : {core::CudaPlan::Role::kInput, core::CudaPlan::Role::kOutput}) {
+    core::CudaPlan::Buffer& b = plan.buffers.emplace_back();
+    b.role = role;
+    b.dtype = "F32";
+    b.shape = {512};
+    b.bytes = 2048;
+  }
+  const std::pair<const char*, unsigned> steps[] = {{"k", 96},     {"k", 64}, {"small", 16},
+                                                    {"other", 80}, {"k", 32}, {"other", 100}};
+  for (const auto& [kernel, kib] : steps) {
+    core::CudaPlan::Step& s = plan.steps.emplace_back();
+    s.kernel = kernel;
+    s.grid[0] = 4;
+    s.block[0] = 128;
+    s.shared_bytes = kib * 1024;
+    s.args = {0, 1};
+  }
+  std::string error;
+  std::unique_ptr<core::CudaModule> m =
+      core::CudaModule::Load(kRawCubin, "", std::move(plan), &error, 0);
+  ASSERT_NE(m, nullptr) << error;
+  EXPECT_EQ(dry.LimitTries(), (std::vector<int>{96 * 1024, 100 * 1024}));
+  float in = 0, out = 0;
+  void* buffers[2] = {&in, &out};
+  EXPECT_TRUE(m->Run(buffers, nullptr, nullptr, &error)) << error;
+  EXPECT_EQ(launch_count_(), 6);
+  EXPECT_EQ(dry.OverLimitLaunches(), 0);
+}
+
 // Launches from many threads, each needing its own amount of shared memory: none finds the
 // limit below what it needs (two raising it at once must not leave the lower setting last), and
 // the limit is only ever raised.

@@ -60,6 +60,7 @@ void fake_cuda_dry_run(int on) {
   dry_run = on != 0;
   launched.clear();
   launch_streams.clear();
+  shared_limit.clear();
   shared_limit_tries.clear();
   over_limit_launches = 0;
 }
@@ -135,8 +136,12 @@ int cuModuleGetFunction(void** fn, void* module, const char* name) {
   // In a dry run any name resolves: the kernel is never called.
   void* f = module == &dry_run ? &dry_run : dlsym(module, name);
   if (!f) return 500;  // CUDA_ERROR_NOT_FOUND
-  // The name travels with the handle, for the launch record.
-  auto* rec = new std::pair<void*, std::string>(f, name);
+  // The name travels with the handle, for the launch record. One handle per kernel of a
+  // module, as from the driver: attributes set through one are the kernel's.
+  static std::map<std::pair<void*, std::string>, std::pair<void*, std::string>*> handles;
+  std::lock_guard<std::mutex> lock(mu);
+  auto*& rec = handles[{module, name}];
+  if (rec == nullptr || rec->first != f) rec = new std::pair<void*, std::string>(f, name);
   *fn = rec;
   return 0;
 }
