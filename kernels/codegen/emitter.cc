@@ -107,6 +107,19 @@ std::string ScopedEmitter::Emit(const lower::ExprPtr& ep) {
       text = LoadConvert(
           e.dtype, absl::StrCat(buffer_names_[e.buffer], "[", Address(e.buffer, e.index), " + ",
                                 stride, " * ", at, "]"));
+    } else if (e.kind == Expr::Kind::kUnary && (e.op == "sin" || e.op == "cos") &&
+               ir::IsFloat(e.dtype) && PairsSinCos()) {
+      const std::string arg = Emit(e.args[0]);
+      auto [pair, fresh] = scopes_[target].sincos.try_emplace(arg);
+      if (fresh) {
+        pair->second = {name, NewTemp()};
+        scopes_[target].stmts.push_back(
+            absl::StrCat(ComputeTypeName(e.dtype), " ", name, ", ", pair->second.second,
+                         "; kiln_sincos(", arg, ", &", name, ", &", pair->second.second, ");"));
+      }
+      ref = e.op == "sin" ? pair->second.first : pair->second.second;
+      scopes_[target].cache[&e] = ref;
+      return ref;
     } else {
       std::vector<std::string> args;
       for (const lower::ExprPtr& a : e.args) args.push_back(Emit(a));

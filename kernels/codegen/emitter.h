@@ -65,7 +65,13 @@ class ScopedEmitter {
     int var = -1;
     std::vector<std::string> stmts;
     std::map<const lower::Expr*, std::string> cache;
+    // Backends that pair sin and cos (PairsSinCos): argument text -> (sin, cos) temporaries.
+    std::map<std::string, std::pair<std::string, std::string>> sincos;
   };
+  // Whether sin and cos of one value come from one kiln_sincos(x, &s, &c) call: where both
+  // are needed they share the argument's reduction (compilers do not merge two library calls
+  // that each branch to a slow path); where one is, the other half is dead code.
+  virtual bool PairsSinCos() const { return false; }
   // Prints the loop(s) of a reduction whose value lands in `result`. The default runs the
   // reduction sequentially with an OpenMP simd hint on the innermost loop; `scope_index` is
   // where the statements go. Backends may override.

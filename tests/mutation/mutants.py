@@ -54,15 +54,19 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         name="cuda-sin-cos-swapped",
-        what="the CUDA runtime header maps kiln_sin onto cos and kiln_cos onto sin",
+        what="the CUDA runtime header's kiln_sincos hands back cos as sin and sin as cos",
         file="kernels/runtime/kiln_cuda.h",
-        find="KILN_UNARY(log1p) KILN_UNARY(sin) KILN_UNARY(cos) KILN_UNARY(tan)",
-        replace=("KILN_UNARY(log1p) KILN_UNARY(tan)\n"
-                 "KILN_D float kiln_sin(float x) { return cosf(x); }\n"
-                 "KILN_D double kiln_sin(double x) { return cos(x); }\n"
-                 "KILN_D float kiln_cos(float x) { return sinf(x); }\n"
-                 "KILN_D double kiln_cos(double x) { return sin(x); }\n"),
+        find="KILN_D void kiln_sincos(float x, float* s, float* c) { sincosf(x, s, c); }",
+        replace="KILN_D void kiln_sincos(float x, float* s, float* c) { sincosf(x, c, s); }",
         tests=("gtest:cuda_codegen_test:CudaEmulation.Pointwise",),
+    ),
+    Mutant(
+        name="cuda-sin-cos-not-paired",
+        what="CUDA kernels compute sin and cos of one value with two calls (two argument reductions)",
+        file="kernels/codegen/cuda/cuda_emitter.h",
+        find="bool PairsSinCos() const override { return true; }",
+        replace="bool PairsSinCos() const override { return false; }",
+        tests=("gtest:cuda_codegen_test:CudaFusion.SinAndCosOfOneValueShareOneCall",),
     ),
     Mutant(
         name="slice-start-off-by-one",

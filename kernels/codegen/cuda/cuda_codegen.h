@@ -18,8 +18,8 @@
 namespace kiln::codegen {
 
 // 3: launch-time choices (step guards); 4: a column reduction reading another is split in a
-// second partials launch, up to 128 chunks.
-inline constexpr int kCudaCodegenVersion = 5;
+// second partials launch, up to 128 chunks; 6: sin and cos of one value share one kiln_sincos.
+inline constexpr int kCudaCodegenVersion = 6;
 inline constexpr uint32_t kCudaAbiVersion = 1;
 // Symbolic plans: every kernel takes the sizes as trailing `int` parameters, grids are
 // ceil-divisions of size polynomials, temps are laid out by the launcher (PLAN.md).

@@ -153,6 +153,7 @@ class CudaEmitter : public ScopedEmitter {
  protected:
   void EmitReduce(const lower::Expr& e, const std::string& result, size_t target) override;
   std::string ReducePragma(const lower::Expr&, const std::string&) const override { return ""; }
+  bool PairsSinCos() const override { return true; }  // kiln_cuda.h's kiln_sincos
 
  private:
   void EmitCoopReduce(const lower::Expr& e, const CoopReduce& r, const std::string& result,

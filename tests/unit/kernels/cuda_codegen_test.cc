@@ -159,6 +159,20 @@ TEST(CudaFusion, ReportNamesStrategies) {
   EXPECT_NE(add->source.find("kiln_vstore<4>"), std::string::npos) << add->source;
 }
 
+// sin and cos of one value come from one kiln_sincos call (one argument reduction); a lone
+// sin is a kiln_sincos whose cosine is dead.
+TEST(CudaFusion, SinAndCosOfOneValueShareOneCall) {
+  auto gen = testing::SharedPipeline().Generate(SinCos(1 << 20), CudaTarget(90), CompileOptions{});
+  ASSERT_TRUE(gen.ok()) << gen.status();
+  size_t calls = 0;
+  for (size_t at = gen->source.find("kiln_sincos("); at != std::string::npos;
+       at = gen->source.find("kiln_sincos(", at + 1))
+    ++calls;
+  EXPECT_EQ(calls, 4u) << gen->source;  // one per lane of a 4-wide vector
+  EXPECT_EQ(gen->source.find("kiln_sin("), std::string::npos) << gen->source;
+  EXPECT_EQ(gen->source.find("kiln_cos("), std::string::npos) << gen->source;
+}
+
 TEST(CudaFusion, WholeTensorReductionIsTwoStages) {
   auto g = Make({Ty(DType::kF32, {1 << 22})},
                 [](ir::Builder& b) { return std::vector<ValueId>{*b.Add("sum", {0})}; });
