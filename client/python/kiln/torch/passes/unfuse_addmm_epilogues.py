@@ -46,14 +46,14 @@ def unfuse_addmm_epilogues(graph: torch.fx.Graph) -> int:
         # between the product and its reader: the add moves below the last of them, with the
         # bias viewed as the dimensions that view splits the last one into (an attention
         # projection's heads and head width), so that it adds to the same elements.
-        chain = _reshape_chain(n, meta)
-        sunk = max((i for i, v in enumerate(chain) if node_color(v)[0] is None), default=-1)
-        chain = chain[:sunk + 1]
+        links = _reshape_chain(n, meta)
+        sunk = max((i for i, (v, _) in enumerate(links) if node_color(v)[0] is None), default=-1)
+        chain = [v for v, _ in links[:sunk + 1]]
         anchor = chain[-1] if chain else n  # the node whose value the add replaces
         if (not _read_by_kiln(anchor) or _returned(anchor)) and not _split_k_product(meta, a):
             continue
-        bias_shape = _bias_shape_after(anchor, meta) if chain else None
-        if chain and (bias_shape is None or not isinstance(L.node_meta(bias), torch.Tensor)):
+        bias_shape = links[sunk][1] if chain else None
+        if chain and not isinstance(L.node_meta(bias), torch.Tensor):
             continue
         with graph.inserting_before(anchor):
             mm = graph.call_function(aten.mm.default, (a, b))
@@ -68,7 +68,7 @@ def unfuse_addmm_epilogues(graph: torch.fx.Graph) -> int:
             add = graph.call_function(aten.add.Tensor, (base, addend))
             add.meta.update(anchor.meta)
         anchor.replace_all_uses_with(add)
-        for old in [*reversed(chain), n] if chain else [n]:
+        for old in [*reversed(chain), n]:
             graph.erase_node(old)
         done += 1
     return done
@@ -97,17 +97,18 @@ def _split_k_product(out: torch.Tensor, a: torch.fx.Node) -> bool:
     return k >= 2 * n and -(-m // 128) * -(-n // 128) < sms
 
 
-def _reshape_chain(n: torch.fx.Node, src: torch.Tensor) -> list[torch.fx.Node]:
+def _reshape_chain(n: torch.fx.Node, src: torch.Tensor) -> list[tuple[torch.fx.Node, tuple[int, ...]]]:
     """The reshapes that follow ``n`` one after the other, each the only reader of the one
     before (the first, of ``n``) and each keeping ``src``'s last dimension in its trailing
-    ones (:func:`_bias_shape_after`)."""
-    chain: list[torch.fx.Node] = []
+    ones, with those trailing dimensions (:func:`_bias_shape_after`)."""
+    chain: list[tuple[torch.fx.Node, tuple[int, ...]]] = []
     cur = n
     while len(cur.users) == 1:
         (v,) = cur.users
-        if _bias_shape_after(v, src) is None:
+        shape = _bias_shape_after(v, src)
+        if shape is None:
             break
-        chain.append(v)
+        chain.append((v, shape))
         cur = v
     return chain
 
