@@ -95,8 +95,8 @@ class Wire {
 };
 
 // CpuResult spelled otherwise: fields out of order, repeated integers unpacked, the plan and
-// the target given in two parts (merged), a oneof member replaced, unknown fields of every wire
-// type (a group among them) and a known field number with a wrong wire type.
+// the target given in two parts (merged), a oneof's members replacing each other, unknown fields of
+// every wire type (a group among them) and a known field number with a wrong wire type.
 std::string ScrambledCpuResult() {
   const std::string unknown = Wire()
                                   .Int(99, 7)
@@ -133,12 +133,14 @@ std::string ScrambledCpuResult() {
   const std::string plan2 = Wire().Len(2, step).Len(1, temp).Raw(unknown).Int(3, 128).str();
   const std::string artifact1 = Wire().Int(3, 12345).Len(2, std::string(64, 'a')).Int(1, 1).str();
   const std::string artifact2 = Wire().Len(2, std::string(64, 'b')).Int(3, 678).Int(1, 4).str();
+  const std::string cpu0 = Wire().Len(1, Wire().Len(1, "x86-64-v2").Len(2, "sse4.2").str()).str();
   const std::string cuda = Wire().Len(2, Wire().Int(1, 80).str()).str();
   const std::string cpu1 = Wire().Len(1, Wire().Len(1, "x86-64-v3").Len(2, "avx2").str()).str();
   const std::string cpu2 = Wire().Len(1, Wire().Len(2, "fma").str()).str();
   return Wire()
       .Len(7, Wire().Len(2, "abc").Len(1, "graph").str())
-      .Len(6, cuda)  // replaced by the cpu member below
+      .Len(6, cpu0)  // replaced by the cuda member, and that by the cpu member below
+      .Len(6, cuda)
       .Len(2, plan1)
       .Raw(unknown)
       .Len(6, cpu1)
