@@ -1,5 +1,6 @@
 // The C ABI of kiln_core.h over ArtifactStore, AnswerFolder, CpuLibrary, CudaModule,
 // CudaFunction, and wire/'s signed-result encoding, KeyRing and request key.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -249,7 +250,7 @@ int kiln_result_signed_bytes(const char* handle, const void* result, size_t resu
   // Never a zero-byte buffer (the encoding is never empty: it starts with its domain).
   void* copy = std::malloc(decoded->bytes.size());
   if (copy == nullptr) return Fail(KILN_CORE_INTERNAL, "out of memory");
-  std::memcpy(copy, decoded->bytes.data(), decoded->bytes.size());
+  std::copy(decoded->bytes.begin(), decoded->bytes.end(), static_cast<char*>(copy));
   *bytes = copy;
   *num_bytes = decoded->bytes.size();
   Record({});
