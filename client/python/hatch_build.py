@@ -48,8 +48,9 @@ def _load_protogen(root: Path) -> Any:
 
 # The core's files, relative to the repository root (an sdist carries them at the same paths
 # under kiln/native/): the library sources listed in client/core/sources.txt (CMake reads the
-# same list; it names them from the root, as one, kernels/key/sha256.cc, is shared with the rest
-# of kiln), the C ABI, and the headers and linker version script beside them.
+# same list; it names them from the root, as some, kernels/key/sha256.cc and the wire/ files,
+# are shared with the rest of kiln), the C ABI, and the headers and linker version script beside
+# them.
 CORE_DIR = "client/core"
 CORE_LIST = f"{CORE_DIR}/sources.txt"
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -265,3 +267,91 @@ def test_core_is_the_one_the_tests_built():
     """The suite loads the build's core (conftest), so a rebuilt core is what it tests."""
     if os.environ.get("KILN_BINARY_DIR"):
         assert Path(os.environ["KILN_CORE_LIBRARY"]) == Path(os.environ["KILN_BINARY_DIR"]) / "client/core/libkiln_core.so"
+
+
+# ---------------------------------------------------------------- signed bytes, request keys, trust
+# kiln.trust and kiln.connection.request_key compute nothing themselves: the core runs wire/'s
+# code, the code kilnd and the C++ client run (tests/unit/wire covers it from C++).
+
+HANDLE = "0123456789abcdef" * 4
+
+
+def _cpu_result() -> Any:
+    """tests/unit/wire/result_bytes_test.cc's CpuResult, whose signed bytes it pins."""
+    from kiln.v1 import service_pb2 as pb
+
+    r = pb.ActionResult(key_debug="graph=...\ntarget=cpu:x86-64-v3\n", compile_log="g++ said nothing")
+    r.artifacts.add(kind=pb.SHARED_OBJECT, digest="a" * 64, size=12345)
+    r.artifacts.add(kind=pb.SOURCE, digest="b" * 64, size=678)
+    r.plan.buffers.add(role=pb.INPUT, dtype=3, shape=[4, 8], bytes=128)
+    r.plan.buffers.add(role=pb.TEMP, index=-1, bytes=64, offset=64)
+    r.plan.steps.add(kernel="k0", grid=[4000000000], block=[128], shared_bytes=512, args=[0, 1])
+    r.plan.workspace_bytes, r.plan.abi_version = 128, 1
+    r.target.cpu.isa = "x86-64-v3"
+    r.target.cpu.features.extend(["avx2", "fma"])
+    r.key_fields.add(label="graph", value="abc")
+    r.stats.total_ms = 12.5
+    return r
+
+
+def test_signed_bytes_are_the_cores_and_the_cpp_tests_golden():
+    from kiln.trust import canonical_result_bytes
+
+    r = _cpu_result()
+    signed = canonical_result_bytes(HANDLE, r)
+    assert hashlib.sha256(signed).hexdigest() == "c2991c984319a35599bd7d10425b95762221c2e52c2fb78feaaf396eec288f9b"
+    assert signed == core.result_signed_bytes(HANDLE, r.SerializeToString())
+    with pytest.raises(core.CoreError) as e:
+        core.result_signed_bytes(HANDLE, b"\x0a\x09")  # a length past the end
+    assert e.value.code == core.INVALID_ARGUMENT and "not a serialized kiln.v1.ActionResult" in str(e.value)
+
+
+def test_request_keys_are_the_cores(rng, monkeypatch):
+    import kiln
+    from kiln.connection import make_options, request_key
+    from kiln.v1 import service_pb2
+
+    b = kiln.GraphBuilder()
+    x = b.input("x", "f32", tuple(int(n) for n in rng.integers(1, 64, size=int(rng.integers(1, 4)))))
+    graph = b.build(b.exp(x) * float(rng.standard_normal()) + 1.0)
+    target = service_pb2.Target()
+    target.cuda.sm = 90
+    options = make_options(opt_level=int(rng.integers(0, 4)), variant=int(rng.integers(0, 3)))
+    parts = [m.SerializeToString(deterministic=True) for m in (graph, target, options)]
+    spelled = hashlib.sha256(b"kiln-request-key-v1\n" + b"".join(len(p).to_bytes(8, "little") + p for p in parts))
+    assert request_key(graph, target, options) == core.request_key(*parts) == spelled.hexdigest()
+    monkeypatch.setattr(core, "request_key", lambda *parts: "from the core")
+    assert request_key(graph, target, options) == "from the core"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_trust_policy_checks_signatures_in_the_core(tmp_path):
+    """A key pair and a signature made by the openssl command, checked without a daemon."""
+    from kiln.errors import VerificationError
+    from kiln.trust import TrustPolicy, canonical_result_bytes, key_id_of
+
+    key, pub = tmp_path / "k.pem", tmp_path / "k.pub"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True, capture_output=True)
+    subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True, capture_output=True)
+    der = subprocess.run(["openssl", "pkey", "-pubin", "-in", str(pub), "-outform", "DER"], check=True,
+                         capture_output=True).stdout
+    r = _cpu_result()
+    (tmp_path / "signed").write_bytes(canonical_result_bytes(HANDLE, r))
+    r.signature.algorithm, r.signature.key_id = "ed25519", key_id_of(der[-32:])
+    r.signature.signature = subprocess.run(
+        ["openssl", "pkeyutl", "-sign", "-rawin", "-inkey", str(key), "-in", str(tmp_path / "signed")], check=True,
+        capture_output=True).stdout
+    policy = TrustPolicy([pub])
+    assert policy.key_ids == [r.signature.key_id]
+    policy.check(HANDLE, r)
+    r.plan.steps[0].block[0] = 64
+    with pytest.raises(VerificationError, match="does not match its contents"):
+        policy.check(HANDLE, r)
+    subprocess.run(["openssl", "genpkey", "-algorithm", "x25519", "-out", str(tmp_path / "x.pem")], check=True,
+                   capture_output=True)
+    subprocess.run(["openssl", "pkey", "-in", str(tmp_path / "x.pem"), "-pubout", "-out", str(tmp_path / "x.pub")],
+                   check=True, capture_output=True)
+    with pytest.raises(ValueError, match="not an Ed25519 public key"):
+        TrustPolicy([tmp_path / "x.pub"])
+    with pytest.raises(ValueError, match="not a readable PEM public key"):
+        TrustPolicy([key])  # the private key

@@ -63,7 +63,6 @@ LOCAL_IMPORTS_ALLOWED: dict[str, str] = {
     "functorch": "ships with torch; functorch.compile imports Dynamo's partitioners",
     "cupy": "an optional array library, never a dependency",
     "sympy": "comes with torch, about 0.3 s to import, needed only for symbolic sizes",
-    "cryptography": "about 40 ms to import, needed only when a trust policy holds keys",
     "grpc_tools": "the protocol modules' generator, needed at build time only, not installed with kiln",
     "importlib.metadata": "about 40 ms to import, needed only to stamp generated protocol modules",
 }

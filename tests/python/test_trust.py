@@ -655,17 +655,18 @@ def test_sighup_reloads_tokens_and_certificates_under_load(tmp_path, kilnd_binar
                      "SIGHUP: reloaded token file")
 
 
-def test_a_client_that_trusts_no_key_needs_no_cryptography():
-    # Machines with a preinstalled Python stack (a GPU image, say) may lack the package: only
-    # verifying signatures needs it.
+def test_a_client_needs_no_cryptography_package(pki):
+    # Machines with a preinstalled Python stack (a GPU image, say) may lack the package: keys are
+    # read and signatures checked by the native core, so even a client with keys does without.
     code = ("import sys; sys.modules['cryptography'] = None\n"
             "from kiln.trust import TrustPolicy\n"
             "p = TrustPolicy([], None); assert p.allow_unsigned\n"
-            "try:\n    TrustPolicy(['missing.pem'], None)\nexcept ImportError:\n    print('needs it for keys')\n")
+            f"p = TrustPolicy([{str(pki.signing[1])!r}], None); assert len(p.key_ids) == 1 and p.verifying\n"
+            "try:\n    TrustPolicy(['missing.pem'], None)\nexcept ValueError as e:\n    print(e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, KILN_TRUSTED_KEYS=""))
     assert r.returncode == 0, r.stderr
-    assert "needs it for keys" in r.stdout
+    assert "trusted key missing.pem: not a readable PEM public key" in r.stdout, r.stdout
 
 
 def test_model_records_are_signed_and_need_their_roles(secure, pki, tmp_path):

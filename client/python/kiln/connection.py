@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import grpc
 
+from . import core
 from ._once import KeyedLocks
 from .cache import ArtifactCache
 from .errors import ArtifactError, CompileError, NotFoundError, RpcError, VerificationError
@@ -35,20 +36,14 @@ TargetLike = Union[str, Target, Any]
 _COMPILE_ERROR_CODES = frozenset({"INVALID_ARGUMENT", "INTERNAL", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED", "UNIMPLEMENTED"})
 
 
-_REQUEST_KEY_DOMAIN = b"kiln-request-key-v1\n"
-
-
 def request_key(graph: Any, target: Any, options: Any) -> str:
     """The request key of a (kiln.v1.Graph, Target, CompileOptions) request, as kilnd computes
     it (wire/FORMAT.md, "Request keys"): lowercase hex SHA-256 over a domain string and each
-    message's deterministic serialization, length-prefixed. A :class:`kiln.Client` asks for a
-    cached result by this key before it sends a whole graph."""
-    h = hashlib.sha256(_REQUEST_KEY_DOMAIN)
-    for message in (graph, target, options):
-        data = message.SerializeToString(deterministic=True)
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-    return h.hexdigest()
+    message's deterministic serialization, length-prefixed, hashed by the native core (the
+    code kilnd runs). A :class:`kiln.Client` asks for a cached result by this key before it
+    sends a whole graph."""
+    return core.request_key(graph.SerializeToString(deterministic=True), target.SerializeToString(deterministic=True),
+                            options.SerializeToString(deterministic=True))
 
 
 def make_options(opt_level: Optional[int] = None, vector_math: bool = True, algebraic_rewrites: bool = True,

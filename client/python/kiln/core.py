@@ -1,7 +1,8 @@
 """The binding to kiln's native client core (``libkiln_core.so``, C ABI in
 ``client/core/kiln_core.h``): the one implementation of the artifact store and the answers
 folder beside it, the CPU library loader and the CUDA loader and launcher that the C++ client
-uses too, reached through ctypes.
+uses too, and of what kilnd and every client must compute alike (the bytes a result's signature
+covers, its Ed25519 check, the request key), reached through ctypes.
 
 The library ships inside the wheel (``kiln/_native/libkiln_core.so``, built by the wheel's
 build hook with libcrypto and the C++ runtime linked in, so it needs only libc).
@@ -19,7 +20,7 @@ from typing import Any, Optional, Sequence, Union
 from .errors import KilnError
 
 #: The C ABI version this module speaks (KILN_CORE_ABI_VERSION).
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 # enum kiln_core_error.
 OK, INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, DATA_LOSS, UNAVAILABLE, INTERNAL = range(7)
@@ -93,6 +94,12 @@ def _open(path: Path) -> ctypes.CDLL:
         "kiln_store_save_answer": ([vp, cp, vp, sz], ctypes.c_int),
         "kiln_store_drop_answer": ([vp, cp], ctypes.c_int),
         "kiln_core_free": ([vp], None),
+        "kiln_result_signed_bytes": ([cp, vp, sz, ctypes.POINTER(vp), ctypes.POINTER(sz)], ctypes.c_int),
+        "kiln_request_key": ([vp, sz, vp, sz, vp, sz, ctypes.c_char_p], None),
+        "kiln_trust_new": ([], vp),
+        "kiln_trust_free": ([vp], None),
+        "kiln_trust_add_key_file": ([vp, cp, ctypes.c_char_p], ctypes.c_int),
+        "kiln_trust_verify": ([vp, cp, vp, sz], ctypes.c_int),
         "kiln_cpu_open": ([cp], vp),
         "kiln_cpu_open_image": ([vp, sz, cp], vp),
         "kiln_cpu_abi_version": ([vp], ctypes.c_uint32),
@@ -156,6 +163,72 @@ def answer_name(address: str, request_key: str) -> str:
     out = ctypes.create_string_buffer(65)
     lib().kiln_answer_name(address.encode(), request_key.encode(), out)
     return out.value.decode()
+
+
+# ------------------------------------------------------------------- signed results, request keys
+
+# enum kiln_trust_outcome.
+(TRUST_OK, TRUST_KEY_UNREADABLE, TRUST_KEY_NOT_PEM, TRUST_KEY_NOT_ED25519, TRUST_MALFORMED, TRUST_UNSIGNED,
+ TRUST_OTHER_ALGORITHM, TRUST_UNTRUSTED_KEY, TRUST_MISMATCH) = range(9)
+
+
+def result_signed_bytes(handle: str, result: bytes) -> bytes:
+    """The bytes the signature of ``result`` (a serialized kiln.v1.ActionResult) for the action
+    ``handle`` covers (wire/FORMAT.md); CoreError INVALID_ARGUMENT for bytes that are no result."""
+    lib_ = lib()
+    data, size = ctypes.c_void_p(), ctypes.c_size_t()
+    if lib_.kiln_result_signed_bytes(handle.encode(), result, len(result), ctypes.byref(data),
+                                     ctypes.byref(size)) != 0:
+        raise last_error()
+    try:
+        return ctypes.string_at(data, size.value)
+    finally:
+        lib_.kiln_core_free(data)
+
+
+def request_key(graph: bytes, target: bytes, options: bytes) -> str:
+    """The request key of a request given as its three messages' deterministic serializations."""
+    out = ctypes.create_string_buffer(65)
+    lib().kiln_request_key(graph, len(graph), target, len(target), options, len(options), out)
+    return out.value.decode()
+
+
+class Trust:
+    """Trusted Ed25519 public keys held by the core, and the check of a result's signature
+    against them. Keys are added before the object is shared between threads."""
+
+    def __init__(self) -> None:
+        lib_ = lib()
+        handle = lib_.kiln_trust_new()
+        if not handle:
+            raise CoreError("out of memory", INTERNAL)
+        self._handle = handle
+        self._lib = lib_
+        self._verify = lib_.kiln_trust_verify
+
+    def __del__(self) -> None:
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle:
+            self._lib.kiln_trust_free(handle)
+
+    def add_key_file(self, path: str) -> tuple[int, str]:
+        """Adds the PEM Ed25519 public key in ``path``: (TRUST_OK, its key id), or (the outcome,
+        the core's message) when the file is not such a key."""
+        key_id = ctypes.create_string_buffer(17)
+        outcome = self._lib.kiln_trust_add_key_file(self._handle, path.encode(), key_id)
+        if outcome < 0:
+            raise last_error()
+        if outcome != TRUST_OK:
+            return outcome, last_error().args[0]
+        return TRUST_OK, key_id.value.decode()
+
+    def verify(self, handle: str, result: bytes) -> int:
+        """The outcome of checking ``result`` (a serialized kiln.v1.ActionResult) for the action
+        ``handle``: TRUST_OK, or what refuses it (the core's message in :func:`last_error`)."""
+        outcome = self._verify(self._handle, handle.encode(), result, len(result))
+        if outcome < 0:
+            raise last_error()
+        return int(outcome)
 
 
 class Store:

@@ -13,71 +13,18 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/unit/wire/sample_results.h"
 
 namespace kiln::auth {
 namespace {
 
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kiln-auth-XXXXXX").string();
-    path_ = mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using wire::testing::CpuResult;
+using wire::testing::kHandle;
+using wire::testing::TempDir;
 
 void WriteText(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-}
-
-constexpr char kHandle[] = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-
-// A result with every signed field set, and the unsigned ones too.
-v1::ActionResult SampleResult() {
-  v1::ActionResult r;
-  v1::Artifact* so = r.add_artifacts();
-  so->set_kind(v1::SHARED_OBJECT);
-  so->set_digest(std::string(64, 'a'));
-  so->set_size(12345);
-  v1::Artifact* src = r.add_artifacts();
-  src->set_kind(v1::SOURCE);
-  src->set_digest(std::string(64, 'b'));
-  src->set_size(678);
-  v1::LaunchPlan* plan = r.mutable_plan();
-  v1::PlanBuffer* in = plan->add_buffers();
-  in->set_role(v1::INPUT);
-  in->set_index(0);
-  in->set_dtype(v1::F32);
-  in->add_shape(4);
-  in->add_shape(8);
-  in->set_bytes(128);
-  v1::PlanBuffer* tmp = plan->add_buffers();
-  tmp->set_role(v1::TEMP);
-  tmp->set_bytes(64);
-  tmp->set_offset(64);
-  v1::PlanStep* step = plan->add_steps();
-  step->set_kernel("k0");
-  step->add_grid(2);
-  step->add_block(128);
-  step->set_shared_bytes(512);
-  step->add_args(0);
-  step->add_args(1);
-  plan->set_workspace_bytes(128);
-  plan->set_abi_version(1);
-  r.mutable_target()->mutable_cpu()->set_isa("x86-64-v3");
-  r.set_key_debug("graph=...\ntarget=cpu:x86-64-v3\n");
-  r.set_compile_log("g++ said nothing");
-  r.mutable_stats()->set_total_ms(12.5);
-  return r;
 }
 
 struct Keys {
@@ -213,7 +160,7 @@ TEST(Authorizer, CompileSlotsAreBoundedPerToken) {
 }
 
 TEST(Signing, CanonicalBytesCoverSignedFieldsOnly) {
-  const v1::ActionResult base = SampleResult();
+  const v1::ActionResult base = CpuResult();
   const std::string bytes = CanonicalResultBytes(kHandle, base);
   EXPECT_EQ(bytes.rfind("kiln-result-signature-v1\n", 0), 0u);
 
@@ -235,7 +182,7 @@ TEST(Signing, CanonicalBytesCoverSignedFieldsOnly) {
 
 TEST(Signing, SignedResultVerifiesAndTamperingIsRefused) {
   std::unique_ptr<Keys> keys = MakeKeys();
-  v1::ActionResult r = SampleResult();
+  v1::ActionResult r = CpuResult();
   ASSERT_TRUE(keys->signer->Sign(kHandle, &r).ok());
   EXPECT_EQ(r.signature().algorithm(), "ed25519");
   EXPECT_EQ(r.signature().key_id(), keys->signer->key_id());
@@ -260,7 +207,7 @@ TEST(Signing, SignedResultVerifiesAndTamperingIsRefused) {
 
 TEST(Signing, TenThousandRandomByteMutationsAreAllRefused) {
   std::unique_ptr<Keys> keys = MakeKeys();
-  v1::ActionResult r = SampleResult();
+  v1::ActionResult r = CpuResult();
   r.clear_compile_log();  // unsigned fields: a change there is no tampering
   r.clear_stats();
   ASSERT_TRUE(keys->signer->Sign(kHandle, &r).ok());
@@ -279,6 +226,9 @@ TEST(Signing, TenThousandRandomByteMutationsAreAllRefused) {
       ++unparsable;
       continue;
     }
+    // Bits a varint carries past its field's width (a uint32's fifth byte, a negative int32's
+    // tenth) are dropped by the parser: the same record, not a changed one.
+    if (parsed.SerializeAsString() == record) continue;
     if (keys->trusted.VerifyResult(kHandle, parsed).ok()) ++accepted;
   }
   EXPECT_EQ(accepted, 0);
@@ -288,8 +238,8 @@ TEST(Signing, TenThousandRandomByteMutationsAreAllRefused) {
 TEST(Signing, UntrustedKeyIsRefusedAndRotationAcceptsBothKeys) {
   std::unique_ptr<Keys> old_keys = MakeKeys("old");
   std::unique_ptr<Keys> new_keys = MakeKeys("new");
-  v1::ActionResult by_old = SampleResult();
-  v1::ActionResult by_new = SampleResult();
+  v1::ActionResult by_old = CpuResult();
+  v1::ActionResult by_new = CpuResult();
   ASSERT_TRUE(old_keys->signer->Sign(kHandle, &by_old).ok());
   ASSERT_TRUE(new_keys->signer->Sign(kHandle, &by_new).ok());
   absl::Status untrusted = new_keys->trusted.VerifyResult(kHandle, by_old);
@@ -312,10 +262,10 @@ TEST(Signing, ResultSignerAcceptsItsOwnAndListedKeysAndReloads) {
   absl::StatusOr<std::unique_ptr<ResultSigner>> signer =
       ResultSigner::Load(dir / "current", {b->dir / "b.pub"});
   ASSERT_TRUE(signer.ok()) << signer.status();
-  v1::ActionResult r = SampleResult();
+  v1::ActionResult r = CpuResult();
   ASSERT_TRUE((*signer)->Sign(kHandle, &r).ok());
   EXPECT_TRUE((*signer)->VerifyStored(kHandle, r).ok());
-  v1::ActionResult by_b = SampleResult();
+  v1::ActionResult by_b = CpuResult();
   ASSERT_TRUE(b->signer->Sign(kHandle, &by_b).ok());
   EXPECT_TRUE((*signer)->VerifyStored(kHandle, by_b).ok());
 
