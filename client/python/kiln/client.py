@@ -64,6 +64,8 @@ class Client(Connection):
         if answer_ttl is None:
             raw = os.environ.get("KILN_ANSWER_TTL", "")
             try:
+                if "_" in raw:  # Python's digit separators: the C++ client reads plain numbers only
+                    raise ValueError(raw)
                 answer_ttl = float(raw) if raw.strip() else DEFAULT_ANSWER_TTL
             except ValueError:
                 raise ValueError(f"KILN_ANSWER_TTL={raw!r}: expected seconds (0 turns the answer tier off)") from None

@@ -154,6 +154,8 @@ TEST(AnswerTtlFromEnvTest, ReadsSecondsAndRefusesTheRest) {
     ASSERT_TRUE(ttl.ok()) << value << ": " << ttl.status();
     EXPECT_EQ(*ttl, want) << value;
   }
+  setenv("KILN_ANSWER_TTL", "1_000", 1);  // refused by the Python client alike
+  EXPECT_EQ(AnswerTtlFromEnv().status().code(), absl::StatusCode::kInvalidArgument);
   setenv("KILN_ANSWER_TTL", "five minutes", 1);
   absl::StatusOr<absl::Duration> bad = AnswerTtlFromEnv();
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
