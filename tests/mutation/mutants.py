@@ -353,6 +353,14 @@ MUTANTS: list[Mutant] = [
         tests=_daemon("tests/python/test_torch_backend.py -k test_dynamic_attention_head_copies_run_in_kiln"),
     ),
     Mutant(
+        name="symbolic-linear-views-kept",
+        what="a linear layer at a run-time length keeps its views to 2-D and back (sizes compared as numbers only)",
+        file="client/python/kiln/torch/passes/fold_linear.py",
+        find="    return len(a) == len(b) and all(sympy.expand(L.size_expr(p) - L.size_expr(q)) == 0 for p, q in zip(a, b))",
+        replace="    return len(a) == len(b) and all(isinstance(p, int) and p == q for p, q in zip(a, b))",
+        tests=_daemon("tests/python/test_torch_backend.py -k test_linear_layers_on_a_run_time_length_take_their_n_d_input"),
+    ),
+    Mutant(
         name="sunk-bias-in-wrong-shape",
         what="a bias add moved below a reshape to heads views the bias with the heads and their width swapped",
         file="client/python/kiln/torch/passes/unfuse_addmm_epilogues.py",

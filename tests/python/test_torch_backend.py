@@ -2052,6 +2052,32 @@ def test_linear_layers_become_single_linear_calls(client: Any, rewrites: list[tu
     assert_kiln_ran(parts=2)  # one forward, one backward
 
 
+def test_linear_layers_on_a_run_time_length_take_their_n_d_input(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+    """At a symbolic sequence length, a linear layer whose result a kiln part reads in 3-D
+    still takes its 3-D input itself: the views to 2-D and back go, as at a static length
+    (their sizes are compared as expressions, with no guard: a third length reuses the
+    graph), and the results match eager."""
+    torch.manual_seed(4)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8, bias=False),
+                              torch.nn.LayerNorm(8))
+    cf = compiled(net, client)
+    with torch.no_grad():
+        for t in (5, 7, 9):
+            x = torch.randn(2, t, 16)
+            torch.testing.assert_close(cf(x), net(x), rtol=1e-5, atol=1e-5)
+    assert len(rewrites) == 2, "the third length recompiled: a guard was added"
+    graph = rewrites[1][0].graph
+    linears = [n for n in graph.nodes if n.target is torch.nn.functional.linear]
+    assert len(linears) == 2, graph
+    # The second layer (no bias, read by the layer norm's part) runs on the 3-D value.
+    last = linears[-1]
+    assert last.meta["val"].dim() == 3, graph
+    assert not (last.args[0].op == "call_method" and last.args[0].target in ("view", "reshape")), graph
+    (user,) = last.users
+    assert user.op == "call_module", graph  # the kiln part, with no reshape between
+    assert_kiln_ran()
+
+
 def _python(code: str, env: dict[str, str]) -> "subprocess.CompletedProcess[str]":
     """Runs ``code`` in a fresh interpreter (kiln.torch's module state starts empty); asserts it exits 0."""
     import subprocess

@@ -4,9 +4,13 @@
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
+import sympy
 import torch
 import torch.fx
 
+from .. import lowering as L
 from ..nodes import static_shape, traced_value
 
 
@@ -19,7 +23,9 @@ def fold_linear(g: torch.fx.Graph) -> int:
       a 1-D bias -> ``linear(a, b, bias)`` (the transpose node goes when nothing else reads it);
     - when ``a`` is ``x.view(-1, K)`` of an N-D ``x`` and the product's only reader views it
       back to ``x``'s leading dimensions (a linear layer on [B, T, K], as AOTAutograd spells
-      it), the views go too: ``linear(x, b)`` takes and gives N-D tensors (static shapes only).
+      it), the views go too: ``linear(x, b)`` takes and gives N-D tensors. Symbolic sizes
+      count as equal when their expressions are (no guard is added: the graph stays dynamic);
+      a BERT-base forward at a run-time length then makes 72 fewer Python-level reshapes.
 
     A BERT-base layer runs 6 linear layers: this takes ~15 Python-level calls (views and
     transposes, ~3-5 µs of host time each on a GPU server) out of each layer's forward."""
@@ -48,14 +54,15 @@ def fold_linear(g: torch.fx.Graph) -> int:
         x, out_view = a, None
         # a = x.view(M, K) of an N-D x, and the product's only reader is .view(x's leading
         # dims + [N]): linear on x itself gives that shape.
-        is_view = isinstance(a, torch.fx.Node) and a.op == "call_method" and a.target == "view"
-        xs = static_shape(a.args[0]) if is_view else None
-        ns = static_shape(n)
-        if xs is not None and ns is not None and len(xs) >= 3 and len(n.users) == 1:
+        is_view = isinstance(a, torch.fx.Node) and a.op == "call_method" and a.target in _VIEWS
+        xv = traced_value(a.args[0]) if is_view else None
+        nv = traced_value(n)
+        if isinstance(xv, torch.Tensor) and isinstance(nv, torch.Tensor) and xv.dim() >= 3 \
+                and nv.dim() == 2 and len(n.users) == 1:
             (user,) = n.users
-            want = list(xs[:-1]) + [ns[-1]]
-            if user.op == "call_method" and user.target == "view" and static_shape(user) == tuple(want) \
-                    and traced_value(a.args[0]).is_contiguous():
+            uv = traced_value(user)
+            if user.op == "call_method" and user.target in _VIEWS and isinstance(uv, torch.Tensor) \
+                    and _same_sizes(uv.shape, [*xv.shape[:-1], nv.shape[-1]]) and _contiguous(xv):
                 x, out_view = a.args[0], user
         with g.inserting_before(n):
             new = g.call_function(linear, (x, b) if bias is None else (x, b, bias))
@@ -66,6 +73,27 @@ def fold_linear(g: torch.fx.Graph) -> int:
                 g.erase_node(dead)
         count += 1
     return count
+
+
+_VIEWS = ("view", "reshape")
+
+
+def _same_sizes(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Whether two shapes are equal for every value of their symbolic sizes (their expressions
+    agree), asked without a guard."""
+    return len(a) == len(b) and all(sympy.expand(L.size_expr(p) - L.size_expr(q)) == 0 for p, q in zip(a, b))
+
+
+def _contiguous(v: torch.Tensor) -> bool:
+    """Whether ``v`` is row-major for every value of its symbolic sizes: each stride is the
+    product of the sizes after it (dimensions of size 1 may have any stride)."""
+    inner = sympy.Integer(1)
+    for d, st in reversed(list(zip(v.shape, v.stride()))):
+        size = L.size_expr(d)
+        if size != 1 and sympy.expand(L.size_expr(st) - inner) != 0:
+            return False
+        inner = inner * size
+    return True
 
 
 __all__ = ["fold_linear"]
