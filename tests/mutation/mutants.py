@@ -361,6 +361,14 @@ MUTANTS: list[Mutant] = [
         tests=_daemon("tests/python/test_torch_backend.py -k test_linear_layers_on_a_run_time_length_take_their_n_d_input"),
     ),
     Mutant(
+        name="negative-run-time-size-as-a-dimension",
+        what="the partitioner carries a run-time size that is negative at the example (arange(t, -t, -1)) as a dimension",
+        file="client/python/kiln/torch/partition.py",
+        find="            if L.size_hint(m) > 0:\n",
+        replace="            if True:\n",
+        tests=_daemon("tests/python/test_torch_backend.py -k test_a_negative_run_time_size_leaves_its_node_to_torch_not_the_graph"),
+    ),
+    Mutant(
         name="sunk-bias-in-wrong-shape",
         what="a bias add moved below a reshape to heads views the bias with the heads and their width swapped",
         file="client/python/kiln/torch/passes/unfuse_addmm_epilogues.py",

@@ -2078,6 +2078,25 @@ def test_linear_layers_on_a_run_time_length_take_their_n_d_input(client: Any, re
     assert_kiln_ran()
 
 
+def test_a_negative_run_time_size_leaves_its_node_to_torch_not_the_graph(client: Any) -> None:
+    """XLNet's relative positions, ``arange(t, -t, -1)``: at a symbolic length the graph holds the
+    run-time size -t, which no tensor dimension can carry. The arange stays in torch and the
+    rest of the graph compiles (it used to fail whole: "negative dimension")."""
+
+    def rel(x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        pos = torch.arange(t, -t, -1.0)
+        return torch.tanh(x.sum(-1, keepdim=True) * pos[None, :t]) + 1
+
+    cf = compiled(rel, client)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kt.KilnFallbackWarning)
+        for t in (6, 9, 11):
+            x = torch.randn(2, t, 4)
+            torch.testing.assert_close(cf(x), rel(x), rtol=1e-5, atol=1e-5)
+    assert_kiln_ran(graphs=2)
+
+
 def _python(code: str, env: dict[str, str]) -> "subprocess.CompletedProcess[str]":
     """Runs ``code`` in a fresh interpreter (kiln.torch's module state starts empty); asserts it exits 0."""
     import subprocess

@@ -155,12 +155,15 @@ def node_color(node: torch.fx.Node) -> tuple[Color, str]:
         return v
 
     # The symbolic sizes the node takes as arguments (arange(n)): in this trial some argument of
-    # the part has each (a part without one refuses the node when it is built).
+    # the part has each (a part without one refuses the node when it is built). A value that is
+    # not positive at the example (arange(t, -t, -1)'s -t) is no dimension's size: no argument
+    # carries it, and a lowering that needs it refuses the node.
     extents: dict[Any, tuple[Value, int]] = {}
     for a in node.args:
         if isinstance(a, torch.fx.Node) and L.is_size_node(a) and isinstance(L.node_meta(a), torch.SymInt):
             m = L.node_meta(a)
-            extents.setdefault(L.size_expr(m), (b.input(f"extent{len(extents)}", "i64", (L.size_hint(m),)), 0))
+            if L.size_hint(m) > 0:
+                extents.setdefault(L.size_expr(m), (b.input(f"extent{len(extents)}", "i64", (L.size_hint(m),)), 0))
     try:
         L.lower_node(b, node, env, extents)
     except L.Unsupported as e:
