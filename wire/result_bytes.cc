@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/key/byte_writer.h"
+
 namespace kiln::wire {
 namespace {
 
@@ -448,22 +450,10 @@ class Decoder {
 
 // ---------------------------------------------------------------------------- encoding
 
-// The canonical encoding (FORMAT.md): integers as 8 bytes little-endian two's complement,
-// strings as their length (an integer) then their bytes, lists as their length then items.
-class Encoder {
+// The canonical encoding (FORMAT.md): kernels/key/byte_writer.h's integers, strings and lists,
+// and a polynomial as its term count, then each term's coefficient and exponent list.
+class Encoder : public key::ByteWriter {
  public:
-  void Int(int64_t v) {
-    const auto u = static_cast<uint64_t>(v);
-    for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
-  }
-  void Str(std::string_view s) {
-    Int(static_cast<int64_t>(s.size()));
-    out_.append(s);
-  }
-  void Ints(const std::vector<int64_t>& list) {
-    Int(static_cast<int64_t>(list.size()));
-    for (int64_t v : list) Int(v);
-  }
   void Polynomial(const Expr& x) {
     Int(static_cast<int64_t>(x.terms.size()));
     for (const Term& t : x.terms) {
@@ -471,11 +461,6 @@ class Encoder {
       Ints(t.exponents);
     }
   }
-  void Raw(std::string_view s) { out_.append(s); }
-  std::string Take() { return std::move(out_); }
-
- private:
-  std::string out_;
 };
 
 std::string Encode(std::string_view handle, const Result& result) {

@@ -4,65 +4,43 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/key/byte_writer.h"
 
 namespace kiln::key {
 namespace {
 
-// Appends length-prefixed, type-tagged fields, so no two different records share bytes.
-class Writer {
- public:
-  void Tag(char t) { out_.push_back(t); }
-  void I64(int64_t v) {
-    char b[8];
-    std::memcpy(b, &v, 8);
-    out_.append(b, 8);
-  }
-  void Str(std::string_view s) {
-    I64(static_cast<int64_t>(s.size()));
-    out_.append(s);
-  }
-  void Ints(const std::vector<int64_t>& v) {
-    I64(static_cast<int64_t>(v.size()));
-    for (int64_t x : v) I64(x);
-  }
-  std::string Take() { return std::move(out_); }
-
- private:
-  std::string out_;
-};
-
-void WriteAttr(Writer& w, const ir::AttrValue& a) {
-  w.I64(static_cast<int64_t>(a.index()));
+void WriteAttr(ByteWriter& w, const ir::AttrValue& a) {
+  w.Int(static_cast<int64_t>(a.index()));
   if (auto* p = std::get_if<int64_t>(&a))
-    w.I64(*p);
+    w.Int(*p);
   else if (auto* p = std::get_if<double>(&a)) {
     // Keep the exact bits: -0.0 vs 0.0 and NaN payloads are the client's business.
     int64_t bits;
     std::memcpy(&bits, p, 8);
-    w.I64(bits);
+    w.Int(bits);
   } else if (auto* p = std::get_if<std::string>(&a))
     w.Str(*p);
   else if (auto* p = std::get_if<bool>(&a))
-    w.I64(*p);
+    w.Int(*p);
   else if (auto* p = std::get_if<ir::DType>(&a))
-    w.I64(static_cast<int64_t>(*p));
+    w.Int(static_cast<int64_t>(*p));
   else if (auto* p = std::get_if<ir::IntList>(&a))
     w.Ints(*p);
   else if (auto* p = std::get_if<ir::FloatList>(&a)) {
-    w.I64(static_cast<int64_t>(p->size()));
+    w.Int(static_cast<int64_t>(p->size()));
     for (double x : *p) {
       int64_t bits;
       std::memcpy(&bits, &x, 8);
-      w.I64(bits);
+      w.Int(bits);
     }
   } else if (auto* p = std::get_if<ir::Constant>(&a)) {
-    w.I64(static_cast<int64_t>(p->dtype));
+    w.Int(static_cast<int64_t>(p->dtype));
     w.Ints(p->shape);
-    w.I64(static_cast<int64_t>(p->f.size()));
+    w.Int(static_cast<int64_t>(p->f.size()));
     for (double x : p->f) {
       int64_t bits;
       std::memcpy(&bits, &x, 8);
-      w.I64(bits);
+      w.Int(bits);
     }
     w.Ints(p->i);
   }
@@ -95,11 +73,11 @@ std::string CanonicalBytes(const ir::Graph& g) {
       stack.pop_back();
     }
   }
-  Writer w;
+  ByteWriter w;
   w.Str("kiln.graph.v1");
-  w.I64(g.num_inputs());
+  w.Int(g.num_inputs());
   for (const ir::TensorType& t : g.inputs) {
-    w.I64(static_cast<int64_t>(t.dtype));
+    w.Int(static_cast<int64_t>(t.dtype));
     if (t.dim_symbols.empty()) {
       w.Ints(t.shape);
     } else {  // a symbolic dimension enters as -1 - its id: the symbol, never its sample value
@@ -110,20 +88,20 @@ std::string CanonicalBytes(const ir::Graph& g) {
     }
     w.Ints(t.strides);
   }
-  w.I64(static_cast<int64_t>(order.size()));
+  w.Int(static_cast<int64_t>(order.size()));
   for (ir::ValueId v : order) {
     const ir::Node& n = g.NodeOf(v);
     w.Str(n.op);
-    w.I64(static_cast<int64_t>(n.inputs.size()));
-    for (ir::ValueId u : n.inputs) w.I64(canon[u]);
-    w.I64(static_cast<int64_t>(n.attrs.size()));
+    w.Int(static_cast<int64_t>(n.inputs.size()));
+    for (ir::ValueId u : n.inputs) w.Int(canon[u]);
+    w.Int(static_cast<int64_t>(n.attrs.size()));
     for (const auto& [k, a] : n.attrs) {  // std::map: sorted by name
       w.Str(k);
       WriteAttr(w, a);
     }
   }
-  w.I64(static_cast<int64_t>(g.outputs.size()));
-  for (ir::ValueId v : g.outputs) w.I64(canon[v]);
+  w.Int(static_cast<int64_t>(g.outputs.size()));
+  for (ir::ValueId v : g.outputs) w.Int(canon[v]);
   return w.Take();
 }
 
@@ -145,7 +123,7 @@ ActionKey ComputeKey(const ir::Graph& graph, const Target& target, const Compile
       {"options", options.ToString()},
       {"toolchain", toolchain_fingerprint},
   };
-  Writer w;
+  ByteWriter w;
   for (const auto& [label, value] : k.fields) {
     w.Str(label);
     w.Str(value);

@@ -1,5 +1,5 @@
 // The action key: a labelled, versioned record of everything that decides a compile's output,
-// hashed with SHA-256. The graph enters as canonical bytes (kernels/key/canonical.h), never as
+// hashed with SHA-256. The graph enters as canonical bytes (CanonicalBytes below), never as
 // serialized protobuf, which is not canonical across versions.
 // Thread-safety: value types and pure functions.
 #pragma once

@@ -176,6 +176,14 @@ MUTANTS: list[Mutant] = [
         tests=("gtest:wire_result_bytes_test:ResultBytes.*", "pytest:tests/python/test_core.py -k signed_bytes"),
     ),
     Mutant(
+        name="byte-writer-strings-unprefixed",
+        what="the canonical writer drops a string's length: two different records can share bytes",
+        file="kernels/key/byte_writer.h",
+        find="    Int(static_cast<int64_t>(s.size()));\n    out_.append(s);",
+        replace="    out_.append(s);",
+        tests=("gtest:kernels_test:Key.*", "gtest:wire_result_bytes_test:ResultBytes.*"),
+    ),
+    Mutant(
         name="signed-bytes-oneof-not-cleared",
         what="the signed-bytes decoder keeps a target's old member when the other one follows it on the wire",
         file="wire/result_bytes.cc",

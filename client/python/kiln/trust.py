@@ -33,11 +33,6 @@ def canonical_result_bytes(handle: str, result: Any) -> bytes:
     return core.result_signed_bytes(handle, result.SerializeToString(deterministic=True))
 
 
-def key_id_of(raw_public_key: bytes) -> str:
-    """First 16 hex digits of the SHA-256 of the raw 32-byte Ed25519 public key."""
-    return hashlib.sha256(raw_public_key).hexdigest()[:16]
-
-
 def _load_public_key(trust: "core.Trust", path: Union[str, Path]) -> str:
     """Adds the PEM Ed25519 public key in ``path`` to ``trust``; its key id."""
     outcome, said = trust.add_key_file(str(Path(path).expanduser()))
@@ -156,4 +151,4 @@ class TrustPolicy:
         raise VerificationError(f"the result for {short} could not be checked: {core.last_error()}", handle)
 
 
-__all__ = ["TrustPolicy", "canonical_result_bytes", "key_id_of", "ALGORITHM"]
+__all__ = ["TrustPolicy", "canonical_result_bytes", "ALGORITHM"]

@@ -95,6 +95,25 @@ TEST(Key, DebugStringIsLabelled) {
 
 // sha256.h is the one SHA-256 of kiln, the client core's too (tests/python/test_core.py checks
 // the core's export against hashlib).
+// The canonical bytes are a format: integers 8 bytes little-endian on every host, strings and
+// lists length-prefixed. A change to them re-keys every cache, so the layout is pinned here.
+TEST(Key, CanonicalBytesKeepTheirFormat) {
+  auto le = [](int64_t v) {
+    std::string b;
+    for (int i = 0; i < 8; ++i)
+      b.push_back(static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff));
+    return b;
+  };
+  const std::string bytes = key::CanonicalBytes(Build(false, false));
+  const std::string head = le(13) + "kiln.graph.v1" + le(2) +                       // two inputs:
+                           le(static_cast<int64_t>(DType::kF32)) + le(1) + le(8) +  // f32 [8]
+                           le(0);                                                   // no strides
+  ASSERT_GE(bytes.size(), head.size());
+  EXPECT_EQ(bytes.substr(0, head.size()), head);
+  EXPECT_EQ(key::Sha256Hex(bytes),
+            "db55ff68f94b0fa67963718670bb3602d4d9c3f31663e379a2adf032a021bbd1");
+}
+
 TEST(Digest, Sha256MatchesTheStandardVectors) {
   EXPECT_EQ(key::Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   EXPECT_EQ(key::Sha256Hex("abc"),
