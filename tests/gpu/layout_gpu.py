@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
 """The channels-last layout pass (kiln/torch/passes/channels_last.py) on an NVIDIA GPU, against eager.
 
-torchvision's resnet18 at batch 16, 224x224, compiled with ``backend="kiln"`` (the pass on, its
-default) and with ``options={"layout": "keep"}``: inference in eval mode, and a training step in
-train mode (batch statistics, a random weighting of the logits as the loss). Checks, per
-variant: the logits, and for training the gradient of every parameter, as the relative error
-of the whole tensor against a float64 run of the same step, which must be at most 1e-4 or ten
-times the larger error of two eager f32 runs, one with the model and input NCHW and one
-channels-last; and that no part fell back. TF32 is off. Why both eager runs: the gradients of
-the deeper layers are sums of thousands of nearly cancelling terms, so any f32 run whose
-arithmetic differs from another's by rounding lands far from it: cuDNN's NHWC algorithms sum
+torchvision's resnet18 at batch 16, 224x224, compiled with ``options={"layout": "channels_last"}``
+(the pass forced on: with TF32 off the default keeps NCHW) and with ``{"layout": "keep"}``:
+inference in eval mode, and a training step in train mode (batch statistics, a random weighting of
+the logits as the loss). Checks, per variant: the logits, and for training the gradient of every
+parameter, as the relative error of the whole tensor against a float64 run of the same step, which
+must be at most 1e-4 or ten times the larger error of two eager f32 runs, one with the model and
+input NCHW and one channels-last; and that no part fell back. TF32 is off. Why both eager runs: the
+gradients of the deeper layers are sums of thousands of nearly cancelling terms, so any f32 run
+whose arithmetic differs from another's by rounding lands far from it: cuDNN's NHWC algorithms sum
 in another order than its NCHW ones, and eager channels-last is 4.7e-3 off on the worst of them
-where eager NCHW is 6.4e-4; kiln's own batch-norm arithmetic (the training batch norm is
-decomposed and fused) rounds differently from cuDNN's batch-norm kernel in the same way.
+where eager NCHW is 6.4e-4; kiln's own batch-norm arithmetic (the training batch norm is decomposed
+and fused) rounds differently from cuDNN's batch-norm kernel in the same way.
 Exits non-zero on a failed check. Prints a table; with ``$OUT`` set also writes
 ``$OUT/layout_gpu.md``.
 

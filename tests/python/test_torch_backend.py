@@ -499,6 +499,37 @@ def test_inference_batch_norm_runs_in_kiln(client: Any, rewrites: Any) -> None:
     assert not [t for t in torch_side if "batch_norm" in t], sorted(torch_side)
 
 
+@pytest.mark.parametrize("device,dtype,tf32,want", [
+    ("cpu", torch.float32, False, True),        # oneDNN: NHWC whatever the type
+    ("cuda", torch.float32, True, True),        # TF32 (cuDNN's default): NHWC
+    ("cuda", torch.bfloat16, False, True),
+    ("cuda", torch.float32, False, False),      # full float32: cuDNN's NCHW kernels are faster
+])
+def test_layout_pass_applies_where_nhwc_convolutions_are_faster(monkeypatch: pytest.MonkeyPatch, device: str,
+                                                               dtype: torch.dtype, tf32: bool, want: bool) -> None:
+    """The layout pass is chosen per graph from its convolutions' device, type and cuDNN's TF32
+    setting (measured: tests/bench/gpu/conv_layouts.py); checked on FakeTensor graphs, which
+    need no GPU."""
+    from torch._subclasses import FakeTensorMode
+
+    from kiln.torch.passes.channels_last import wants_channels_last
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", tf32)
+    g = torch.fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    y = g.call_function(torch.ops.aten.convolution.default, (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1))
+    g.output(y)
+    with FakeTensorMode():
+        x.meta["val"] = torch.empty(2, 3, 8, 8, device=device, dtype=dtype)
+        w.meta["val"] = torch.empty(4, 3, 3, 3, device=device, dtype=dtype)
+        y.meta["val"] = torch.ops.aten.convolution.default(x.meta["val"], w.meta["val"], None, [1, 1], [0, 0],
+                                                           [1, 1], False, [0, 0], 1)
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    assert wants_channels_last(gm, "auto") is want
+    assert wants_channels_last(gm, "channels_last") is True  # forced
+    assert wants_channels_last(gm, "keep") is False
+
+
 def test_failed_layout_pass_leaves_the_graph_as_traced(client: Any, rewrites: Any,
                                                       monkeypatch: pytest.MonkeyPatch,
                                                       caplog: pytest.LogCaptureFixture) -> None:
@@ -2097,6 +2128,24 @@ def test_a_negative_run_time_size_leaves_its_node_to_torch_not_the_graph(client:
     assert_kiln_ran(graphs=2)
 
 
+def test_more_run_time_sizes_than_a_part_takes_cut_the_part_not_fail_it(client: Any) -> None:
+    """Four tensors of four run-time lengths (Sequencer's reshapes after Dynamo made each stage's
+    sizes dynamic): a kiln graph takes at most three distinct symbolic sizes. The four scalings
+    are cut into two parts (three lengths, one) rather than one part the daemon refuses, and the
+    concatenation of all four stays in torch; nothing falls back."""
+
+    def four(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.tanh(a) * 2, torch.tanh(b) * 3, torch.tanh(c) * 4, torch.tanh(d) * 5])
+
+    cf = compiled(four, client, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kt.KilnFallbackWarning)
+        for n in (5, 9):
+            args = [torch.randn(n + k) for k in range(4)]
+            torch.testing.assert_close(cf(*args), four(*args), rtol=1e-6, atol=1e-6)
+    assert_kiln_ran(parts=2)
+
+
 def _python(code: str, env: dict[str, str]) -> "subprocess.CompletedProcess[str]":
     """Runs ``code`` in a fresh interpreter (kiln.torch's module state starts empty); asserts it exits 0."""
     import subprocess
@@ -2535,6 +2584,24 @@ class _Lookup(torch.nn.Module):
         kinds = torch.gather(self.token_type_ids, 1, positions).expand(ids.shape[0], t)
         h = self.word(ids) + self.pos(positions) + self.kind(kinds)
         return self.norm(h), torch.index_select(x, 1, rows) * 2.0, torch.gather(x, 0, cols) + 1.0
+
+
+def test_fold_stays_one_torch_op(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+    """Patches taken with F.unfold, weighted, and summed back with F.fold (VOLO's outlook
+    attention): outputs and gradients match eager, and the fold runs as torch's col2im, not as
+    the index_put with accumulation its decomposition makes (a sort and a serial scatter on
+    CUDA, ~17x slower than Inductor's kernel for volo_d1)."""
+
+    def outlook(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        u = F.unfold(x, 3, padding=1, stride=2) * w
+        return torch.relu(F.fold(u, (14, 14), 3, padding=1, stride=2)) + 1
+
+    torch.manual_seed(4)
+    x, w = torch.randn(4, 8, 14, 14, requires_grad=True), torch.randn(1, 72, 1, requires_grad=True)
+    check_fwd_bwd(outlook, [x, w], client, rtol=1e-4, atol=1e-5)
+    assert_kiln_ran()
+    forward = rewrites[0][0].code
+    assert "col2im" in forward and "index_put" not in forward, forward
 
 
 def test_embedding_lookups_and_gathers_run_in_kiln(client: Any, rewrites: list[tuple[Any, Any]]) -> None:

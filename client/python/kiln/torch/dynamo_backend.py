@@ -30,9 +30,10 @@ default on for ``mode="max-autotune"``: each static part's first call times its 
 variants on the arguments it got and keeps the fastest, see :func:`kiln.autotune`; parts with
 symbolic sizes keep the default, which serves every size; the winner is recorded
 in kilnd per device model, so another process with the same GPU or CPU compiles the tuned
-variant without timing anything), ``layout`` (``"channels_last"``, the default: graphs
-with convolutions run them channels-last, the activations between them kept in that layout by
-kiln's kernels, see :mod:`.passes.channels_last`; ``"keep"``: the traced layouts), ``random`` (``"kiln"``: a
+variant without timing anything), ``layout`` (``"auto"``, the default: graphs with
+convolutions run them channels-last, the activations between them kept in that layout by
+kiln's kernels, see :mod:`.passes.channels_last`, except float32 on CUDA with TF32 off, where
+cuDNN's NCHW kernels are faster; ``"channels_last"``: always; ``"keep"``: the traced layouts), ``random`` (``"kiln"``: a
 dropout's mask is drawn inside kiln's kernels from one seed per call, see :mod:`.rng`;
 ``"torch"``: torch's dropout op and generator, eager's numbers; ``"auto"``, the default: kiln
 for graphs on CUDA, torch on the CPU, where torch's vectorised generator is faster than
@@ -98,7 +99,7 @@ _CUDAGRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 _KNOWN_OPTIONS = frozenset({"client", "server", "cpu_target", "opt_level", "compile_options", "cudagraphs",
                             "triton.cudagraphs", "timeout", "async", "native", "autotune", "layout", "random",
                             "records", "precompile"})
-_LAYOUTS = frozenset({"channels_last", "keep"})
+_LAYOUTS = frozenset({"auto", "channels_last", "keep"})
 _RANDOM = frozenset({"auto", "kiln", "torch"})
 
 
@@ -115,7 +116,7 @@ class BackendConfig:
     async_compile: bool = False
     native: bool = True
     autotune: bool = False
-    layout: str = "channels_last"
+    layout: str = "auto"
     random: str = "auto"
     records: bool = True
 
@@ -134,7 +135,7 @@ class BackendConfig:
             async_compile=bool(opts.get("async", False)),
             native=bool(opts.get("native", True)),
             autotune=bool(opts.get("autotune", mode == "max-autotune")),
-            layout=str(opts.get("layout", "channels_last")),
+            layout=str(opts.get("layout", "auto")),
             random=str(opts.get("random", "auto")),
             records=bool(opts.get("records", True)),
         )

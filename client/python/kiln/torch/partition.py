@@ -15,8 +15,10 @@ kiln (:mod:`.passes.unfuse_addmm_epilogues`), and pads of zero widths go
    A getitem always takes its producer's color.
 3. **Scheduling.** A topological order is chosen that keeps nodes of one color together:
    among the ready nodes, those of the current color are taken first, and the color changes
-   only when none is left. Maximal runs of one color in that order are the parts; as each part
-   is a contiguous run of a topological order, the parts form no cycle.
+   only when none is left. Maximal runs of one color in that order are the parts, cut where a
+   kiln run's arguments would carry more distinct run-time sizes than one kiln graph takes
+   (MAX_SYMBOLS); as each part is a contiguous run of a topological order, the parts form no
+   cycle.
 4. A kiln part that computes nothing (only views and constants, or zero-size tensors) runs in
    torch; so does one found to at :func:`build_part` (:class:`NothingToCompute`).
 
@@ -45,6 +47,12 @@ from .nodes import is_channels_last, reached, same_layout
 log = logging.getLogger("kiln.torch")
 
 Color = Optional[str]  # None: torch; else the device kiln runs the node on ("cpu", "cuda:0")
+
+# The distinct run-time sizes one kiln graph may take (kernels/ir/symbols.h, kMaxSymbols: code
+# for every size is generated at 3^k sample points). build_part gives each distinct size
+# expression of its arguments one symbol; a node whose arguments carry more stays in torch,
+# and a run of nodes whose arguments do is cut into parts that each carry at most this many.
+MAX_SYMBOLS = 3
 
 
 @dataclass
@@ -139,6 +147,10 @@ def node_color(node: torch.fx.Node) -> tuple[Color, str]:
     read = [m for i, m in enumerate(outs) if not isinstance(meta, (tuple, list)) or _output_read(node, i)]
     if any(_static_empty(L.node_meta(a)) for a in node.all_input_nodes) or any(map(_static_empty, read)):
         return None, "a zero-size tensor"
+    sizes = _run_time_sizes(node.all_input_nodes)
+    if len(sizes) > MAX_SYMBOLS:
+        return None, (f"its arguments have {len(sizes)} distinct sizes known only at run time "
+                      f"(a kiln part takes at most {MAX_SYMBOLS})")
     b = GraphBuilder()
     inputs: dict[torch.fx.Node, Value] = {}
 
@@ -171,6 +183,35 @@ def node_color(node: torch.fx.Node) -> tuple[Color, str]:
     except Exception as e:  # a lowering bug must not take the program down
         return None, f"{type(e).__name__}: {e}"
     return color, ""
+
+
+def _run_time_sizes(args: Any) -> set[Any]:
+    """The distinct symbolic size expressions of the tensors among ``args`` (FX nodes)."""
+    out: set[Any] = set()
+    for a in args:
+        m = L.node_meta(a)
+        if L.is_symbolic_tensor(m):
+            out.update(e for e in map(L.size_expr, m.shape) if not e.is_number)
+    return out
+
+
+def _cut_at_symbol_limit(seg: Segment) -> list[Segment]:
+    """``seg`` cut, in its own order, into runs whose arguments from outside the run carry at
+    most MAX_SYMBOLS distinct run-time sizes (each node's own arguments do: node_color)."""
+    if not seg.is_kiln:
+        return [seg]
+    runs: list[Segment] = []
+    members: set[torch.fx.Node] = set()
+    sizes: set[Any] = set()
+    for n in seg.nodes:
+        new = _run_time_sizes(a for a in n.all_input_nodes if a not in members)
+        if not runs or len(sizes | new) > MAX_SYMBOLS:
+            runs.append(Segment(seg.color, []))
+            members, sizes, new = set(), set(), _run_time_sizes(n.all_input_nodes)
+        runs[-1].nodes.append(n)
+        members.add(n)
+        sizes |= new
+    return runs
 
 
 def color_nodes(graph: torch.fx.Graph) -> dict[torch.fx.Node, Color]:
@@ -290,7 +331,7 @@ def schedule(graph: torch.fx.Graph, colors: dict[torch.fx.Node, Color]) -> list[
     if len(order) != len(nodes):  # pragma: no cover - an FX graph is acyclic
         raise RuntimeError("kiln.torch: the graph has a cycle")
     segments = [Segment(c, [n for _, n in grp]) for c, grp in itertools.groupby(order, key=lambda cn: cn[0])]
-    return _finish(segments)
+    return _finish([run for seg in segments for run in _cut_at_symbol_limit(seg)])
 
 
 def _deferrable(nodes: list[torch.fx.Node], colors: dict[torch.fx.Node, Color]) -> set[torch.fx.Node]:

@@ -27,10 +27,12 @@ placeholders still carry the traced strides, is propagated again from the exampl
 AOTAutograd restrided. Its ``convolution_backward`` nodes get the same treatment as
 convolutions; the weight gradients it returns are copied back to the weights' layout.
 
-The backend's ``layout`` option: ``"channels_last"`` (the default) runs the pass on every graph
-with convolutions, on CUDA and on the CPU alike (oneDNN's convolutions take NHWC natively: a
-stem, two basic blocks and the head of resnet18 at batch 8, 224x224, ran 49 ms a call against
-73 ms with the traced layouts on a 2-core x86 host); ``"keep"`` turns it off.
+The backend's ``layout`` option: ``"auto"`` (the default) runs the pass on every graph with
+convolutions, on CUDA and on the CPU alike (oneDNN's convolutions take NHWC natively: a stem,
+two basic blocks and the head of resnet18 at batch 8, 224x224, ran 49 ms a call against 73 ms
+with the traced layouts on a 2-core x86 host), except float32 on CUDA with TF32 off, where
+cuDNN's NCHW kernels are faster (:func:`nchw_is_faster`); ``"channels_last"`` runs it there
+too; ``"keep"`` turns it off.
 """
 
 from __future__ import annotations
@@ -92,10 +94,22 @@ def _set_outputs(output: torch.fx.Node, fn: Any) -> None:
         output.args = (fn(0, outs),) + tuple(output.args[1:])
 
 
+def nchw_is_faster(x: torch.Tensor) -> bool:
+    """Whether cuDNN runs convolutions of ``x``'s dtype and device faster in NCHW: float32 on
+    CUDA with TF32 off (``torch.backends.cudnn.allow_tf32 = False``, as accuracy checks and
+    benchmarks run). Measured on an H200 with cuDNN 9.19 over the convolutions of twelve timm
+    models at batch 16 (tests/bench/gpu/conv_layouts.py), summed time NHWC / NCHW: float32
+    dense 1.22, depthwise 1.74, grouped 0.99; with TF32 0.94, 1.56, 0.63; bfloat16 0.89, 0.93,
+    0.70. Channels-last stays for TF32 and the 16-bit types (dense and grouped convolutions,
+    most of the time, are faster there) and on the CPU (oneDNN)."""
+    return x.device.type == "cuda" and x.dtype == torch.float32 and not torch.backends.cudnn.allow_tf32
+
+
 def wants_channels_last(gm: torch.fx.GraphModule, layout: str) -> bool:
     """Whether the pass applies to ``gm`` under the backend's ``layout`` option: a graph with a
-    2-D or 3-D convolution, every tensor of static shape."""
-    if layout != "channels_last":
+    2-D or 3-D convolution, every tensor of static shape; under ``"auto"`` also none of its
+    convolutions faster in NCHW (:func:`nchw_is_faster`)."""
+    if layout not in ("auto", "channels_last"):
         return False
     found = False
     for n in gm.graph.nodes:
@@ -104,7 +118,7 @@ def wants_channels_last(gm: torch.fx.GraphModule, layout: str) -> bool:
         if n.op != "call_function" or n.target not in _CONVOLUTIONS:
             continue
         x = _static_tensor(n.args[0])
-        if x is None or x.ndim not in _FORMATS:
+        if x is None or x.ndim not in _FORMATS or (layout == "auto" and nchw_is_faster(x)):
             return False
         found = True
     return found
