@@ -184,6 +184,14 @@ MUTANTS: list[Mutant] = [
         tests=("gtest:kernels_test:Key.*", "gtest:wire_result_bytes_test:ResultBytes.*"),
     ),
     Mutant(
+        name="symbolic-grid-checked-at-sample",
+        what="a symbolic CUDA plan is refused when its grid at the sample sizes would not fit one launch",
+        file="kernels/codegen/cuda/cuda_codegen.cc",
+        find="    if (num_symbols == 0 && (f.grid == 0 || f.grid > 0x7fffffffu))\n",
+        replace="    if (f.grid == 0 || f.grid > 0x7fffffffu)\n",
+        tests=("gtest:cuda_codegen_test:CudaSymbolic.ThreeSymbolsWhoseSamplesOverflowOneLaunch",),
+    ),
+    Mutant(
         name="signed-bytes-oneof-not-cleared",
         what="the signed-bytes decoder keeps a target's old member when the other one follows it on the wire",
         file="wire/result_bytes.cc",

@@ -270,6 +270,19 @@ TEST(CudaSymbolic, Pointwise) {
       {"T"}, kOneSymbol);
 }
 
+// Three symbols times a static width: at the samples (~1.7e4, 2.2e4 and 2.7e4) the tensor has
+// ~4e15 elements, more blocks than one launch holds. The grid is evaluated at launch from the
+// run's sizes (the loader refuses a launch that does not fit then), so the sample's count is no
+// reason to refuse the graph (Sequencer's layer norms at three run-time sizes were).
+TEST(CudaSymbolic, ThreeSymbolsWhoseSamplesOverflowOneLaunch) {
+  REQUIRE_NVRTC();
+  ExpectSymbolicMatchesCpu({{DType::kF32, {kSym, kSym - 1, kSym - 2, 384}}, {DType::kF32, {384}}},
+                           [](ir::Builder& b) {
+                             return std::vector<ValueId>{*b.Add("tanh", {*b.Add("add", {0, 1})})};
+                           },
+                           {"B", "H", "W"}, {{1, 2, 3}, {2, 3, 1}, {3, 1, 2}, {0, 2, 2}});
+}
+
 TEST(CudaSymbolic, RowsOfVaryingLengthAndCount) {
   REQUIRE_NVRTC();
   // softmax over T of [B, T]: rows vary in length and count.
