@@ -133,6 +133,12 @@ def test_key_covers_what_the_code_depends_on() -> None:
     with torch.no_grad():
         assert key() != base  # grad mode
     assert precompile.precompile_key(m, (x,), {}, BackendConfig(cudagraphs=True)) != base  # backend settings
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = not tf32
+    try:
+        assert key() != base  # cuDNN's TF32 setting: the layout pass's choice follows it
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
     with pytest.raises(precompile.NotPrecompilable):
         precompile.precompile_key(m, (object(),), {}, cfg)
 

@@ -186,7 +186,7 @@ def key_components(model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str
     out.append("compile options: " + (opts.SerializeToString(deterministic=True).hex() if opts is not None else ""))
     autocast = [(d, str(torch.get_autocast_dtype(d))) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
     out.append(f"torch state: grad={torch.is_grad_enabled()} inference={torch.is_inference_mode_enabled()} "
-               f"autocast={autocast}")
+               f"autocast={autocast} cudnn_tf32={torch.backends.cudnn.allow_tf32}")
     out.append(f"model class: {type(model).__module__}.{type(model).__qualname__}")
     out.extend(f"source: {digest}" for digest in _class_sources(model))
     for name, m in model.named_modules():

@@ -41,6 +41,8 @@ def record_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: 
     settings = [f"kind={kind}", f"user_outputs={user_outputs}", f"cpu_target={config.cpu_target}",
                 f"cudagraphs={config.cudagraphs}", f"layout={config.layout}", f"random={config.random}",
                 f"native={config.native}", f"torch_threads={torch.get_num_threads()}",
+                # The layout pass's choice on CUDA follows it (passes/channels_last.py).
+                f"cudnn_tf32={torch.backends.cudnn.allow_tf32}",
                 "options=" + (opts.SerializeToString(deterministic=True).hex() if opts is not None else "")]
     try:
         with real_tensors():
