@@ -393,6 +393,22 @@ MUTANTS: list[Mutant] = [
         tests=_daemon("tests/python/test_torch_backend.py -k test_more_run_time_sizes_than_a_part_takes"),
     ),
     Mutant(
+        name="written-layout-ignored",
+        what="a part reads a result an earlier part stored contiguous with the strides torch traced (a slice), copying it every call",
+        file="client/python/kiln/torch/partition.py",
+        find="        if written is not None and n in written:\n",
+        replace="        if False:\n",
+        tests=_daemon("tests/python/test_torch_backend.py -k test_a_slice_a_part_stores_contiguous"),
+    ),
+    Mutant(
+        name="strided-head-not-returned-as-base",
+        what="a result in no dense layout that a torch-side view relies on refuses its part instead of being viewed from its base",
+        file="client/python/kiln/torch/partition.py",
+        find="        if n not in args and not (n in members and _strided_view_of_dense(o, n, members)):\n",
+        replace="        if n not in args:\n",
+        tests=_daemon("tests/python/test_torch_backend.py -k test_a_head_of_a_fused_qkv_that_torch_views"),
+    ),
+    Mutant(
         name="fold-decomposed",
         what="F.fold is decomposed into an index_put with accumulation (a sort and a serial scatter on CUDA)",
         file="client/python/kiln/torch/decompositions.py",

@@ -655,6 +655,59 @@ def test_result_that_a_torch_side_view_relies_on_keeps_its_traced_layout(client:
     assert_kiln_ran(parts=2, graphs=2)
 
 
+def test_a_slice_a_part_stores_contiguous_is_read_contiguous_by_the_next_part(client: Any) -> None:
+    """gMLP's spatial gating unit: ``u, v = gelu(x @ w1).chunk(2, -1)``, ``v`` normalised and
+    mixed along the sequence (a product in torch), then ``u * v``. torch traced ``u`` as a
+    slice of the wider gelu result; the first part stores it contiguous (no reader needs the
+    slice's layout), so the part after the product must read it contiguous: declared with the
+    traced strides, every call copied ``u`` into a slice-shaped buffer first."""
+    gen = torch.Generator().manual_seed(0)
+    b, t, c = 2, 12, 32
+    w1, ws = torch.randn(c, 4 * c, generator=gen) / c**0.5, torch.randn(t, t, generator=gen) / t**0.5
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        u, v = torch.nn.functional.gelu(x @ w1).chunk(2, dim=-1)
+        v = torch.nn.functional.layer_norm(v, (2 * c,))
+        v = (ws @ v.transpose(1, 2).reshape(b, t, -1).transpose(1, 2).reshape(-1, t).T).T
+        return u * v.reshape(b, 2 * c, t).transpose(1, 2) + 1
+
+    x = torch.randn(b, t, c, generator=gen)
+    f = compiled(fn, client)
+    torch.testing.assert_close(f(x), fn(x), rtol=1e-4, atol=1e-5)
+    assert_kiln_ran(parts=2)
+    assert _torch_copies(f, x)["copy_"] == 0
+
+
+def test_a_head_of_a_fused_qkv_that_torch_views_is_returned_as_its_base(client: Any) -> None:
+    """CoaT's factorised attention: the heads of a fused q/k/v projection
+    (``qkv.reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4)[i]``) are in no dense layout, and the
+    matrix products' ``view``s rely on their strides; ``q`` is also read by kiln. A kernel
+    cannot store such a result: the part returns the contiguous projection and torch takes the
+    head views of it (the part was refused before, every call ran in torch)."""
+    gen = torch.Generator().manual_seed(0)
+    bsz, n, h, d = 2, 10, 4, 8
+    c = h * d
+    w, bias = torch.randn(c, 3 * c, generator=gen) / c**0.5, torch.randn(3 * c, generator=gen)
+
+    wconv = torch.randn(c, 1, 3, generator=gen)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        qkv = torch.tanh(x @ w + bias).reshape(bsz, n, 3, h, d).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        att = torch.einsum("bhnk,bhnv->bhkv", k.softmax(dim=2), v)
+        # The positional term: v without its first token as [B, C, N - 1] (a view valid in
+        # the projection's layout only), a depthwise convolution, times q.
+        pos = torch.nn.functional.conv1d(v[:, :, 1:].transpose(-1, -2).reshape(bsz, c, n - 1), wconv,
+                                         padding=1, groups=c)
+        pos = q[:, :, 1:] * pos.reshape(bsz, h, d, n - 1).transpose(-1, -2)
+        out = torch.einsum("bhnk,bhkv->bhnv", q, att)
+        return torch.cat([out[:, :, :1], out[:, :, 1:] + pos], dim=2).transpose(1, 2).reshape(bsz, n, c)
+
+    x = torch.randn(bsz, n, c, generator=gen, requires_grad=True)
+    check_fwd_bwd(fn, [x], client)
+    assert kt.stats()["failed"] == 0 and kt.stats()["eager_calls"] == 0, kt.stats()
+
+
 def test_rotary_attention_with_an_empty_key_cache_runs_in_kiln(client: Any) -> None:
     """A decoder layer's rotary embedding whose keys are concatenated to an empty cache (a
     zero-size tensor): the concatenation with the empty tensor runs in torch, the rotary math

@@ -250,7 +250,10 @@ def _build_in_background(client: Any, done: threading.Event) -> None:
         _failed_at = time.monotonic()
         _failed_client = id(client)
         _failures += 1
-        log.warning("kiln.torch: the native part runner is unavailable, parts run through Python: %s", ERROR)
+        # A process whose main thread has returned is exiting: its cleanup removes the staged
+        # sources under this thread, and nothing will run a part any more.
+        level = logging.WARNING if threading.main_thread().is_alive() else logging.DEBUG
+        log.log(level, "kiln.torch: the native part runner is unavailable, parts run through Python: %s", ERROR)
     finally:
         done.set()
 

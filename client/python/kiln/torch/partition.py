@@ -40,7 +40,7 @@ import torch
 import torch.fx
 
 from ..builder import GraphBuilder, Value
-from ..strides import effective_strides, is_contiguous_layout, memory_order
+from ..strides import contiguous_strides, effective_strides, is_contiguous_layout, memory_order
 from . import lowering as L
 from .nodes import is_channels_last, reached, same_layout
 
@@ -393,7 +393,14 @@ def _finish(segments: list[Segment]) -> list[Segment]:
 def _views_to_torch(s: Segment) -> None:
     """Moves the results of ``s`` that are views of its arguments (the backward's incoming
     gradient reshaped for a matrix product, an alias of a saved [B, H, T, T] softmax) to
-    ``s.torch_views``: a view costs torch nothing, where the part would write a copy."""
+    ``s.torch_views``: a view costs torch nothing, where the part would write a copy.
+
+    The same for a result that is a view in no dense layout (a head of a fused q/k/v
+    projection: ``qkv.reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4)[0]``) of a contiguous
+    tensor the segment computes, when a torch-side ``view`` relies on its strides (CoaT's
+    factorised attention): a kernel cannot store a result in such a layout, so the part
+    returns the tensor it is a view of (stored contiguous, its traced layout) and torch takes
+    the view of that, strides and all."""
     members = set(s.nodes)
     args = set(s.inputs)
     for o in list(s.outputs):
@@ -403,12 +410,30 @@ def _views_to_torch(s: Segment) -> None:
                 and n.target is not torch.ops.aten.clone.default and n.args and isinstance(n.args[0], torch.fx.Node):
             chain.append(n)
             n = n.args[0]
-        if not chain or n not in args:
+        if not chain:
             continue
-        if any(a in members and a not in chain for c in chain for a in c.all_input_nodes):
+        if n not in args and not (n in members and _strided_view_of_dense(o, n, members)):
+            continue
+        if any(a in members and a not in chain and a is not n for c in chain for a in c.all_input_nodes):
             continue  # a size the segment computes
         s.torch_views[o] = chain[::-1]
         s.outputs.remove(o)
+        if n in members and n not in s.outputs:
+            s.outputs.append(n)
+
+
+def _strided_view_of_dense(o: torch.fx.Node, base: torch.fx.Node, members: set[torch.fx.Node]) -> bool:
+    """Whether the result ``o``, a view of ``base`` computed in the same segment, is in no dense
+    layout while a torch-side view relies on its strides, and ``base`` is static and
+    contiguous (what the part stores it as)."""
+    m, mb = L.node_meta(o), L.node_meta(base)
+    if not (L.is_static_tensor(m) and L.is_static_tensor(mb)):
+        return False
+    if not is_contiguous_layout(tuple(int(d) for d in mb.shape), tuple(int(st) for st in mb.stride())):
+        return False
+    if memory_order(tuple(int(d) for d in m.shape), tuple(int(st) for st in m.stride())) is not None:
+        return False
+    return _viewed_in_layout(o, frozenset(members))
 
 
 def _output_read(node: torch.fx.Node, i: int) -> bool:
@@ -474,9 +499,15 @@ class NothingToCompute(L.Unsupported):
     in torch): its nodes run in torch, with no part and no warning."""
 
 
-def build_part(seg: Segment) -> PartGraph:
+def build_part(seg: Segment, written: Optional[dict[torch.fx.Node, Optional[tuple[int, ...]]]] = None) -> PartGraph:
     """The kiln graph of a kiln segment; raises :class:`~.lowering.Unsupported` if a node does
-    not lower in context."""
+    not lower in context.
+
+    ``written`` maps the results of parts built before this one (in graph order) to the layout
+    their kernels store them in (strides, or None: contiguous), and takes this part's. A result
+    torch traced as a slice of a wider tensor (one half of a gated unit's split) but no reader
+    needs in that layout is stored contiguous: a later part reading it declares that layout,
+    not the traced one, or every call would copy the result into the traced layout."""
     b = GraphBuilder()
     env: dict[torch.fx.Node, Any] = {}
     in_specs: list[TensorSpec] = []
@@ -509,6 +540,8 @@ def build_part(seg: Segment) -> PartGraph:
             raise L.Unsupported(f"argument {n.name} is not a tensor of static shape")
         shape = tuple(int(d) for d in m.shape)
         strides = tuple(int(s) for s in m.stride())
+        if written is not None and n in written:
+            strides = written[n] or contiguous_strides(shape)
         declared = None if symbolic or is_contiguous_layout(shape, strides) else effective_strides(shape, strides)
         in_specs.append(TensorSpec(m.dtype, shape, declared))
         env[n] = b.input(n.name, L.kiln_dtype(m.dtype), shape, strides=declared)
@@ -528,6 +561,7 @@ def build_part(seg: Segment) -> PartGraph:
     sources: list[tuple[str, int]] = []
     out_specs: list[TensorSpec] = []
     out_keys: list[Any] = []  # per kiln output: (id of its value, memory order or None)
+    stored: dict[torch.fx.Node, Optional[tuple[int, ...]]] = {}  # static kiln results: their strides or None
     for n in seg.outputs:
         v = env[n]
         if not isinstance(v, Value):
@@ -596,9 +630,12 @@ def build_part(seg: Segment) -> PartGraph:
             k = len(kiln_outs) - 1
         sources.append(("kiln", k))
         out_specs.append(TensorSpec(m.dtype, shape, strides if order is not None and not contiguous else None))
+        stored[n] = out_specs[-1].strides
     if not kiln_outs:
         raise NothingToCompute("the part computes nothing")
     graph = b.build(kiln_outs)
+    if written is not None:
+        written.update(stored)
     return PartGraph(graph, in_specs, out_specs, sources, len(kiln_outs), len(graph.nodes),
                      symbolic=bool(symbols))
 

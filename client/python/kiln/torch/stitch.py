@@ -40,6 +40,7 @@ def rewrite(gm: torch.fx.GraphModule, segments: Sequence[Segment]) -> tuple[torc
                 root[n.target] = gm.get_submodule(n.target)
             env[n] = _direct_call(g.node_copy(n, lambda a: env[a]))
 
+    written: dict[torch.fx.Node, Optional[tuple[int, ...]]] = {}  # build_part's: results' stored layouts
     for seg in segments:
         if not seg.is_kiln:
             in_torch(seg.nodes)
@@ -47,7 +48,7 @@ def rewrite(gm: torch.fx.GraphModule, segments: Sequence[Segment]) -> tuple[torc
         name = f"kiln_part_{len(parts)}"
         error = None
         try:
-            pg = build_part(seg)
+            pg = build_part(seg, written)
         except NothingToCompute:
             in_torch(seg.nodes)
             continue
@@ -58,15 +59,15 @@ def rewrite(gm: torch.fx.GraphModule, segments: Sequence[Segment]) -> tuple[torc
         parts.append(part)
         root[name] = part
         call = g.call_module(name, tuple(env[a] for a in seg.inputs))
-        for o, chain in seg.torch_views.items():  # views of the part's arguments: made here
-            local: dict[torch.fx.Node, torch.fx.Node] = {}
-            for c in chain:
-                local[c] = _direct_call(g.node_copy(c, lambda a: local[a] if a in local else env[a]))
-            env[o] = local[o]
         for j, o in enumerate(seg.outputs):
             item = g.call_function(operator.getitem, (call, j))
             item.meta = dict(o.meta)
             env[o] = item
+        for o, chain in seg.torch_views.items():  # views of its arguments or results: made here
+            local: dict[torch.fx.Node, torch.fx.Node] = {}
+            for c in chain:
+                local[c] = _direct_call(g.node_copy(c, lambda a: local[a] if a in local else env[a]))
+            env[o] = local[o]
     assert output_node is not None
     g.node_copy(output_node, lambda a: env[a])
     run_torch_side_passes(g)
