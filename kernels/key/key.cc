@@ -1,6 +1,5 @@
 #include "kernels/key/key.h"
 
-#include <cstring>
 #include <functional>
 
 #include "absl/strings/str_cat.h"
@@ -13,12 +12,9 @@ void WriteAttr(ByteWriter& w, const ir::AttrValue& a) {
   w.Int(static_cast<int64_t>(a.index()));
   if (auto* p = std::get_if<int64_t>(&a))
     w.Int(*p);
-  else if (auto* p = std::get_if<double>(&a)) {
-    // Keep the exact bits: -0.0 vs 0.0 and NaN payloads are the client's business.
-    int64_t bits;
-    std::memcpy(&bits, p, 8);
-    w.Int(bits);
-  } else if (auto* p = std::get_if<std::string>(&a))
+  else if (auto* p = std::get_if<double>(&a))
+    w.Double(*p);  // the exact bits: -0.0 vs 0.0 and NaN payloads are the client's business
+  else if (auto* p = std::get_if<std::string>(&a))
     w.Str(*p);
   else if (auto* p = std::get_if<bool>(&a))
     w.Int(*p);
@@ -26,22 +22,12 @@ void WriteAttr(ByteWriter& w, const ir::AttrValue& a) {
     w.Int(static_cast<int64_t>(*p));
   else if (auto* p = std::get_if<ir::IntList>(&a))
     w.Ints(*p);
-  else if (auto* p = std::get_if<ir::FloatList>(&a)) {
-    w.Int(static_cast<int64_t>(p->size()));
-    for (double x : *p) {
-      int64_t bits;
-      std::memcpy(&bits, &x, 8);
-      w.Int(bits);
-    }
-  } else if (auto* p = std::get_if<ir::Constant>(&a)) {
+  else if (auto* p = std::get_if<ir::FloatList>(&a))
+    w.Doubles(*p);
+  else if (auto* p = std::get_if<ir::Constant>(&a)) {
     w.Int(static_cast<int64_t>(p->dtype));
     w.Ints(p->shape);
-    w.Int(static_cast<int64_t>(p->f.size()));
-    for (double x : p->f) {
-      int64_t bits;
-      std::memcpy(&bits, &x, 8);
-      w.Int(bits);
-    }
+    w.Doubles(p->f);
     w.Ints(p->i);
   }
 }
