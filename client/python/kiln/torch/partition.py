@@ -22,7 +22,12 @@ kiln (:mod:`.passes.unfuse_addmm_epilogues`), and pads of zero widths go
 4. A kiln part that computes nothing (only views and constants, or zero-size tensors) runs in
    torch; so does one found to at :func:`build_part` (:class:`NothingToCompute`).
 
-:func:`build_part` then turns a kiln part into a kiln graph plus the specs the runtime needs.
+5. **Results that are views go to torch.** A part's result that is a chain of views of its
+   argument, or (in no dense layout, where torch's views rely on its strides) of a contiguous
+   tensor the part computes, is made by torch from that tensor (:func:`_views_to_torch`).
+
+:func:`build_part` then turns a kiln part into a kiln graph plus the specs the runtime needs:
+in graph order, each part declaring its arguments in the layouts earlier parts store them in.
 """
 
 from __future__ import annotations
