@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import itertools
 import logging
 import math
 import re
@@ -450,7 +451,11 @@ def _channels_last_grads(model: torch.nn.Module, args: list[Any], kwargs: dict[s
     4.8e-4 contiguous, torch alone). Empty when the model has no 2-D convolution."""
     if not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
         return {}
-    cl = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    cl = copy.deepcopy(model)
+    with torch.no_grad():  # the 4-D tensors only: Module.to(memory_format=...) refuses a Conv3d's 5-D weight
+        for t in itertools.chain(cl.parameters(), cl.buffers()):
+            if t.dim() == 4:
+                t.data = t.data.contiguous(memory_format=torch.channels_last)
     cl_args = [a.to(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4 else a
                for a in args]
     try:
