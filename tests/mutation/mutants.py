@@ -393,6 +393,14 @@ MUTANTS: list[Mutant] = [
         tests=_daemon("tests/python/test_torch_backend.py -k test_more_run_time_sizes_than_a_part_takes"),
     ),
     Mutant(
+        name="stack-array-unaligned",
+        what="a table the CPU kernel keeps on its stack is declared without alignment; GCC's aligned vector stores into it fault",
+        file="kernels/codegen/cpu/cpu_emitter.cc",
+        find='constexpr char kStackArray[] = "alignas(64) ";\n',
+        replace='constexpr char kStackArray[] = "";\n',
+        tests=("gtest:kernels_test:Codegen.*",),
+    ),
+    Mutant(
         name="written-layout-ignored",
         what="a part reads a result an earlier part stored contiguous with the strides torch traced (a slice), copying it every call",
         file="client/python/kiln/torch/partition.py",

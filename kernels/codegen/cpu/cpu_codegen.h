@@ -14,7 +14,8 @@ namespace kiln::codegen {
 
 // 3: row reductions vectorised along the row, blocked float sums, two-loop argmax, transposing
 // tiles, a loop per concatenated piece, byte accumulators for any/all, short inner loops unrolled.
-inline constexpr int kCpuCodegenVersion = 3;
+// 4: arrays on the stack declared 64-byte aligned (cpu_emitter.cc, kStackArray).
+inline constexpr int kCpuCodegenVersion = 4;
 inline constexpr uint32_t kCpuAbiVersion = 1;
 // Artifacts of graphs with symbolic sizes (ABI.md, version 2).
 inline constexpr uint32_t kCpuSymbolicAbiVersion = 2;

@@ -232,6 +232,64 @@ TEST(Fusion, ExternOpIsRejectedAsPartitionBoundary) {
   EXPECT_NE(gen.status().message().find("matmul"), std::string::npos);
 }
 
+// A value that depends only on the inner loops (here the divisors of a 2x2 average pool that
+// leaves out padding, as nf_regnet_b0's downsampling computes them) is computed once into a
+// table on the kernel's stack. With AVX-512 and 24-float rows, GCC 12 stored the rows with
+// aligned 256-bit moves into a frame it had not aligned, so the kernel faulted whenever its
+// caller's stack was not 32-byte aligned; the tables are declared aligned since. The kernel
+// runs here under callers whose frames differ by 16 bytes.
+__attribute__((noinline)) int RunBelowPad(testing::Loaded& k, std::vector<void*> args, int pad) {
+  volatile char* frame = static_cast<volatile char*>(alloca(static_cast<size_t>(pad)));
+  frame[0] = 0;
+  return k.Run(std::move(args), 2) + frame[0];
+}
+
+TEST(Codegen, StackTableRunsUnderAnyFrameAlignment) {
+  if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "needs an AVX-512 host";
+  ir::Graph in;
+  in.inputs = {Ty(DType::kF32, {2, 40, 48, 48})};
+  ir::Builder b(in);
+  // Window counts per output row and column: min(2i + 2, 48) - max(2i, 0), as floats.
+  auto counts = [&](int64_t axis) {
+    auto i = *b.Add("iota", {}, {{"shape", ir::IntList{24, 24}}, {"axis", axis}, {"dtype", DType::kI64}});
+    auto lo = *b.Add("mul", {i, *b.Scalar(DType::kI64, 2)});
+    auto hi = *b.Add("minimum", {*b.Add("add", {lo, *b.Scalar(DType::kI64, 2)}), *b.Scalar(DType::kI64, 48)});
+    return *b.Add("cast", {*b.Add("sub", {hi, *b.Add("maximum", {lo, *b.Scalar(DType::kI64, 0)})})},
+                  {{"dtype", DType::kF32}});
+  };
+  auto divisor = *b.Add("mul", {counts(0), counts(1)});
+  auto window = [&](int64_t r, int64_t c) {
+    return *b.Add("slice", {0}, {{"axes", ir::IntList{2, 3}}, {"starts", ir::IntList{r, c}},
+                                 {"stops", ir::IntList{47 + r, 47 + c}}, {"steps", ir::IntList{2, 2}}});
+  };
+  auto sum = *b.Add("add", {*b.Add("add", {window(0, 0), window(0, 1)}),
+                            *b.Add("add", {window(1, 0), window(1, 1)})});
+  ir::Graph g = b.Finish({*b.Add("div", {sum, divisor})});
+  ASSERT_TRUE(ir::VerifyAndInfer(g).ok());
+  Target t;
+  t.isa = "x86-64-v4";
+  auto res = testing::SharedPipeline().Compile(g, t, CompileOptions{});
+  ASSERT_TRUE(res.ok()) << res.status();
+  ASSERT_GE(res->artifacts.size(), 2u);
+  ASSERT_NE(res->artifacts[1].bytes.find("float kh0[576];"), std::string::npos)
+      << "no table on the stack: " << res->artifacts[1].bytes;
+  testing::Loaded k(*res);
+  std::vector<float> x(2 * 40 * 48 * 48), out(2 * 40 * 24 * 24, -1);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (float& v : x) v = d(rng);
+  for (int pad : {16, 32, 48, 64}) {
+    ASSERT_EQ(RunBelowPad(k, {x.data(), out.data()}, pad), 0);
+    for (int64_t p = 0; p < 80; ++p)
+      for (int64_t r = 0; r < 24; ++r)
+        for (int64_t c = 0; c < 24; ++c) {
+          const float* w = &x[p * 2304 + 2 * r * 48 + 2 * c];
+          const float want = (w[0] + w[1] + w[48] + w[49]) / 4;
+          ASSERT_NEAR(out[p * 576 + r * 24 + c], want, 1e-6f) << p << " " << r << " " << c;
+        }
+  }
+}
+
 TEST(Fusion, WholeTensorSumRunsInParallelAndMatches) {
   const int64_t n = 1 << 20;
   ir::Graph in;

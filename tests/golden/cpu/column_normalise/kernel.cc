@@ -6,11 +6,11 @@ static void k0(const float* __restrict in0, float* __restrict tmp0, float* __res
   (void)nt;
   for (int64_t kb = 0; kb < 2560; kb += 2560) {
     const int64_t kn = 2560;
-    double t0_acc[2560];
-    float t0[2560];
-    float t9[2560];
-    double t5_acc[2560];
-    float t5[2560];
+    alignas(64) double t0_acc[2560];
+    alignas(64) float t0[2560];
+    alignas(64) float t9[2560];
+    alignas(64) double t5_acc[2560];
+    alignas(64) float t5[2560];
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;
@@ -95,14 +95,14 @@ static void k0(const float* __restrict in0, float* __restrict tmp0, float* __res
 
 static void k1(const float* __restrict in0, float* __restrict out0, const float* __restrict tmp0, const float* __restrict tmp1, int nt) {
   (void)nt;
-  float kh0[2560];
+  alignas(64) float kh0[2560];
 #pragma omp simd
   for (int64_t i1 = 0; i1 < 2560; ++i1) {
     const float t4 = tmp0[i1];
     const float t3 = (t4 * (0.0009765625f));
     kh0[i1] = t3;
   }
-  float kh1[2560];
+  alignas(64) float kh1[2560];
 #pragma omp simd
   for (int64_t i1 = 0; i1 < 2560; ++i1) {
     const float t8 = tmp1[i1];

@@ -7,11 +7,11 @@ static void k0(const float* __restrict in0, const float* __restrict in1, float* 
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t kb = 0; kb < 36000; kb += 4000) {
     const int64_t kn = 4000;
-    float t0_acc[4000];
-    float t0[4000];
-    float t5_acc[4000];
-    int t5_acc_nan[4000];
-    float t5[4000];
+    alignas(64) float t0_acc[4000];
+    alignas(64) float t0[4000];
+    alignas(64) float t5_acc[4000];
+    alignas(64) int t5_acc_nan[4000];
+    alignas(64) float t5[4000];
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;

@@ -6,15 +6,15 @@ static void k0(const float* __restrict in0, float* __restrict out0, int64_t* __r
   (void)nt;
   for (int64_t kb = 0; kb < 300; kb += 300) {
     const int64_t kn = 300;
-    double t6_acc[300];
-    float t6[300];
-    float t5[300];
-    double t1_acc[300];
-    float t1[300];
-    float t0[300];
-    float t20_acc[300];
-    int64_t t20_idx[300];
-    int64_t t20[300];
+    alignas(64) double t6_acc[300];
+    alignas(64) float t6[300];
+    alignas(64) float t5[300];
+    alignas(64) double t1_acc[300];
+    alignas(64) float t1[300];
+    alignas(64) float t0[300];
+    alignas(64) float t20_acc[300];
+    alignas(64) int64_t t20_idx[300];
+    alignas(64) int64_t t20[300];
     #pragma omp simd
     for (int64_t kl = 0; kl < kn; ++kl) {
       const int64_t i0 = kb + kl;

@@ -4,7 +4,7 @@
 
 static void k0(const double* __restrict in0, const int64_t* __restrict in1, int64_t* __restrict out0, int nt) {
   (void)nt;
-  double kh0[4];
+  alignas(64) double kh0[4];
   for (int64_t i1 = 0; i1 < 2; ++i1) {
     #pragma omp simd
     for (int64_t i2 = 0; i2 < 2; ++i2) {
