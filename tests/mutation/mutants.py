@@ -393,6 +393,14 @@ MUTANTS: list[Mutant] = [
         tests=_daemon("tests/python/test_torch_backend.py -k test_more_run_time_sizes_than_a_part_takes"),
     ),
     Mutant(
+        name="weight-standardisation-in-torch",
+        what="a batch norm without running statistics (a standardised convolution weight) stays torch's op, three kernels per convolution",
+        file="client/python/kiln/torch/decompositions.py",
+        find="    table.update(get_decompositions([torch.ops.aten._native_batch_norm_legit]))\n",
+        replace="",
+        tests=_daemon("tests/python/test_torch_backend.py -k test_weight_standardisation"),
+    ),
+    Mutant(
         name="stack-array-unaligned",
         what="a table the CPU kernel keeps on its stack is declared without alignment; GCC's aligned vector stores into it fault",
         file="kernels/codegen/cpu/cpu_emitter.cc",

@@ -2102,6 +2102,28 @@ def test_kiln_compiles_without_importing_inductor(subprocess_env: dict[str, str]
     assert "torch._inductor.pattern_matcher" not in loaded and "torch._inductor.lowering" not in loaded, loaded
 
 
+def test_weight_standardisation_is_fused_not_left_to_torch(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+    """A convolution with a standardised weight (NF-Nets, BiT: ``F.batch_norm`` over the weight
+    with no running statistics, every forward): the mean and variance per output channel are
+    kiln's, no batch norm op is left to torch; outputs and gradients (weight, gain, input) match
+    eager."""
+    torch.manual_seed(11)
+
+    def conv(x: torch.Tensor, w: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+        flat = torch.nn.functional.batch_norm(w.reshape(1, w.shape[0], -1), None, None, training=True,
+                                              momentum=0.0, eps=1e-6)
+        std_w = flat.reshape_as(w) * (gain * w[0].numel() ** -0.5)
+        return torch.relu(torch.nn.functional.conv2d(x, std_w, padding=1))
+
+    x = torch.randn(2, 5, 9, 9, requires_grad=True)
+    w = torch.randn(8, 5, 3, 3, requires_grad=True)
+    gain = torch.rand(8, 1, 1, 1).add_(0.5).requires_grad_()
+    check_fwd_bwd(conv, [x, w, gain], client, rtol=1e-4, atol=1e-4)
+    assert_kiln_ran()
+    in_torch = {str(n.target) for outer, _ in rewrites for n in outer.graph.nodes if n.op == "call_function"}
+    assert not [t for t in in_torch if "batch_norm" in t], sorted(in_torch)
+
+
 def test_linear_layers_become_single_linear_calls(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
     """The torch side's view + transpose + mm/addmm + view of a linear layer becomes one
     ``F.linear`` call (fold_linear), transposes of transposes cancel (fold_views); forward and

@@ -58,6 +58,11 @@ def decompositions(random_in_kiln: bool = True) -> Any:
     # updates, which kiln fuses with the ReLU and residual add around it. Left as the op, it ran
     # in torch with a clone of each running statistic and a kernel of its own per output.
     table.update(get_decompositions([torch.ops.aten._native_batch_norm_legit_functional.default]))
+    # A batch norm without running statistics (``F.batch_norm(w, None, None, training=True)``):
+    # the weight standardisation of NF-Nets' and BiT's convolutions, run on every forward.
+    # As its arithmetic it is a mean and variance over each output channel's weights that
+    # kiln fuses into one part; left as the op, torch ran three kernels per convolution.
+    table.update(get_decompositions([torch.ops.aten._native_batch_norm_legit]))
     if random_in_kiln:
         table.update(dropout_decomposition())
     return table
