@@ -149,7 +149,8 @@ bool CpuKernelEmitter::Hoist(const lower::ExprPtr& ep, size_t target, std::strin
   hoisting_ = false;
   var_names_ = reading_names;
   std::vector<std::string>& pro = scopes_[0].stmts;
-  pro.push_back(absl::StrCat(kStackArray, ComputeTypeName(e.dtype), " ", table, "[", elements, "];"));
+  pro.push_back(
+      absl::StrCat(kStackArray, ComputeTypeName(e.dtype), " ", table, "[", elements, "];"));
   pro.insert(pro.end(), body.begin(), body.end());
   scopes_.insert(scopes_.end(), saved.begin(), saved.end());
   *ref = at;

@@ -251,16 +251,21 @@ TEST(Codegen, StackTableRunsUnderAnyFrameAlignment) {
   ir::Builder b(in);
   // Window counts per output row and column: min(2i + 2, 48) - max(2i, 0), as floats.
   auto counts = [&](int64_t axis) {
-    auto i = *b.Add("iota", {}, {{"shape", ir::IntList{24, 24}}, {"axis", axis}, {"dtype", DType::kI64}});
+    auto i = *b.Add("iota", {},
+                    {{"shape", ir::IntList{24, 24}}, {"axis", axis}, {"dtype", DType::kI64}});
     auto lo = *b.Add("mul", {i, *b.Scalar(DType::kI64, 2)});
-    auto hi = *b.Add("minimum", {*b.Add("add", {lo, *b.Scalar(DType::kI64, 2)}), *b.Scalar(DType::kI64, 48)});
+    auto hi = *b.Add("minimum",
+                     {*b.Add("add", {lo, *b.Scalar(DType::kI64, 2)}), *b.Scalar(DType::kI64, 48)});
     return *b.Add("cast", {*b.Add("sub", {hi, *b.Add("maximum", {lo, *b.Scalar(DType::kI64, 0)})})},
                   {{"dtype", DType::kF32}});
   };
   auto divisor = *b.Add("mul", {counts(0), counts(1)});
   auto window = [&](int64_t r, int64_t c) {
-    return *b.Add("slice", {0}, {{"axes", ir::IntList{2, 3}}, {"starts", ir::IntList{r, c}},
-                                 {"stops", ir::IntList{47 + r, 47 + c}}, {"steps", ir::IntList{2, 2}}});
+    return *b.Add("slice", {0},
+                  {{"axes", ir::IntList{2, 3}},
+                   {"starts", ir::IntList{r, c}},
+                   {"stops", ir::IntList{47 + r, 47 + c}},
+                   {"steps", ir::IntList{2, 2}}});
   };
   auto sum = *b.Add("add", {*b.Add("add", {window(0, 0), window(0, 1)}),
                             *b.Add("add", {window(1, 0), window(1, 1)})});
