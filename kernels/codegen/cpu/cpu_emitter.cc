@@ -23,7 +23,7 @@ constexpr char kDeclMark = '\x02';
 // stores into such an array with aligned 256-bit moves while laying the array out at an
 // address only 16-byte aligned: a hoisted table of 24-float rows (avg_pool2d's divisors over a
 // 48x48 input) made `vmovaps` fault on every call. An explicit alignment makes the compiler
-// realign the frame itself (tests/python/test_codegen_cpu.py holds that kernel).
+// realign the frame itself (pipeline_test.cc, Codegen.StackTableRunsUnderAnyFrameAlignment).
 constexpr char kStackArray[] = "alignas(64) ";
 
 bool HasReduction(const Expr& e) {

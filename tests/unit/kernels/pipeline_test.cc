@@ -234,10 +234,10 @@ TEST(Fusion, ExternOpIsRejectedAsPartitionBoundary) {
 
 // A value that depends only on the inner loops (here the divisors of a 2x2 average pool that
 // leaves out padding, as nf_regnet_b0's downsampling computes them) is computed once into a
-// table on the kernel's stack. With AVX-512 and 24-float rows, GCC 12 stored the rows with
-// aligned 256-bit moves into a frame it had not aligned, so the kernel faulted whenever its
-// caller's stack was not 32-byte aligned; the tables are declared aligned since. The kernel
-// runs here under callers whose frames differ by 16 bytes.
+// table on the kernel's stack. With AVX-512 and 24-float rows GCC 12 stores the rows with
+// aligned 256-bit moves, which fault unless the table itself is declared aligned (cpu_emitter.cc,
+// kStackArray) and the compiler aligns the frame. The kernel runs here under callers whose
+// frames differ by 16 bytes, and its results are checked.
 __attribute__((noinline)) int RunBelowPad(testing::Loaded& k, std::vector<void*> args, int pad) {
   volatile char* frame = static_cast<volatile char*>(alloca(static_cast<size_t>(pad)));
   frame[0] = 0;
