@@ -312,7 +312,7 @@ void CpuKernelEmitter::EmitLaneReduce(const Expr& e, const std::string& result, 
       std::vector<std::string> head = BlockLoopHead(start, end, extent, block_rows);
       wrapped.push_back(head[0]);
       std::vector<std::string> block = {head[1].substr(2),
-                                        absl::StrCat(ctype, " ", blk, dims, ";")};
+                                        absl::StrCat(kStackArray, ctype, " ", blk, dims, ";")};
       for (std::string& s : LaneLoop({absl::StrCat(blk, "[kl] = ", ReduceInit(op, vt), ";")}, true))
         block.push_back(s);
       block.push_back(absl::StrCat("for (int64_t ", iv, " = ", start, "; ", iv, " < ", end, "; ",

@@ -19,7 +19,7 @@ static void k0(const float* __restrict in0, float* __restrict tmp0, float* __res
     #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:t0_acc[:2560])
     for (int64_t i1_b = 0; i1_b < 1024; i1_b += 128) {
       const int64_t i1_e = 1024 - i1_b < 128 ? 1024 : i1_b + 128;
-      float t0_blk[2560];
+      alignas(64) float t0_blk[2560];
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;
@@ -53,7 +53,7 @@ static void k0(const float* __restrict in0, float* __restrict tmp0, float* __res
     #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:t5_acc[:2560])
     for (int64_t i2_b = 0; i2_b < 1024; i2_b += 128) {
       const int64_t i2_e = 1024 - i2_b < 128 ? 1024 : i2_b + 128;
-      float t5_blk[2560];
+      alignas(64) float t5_blk[2560];
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;

@@ -23,7 +23,7 @@ static void k0(const float* __restrict in0, float* __restrict out0, int64_t* __r
     #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:t6_acc[:300])
     for (int64_t i2_b = 0; i2_b < 4096; i2_b += 128) {
       const int64_t i2_e = 4096 - i2_b < 128 ? 4096 : i2_b + 128;
-      float t6_blk[300];
+      alignas(64) float t6_blk[300];
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;
@@ -56,7 +56,7 @@ static void k0(const float* __restrict in0, float* __restrict out0, int64_t* __r
     #pragma omp parallel for num_threads(nt) schedule(static) reduction(+:t1_acc[:300])
     for (int64_t i1_b = 0; i1_b < 4096; i1_b += 128) {
       const int64_t i1_e = 4096 - i1_b < 128 ? 4096 : i1_b + 128;
-      float t1_blk[300];
+      alignas(64) float t1_blk[300];
       #pragma omp simd
       for (int64_t kl = 0; kl < kn; ++kl) {
         const int64_t i0 = kb + kl;
