@@ -462,7 +462,7 @@ absl::StatusOr<Shape> ReducedShape(const Node& n, const TensorType& x,
   return out;
 }
 
-enum class ReduceRule { kSum, kSame, kFloat, kBool, kExtremum };
+enum class ReduceRule { kSum, kFloat, kBool, kExtremum };
 InferFn Reduce(ReduceRule rule) {
   return [rule](const Node& n, const Types& in) -> absl::StatusOr<TensorType> {
     std::vector<int64_t> axes;
@@ -472,8 +472,6 @@ InferFn Reduce(ReduceRule rule) {
     switch (rule) {
       case ReduceRule::kSum:
         return Make(SumResult(t), s);
-      case ReduceRule::kSame:
-        return Make(t, s);
       case ReduceRule::kFloat:
         return Make(FloatResult(t), s);
       case ReduceRule::kBool:
@@ -686,27 +684,11 @@ std::unordered_map<std::string, OpSchema> BuildRegistry() {
     r[name] = OpSchema{name, kind, lo, hi, {}, std::move(fn)};
   };
   using K = OpKind;
-  for (const char* op :
-       {"exp", "exp2", "expm1", "log",  "log2", "log1p", "sqrt", "rsqrt",   "sin", "cos",
-        "tan", "tanh", "asin",  "acos", "atan", "sinh",  "cosh", "sigmoid", "erf", "reciprocal"})
-    add(op, K::kElementwise, 1, 1, Unary(UnaryRule::kFloat));
-  for (const char* op : {"abs", "floor", "ceil", "round", "trunc"})
-    add(op, K::kElementwise, 1, 1, Unary(UnaryRule::kSame));
-  for (const char* op : {"neg", "sign"}) add(op, K::kElementwise, 1, 1, Unary(UnaryRule::kSigned));
-  for (const char* op : {"logical_not", "isnan", "isinf"})
-    add(op, K::kElementwise, 1, 1, Unary(UnaryRule::kBoolOut));
-  add("bitwise_not", K::kElementwise, 1, 1, Unary(UnaryRule::kIntOrBool));
-  for (const char* op : {"add", "mul", "maximum", "minimum"})
-    add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kPromote));
-  for (const char* op : {"sub", "floordiv", "remainder", "pow"})
-    add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kNumeric));
-  add("div", K::kElementwise, 2, 2, Binary(BinaryRule::kTrueDiv));
-  add("atan2", K::kElementwise, 2, 2, Binary(BinaryRule::kFloat));
-  for (const char* op :
-       {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"})
-    add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kBoolOut));
-  for (const char* op : {"bitwise_and", "bitwise_or", "bitwise_xor"})
-    add(op, K::kElementwise, 2, 2, Binary(BinaryRule::kIntOrBool));
+  // The elementwise ops and reductions whose type is a rule of the table (op_table.def).
+#define KILN_UNARY(name, rule) add(#name, K::kElementwise, 1, 1, Unary(UnaryRule::k##rule));
+#define KILN_BINARY(name, rule) add(#name, K::kElementwise, 2, 2, Binary(BinaryRule::k##rule));
+#define KILN_REDUCTION(name, kind, rule) add(#name, K::k##kind, 1, 1, Reduce(ReduceRule::k##rule));
+#include "kernels/ir/op_table.def"
   add("where", K::kElementwise, 3, 3, InferWhere);
   add("clamp", K::kElementwise, 1, 1, InferClamp);
   add("cast", K::kElementwise, 1, 1, InferCast);
@@ -725,12 +707,6 @@ std::unordered_map<std::string, OpSchema> BuildRegistry() {
   add("iota", K::kSource, 0, 1, InferIota);
   add("uniform", K::kSource, 2, 2, InferUniform);
 
-  for (const char* op : {"sum", "prod"}) add(op, K::kReduction, 1, 1, Reduce(ReduceRule::kSum));
-  for (const char* op : {"max", "min"}) add(op, K::kReduction, 1, 1, Reduce(ReduceRule::kExtremum));
-  for (const char* op : {"any", "all"}) add(op, K::kReduction, 1, 1, Reduce(ReduceRule::kBool));
-  // mean/var/std are decomposed into sums, so they are composites.
-  for (const char* op : {"mean", "var", "std"})
-    add(op, K::kComposite, 1, 1, Reduce(ReduceRule::kFloat));
   for (const char* op : {"argmax", "argmin"}) add(op, K::kReduction, 1, 1, InferArgReduce);
 
   for (const char* op : {"softmax", "log_softmax"}) add(op, K::kComposite, 1, 1, InferAxisFloat);

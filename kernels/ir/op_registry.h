@@ -1,4 +1,6 @@
-// The op registry: every op kiln knows, its kind, arity, attributes and type rule.
+// The op registry: every op kiln knows, its kind, arity, attributes and type rule. The
+// elementwise ops and reductions and their type rules are listed in op_table.def, which the
+// Python graph builder reads too (client/python/kiln/op_table.py is generated from it).
 // Thread-safety: the registry is built once on first use and immutable afterwards.
 #pragma once
 

@@ -409,6 +409,22 @@ MUTANTS: list[Mutant] = [
         tests=("gtest:kernels_test:Codegen.*",),
     ),
     Mutant(
+        name="builder-subtracts-bools",
+        what="the Python builder lets a Numeric op (sub, pow...) take two bools, which the daemon refuses",
+        file="client/python/kiln/builder.py",
+        find='    if rule == "Numeric" and t == "bool":\n',
+        replace='    if rule == "Numeric" and t == "never":\n',
+        tests=("pytest:tests/python/test_builder_offline.py -k test_builder_types_every_table_op",),
+    ),
+    Mutant(
+        name="registry-true-division-keeps-ints",
+        what="the daemon's registry divides integers in their own type instead of float64",
+        file="kernels/ir/op_registry.cc",
+        find="        return Make(IsFloat(t) ? t : DType::kF64, *shape);\n",
+        replace="        return Make(t, *shape);\n",
+        tests=("gtest:kernels_test:Golden.OpTyping",),
+    ),
+    Mutant(
         name="written-layout-ignored",
         what="a part reads a result an earlier part stored contiguous with the strides torch traced (a slice), copying it every call",
         file="client/python/kiln/torch/partition.py",

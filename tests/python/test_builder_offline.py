@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,6 +94,44 @@ def test_type_inference():
         b.bitwise_and(f16, f16)
     with pytest.raises(TypeError, match="truth value"):
         bool(i8)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_op_table_module_is_generated_from_the_def():
+    """kiln/op_table.py is kernels/ir/op_table.def's table as the generator writes it today."""
+    run = subprocess.run([sys.executable, str(ROOT / "client/python/gen_op_table.py"), "--check"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
+def test_builder_types_every_table_op_as_the_daemon_does():
+    """Every op of the typing table on every dtype (pair): the builder's result type, or its
+    refusal, is the daemon registry's, recorded in tests/golden/op_typing.txt by kernels_test."""
+    lines = (ROOT / "tests/golden/op_typing.txt").read_text().splitlines()
+    cases = [line.split(" -> ") for line in lines if line and not line.startswith("#")]
+    assert len(cases) > 2000
+    mismatches = []
+    for lhs, want in cases:
+        op, *dtypes = lhs.split()
+        b = kiln.GraphBuilder()
+        xs = [b.input(f"x{i}", d, (2, 3)) for i, d in enumerate(dtypes)]
+        try:
+            if op in kiln.op_table.UNARY_RULES:
+                got = b.unary(op, xs[0]).dtype
+            elif op in kiln.op_table.BINARY_RULES:
+                got = b.binary(op, xs[0], xs[1]).dtype
+            else:
+                got = b.reduce(op, xs[0]).dtype
+        except (TypeError, ValueError):
+            got = "error"
+        if got != want:
+            mismatches.append(f"{lhs}: builder {got}, daemon {want}")
+    assert not mismatches, "\n".join(mismatches[:20])
+    # Every op of the table is in the golden file, and nothing else.
+    table = {**kiln.op_table.UNARY_RULES, **kiln.op_table.BINARY_RULES, **kiln.op_table.REDUCTION_RULES}
+    assert {lhs.split()[0] for lhs, _ in cases} == set(table)
 
 
 def test_layout_shapes():

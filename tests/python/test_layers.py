@@ -45,7 +45,7 @@ LAYERS: dict[str, int] = {
     "kiln._version": 0, "kiln._protogen": 0, "kiln.v1": 0, "kiln.errors": 0, "kiln._once": 0,
     "kiln.dtypes": 0, "kiln.plan": 0, "kiln.strides": 0, "kiln.retry": 0, "kiln.target": 0,
     "kiln.trust": 0, "kiln.cache": 0, "kiln.graphio": 0, "kiln.recorder": 0, "kiln.builder": 0,
-    "kiln.ext": 0, "kiln.connection": 0, "kiln.core": 0,
+    "kiln.op_table": 0, "kiln.ext": 0, "kiln.connection": 0, "kiln.core": 0,
     # 1: runtime
     "kiln.loader": 1, "kiln.torch_extension": 1, "kiln.native": 1, "kiln.cuda": 1, "kiln.client": 1,
     "kiln.autotune": 1,

@@ -30,27 +30,55 @@ import numpy as np
 
 from . import dtypes as dt
 from .dtypes import DTypeLike
+from .op_table import BINARY_RULES, REDUCTION_RULES, UNARY_RULES
 from .v1 import graph_pb2
 
 Shape = tuple[int, ...]
 Operand = Union["Value", bool, int, float, np.ndarray, np.generic]
 
-UNARY_FLOAT_OPS: tuple[str, ...] = (
-    "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh",
-    "asin", "acos", "atan", "sinh", "cosh", "sigmoid", "erf", "reciprocal",
-)
-UNARY_SAME_OPS: tuple[str, ...] = ("neg", "abs", "sign", "floor", "ceil", "round", "trunc", "bitwise_not")
-UNARY_BOOL_OPS: tuple[str, ...] = ("logical_not", "isnan", "isinf")
-BINARY_PROMOTE_OPS: tuple[str, ...] = (
-    "add", "sub", "mul", "floordiv", "remainder", "pow", "maximum", "minimum",
-    "bitwise_and", "bitwise_or", "bitwise_xor",
-)
-BINARY_FLOAT_OPS: tuple[str, ...] = ("div", "atan2")
-BINARY_BOOL_OPS: tuple[str, ...] = (
-    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
-)
-REDUCTION_OPS: tuple[str, ...] = ("sum", "prod", "max", "min", "mean", "any", "all", "var", "std")
-FLOAT_COMPOSITE_OPS: tuple[str, ...] = ("gelu", "elu", "silu", "leaky_relu", "softplus")
+
+
+def unary_result(op: str, rule: str, x: str) -> str:
+    """The result type of unary ``op`` under its typing-table ``rule`` (op_table.py) on type ``x``;
+    TypeError where the rule refuses it. The daemon's registry applies the same rules."""
+    if rule == "Float":
+        return dt.float_result(x)
+    if rule == "BoolOut":
+        return "bool"
+    if rule == "Signed" and x == "bool":
+        raise TypeError(f"{op} is not defined for bool")
+    if rule == "IntOrBool" and dt.is_float(x):
+        raise TypeError(f"{op} takes integers or bool, not {x}")
+    return x  # Same, and Signed or IntOrBool on a type they accept
+
+
+def binary_result(op: str, rule: str, a: str, b: str) -> str:
+    """The result type of binary ``op`` under its ``rule`` on types ``a`` and ``b``: NumPy's
+    promotion, then the rule; TypeError where the rule refuses them."""
+    t = dt.promote(a, b)
+    if rule == "Float":
+        return dt.float_result(t)
+    if rule == "TrueDiv":  # NumPy's true division: integers and bools divide in float64
+        return t if dt.is_float(t) else "f64"
+    if rule == "BoolOut":
+        return "bool"
+    if rule == "Numeric" and t == "bool":
+        raise TypeError(f"{op} is not defined for bool inputs")
+    if rule == "IntOrBool" and dt.is_float(t):
+        raise TypeError(f"{op} takes integers or bool, not {t}")
+    return t  # Promote, and Numeric or IntOrBool on types they accept
+
+
+def reduction_result(rule: str, x: str) -> str:
+    """The result type of a reduction under its ``rule`` on type ``x``."""
+    if rule == "Sum":
+        return dt.sum_result(x)
+    if rule == "Float":
+        return dt.float_result(x)
+    if rule == "Bool":
+        return "bool"
+    return x  # Extremum
+
 
 # Attribute kinds as the wire has them (AttrValue's oneof).
 _ATTR_KINDS = ("i", "f", "s", "b", "dtype", "ints", "floats", "tensor")
@@ -429,38 +457,20 @@ class GraphBuilder:
 
     def unary(self, op: str, x: Operand) -> Value:
         """Any unary elementwise op of the op set, by name."""
-        (x,) = self._tensor_operands([x])
-        if op in UNARY_FLOAT_OPS:
-            out = dt.float_result(x.dtype)
-        elif op in UNARY_SAME_OPS:
-            out = x.dtype
-            if op == "bitwise_not" and dt.is_float(out):
-                raise TypeError(f"bitwise_not takes integers or bool, not {out}")
-        elif op in UNARY_BOOL_OPS:
-            out = "bool"
-        else:
+        rule = UNARY_RULES.get(op)
+        if rule is None:
             raise ValueError(f"not a unary op: {op!r}")
-        return self.node(op, [x], {}, out, x.shape)
+        (x,) = self._tensor_operands([x])
+        return self.node(op, [x], {}, unary_result(op, rule, x.dtype), x.shape)
 
     def binary(self, op: str, a: Operand, b: Operand) -> Value:
         """Any binary elementwise op of the op set, by name (NumPy broadcasting)."""
+        rule = BINARY_RULES.get(op)
+        if rule is None:
+            raise ValueError(f"not a binary op: {op!r}")
         a, b = self._tensor_operands([a, b])
         shape = broadcast_shapes(a.shape, b.shape)
-        if op in BINARY_PROMOTE_OPS:
-            out = dt.promote(a.dtype, b.dtype)
-            if op.startswith("bitwise_") and dt.is_float(out):
-                raise TypeError(f"{op} takes integers or bool, not {out}")
-        elif op == "div":
-            # NumPy's true division: integers and bools divide in float64.
-            p = dt.promote(a.dtype, b.dtype)
-            out = p if p in ("f16", "bf16", "f32", "f64") else "f64"
-        elif op in BINARY_FLOAT_OPS:
-            out = dt.float_result(dt.promote(a.dtype, b.dtype))
-        elif op in BINARY_BOOL_OPS:
-            out = "bool"
-        else:
-            raise ValueError(f"not a binary op: {op!r}")
-        return self.node(op, [a, b], {}, out, shape)
+        return self.node(op, [a, b], {}, binary_result(op, rule, a.dtype, b.dtype), shape)
 
     def where(self, cond: Operand, a: Operand, b: Operand) -> Value:
         """``cond ? a : b`` elementwise; ``cond`` must be bool; result ``promote(a, b)``."""
@@ -698,22 +708,17 @@ class GraphBuilder:
 
     def reduce(self, op: str, x: Operand, axes: Optional[Sequence[int]] = None, keepdim: bool = False, correction: Optional[float] = None) -> Value:
         """Any reduction of the op set by name; ``axes`` None or empty reduces all axes."""
-        if op not in REDUCTION_OPS and op not in ("logsumexp", "norm"):
+        # logsumexp and norm are composites outside the table: float results, like mean.
+        rule = REDUCTION_RULES.get(op) or ("Float" if op in ("logsumexp", "norm") else None)
+        if rule is None:
             raise ValueError(f"not a reduction: {op!r}")
         (x,) = self._tensor_operands([x])
         ax = normalize_axes(axes, x.ndim)
-        if op in ("max", "min"):
+        if rule == "Extremum":
             for a in ax:
                 if x.shape[a] == 0:
                     raise ValueError(f"{op}: reducing an empty axis {a}")
-        if op in ("sum", "prod"):
-            out = dt.sum_result(x.dtype)
-        elif op in ("mean", "var", "std", "logsumexp", "norm"):
-            out = dt.float_result(x.dtype)
-        elif op in ("any", "all"):
-            out = "bool"
-        else:
-            out = x.dtype
+        out = reduction_result(rule, x.dtype)
         shape = _reduced_shape(x.shape, ax, keepdim)
         attrs: dict[str, tuple[str, Any]] = {}
         if axes is not None:
