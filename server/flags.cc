@@ -32,6 +32,9 @@ ABSL_FLAG(double, negative_cache_s, 30,
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off.");
 ABSL_FLAG(double, grace_s, 20,
           "On SIGTERM/SIGINT, seconds in-flight compiles get to finish before kilnd exits.");
+ABSL_FLAG(bool, exit_on_stdin_eof, false,
+          "Stop (as on SIGTERM) when standard input reaches end of file: a parent that starts "
+          "kilnd with a pipe on its stdin takes the daemon down with it, even when killed.");
 ABSL_FLAG(std::string, host_compiler, "g++", "C++ compiler that builds CPU kernels.");
 ABSL_FLAG(double, compile_timeout_s, 60, "Limit on one host compiler run, in seconds.");
 ABSL_FLAG(int, max_request_mib, 64, "Largest request accepted, in MiB.");

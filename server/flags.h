@@ -23,6 +23,7 @@ ABSL_DECLARE_FLAG(int64_t, queue_size);
 ABSL_DECLARE_FLAG(double, negative_cache_s);
 ABSL_DECLARE_FLAG(std::string, log_level);
 ABSL_DECLARE_FLAG(double, grace_s);
+ABSL_DECLARE_FLAG(bool, exit_on_stdin_eof);
 ABSL_DECLARE_FLAG(std::string, host_compiler);
 ABSL_DECLARE_FLAG(double, compile_timeout_s);
 ABSL_DECLARE_FLAG(int, max_request_mib);

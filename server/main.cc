@@ -12,7 +12,8 @@
 // running compiles finish within --grace-s, stops gRPC and the metrics endpoint, closes the
 // store and exits 0; a second signal exits at once. On SIGHUP it re-reads the TLS
 // certificates, the token file and the signing keys; a set that does not load is logged and
-// the one in use stays, and no connection or call is dropped either way.
+// the one in use stays, and no connection or call is dropped either way. With
+// --exit-on-stdin-eof, the end of standard input stops it as SIGTERM does.
 //
 // The flags, and the helpers that turn them into option structs, are in flags.h.
 //
@@ -23,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -517,6 +519,21 @@ int Run() {
             health->SetServingStatus(kSharedHealthService, client->available());
           } while (!stop_watching.WaitForNotificationWithTimeout(absl::Seconds(1)));
         });
+  }
+
+  // A parent holding the write end of a pipe on kilnd's stdin (kiln.local.LocalDaemon) owns
+  // the daemon's life: when that end closes, by the parent's exit or death alike, kilnd stops as
+  // on SIGTERM. Nothing is read but the end of the stream; the thread is left blocked in read()
+  // when kilnd stops for another reason.
+  if (absl::GetFlag(FLAGS_exit_on_stdin_eof)) {
+    std::thread([] {
+      char buffer[256];
+      ssize_t n = 0;
+      while ((n = read(STDIN_FILENO, buffer, sizeof buffer)) > 0 || (n < 0 && errno == EINTR)) {
+      }
+      spdlog::info("standard input closed (--exit-on-stdin-eof): stopping");
+      kill(getpid(), SIGTERM);
+    }).detach();
   }
 
   const Reloadable reloadable{tls.get(), authorizer->get(), signer.get()};

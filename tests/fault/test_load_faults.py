@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import kiln
 from kiln.errors import RpcError
-from conftest import Outcomes, alive, descendants, rss_bytes, small_graph, wait_until
+from conftest import Outcomes, alive, descendants, kill_tree, rss_bytes, small_graph, wait_until
 
 
 def test_overload_is_refused_and_memory_stays_bounded(daemons):
@@ -145,3 +147,34 @@ def test_sigterm_under_load_exits_cleanly(daemons):
     # Every compile accepted before the signal finished within the grace period.
     assert outcomes.counts == {"OK": 16}, (outcomes.counts, accepted)
     assert late.counts == {"UNAVAILABLE": 4}, late.counts
+
+
+def test_local_daemon_stops_when_its_parent_is_killed(daemons, tmp_path):
+    """A kilnd started by kiln.local.LocalDaemon does not outlive the process that started it,
+    even one killed with SIGKILL (no stop(), no atexit): its stdin pipe closes, and it drains,
+    closes its cache and exits as on SIGTERM, its compile workers with it."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time, kiln.local\n"
+         "d = kiln.local.LocalDaemon(sys.argv[1], sys.argv[2], args=['--workers=1'], timeout=60)\n"
+         "print(d.proc.pid, flush=True)\n"
+         "time.sleep(300)\n",
+         str(daemons.binary), str(tmp_path / "child")],
+        stdout=subprocess.PIPE, text=True)
+    pid = 0
+    try:
+        pid = int(parent.stdout.readline())
+        assert wait_until(lambda: len(descendants(pid)) >= 1, 10)
+        workers = set(descendants(pid))
+        assert alive(pid)
+        parent.kill()
+        parent.wait(timeout=10)
+        assert wait_until(lambda: not alive(pid), 30), "kilnd outlived the process that started it"
+        assert not any(alive(p) for p in workers), workers
+        log = (tmp_path / "child" / "kilnd.log").read_text()
+        assert "standard input closed" in log and "kilnd stopped" in log, log[-2000:]
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)
+        if pid and alive(pid):
+            kill_tree(pid)

@@ -409,6 +409,14 @@ MUTANTS: list[Mutant] = [
         tests=("gtest:kernels_test:Codegen.*",),
     ),
     Mutant(
+        name="local-daemon-outlives-parent",
+        what="kiln.local.LocalDaemon starts kilnd without --exit-on-stdin-eof: a parent killed with SIGKILL leaves it running",
+        file="client/python/kiln/local.py",
+        find='"--exit-on-stdin-eof", *args]',
+        replace='*args]',
+        tests=("pytest:tests/fault/test_load_faults.py -k parent_is_killed",),
+    ),
+    Mutant(
         name="builder-subtracts-bools",
         what="the Python builder lets a Numeric op (sub, pow...) take two bools, which the daemon refuses",
         file="client/python/kiln/builder.py",

@@ -8,7 +8,10 @@ The daemon listens on a free loopback port (``127.0.0.1:0``; the address it prin
 back), keeps its cache in ``workdir/kilnd-cache`` unless told otherwise, logs to
 ``workdir/kilnd.log``, and is ready (its gRPC health check says SERVING) when the constructor
 returns. ``stop()`` sends SIGTERM, so in-flight compiles finish and RocksDB closes cleanly;
-``reload()`` sends SIGHUP (kilnd re-reads its certificates, tokens and signing keys). A daemon
+``reload()`` sends SIGHUP (kilnd re-reads its certificates, tokens and signing keys). The daemon
+does not outlive this process: it runs with ``--exit-on-stdin-eof`` and a pipe on its stdin whose
+write end only this process holds, so when the process ends, however it ends (even SIGKILL),
+kilnd sees the pipe close and stops as on SIGTERM. A daemon
 started with ``--tls-cert`` is probed with ``probe_options`` (Client keyword arguments such as
 ``tls_ca``, ``tls_cert``, ``tls_key``).
 """
@@ -62,9 +65,11 @@ class LocalDaemon:
         self.cache_dir = Path(cache_dir) if cache_dir else workdir / "kilnd-cache"
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / "kilnd.log"
-        cmd = [str(binary), "--listen", listen, "--cache-dir", str(self.cache_dir), *args]
+        cmd = [str(binary), "--listen", listen, "--cache-dir", str(self.cache_dir), "--exit-on-stdin-eof", *args]
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            # proc.stdin stays open for the daemon's life: its closing is what stops kilnd when
+            # this process dies without calling stop().
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE)
         self.address = ""
         try:
             self._wait_ready(time.monotonic() + timeout, timeout)
@@ -111,6 +116,8 @@ class LocalDaemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
         return self.proc.returncode
 
     def reload(self) -> None:
