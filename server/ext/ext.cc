@@ -529,6 +529,8 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
     includes.push_back(absl::StrCat("-I", it->second, d.subdir().empty() ? "" : "/", d.subdir()));
   }
   mounts.push_back({out, "/out", true});
+  spdlog::info("extension {}: inputs in place after {:.0f} ms", request.name(),
+               std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   for (const std::string& c : request.compile()) {
     if (!fs::is_regular_file(fs::path(*src) / c, ec)) {
       return absl::InvalidArgumentError(
@@ -539,6 +541,7 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
   auto step = [&](const std::string& what, const std::vector<std::string>& argv,
                   std::string* log) -> absl::Status {
     slots_.Acquire();
+    const auto began = Clock::now();
     double left = remaining();
     absl::Status s = left <= 0
                          ? absl::ResourceExhaustedError(absl::StrCat(
@@ -546,6 +549,9 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
                          : StepStatus(RunInSandbox(options_.sandbox, mounts, "/out", argv, left),
                                       what, budget, log);
     slots_.Release();
+    // Each step's time, so a slow build shows which command it waited for.
+    spdlog::info("extension {}: {} took {:.0f} ms", request.name(), what,
+                 std::chrono::duration<double, std::milli>(Clock::now() - began).count());
     return s;
   };
   // The link stubs and the translation units: independent of each other, run several at once.

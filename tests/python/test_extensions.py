@@ -10,6 +10,7 @@ empty local cache must get it without a build.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -389,6 +390,33 @@ def test_request_carries_variants_in_cuda_arch_list(text: str, plain: list[int],
     req = kiln.torch.extension.prepare("k", [src], cache_dir=tmp_path / "cache").request
     assert list(req.cuda_archs) == plain
     assert [(a.sm, a.arch_specific, a.ptx) for a in req.cuda_arch_list] == variants
+
+
+@pytest.mark.parametrize("torch_std", ["c++17", "c++20"])
+def test_cxx_standard_is_the_one_pytorch_builds_extensions_with(torch_std: str, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """C++ and CUDA sources compile under the -std= PyTorch's own cpp_extension would pass (a
+    C++20 nvcc run over PyTorch's headers takes a fifth longer than C++17's), unless the caller
+    names one; a PyTorch whose ninja-file writer names none gets C++17."""
+    import torch.utils.cpp_extension as cpp
+
+    # What the helper reads is the writer's source: a writer of that PyTorch, from a file.
+    fake = tmp_path / f"fake_cpp_extension_{torch_std[3:]}.py"
+    fake.write_text(f"def writer(cflags):\n    cflags.append('-std={torch_std}')\n")
+    spec = importlib.util.spec_from_file_location(fake.stem, fake)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(cpp, "_write_ninja_file_to_build_library", module.writer)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    src = [_write(tmp_path, "m.cpp", "int f() { return 1; }\n"), _write(tmp_path, "k.cu", "__global__ void k() {}\n")]
+    req = kiln.torch.extension.prepare("k", src, cache_dir=tmp_path / "cache").request
+    assert [f for f in req.cflags if f.startswith("-std=")] == [f"-std={torch_std}"]
+    assert [f for f in req.cuda_cflags if f.startswith("-std=")] == [f"-std={torch_std}"]
+    named = kiln.torch.extension.prepare("k", src, extra_cuda_cflags=["-std=c++20"], cache_dir=tmp_path / "cache").request
+    assert [f for f in named.cuda_cflags if f.startswith("-std=")] == ["-std=c++20"]
+    monkeypatch.setattr(cpp, "_write_ninja_file_to_build_library", lambda: None)
+    bare = kiln.torch.extension.prepare("k", src, cache_dir=tmp_path / "cache").request
+    assert [f for f in bare.cflags if f.startswith("-std=")] == ["-std=c++17"]
 
 
 @pytest.mark.parametrize("arch,message", [((86, True, False), "cuda_arch_list: sm_86a does not exist"),

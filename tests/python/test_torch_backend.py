@@ -2268,6 +2268,26 @@ def test_native_runner_build_retries_at_once_through_another_client(subprocess_e
     assert out.stdout.split()[-1] == "3", out.stdout + out.stderr[-2000:]
 
 
+def test_native_runner_build_through_a_closed_client_is_no_failure(subprocess_env: dict[str, str],
+                                                                   tmp_path: Path) -> None:
+    """A build whose client its caller closed (the end of a ``with kiln.Client(...)`` block
+    while the build ran) says nothing of the daemon: it counts as no failure and warns of
+    nothing, and the next start() builds again."""
+    code = (
+        "import kiln, torch\n"
+        "from kiln.torch import native\n"
+        "a = kiln.Client('127.0.0.1:1', max_attempts=1, timeout=1)\n"
+        "a.close()\n"
+        "for _ in range(2):\n"
+        "    native.start(a)\n"
+        "    native.wait(120)\n"
+        "print(native._failures, native.ERROR is not None)\n"
+    )
+    out = _python(code, dict(subprocess_env, KILN_CACHE_DIR=str(tmp_path)))
+    assert out.stdout.split()[-2:] == ["0", "True"], out.stdout + out.stderr[-2000:]
+    assert "runner is unavailable" not in out.stderr, out.stderr[-2000:]
+
+
 def _softmax_scale(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.softmax(x * w + 1.0, dim=-1) * 3.0
 

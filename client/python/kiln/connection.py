@@ -137,9 +137,12 @@ class Connection:
         self.cache = ArtifactCache(cache_dir)
         self.recorder = recorder if recorder is not None else Recorder.from_env()
         self._fetch_locks = KeyedLocks()  # one download per digest at a time
+        #: True once :meth:`close` has run.
+        self.closed = False
 
     def close(self) -> None:
         """Closes the channel; the client is unusable afterwards."""
+        self.closed = True
         self._channel.close()
 
     def __enter__(self) -> "Connection":

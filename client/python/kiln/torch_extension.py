@@ -9,7 +9,9 @@ flags, the CUDA archs, the Python ABI tag and PyTorch's ABI facts, and kilnd add
 compilers' versions.
 
 Flags follow ``cpp_extension``: ``-DTORCH_EXTENSION_NAME=<name>``,
-``-DTORCH_API_INCLUDE_EXTENSION_H``, ``-std=c++20 -fPIC`` for C++; PyTorch's
+``-DTORCH_API_INCLUDE_EXTENSION_H``, ``-fPIC`` and the C++ standard the installed PyTorch's
+``cpp_extension`` compiles with (``-std=c++17`` up to 2.11; C++20 costs nvcc a fifth more time
+on PyTorch's headers, so the choice is PyTorch's, not a fixed one) for C++; PyTorch's
 ``COMMON_NVCC_FLAGS`` for ``.cu`` files, built for each arch of ``TORCH_CUDA_ARCH_LIST`` (or of
 the visible devices). The module is linked without PyTorch's libraries, naming them as
 dependencies (``libtorch_python.so`` and the rest): they resolve against the copies already in
@@ -33,7 +35,9 @@ import base64
 import dataclasses
 import importlib.machinery
 import importlib.util
+import inspect
 import os
+import re
 import sys
 import sysconfig
 import tempfile
@@ -145,6 +149,20 @@ def cuda_archs(explicit: ArchList = None) -> list[CudaArch]:
         sms = sorted(major * 10 + minor for major, minor in caps)
         return [CudaArch(sm, ptx=sm == sms[-1]) for sm in sms]
     raise KilnError("no CUDA architecture to build for: set TORCH_CUDA_ARCH_LIST (e.g. '9.0') on a machine without a GPU")
+
+
+_STD_FLAG = re.compile(r"-std=(c\+\+\d+)")
+
+
+def _torch_cxx_std(cpp: Any) -> str:
+    """The ``-std=`` flag the installed PyTorch's ``cpp_extension`` adds where a build names
+    none: the first one its ninja-file writer holds (PyTorch keeps no public name for it), else
+    ``-std=c++17``, every PyTorch 2 release's floor."""
+    try:
+        found = _STD_FLAG.search(inspect.getsource(cpp._write_ninja_file_to_build_library))
+    except (AttributeError, OSError, TypeError):
+        found = None
+    return f"-std={found.group(1)}" if found else "-std=c++17"
 
 
 def _python_tag() -> str:
@@ -260,7 +278,8 @@ def prepare(name: str, sources: Union[PathLike, Sequence[PathLike]], extra_cflag
             warnings.simplefilter("ignore", DeprecationWarning)
             common += list(get_abi())
     common.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))}")
-    cflags = common + ["-std=c++20", "-fPIC"] + list(extra_cflags or [])
+    std = _torch_cxx_std(cpp)
+    cflags = common + [std, "-fPIC"] + list(extra_cflags or [])
     cuda_cflags: list[str] = []
     archs: list[CudaArch] = []
     if with_cuda:
@@ -268,7 +287,7 @@ def prepare(name: str, sources: Union[PathLike, Sequence[PathLike]], extra_cflag
         nvcc_common = list(getattr(cpp, "COMMON_NVCC_FLAGS", _DEFAULT_NVCC_FLAGS))
         cuda_cflags = common + nvcc_common + list(extra_cuda_cflags or [])
         if not any(f.startswith("-std=") for f in cuda_cflags):
-            cuda_cflags.append("-std=c++20")
+            cuda_cflags.append(std)
     lib_dir = Path(torch.__file__).parent / "lib"
     sonames = [s for s in _CPU_SONAMES if (lib_dir / s).exists()]
     if with_cuda:

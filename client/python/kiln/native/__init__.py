@@ -104,7 +104,8 @@ def _stage(into: Path) -> list[Path]:
     return [into / "runner.cc", core / "cuda_plan.cc", core / "cuda_loader.cc"]
 
 
-_CFLAGS = ["-O2"]
+# The core's loader sources are C++20, whatever standard PyTorch's extensions default to.
+_CFLAGS = ["-O2", "-std=c++20"]
 
 
 #: The format of the cluster-wide record naming the runner built for one PyTorch build.
@@ -247,6 +248,12 @@ def _build_in_background(client: Any, done: threading.Event) -> None:
         ERROR = None
     except Exception as e:  # a daemon that is down, without a compiler, ...
         ERROR = f"{type(e).__name__}: {e}"
+        if getattr(client, "closed", False):
+            # Its caller closed the client while the build ran (a ``with kiln.Client(...)``
+            # block that ended): that says nothing of the daemon, so it is no failure, and the
+            # next start() through any client builds again.
+            log.debug("kiln.torch: the native part runner's build stopped with its closed client: %s", ERROR)
+            return
         _failed_at = time.monotonic()
         _failed_client = id(client)
         _failures += 1
