@@ -1490,6 +1490,9 @@ def test_dynamic_part_reads_a_transposed_static_argument(client) -> None:
     s = kt.stats()
     assert s["failed"] == 0 and s["eager_calls"] == 0, kt.last_graphs()
     assert any(p["kiln"] for g in kt.last_graphs() for p in g["parts"]), kt.last_graphs()
+    # The copies show, per part, where the native runner (or the Python path) made them.
+    copies = [p["input_copies"] for g in kt.last_graphs() for p in g["parts"] if p["kiln"]]
+    assert sum(copies) >= 1, kt.last_graphs()
 
 
 def test_dynamic_part_keeps_a_static_result_layout(client) -> None:

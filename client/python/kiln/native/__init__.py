@@ -52,7 +52,7 @@ from ..v1 import service_pb2
 log = logging.getLogger("kiln.torch")
 
 #: The module's name; a change to runner.cc's interface changes it.
-NAME = "kiln_torch_runner_v1"
+NAME = "kiln_torch_runner_v2"
 # The C++ client's loader sources the runner compiles (the wheel's build hook reads the list too).
 _LOADER_FILES = tuple((Path(__file__).with_name("loader_files.txt")).read_text().split())
 

@@ -134,6 +134,7 @@ struct PyPart {
   PyObject* module_obj;        // CUDA: the PyModule (owned reference)
   PyObject* stream_fn;         // CUDA: callable(device index) -> CUstream
   PyObject* device_arg;        // CUDA: the device index as a Python int
+  int64_t input_copies;        // inputs copied into a contiguous, aligned layout (see PartCall)
 };
 
 void PartDealloc(PyObject* self) {
@@ -256,6 +257,7 @@ PyObject* MakePart(PyObject*, PyObject* args) {
   p->module_obj = nullptr;
   p->stream_fn = nullptr;
   p->device_arg = nullptr;
+  p->input_copies = 0;
   PyObject* self = reinterpret_cast<PyObject*>(p);
   std::vector<std::string> names;
   PyObject* fast = PySequence_Fast(names_obj, "symbol_names: expected a sequence of str");
@@ -363,8 +365,13 @@ PyObject* PartAcceptStrides(PyObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+PyObject* PartInputCopies(PyObject* self, PyObject*) {
+  return PyLong_FromLongLong(reinterpret_cast<PyPart*>(self)->input_copies);
+}
+
 PyMethodDef PartMethods[] = {
     {"accept_strides", PartAcceptStrides, METH_VARARGS, "Accepts input i with these strides."},
+    {"input_copies", PartInputCopies, METH_NOARGS, "Inputs this part copied so far."},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -420,6 +427,7 @@ PyObject* PartCall(PyObject* self, PyObject* args, PyObject* kwargs) {
         // read a contiguous, 16-byte aligned copy (CUDA kernels use 16-byte vector loads).
         copies.push_back(t->clone(at::MemoryFormat::Contiguous));
         t = &copies.back();
+        ++p->input_copies;  // the GIL is held: a plain count will do
       }
       void* ptr = t->data_ptr();
       if (p->device.is_cuda() && reinterpret_cast<uintptr_t>(ptr) % 16) Py_RETURN_NONE;

@@ -152,6 +152,7 @@ class KilnPart(torch.nn.Module):
         self._is_cuda = device.type == "cuda"
         self._in_fast: Optional[list[list[Any]]] = None  # built on the first call (_prepare_run)
         self._native: Any = None  # the native runner's Part, once attached (_attach_native)
+        self._copies = 0  # inputs the Python path copied into the layout the kernels read
         self.use_native = True  # whether to hand the part to the native runner once it is loaded
         self._native_pending = True
         self._tune_with: Optional[CompileSettings] = None  # set while a first-call tuning is due
@@ -529,6 +530,7 @@ class KilnPart(torch.nn.Module):
             if t.is_contiguous():
                 self._in_fast[i][2] = stride
                 return t
+            self._copies += 1
             return t.contiguous()
         if effective_strides(spec.shape, stride) == spec.strides:
             self._in_fast[i][2] = stride
@@ -542,7 +544,16 @@ class KilnPart(torch.nn.Module):
             log.debug("kiln.torch: %s: argument %d has strides %s, compiled for %s; running torch",
                       self.part_name, i, stride, spec.strides)
             return None
+        self._copies += 1
         return torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device).copy_(t)
+
+    @property
+    def input_copies(self) -> int:
+        """Inputs copied so far into the layout the kernels read (a transposed or misaligned
+        view, a layout other than the traced one), by the Python path and the native runner:
+        each copy is a kernel launch and a round trip through memory the graph did not ask for."""
+        native_copies = self._native.input_copies() if self._native is not None else 0
+        return self._copies + native_copies
 
 
 class _Deferred:
@@ -622,7 +633,7 @@ def run_parts(parts: Sequence[KilnPart], settings: CompileSettings, job: Any) ->
 
 def describe(parts: Sequence[KilnPart]) -> list[dict[str, Any]]:
     """One dict per part: name, device, ops, whether kiln runs it (and through the native
-    runner), the handle or the error."""
+    runner), the handle or the error, and its input copies so far (:attr:`KilnPart.input_copies`)."""
     out = []
     for p in parts:
         out.append({
@@ -635,6 +646,7 @@ def describe(parts: Sequence[KilnPart]) -> list[dict[str, Any]]:
             "cache_hit": bool(p.compiled.cache_hit) if p.compiled is not None else None,
             "nodes": p.part.num_nodes if p.part is not None else 0,
             "error": p.error,
+            "input_copies": p.input_copies,
         })
     return out
 
