@@ -526,7 +526,13 @@ absl::StatusOr<v1::ActionResult> ExtensionBuilder::RunBuild(
         return absl::UnavailableError(absl::StrCat("include tree: ", dir.status().message()));
       mounts.push_back({*dir, it->second, false});
     }
-    includes.push_back(absl::StrCat("-I", it->second, d.subdir().empty() ? "" : "/", d.subdir()));
+    std::string dir = absl::StrCat(it->second, d.subdir().empty() ? "" : "/", d.subdir());
+    if (d.system()) {
+      includes.push_back("-isystem");  // nvcc takes it as two arguments only
+      includes.push_back(std::move(dir));
+    } else {
+      includes.push_back("-I" + dir);
+    }
   }
   mounts.push_back({out, "/out", true});
   spdlog::info("extension {}: inputs in place after {:.0f} ms", request.name(),

@@ -417,6 +417,14 @@ MUTANTS: list[Mutant] = [
         tests=("pytest:tests/fault/test_load_faults.py -k parent_is_killed",),
     ),
     Mutant(
+        name="ext-system-includes-ignored",
+        what="kilnd names every include tree of an extension build with -I: PyTorch's headers warn as the caller's own",
+        file="server/ext/ext.cc",
+        find="    if (d.system()) {\n",
+        replace="    if (false) {\n",
+        tests=_daemon("tests/python/test_extensions.py -k test_pytorch_headers_are_system_headers"),
+    ),
+    Mutant(
         name="builder-subtracts-bools",
         what="the Python builder lets a Numeric op (sub, pow...) take two bools, which the daemon refuses",
         file="client/python/kiln/builder.py",

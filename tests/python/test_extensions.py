@@ -156,6 +156,29 @@ def _build_error(ext_client: kiln.Client, sources: list[Path], **kw: Any) -> Rpc
     return info.value
 
 
+def test_pytorch_headers_are_system_headers_and_the_callers_are_not(ext_client: kiln.Client, tmp_path: Path) -> None:
+    """PyTorch's and Python's include trees go up as system headers (-isystem, as cpp_extension
+    names them: their warnings are not the build's); an extra_include_paths folder stays -I, and
+    kilnd honours the difference: a warning in a header of the caller's shows in the build log,
+    the same header as a system header warns of nothing."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "noisy.h").write_text("static int kiln_unused_helper() { return 0; }\n")
+    src = _write(tmp_path, "m.cpp", """
+        #include "noisy.h"
+        int kiln_answer() { return 42; }
+    """)
+    prepared = kiln.torch.extension.prepare("kiln_noisy", [src], extra_cflags=["-Wall"], extra_include_paths=[inc],
+                                            cache_dir=tmp_path / "cache")
+    system = [d.system for d in prepared.request.include_dirs]
+    assert system[0] is False and len(system) > 1 and all(system[1:]), prepared.request.include_dirs
+    _, plain = kiln.torch.extension.build_prepared(prepared, ext_client)
+    assert "kiln_unused_helper" in plain.log, plain.log
+    prepared.request.include_dirs[0].system = True
+    _, quiet = kiln.torch.extension.build_prepared(prepared, ext_client)
+    assert quiet.handle != plain.handle and "kiln_unused_helper" not in quiet.log, quiet.log
+
+
 def test_compile_error_returns_diagnostics_and_is_remembered(ext_client: kiln.Client, tmp_path: Path) -> None:
     src = _write(tmp_path, "broken.cpp", """
         int broken(int x) { return x +; }
@@ -396,8 +419,8 @@ def test_request_carries_variants_in_cuda_arch_list(text: str, plain: list[int],
 def test_cxx_standard_is_the_one_pytorch_builds_extensions_with(torch_std: str, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """C++ and CUDA sources compile under the -std= PyTorch's own cpp_extension would pass (a
-    C++20 nvcc run over PyTorch's headers takes a fifth longer than C++17's), unless the caller
-    names one; a PyTorch whose ninja-file writer names none gets C++17."""
+    source that builds there builds here), unless the caller names one; a PyTorch whose
+    ninja-file writer names none gets C++17."""
     import torch.utils.cpp_extension as cpp
 
     # What the helper reads is the writer's source: a writer of that PyTorch, from a file.

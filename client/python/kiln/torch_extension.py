@@ -10,8 +10,9 @@ compilers' versions.
 
 Flags follow ``cpp_extension``: ``-DTORCH_EXTENSION_NAME=<name>``,
 ``-DTORCH_API_INCLUDE_EXTENSION_H``, ``-fPIC`` and the C++ standard the installed PyTorch's
-``cpp_extension`` compiles with (``-std=c++17`` up to 2.11; C++20 costs nvcc a fifth more time
-on PyTorch's headers, so the choice is PyTorch's, not a fixed one) for C++; PyTorch's
+``cpp_extension`` compiles with (``-std=c++17`` up to 2.11, C++20 later: a source that builds
+there builds here, under the same language rules) for C++; PyTorch's and Python's headers are
+system headers (``-isystem``), the caller's ``extra_include_paths`` plain ``-I``; PyTorch's
 ``COMMON_NVCC_FLAGS`` for ``.cu`` files, built for each arch of ``TORCH_CUDA_ARCH_LIST`` (or of
 the visible devices). The module is linked without PyTorch's libraries, naming them as
 dependencies (``libtorch_python.so`` and the rest): they resolve against the copies already in
@@ -302,8 +303,10 @@ def prepare(name: str, sources: Union[PathLike, Sequence[PathLike]], extra_cflag
             req.cuda_arch_list.add(sm=a.sm, arch_specific=a.arch_specific, ptx=a.ptx)
     else:  # the form servers older than cuda_arch_list read too
         req.cuda_archs.extend(a.sm for a in archs)
-    for i, sub in where:
-        req.include_dirs.add(tree=trees[i].digest, subdir=sub)
+    # PyTorch's and Python's headers are system headers (-isystem), as cpp_extension has them;
+    # the caller's extra_include_paths stay -I.
+    for n, (i, sub) in enumerate(where):
+        req.include_dirs.add(tree=trees[i].digest, subdir=sub, system=n >= len(user_includes))
     # Debian-style Pythons split pyconfig.h by architecture: Python.h's pyconfig.h includes
     # <x86_64-linux-gnu/python3.X/pyconfig.h> from /usr/include, which kilnd's /usr/include
     # need not hold (another Python). That folder alone goes up as a tree of its own.
@@ -311,7 +314,7 @@ def prepare(name: str, sources: Union[PathLike, Sequence[PathLike]], extra_cflag
     if arch_tree is not None:
         trees.append(arch_tree)
         roots.append("")
-        req.include_dirs.add(tree=arch_tree.digest, subdir="")
+        req.include_dirs.add(tree=arch_tree.digest, subdir="", system=True)
     req.client_abi["torch"] = torch.__version__
     req.client_abi["cxx11_abi"] = str(int(bool(torch._C._GLIBCXX_USE_CXX11_ABI)))
     req.client_abi["python"] = sys.version.split()[0]
