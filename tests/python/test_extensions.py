@@ -130,6 +130,83 @@ def test_second_process_gets_the_module_without_building(lltm: Any, ext_kilnd: A
     assert after.ext_cache_hits == before.ext_cache_hits + 1
 
 
+def test_tree_digests_are_remembered_and_a_changed_file_is_hashed_again(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    import kiln.ext as kext
+
+    root, cache = tmp_path / "inc", tmp_path / "cache"
+    for rel, text in {"a.h": "int a;", "sub/b.h": "int b;", "sub/deep/c.h": "int c;", "tab\tname.h": "int t;",
+                      ".hidden/x.h": "int x;", "__pycache__/y.h": "int y;"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    opened: list[str] = []
+
+    def counting_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(os.path.basename(str(path)))
+        return builtins.open(path, *args, **kwargs)
+
+    monkeypatch.setattr(kext, "open", counting_open, raising=False)
+    first = kext.tree_of_folder(root, cache_dir=cache)
+    assert [f.path for f in first.files] == ["a.h", "sub/b.h", "sub/deep/c.h", "tab\tname.h"]
+    assert sorted(opened) == ["a.h", "b.h", "c.h", "tab\tname.h"]
+    # A later process: every digest but the unrememberable name's comes from the memo.
+    opened.clear()
+    again = kext.tree_of_folder(root, cache_dir=cache)
+    assert again.digest == first.digest and opened == ["tab\tname.h"]
+    # A changed file (same size, new bytes) is read again, and only it.
+    opened.clear()
+    (root / "sub" / "b.h").write_text("int B;")
+    changed = kext.tree_of_folder(root, cache_dir=cache)
+    assert sorted(opened) == ["b.h", "tab\tname.h"] and changed.digest != first.digest
+    assert changed.files[1].digest == kext.hashlib.sha256(b"int B;").hexdigest()
+
+
+def test_upload_over_many_calls_holds_every_file_before_a_manifest(ext_client: kiln.Client, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several UploadBlobs calls are in flight at once; still no manifest reaches kilnd before
+    the files it names (a second client that finds the tree would skip the files)."""
+    import kiln.ext as kext
+    from kiln.v1 import service_pb2
+
+    root = tmp_path / "many"
+    for i in range(40):
+        (root / f"d{i % 4}").mkdir(parents=True, exist_ok=True)
+        (root / f"d{i % 4}" / f"h{i}.h").write_text(f"// {tmp_path.name} {i}\n" + "x" * (100 + i))
+    trees = [kext.tree_of_folder(root), kext.Tree.from_bytes({"only.h": f"// {tmp_path.name}".encode()})]
+    manifests = {t.digest for t in trees}
+    monkeypatch.setattr(kext, "UPLOAD_BATCH_BYTES", 300)
+    events: list[tuple[str, bool]] = []
+    real_call = ext_client._call
+
+    def call(method: str, request: Any, timeout: Any) -> Any:
+        if method != "UploadBlobs":
+            return real_call(method, request, timeout)
+        has_manifest = any(kext.hashlib.sha256(b).hexdigest() in manifests for b in request.blobs)
+        events.append(("start", has_manifest))
+        time.sleep(0.02)  # calls overlap
+        try:
+            return real_call(method, request, timeout)
+        finally:
+            events.append(("end", has_manifest))
+
+    monkeypatch.setattr(ext_client, "_call", call)
+    sent = kext.ensure_uploaded(ext_client, trees)
+    assert sent == sum(f.size for t in trees for f in t.files) + sum(len(t.manifest) for t in trees)
+    starts = [i for i, (what, _) in enumerate(events) if what == "start"]
+    assert len(starts) >= 10
+    first_manifest = next(i for i, e in enumerate(events) if e == ("start", True))
+    file_ends = [i for i, e in enumerate(events) if e == ("end", False)]
+    assert len(file_ends) == sum(e == ("start", False) for e in events) and max(file_ends) < first_manifest
+    # Some file calls overlapped (a second started before the first ended).
+    assert events[1][0] == "start"
+    all_digests = [d for t in trees for d in [t.digest] + [f.digest for f in t.files]]
+    left = real_call("FindMissingBlobs", service_pb2.FindMissingBlobsRequest(digests=all_digests), 10).missing
+    assert list(left) == []
+    assert kext.ensure_uploaded(ext_client, trees) == 0
+
+
 def test_load_inline(ext_client: kiln.Client) -> None:
     source = textwrap.dedent("""
         torch::Tensor scaled_sum(torch::Tensor a, torch::Tensor b, double s) {
