@@ -2618,6 +2618,35 @@ def test_contiguous_clones_on_the_torch_side_copy_only_what_is_not_contiguous() 
     torch.testing.assert_close(r, xt.reshape(12))
 
 
+def test_channels_last_clones_on_the_torch_side_copy_only_what_is_not_channels_last() -> None:
+    """fold_clones in the channels-last format: a clone traced as a channels-last tensor
+    becomes ``contiguous(memory_format=channels_last)``, which hands a channels-last argument
+    back uncopied and copies any other into that layout; a clone traced in no dense format
+    keeps its op."""
+    from kiln.torch import passes
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    cl = g.call_method("clone", (x,))
+    cl.meta["val"] = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    odd = g.call_method("clone", (x,))
+    odd.meta["val"] = torch.empty(2, 4, 5, 3).permute(0, 3, 2, 1)  # dense, in no named format
+    g.output((g.call_method("permute", (cl, 0, 2, 3, 1)), g.call_method("relu", (odd,))))
+    assert passes.fold_clones(g) == 1
+    assert cl.target == "contiguous" and cl.kwargs == {"memory_format": torch.channels_last}
+    assert odd.target == "clone"
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    xs = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    r, _ = gm(xs)
+    assert r.data_ptr() == xs.data_ptr()  # channels-last already: no copy
+    torch.testing.assert_close(r, xs.permute(0, 2, 3, 1))
+    plain = torch.randn(2, 3, 4, 5)  # contiguous: copied into channels-last
+    r, _ = gm(plain)
+    assert r.data_ptr() != plain.data_ptr() and r.is_contiguous()
+    torch.testing.assert_close(r, plain.permute(0, 2, 3, 1))
+
+
 def test_a_view_of_a_part_argument_is_made_on_the_torch_side(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
     """A view of a graph input that a kiln part reads and a torch op (a matrix product) reads
     too is made by torch from the input (free), not returned by the part (a copy kernel): the
