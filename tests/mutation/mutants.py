@@ -443,9 +443,9 @@ MUTANTS: list[Mutant] = [
     Mutant(
         name="fold-clones-contiguous-only",
         what="fold_clones keeps every clone of a channels-last tensor: a copy of each such activation per call",
-        file="client/python/kiln/torch/passes/fold_clones.py",
-        find="        if fmt is not None and v.is_contiguous(memory_format=fmt):\n",
-        replace="        if False:\n",
+        file="client/python/kiln/torch/nodes.py",
+        find="        return fmt if fmt is not None and m.is_contiguous(memory_format=fmt) else None\n",
+        replace="        return None\n",
         tests=("pytest:tests/python/test_torch_backend.py -k test_channels_last_clones_on_the_torch_side",),
     ),
     Mutant(

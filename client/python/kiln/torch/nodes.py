@@ -107,16 +107,30 @@ def get_attr(root: torch.nn.Module, target: str) -> Any:
     return obj
 
 
-_CHANNELS_LAST_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
+#: torch's channels-last memory format per number of dimensions.
+CHANNELS_LAST_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
 
 
 def is_channels_last(m: torch.Tensor) -> bool:
     """Whether ``m`` (a 4-D or 5-D tensor) is in torch's channels-last format."""
-    fmt = _CHANNELS_LAST_FORMATS.get(m.ndim)
+    fmt = CHANNELS_LAST_FORMATS.get(m.ndim)
     try:
         return fmt is not None and bool(m.is_contiguous(memory_format=fmt))
     except Exception:  # a symbolic layout the trace cannot decide
         return False
+
+
+def dense_format(m: torch.Tensor) -> Optional[torch.memory_format]:
+    """The memory format ``m`` is dense in, contiguous first (a tensor dense in both, with a
+    dimension of size 1, counts as contiguous), else channels-last; None for neither, or for a
+    symbolic layout the trace cannot decide."""
+    try:
+        if m.is_contiguous():
+            return torch.contiguous_format
+        fmt = CHANNELS_LAST_FORMATS.get(m.ndim)
+        return fmt if fmt is not None and m.is_contiguous(memory_format=fmt) else None
+    except Exception:
+        return None
 
 
 def same_layout(a: Any, b: Any) -> bool:
@@ -161,5 +175,5 @@ def returned_through_views(n: torch.fx.Node) -> bool:
                    lambda r: r.op == "call_function" and (r.target is operator.getitem or returns_alias(r.target)))
 
 
-__all__ = ["draws_random", "get_attr", "is_channels_last", "may_mutate", "mutates", "pure", "reached", "returned_through_views",
+__all__ = ["CHANNELS_LAST_FORMATS", "dense_format", "draws_random", "get_attr", "is_channels_last", "may_mutate", "mutates", "pure", "reached", "returned_through_views",
            "returns_alias", "same_layout", "static_shape", "traced_value", "written_nodes"]

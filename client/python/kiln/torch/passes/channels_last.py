@@ -46,7 +46,8 @@ import torch.fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from .. import lowering as L
-from ..nodes import is_channels_last
+from ..nodes import CHANNELS_LAST_FORMATS as _FORMATS
+from ..nodes import dense_format, is_channels_last
 
 log = logging.getLogger("kiln.torch")
 aten = torch.ops.aten
@@ -58,7 +59,6 @@ RELAYOUT = L.RELAYOUT
 
 # The convolution ops and which of their arguments are activations or weights in NC... order.
 _CONVOLUTIONS = {aten.convolution.default: (0, 1), aten.convolution_backward.default: (0, 1, 2)}
-_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
 # Ops whose CUDA kernels refuse operands in any layout but the contiguous one (``native_group_norm``
 # checks ``X.is_contiguous()`` on CUDA, where its CPU kernel takes channels-last too), with the
 # arguments that must be contiguous. The pass gives them a contiguous copy, on every device
@@ -318,8 +318,7 @@ def _restore_output_layouts(g: torch.fx.Graph, output: torch.fx.Node, before: di
         old, new = before.get(a), L.node_meta(a)
         if not L.is_static_tensor(old) or not L.is_static_tensor(new) or old.stride() == new.stride():
             return a
-        fmt = next((f for f in (torch.contiguous_format, _FORMATS.get(old.ndim)) if f is not None and _is_format(old, f)),
-                   None)
+        fmt = dense_format(old)
         if fmt is None:  # a traced layout no memory format names: left as the pass made it
             return a
         if a not in made:

@@ -4,27 +4,10 @@ layout (:func:`fold_clones`).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.fx
 
-from ..nodes import mutates, traced_value
-
-_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
-
-
-def _dense_format(v: torch.Tensor) -> Optional[torch.memory_format]:
-    """The memory format ``v`` is dense in (contiguous first), or None."""
-    try:
-        if v.is_contiguous():
-            return torch.contiguous_format
-        fmt = _FORMATS.get(v.dim())
-        if fmt is not None and v.is_contiguous(memory_format=fmt):
-            return fmt
-    except Exception:  # a symbolic layout the trace cannot decide
-        pass
-    return None
+from ..nodes import dense_format, mutates, traced_value
 
 
 def fold_clones(g: torch.fx.Graph) -> int:
@@ -45,7 +28,7 @@ def fold_clones(g: torch.fx.Graph) -> int:
         x, v = n.args[0], traced_value(n)
         # Only where the traced result is dense in a format, which contiguous(format) gives
         # too (a clone that preserves a transposed layout keeps its op).
-        fmt = _dense_format(v) if isinstance(v, torch.Tensor) else None
+        fmt = dense_format(v) if isinstance(v, torch.Tensor) else None
         if not isinstance(x, torch.fx.Node) or fmt is None:
             continue
         if any(u.op == "output" or mutates(u) for u in n.users) or any(mutates(u) for u in x.users):
