@@ -428,8 +428,8 @@ MUTANTS: list[Mutant] = [
         name="upload-manifest-before-files",
         what="the client sends a tree's manifest while calls with its files are still in flight",
         file="client/python/kiln/ext.py",
-        find="                flush(last=True)  # every file is held before the first manifest goes\n",
-        replace="                flush()\n",
+        find="                drain()  # every file is held before the first manifest goes\n",
+        replace="                send()\n",
         tests=_daemon("tests/python/test_extensions.py -k test_upload_over_many_calls"),
     ),
     Mutant(

@@ -205,35 +205,38 @@ def _upload(client: Any, digests: Sequence[str], sources: dict[str, Union[TreeFi
 
     with concurrent.futures.ThreadPoolExecutor(UPLOAD_IN_FLIGHT, thread_name_prefix="kiln-upload") as pool:
 
-        def flush(last: bool = False) -> None:
+        def send() -> None:
+            """Sends the batch, leaving fewer than UPLOAD_IN_FLIGHT calls outstanding."""
             nonlocal batch, size
-            if last:
-                for f in pending:
-                    f.result()
-                pending.clear()
             if batch:
                 req = service_pb2.UploadBlobsRequest(blobs=batch)
                 pending.append(pool.submit(client._call, "UploadBlobs", req, timeout))
                 batch, size = [], 0
-            while len(pending) >= UPLOAD_IN_FLIGHT or (last and pending):
+            while len(pending) >= UPLOAD_IN_FLIGHT:
+                pending.pop(0).result()
+
+        def drain() -> None:
+            """Sends the batch and waits for every call."""
+            send()
+            while pending:
                 pending.pop(0).result()
 
         manifests = False
         for d in ordered:
             src = sources[d]
             if isinstance(src, bytes) and not manifests:
-                flush(last=True)  # every file is held before the first manifest goes
+                drain()  # every file is held before the first manifest goes
                 manifests = True
             data = src if isinstance(src, bytes) else src.read()
             if hashlib.sha256(data).hexdigest() != d:
                 path = src.source if isinstance(src, TreeFile) else "a manifest"
                 raise KilnError(f"{path} changed while kiln was uploading it: build again")
             if size + len(data) > UPLOAD_BATCH_BYTES:
-                flush()
+                send()
             batch.append(data)
             size += len(data)
             sent += len(data)
-        flush(last=True)
+        drain()
     return sent
 
 
