@@ -449,6 +449,22 @@ MUTANTS: list[Mutant] = [
         tests=("pytest:tests/python/test_torch_backend.py -k test_channels_last_clones_on_the_torch_side",),
     ),
     Mutant(
+        name="direct-call-ignores-mutations",
+        what="an inference graph that mutates an input is called without AOTAutograd's wrapper",
+        file="client/python/kiln/torch/dynamo_backend.py",
+        find="        wrapped = (any(i.mutates_data or i.mutates_metadata for i in meta.input_info)\n",
+        replace="        wrapped = (False\n",
+        tests=("pytest:tests/python/test_torch_backend.py -k skip_the_aot_wrapper",),
+    ),
+    Mutant(
+        name="direct-call-ignores-aliases",
+        what="an inference graph returning a view of an input is called without AOTAutograd's wrapper",
+        file="client/python/kiln/torch/dynamo_backend.py",
+        find='                   or any(o.output_type.name != "non_alias" for o in meta.output_info)\n',
+        replace="",
+        tests=("pytest:tests/python/test_torch_backend.py -k skip_the_aot_wrapper",),
+    ),
+    Mutant(
         name="builder-subtracts-bools",
         what="the Python builder lets a Numeric op (sub, pow...) take two bools, which the daemon refuses",
         file="client/python/kiln/builder.py",

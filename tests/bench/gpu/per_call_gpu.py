@@ -2,8 +2,9 @@
 """The per-call floor on a CUDA GPU: the seed's first experiment, ``sin(x) + cos(x)`` on a
 one-element tensor, as its reader runs it (wall time of many calls, the host included), for
 eager, Inductor and kiln, each in the default mode and in ``mode="reduce-overhead"``, timed in
-interleaved rounds in one process (median µs per call). A second row does the same for a
-graph of several launches (a small MLP block: matrix products, layer norm, GELU), where a
+interleaved rounds in one process (median µs per call), under ``torch.no_grad()`` and again
+with grad mode on (as the seed's reader runs it: the input needs no gradient, so every
+compiled variant runs an inference graph). A third row does the same for a graph of several launches (a small MLP block: matrix products, layer norm, GELU), where a
 CUDA graph's replay is meant to win.
 
     tests/gpu/with_pack.sh PACK python3 tests/bench/gpu/per_call_gpu.py [--calls 2000] [--rounds 7]
@@ -65,14 +66,18 @@ def main() -> int:
     failures: list[str] = []
     rows: list[list[str]] = []
     gen = torch.Generator().manual_seed(0)
-    cases = {
-        "sin(x)+cos(x), 1 element": (sin_cos, (torch.randn(1, generator=gen).cuda(),)),
+    one = (torch.randn(1, generator=gen).cuda(),)
+    cases = {  # label: (function, arguments, grad mode)
+        "sin(x)+cos(x), 1 element": (sin_cos, one, False),
+        "sin(x)+cos(x), 1 element, grad mode on": (sin_cos, one, True),
         "MLP block 64x256": (mlp_block, tuple(t.cuda() for t in (torch.randn(64, 256, generator=gen),
                                                                     torch.randn(256, 512, generator=gen) / 16,
-                                                                    torch.randn(512, 256, generator=gen) / 22))),
+                                                                    torch.randn(512, 256, generator=gen) / 22)),
+                             False),
     }
-    with local_client(binary, "kiln-per-call-") as client, torch.no_grad():
-        for label, (fn, args) in cases.items():
+    with local_client(binary, "kiln-per-call-") as client:
+        for label, (fn, args, grad) in cases.items():
+            torch.set_grad_enabled(grad)
             torch._dynamo.reset()
             kt.reset_stats()
             # Each compiled variant gets its own copy of the function: Dynamo keeps compiled code
@@ -94,6 +99,8 @@ def main() -> int:
             s = kt.stats()
             if s["kernel_calls"] + s["graph_replays"] == 0:
                 failures.append(f"{label}: kiln ran no kernel")
+            if s["direct_graphs"] == 0:
+                failures.append(f"{label}: kiln's graphs kept AOTAutograd's runtime wrapper")
             times: dict[str, list[float]] = {k: [] for k in fns}
             for r in range(opts.rounds):
                 order = list(fns.items())

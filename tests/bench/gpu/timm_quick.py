@@ -95,7 +95,9 @@ def measure(name: str, client, profile: int, lock_path: Optional[str]) -> dict:
         for k in ("Inductor", "kiln") if profile else ():
             print(f"  {name} {k}:\n{kernel_profile(fns[k], x, profile)}", flush=True)
     st = kt.stats()
-    return {"model": name, "side": side, "err_kiln": errs["kiln"], "err_inductor": errs["Inductor"],
+    refused = sorted({f"{', '.join(p['ops'][:6])}: {str(p['error']).splitlines()[0][:240]}"
+                      for g in kt.last_graphs() for p in g["parts"] if p["error"]})
+    return {"model": name, "fallbacks": refused, "side": side, "err_kiln": errs["kiln"], "err_inductor": errs["Inductor"],
             "eager_ms": med["eager"], "inductor_ms": med["Inductor"], "kiln_ms": med["kiln"],
             "ratio": med["kiln"] / med["Inductor"], "parts": st["parts"], "failed": st["failed"]}
 
@@ -130,6 +132,8 @@ def run_shard(names: list[str], args) -> None:
                     print(f"{name} ({row['side']}²): err kiln {row['err_kiln']:.1e} ind {row['err_inductor']:.1e} | "
                           f"eager {row['eager_ms']:.3f} ind {row['inductor_ms']:.3f} kiln {row['kiln_ms']:.3f} ms, "
                           f"kiln/ind {row['ratio']:.3f} | parts {row['parts']} failed {row['failed']}", flush=True)
+                    for why in row["fallbacks"]:
+                        print(f"  refused: {why}", flush=True)
                 except Exception as e:  # one model's failure is a row, not the end of the run
                     row = {"model": name, "status": f"error: {type(e).__name__}: {str(e).splitlines()[0][:300]}"}
                     print(f"{name}: {row['status']}", flush=True)

@@ -42,6 +42,9 @@ class Stats:
     input signature) that :mod:`.precompile` loaded from kilnd without tracing;
     ``precompile_misses``: those it had to trace and compile; ``precompiles_stored``: those it
     stored; ``precompile_s``: time spent asking for and loading precompiled models.
+    ``direct_graphs``: inference graphs Dynamo calls without AOTAutograd's runtime wrapper
+    (nothing for it to do: no input mutated, no output aliased; ``direct_inference_call`` in
+    :mod:`.dynamo_backend`).
     """
 
     graphs: int = 0
@@ -76,6 +79,7 @@ class Stats:
     precompile_misses: int = 0
     precompiles_stored: int = 0
     precompile_s: float = 0.0
+    direct_graphs: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

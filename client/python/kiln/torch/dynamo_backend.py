@@ -305,10 +305,18 @@ def make_backend(config: BackendConfig, *,
     ``compiler_fn`` is the AOTAutograd it used (torch's AOT compile reads it), or None when the
     graph fell back to torch."""
 
+    direct: list[Callable[..., Any]] = []  # the inference graph's call without AOTAutograd around it
+
     def compiler(kind: str, **fixed: Any) -> Callable[..., Any]:
         def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw: Any) -> Any:
             fn = compile_aten_graph(gm, example_inputs, **fixed, kind=kind, **kw)
-            return wrap(fn, kind) if wrap is not None else fn
+            if wrap is not None:
+                return wrap(fn, kind)
+            if kind == "inference":
+                call = direct_inference_call(fn, gm)
+                if call is not None:
+                    direct.append(call)
+            return fn
 
         return compile_graph
 
@@ -339,8 +347,13 @@ def make_backend(config: BackendConfig, *,
                 partition_fn=min_cut_rematerialization_partition,
                 keep_inference_input_mutations=True,
             )
+            direct.clear()
             compiled = aot(gm, example_inputs)
             backend.compiler_fn = aot  # type: ignore[attr-defined]
+            if direct and _plain_inputs(example_inputs) and sum(
+                    1 for n in gm.graph.nodes if n.op == "placeholder") == len(example_inputs):
+                bump(direct_graphs=1)
+                return direct[0]
             return compiled
         except Exception as e:
             reraise_if_dynamo_control(e)
@@ -356,6 +369,63 @@ def make_backend(config: BackendConfig, *,
     backend.compiler_name = "kiln"  # type: ignore[attr-defined]
     backend.compiler_fn = None  # type: ignore[attr-defined]
     return backend
+
+
+def direct_inference_call(fn: Callable[[list[Any]], Any], gm: torch.fx.GraphModule) -> Optional[Callable[..., Any]]:
+    """``fn`` (an inference graph's compiled, boxed callable) as Dynamo calls a backend's result
+    (``call(*args)``), when AOTAutograd's runtime wrapper around it would do nothing but turn
+    grad mode off for the call: no input is mutated, no output aliases an input or another
+    output, no effect tokens or RNG state are threaded through the graph, grad mode is not set
+    inside it, no output is marked dynamic and autocast is off. Else None.
+
+    Called while AOTAutograd compiles ``gm`` (its metadata is in the tracing context). The
+    caller also checks that the graph takes Dynamo's inputs one for one (no duplicate inputs
+    merged, no parameters lifted, no tensor subclasses): then AOTAutograd's wrappers around
+    the graph are the identity, and skipping them saves a few microseconds per call, much of
+    a small graph's floor (two wrapper layers and a Dynamo ``disable`` frame of the three
+    between Dynamo's guards and the graph)."""
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None)
+    if meta is None or torch._C._is_any_autocast_enabled():
+        return None
+    try:
+        wrapped = (any(i.mutates_data or i.mutates_metadata for i in meta.input_info)
+                   or any(o.output_type.name != "non_alias" for o in meta.output_info)
+                   or meta.num_intermediate_bases or meta.tokens or meta.dynamic_outputs
+                   or getattr(meta, "num_graphsafe_rng_states", 0)
+                   or meta.grad_enabled_mutation is not None
+                   or any(type(m).__name__ == "SubclassCreationMeta" for m in meta.subclass_inp_meta)
+                   or torch._functorch.config.functionalize_rng_ops)
+    except AttributeError:  # a torch whose metadata reads otherwise: keep its wrapper
+        return None
+    if wrapped:
+        return None
+    placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+    if len(meta.input_info) != placeholders:
+        return None
+    if torch.is_grad_enabled():  # Dynamo guards on grad mode: it is on for every call of this graph
+        def call_grad_off(*args: Any) -> Any:
+            torch._C._set_grad_enabled(False)
+            try:
+                return fn(list(args))
+            finally:
+                torch._C._set_grad_enabled(True)
+
+        return call_grad_off
+
+    def call(*args: Any) -> Any:
+        return fn(list(args))
+
+    return call
+
+
+def _plain_inputs(example_inputs: Sequence[Any]) -> bool:
+    """Whether every input is a plain tensor (or a parameter) or a number, no tensor subclass."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    return all(not is_traceable_wrapper_subclass(a) if isinstance(a, torch.Tensor) else
+               isinstance(a, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
+               for a in example_inputs)
 
 
 def backend(**options: Any) -> Callable[..., Any]:
