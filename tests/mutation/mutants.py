@@ -465,6 +465,14 @@ MUTANTS: list[Mutant] = [
         tests=("pytest:tests/python/test_torch_backend.py -k skip_the_aot_wrapper",),
     ),
     Mutant(
+        name="graph-call-ignores-outputs",
+        what="a one-part graph returning its results in another order is called through its part (results swapped)",
+        file="client/python/kiln/torch/runtime.py",
+        find="            or not isinstance(out.args[0], (tuple, list)) or list(out.args[0]) != items):\n",
+        replace="            ):\n",
+        tests=("pytest:tests/python/test_torch_backend.py -k fused_whole_is_run_by_its_part",),
+    ),
+    Mutant(
         name="builder-subtracts-bools",
         what="the Python builder lets a Numeric op (sub, pow...) take two bools, which the daemon refuses",
         file="client/python/kiln/builder.py",

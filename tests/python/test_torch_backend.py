@@ -176,6 +176,41 @@ def test_inference_graphs_skip_the_aot_wrapper_only_where_it_has_nothing_to_do(c
         assert s["direct_graphs"] == direct, (fn.__name__, s)
 
 
+def test_a_graph_that_fused_whole_is_run_by_its_part(client: Any, rewrites: Any) -> None:
+    """A graph that is one kiln part over its arguments, returning the part's results in order,
+    is called through the part itself; a graph that returns them in another order or runs
+    torch ops keeps the stitched graph's forward. Results are eager's."""
+    from kiln.torch.runtime import graph_call
+
+    def whole(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.sin(x) * 2, torch.cos(x) + x
+
+    def reordered(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.sin(x) * 2
+        return torch.cos(x) + y, y
+
+    def passthrough(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.sin(x) * 2, x
+
+    def with_torch_op(x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x) @ torch.cos(x).reshape(8, 8)
+
+    x = torch.randn(8, 8, generator=torch.Generator().manual_seed(3))
+    # Dynamo returns a returned argument itself: the ATen graph of ``passthrough`` is one part.
+    for fn, by_part in ((whole, True), (passthrough, True), (reordered, False), (with_torch_op, False)):
+        torch._dynamo.reset()
+        rewrites.clear()
+        f = compiled(fn, client)
+        with torch.no_grad():
+            for _ in range(2):
+                got, want = as_tuple(f(x)), as_tuple(fn(x))
+                assert len(got) == len(want), fn.__name__
+                for g, w in zip(got, want):
+                    torch.testing.assert_close(g, w)
+        (outer, parts), = rewrites
+        assert (graph_call(outer) == parts[0].forward) == by_part, (fn.__name__, outer.code)
+
+
 def test_sin_cos_float64(client: Any) -> None:
     (x,) = E.make_sin(777, dtype=torch.float64)
     check_fwd_bwd(E.sin_cos_mix, [x], client, rtol=1e-12, atol=1e-12)

@@ -89,7 +89,7 @@ from .partition import partition
 from .passes import run_aten_passes, run_cudagraph_passes
 from .passes.channels_last import wants_channels_last
 from .records import StoredRecord, from_record, record_key, reported_strides, store_record, with_record
-from .runtime import CompileSettings, boxed, compile_parts, describe, reraise_if_dynamo_control
+from .runtime import CompileSettings, boxed, compile_parts, describe, graph_call, reraise_if_dynamo_control
 from .sealed import SealedError, check_sealed
 from .stitch import rewrite
 
@@ -240,7 +240,7 @@ def _partition_and_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[An
             wrap_cuda_graphs = wants_cuda_graphs(example_inputs)
             if wrap_cuda_graphs and run_cudagraph_passes(outer.graph):
                 outer.recompile()
-        fn: Callable[[list[Any]], Any] = boxed(outer.forward)
+        fn: Callable[[list[Any]], Any] = boxed(graph_call(outer))
         bump(partition_s=time.perf_counter() - t0)
 
         def finish() -> Callable[[list[Any]], Any]:

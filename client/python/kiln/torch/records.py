@@ -22,7 +22,7 @@ from ..v1 import service_pb2
 from . import program
 from .counters import RECENT, bump
 from .cudagraphs import CudaGraphRunner, replay_wins
-from .runtime import CompileSettings, KilnPart, boxed, describe, reraise_if_dynamo_control, run_parts
+from .runtime import CompileSettings, KilnPart, boxed, describe, graph_call, reraise_if_dynamo_control, run_parts
 
 log = logging.getLogger("kiln.torch")
 
@@ -157,7 +157,7 @@ def rebuild_record(stored: StoredRecord, responses: Sequence[Any], config: Backe
     tc = torch._guards.TracingContext.try_get()
     if header.get("output_strides") is not None and tc is not None and tc.output_strides is not None:
         tc.output_strides.extend(tuple(s) if s is not None else None for s in header["output_strides"])
-    fn: Callable[[list[Any]], Any] = boxed(outer.forward)
+    fn: Callable[[list[Any]], Any] = boxed(graph_call(outer))
     bump(record_hits=1, parts=len(parts))
     RECORD_EVENTS.append(f"{key[:12]} rebuilt: {len(parts)} parts")
     RECENT.append({"kind": kind, "parts": describe(parts), "segments": None, "record": key,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import operator
 import random
 import threading
 import time
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+import torch.fx
 
 from .. import cuda as kcuda
 from .. import native
@@ -66,6 +68,27 @@ def boxed(fn: Callable[..., Any]) -> Callable[[list[Any]], Any]:
 
     call._boxed_call = True  # type: ignore[attr-defined]
     return call
+
+
+def graph_call(outer: torch.fx.GraphModule) -> Callable[..., Any]:
+    """What runs a stitched graph: ``outer.forward``, or the part's own ``forward`` where the
+    graph is one kiln part called on every argument in order and returning all its results in
+    order (a graph that fused whole: two Python frames less per call, ~0.4 µs of a small
+    graph's few microseconds on the host)."""
+    nodes = list(outer.graph.nodes)
+    args = [n for n in nodes if n.op == "placeholder"]
+    rest = nodes[len(args):]
+    if len(rest) < 3 or rest[0].op != "call_module" or rest[-1].op != "output":
+        return outer.forward
+    call, items, out = rest[0], rest[1:-1], rest[-1]
+    part = getattr(outer, str(call.target), None)
+    if (not isinstance(part, KilnPart) or part.part is None or list(call.args) != args or call.kwargs
+            or len(items) != len(part.part.outputs)
+            or any(i.op != "call_function" or i.target is not operator.getitem or i.args != (call, j)
+                   for j, i in enumerate(items))
+            or not isinstance(out.args[0], (tuple, list)) or list(out.args[0]) != items):
+        return outer.forward
+    return part.forward
 
 
 # Compiled results by (daemon, target, options, graph bytes): a graph seen again in this process
@@ -659,6 +682,7 @@ __all__ = [
     "clear_memo",
     "compile_parts",
     "describe",
+    "graph_call",
     "load_kernel",
     "reraise_if_dynamo_control",
     "run_parts",
