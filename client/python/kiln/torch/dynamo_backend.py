@@ -305,7 +305,8 @@ def make_backend(config: BackendConfig, *,
     ``compiler_fn`` is the AOTAutograd it used (torch's AOT compile reads it), or None when the
     graph fell back to torch."""
 
-    direct: list[Callable[..., Any]] = []  # the inference graph's call without AOTAutograd around it
+    # The inference graph's call without AOTAutograd around it, and how many inputs the graph takes.
+    direct: list[tuple[Callable[..., Any], int]] = []
 
     def compiler(kind: str, **fixed: Any) -> Callable[..., Any]:
         def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw: Any) -> Any:
@@ -313,9 +314,10 @@ def make_backend(config: BackendConfig, *,
             if wrap is not None:
                 return wrap(fn, kind)
             if kind == "inference":
-                call = direct_inference_call(fn, gm)
+                inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+                call = direct_inference_call(fn, inputs)
                 if call is not None:
-                    direct.append(call)
+                    direct.append((call, inputs))
             return fn
 
         return compile_graph
@@ -350,10 +352,10 @@ def make_backend(config: BackendConfig, *,
             direct.clear()
             compiled = aot(gm, example_inputs)
             backend.compiler_fn = aot  # type: ignore[attr-defined]
-            if direct and _plain_inputs(example_inputs) and sum(
-                    1 for n in gm.graph.nodes if n.op == "placeholder") == len(example_inputs):
+            # Dynamo's inputs one for one: no duplicates merged, no parameters lifted.
+            if direct and direct[0][1] == len(example_inputs) and _plain_inputs(example_inputs):
                 bump(direct_graphs=1)
-                return direct[0]
+                return direct[0][0]
             return compiled
         except Exception as e:
             reraise_if_dynamo_control(e)
@@ -371,15 +373,15 @@ def make_backend(config: BackendConfig, *,
     return backend
 
 
-def direct_inference_call(fn: Callable[[list[Any]], Any], gm: torch.fx.GraphModule) -> Optional[Callable[..., Any]]:
-    """``fn`` (an inference graph's compiled, boxed callable) as Dynamo calls a backend's result
+def direct_inference_call(fn: Callable[[list[Any]], Any], inputs: int) -> Optional[Callable[..., Any]]:
+    """``fn`` (an inference graph of ``inputs`` arguments, compiled, boxed) as Dynamo calls a backend's result
     (``call(*args)``), when AOTAutograd's runtime wrapper around it would do nothing but turn
     grad mode off for the call: no input is mutated, no output aliases an input or another
     output, no effect tokens or RNG state are threaded through the graph, grad mode is not set
     inside it, no output is marked dynamic and autocast is off. Else None.
 
-    Called while AOTAutograd compiles ``gm`` (its metadata is in the tracing context). The
-    caller also checks that the graph takes Dynamo's inputs one for one (no duplicate inputs
+    Called while AOTAutograd compiles the graph (its metadata is in the tracing context). The
+    backend also checks that the graph takes Dynamo's inputs one for one (no duplicate inputs
     merged, no parameters lifted, no tensor subclasses): then AOTAutograd's wrappers around
     the graph are the identity, and skipping them saves a few microseconds per call, much of
     a small graph's floor (two wrapper layers and a Dynamo ``disable`` frame of the three
@@ -400,8 +402,7 @@ def direct_inference_call(fn: Callable[[list[Any]], Any], gm: torch.fx.GraphModu
         return None
     if wrapped:
         return None
-    placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
-    if len(meta.input_info) != placeholders:
+    if len(meta.input_info) != inputs:
         return None
     if torch.is_grad_enabled():  # Dynamo guards on grad mode: it is on for every call of this graph
         def call_grad_off(*args: Any) -> Any:
