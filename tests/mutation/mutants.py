@@ -465,6 +465,22 @@ MUTANTS: list[Mutant] = [
         tests=("pytest:tests/python/test_torch_backend.py -k skip_the_aot_wrapper",),
     ),
     Mutant(
+        name="symbolic-layout-unproven",
+        what="a symbolic result's memory order is taken from the example strides without proof on the expressions",
+        file="client/python/kiln/torch/lowering.py",
+        find="    return order if order is not None and _dense_in_order(v, order) else None\n",
+        replace="    return order\n",
+        tests=("pytest:tests/python/test_torch_backend.py -k symbolic_layout_is_dense",),
+    ),
+    Mutant(
+        name="symbolic-result-not-viewed-back",
+        what="a symbolic part's result stored in memory order is returned as stored (Python path)",
+        file="client/python/kiln/torch/runtime.py",
+        find="        outs = [o if back is None else o.permute(back) for o, back in zip(outs, self._out_unpermute)]\n",
+        replace="",
+        tests=("pytest:tests/python/test_torch_backend.py -k permuted_result_in_its_layout",),
+    ),
+    Mutant(
         name="graph-call-ignores-outputs",
         what="a one-part graph returning its results in another order is called through its part (results swapped)",
         file="client/python/kiln/torch/runtime.py",

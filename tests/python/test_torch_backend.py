@@ -1567,23 +1567,77 @@ def test_dynamic_part_reads_a_transposed_static_argument(client) -> None:
     assert sum(copies) >= 1, kt.last_graphs()
 
 
-def test_dynamic_part_keeps_a_static_result_layout(client) -> None:
+@pytest.mark.parametrize("native_runner", [True, False], ids=["native", "python"])
+def test_dynamic_part_keeps_a_static_result_layout(client, native_runner: bool) -> None:
     """A result of static shape in another layout than contiguous, which torch relies on (a graph
-    output), computed in a part with symbolic sizes: that part allocates its results contiguous,
-    so the result comes out with torch's strides and values (the part runs in torch)."""
+    output), computed in a part with symbolic sizes (which reads its arguments contiguous): the
+    kernel stores the result's dimensions in memory order and the result is that tensor viewed
+    back, with torch's strides and values, through the native runner and the Python path."""
 
     def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x.sum(0) * 2 + y.sum(0), y * 3 + 1
 
-    cf = compiled(f, client)
+    cf = torch.compile(f, backend="kiln", options={"client": client, "native": native_runner})
     base = torch.randn(8, 8)
-    for n in (6, 9):
-        x = torch.randn(n, 8)
-        torch._dynamo.mark_dynamic(x, 0)
-        y = base.t()
-        for g, w in zip(cf(x, y), f(x, y)):
-            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
-            assert g.stride() == w.stride()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kt.KilnFallbackWarning)
+        for n in (6, 9):
+            x = torch.randn(n, 8)
+            torch._dynamo.mark_dynamic(x, 0)
+            y = base.t()
+            for g, w in zip(cf(x, y), f(x, y)):
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+                assert g.stride() == w.stride()
+    s = kt.stats()
+    assert s["failed"] == 0 and s["eager_calls"] == 0 and s["kernel_calls"] == 2, s
+    assert (s["native_calls"] > 0) == native_runner, s
+
+
+def test_a_symbolic_layout_is_dense_only_where_the_expressions_say_so() -> None:
+    """symbolic_memory_order reads a layout's order from the example strides and proves it on
+    the size expressions: strides that are dense at the example sizes only (a number where the
+    expression has a size) are no dense layout."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln.torch import lowering as L
+
+    def g(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = x.shape[2]
+        return x.permute(0, 2, 3, 1) * 2, x * 2, torch.empty_strided((2, h, 7, 5), (35 * h, 7, 1, 42))
+
+    gm = make_fx(g, tracing_mode="symbolic")(torch.randn(2, 5, 6, 7))
+    nhwc, plain, dense_at_6 = (o.meta["val"] for o in next(n for n in gm.graph.nodes if n.op == "output").args[0])
+    assert L.symbolic_memory_order(nhwc) == (0, 3, 1, 2) and not L.is_contiguous_symbolic(nhwc)
+    assert L.symbolic_memory_order(plain) == (0, 1, 2, 3) and L.is_contiguous_symbolic(plain)
+    assert L.symbolic_memory_order(dense_at_6) is None
+
+
+@pytest.mark.parametrize("native_runner", [True, False], ids=["native", "python"])
+def test_dynamic_part_stores_a_permuted_result_in_its_layout(client, native_runner: bool) -> None:
+    """A result with symbolic sizes in a dense layout other than contiguous, which torch relies
+    on (a graph output): an NHWC-shaped tensor stored in NCHW order, as a sequence model's block
+    over image rows returns its residual sum. The layout is proven on the size expressions, the
+    kernel stores the permuted tensor and the result is viewed back: torch's strides and values
+    at each size, no fallback. The same value is returned contiguous as well (two outputs)."""
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r = (x.permute(0, 2, 3, 1) * 2 + y).sin() * y
+        return r, r.contiguous() + 1
+
+    cf = torch.compile(f, backend="kiln", options={"client": client, "native": native_runner})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kt.KilnFallbackWarning)
+        for h in (6, 9, 11):
+            x, y = torch.randn(2, 5, h, 7), torch.randn(5)
+            torch._dynamo.mark_dynamic(x, 2)
+            got, want = cf(x, y), f(x, y)
+            assert got[0].stride() == want[0].stride() == (35 * h, 7, 1, 7 * h)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+                assert g.stride() == w.stride()
+    s = kt.stats()
+    assert s["failed"] == 0 and s["eager_calls"] == 0 and s["kernel_calls"] == 3, s
+    assert (s["native_calls"] > 0) == native_runner, s
 
 
 def test_attention_backward_reads_its_dropout_seed_on_the_host_outside_a_capture() -> None:

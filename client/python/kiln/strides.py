@@ -5,7 +5,7 @@ the native part runner, which allocates outputs in such layouts.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -41,4 +41,13 @@ def memory_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> Optional[t
     return order
 
 
-__all__ = ["contiguous_strides", "effective_strides", "is_contiguous_layout", "memory_order"]
+def inverse_order(order: Sequence[int]) -> list[int]:
+    """The permutation undoing ``order``: ``t.permute(order).permute(inverse_order(order))`` is
+    ``t`` (a tensor stored in memory order, viewed back in its own dimensions)."""
+    back = [0] * len(order)
+    for i, d in enumerate(order):
+        back[d] = i
+    return back
+
+
+__all__ = ["contiguous_strides", "effective_strides", "inverse_order", "is_contiguous_layout", "memory_order"]

@@ -46,7 +46,7 @@ from .. import torch_extension as extension
 from .._once import OncePerKey
 from ..cache import atomic_write
 from ..plan import expr_text, plan_json
-from ..strides import memory_order
+from ..strides import inverse_order, memory_order
 from ..v1 import service_pb2
 
 log = logging.getLogger("kiln.torch")
@@ -297,8 +297,9 @@ def part_for(compiled: Any, device_index: int, in_dtypes: list[Any], out_dtypes:
     ``cpu_kernel`` its opened artifact): inputs of the result's shapes (expressions of its
     symbols when it has some) with these torch dtypes and, where given, exactly these strides
     (else any layout, copied to contiguous when needed); outputs of these dtypes, where
-    ``out_layouts`` gives one a (torch shape, strides) allocated in that dense layout (static
-    parts: the kernel stores the output's dimensions in memory order, the plan's shape);
+    ``out_layouts`` gives one a (torch shape, strides) allocated in that dense layout (the
+    kernel stores the output's dimensions in memory order, the plan's shape; symbolic parts
+    give the example shape and strides, and the result is the plan's output viewed back);
     ``results`` the output index of each value the Part returns. Needs :data:`RUNNER`."""
     runner = RUNNER
     names = list(compiled.symbols)
@@ -317,8 +318,11 @@ def part_for(compiled: Any, device_index: int, in_dtypes: list[Any], out_dtypes:
             continue
         shape, strides = tuple(int(d) for d in layout[0]), tuple(int(s) for s in layout[1])
         order = memory_order(shape, strides)
-        if names or order is None or [str(shape[d]) for d in order] != dims:
+        if order is None or len(order) != len(dims) or (not names and [str(shape[d]) for d in order] != dims):
             raise ValueError(f"output layout {shape} {strides} is not a dense layout of the plan's {dims}")
+        if names:  # the plan's shape is in memory order: allocated so, viewed back
+            outputs.append((dt, dims, None, inverse_order(order)))
+            continue
         outputs.append((dt, [str(d) for d in shape], strides))
     if device_index >= 0:
         import torch

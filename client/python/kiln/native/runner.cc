@@ -116,6 +116,9 @@ struct Operand {
   std::vector<int64_t> fixed;       // static parts
   std::vector<int64_t> strides;     // inputs: the accepted strides (with `exact_strides`)
   bool exact_strides = false;       // false: any contiguous tensor
+  // Outputs of symbolic parts stored in a layout of their own: the kernel writes the shape in
+  // memory order, and the result is that tensor viewed back through this permutation.
+  std::vector<int64_t> unpermute;
 };
 
 using CpuRun1 = int (*)(void* const*, void*, int);
@@ -173,13 +176,14 @@ bool ReadInts(PyObject* seq, std::vector<int64_t>* out) {
   return true;
 }
 
-// (dtype, [shape expression texts], strides or None): the shape's expressions are parsed
-// against `names` (a static part has none: every dimension is a number).
+// (dtype, [shape expression texts], strides or None[, unpermute]): the shape's expressions are
+// parsed against `names` (a static part has none: every dimension is a number).
 bool ReadOperand(PyObject* item, const std::vector<std::string>& names, Operand* out) {
   PyObject* dtype = nullptr;
   PyObject* shape = nullptr;
   PyObject* strides = Py_None;
-  if (!PyArg_ParseTuple(item, "OO|O", &dtype, &shape, &strides)) return false;
+  PyObject* unpermute = Py_None;
+  if (!PyArg_ParseTuple(item, "OO|OO", &dtype, &shape, &strides, &unpermute)) return false;
   if (!ReadDtype(dtype, &out->dtype)) return false;
   PyObject* fast = PySequence_Fast(shape, "shape: expected a sequence of expressions");
   if (!fast) return false;
@@ -205,7 +209,18 @@ bool ReadOperand(PyObject* item, const std::vector<std::string>& names, Operand*
     out->exact_strides = true;
     if (!ReadInts(strides, &out->strides)) return false;
   }
+  if (unpermute != Py_None && !ReadInts(unpermute, &out->unpermute)) return false;
   return true;
+}
+
+// Whether `perm` is a permutation of 0..n-1.
+bool IsPermutation(const std::vector<int64_t>& perm, size_t n) {
+  std::vector<bool> seen(n, false);
+  for (int64_t d : perm) {
+    if (d < 0 || static_cast<size_t>(d) >= n || seen[d]) return false;
+    seen[d] = true;
+  }
+  return perm.size() == n;
 }
 
 bool ReadOperands(PyObject* list, const std::vector<std::string>& names,
@@ -233,8 +248,9 @@ PyTypeObject PartType =
 // device_index: -1 for the CPU. runner: a CudaModule (CUDA), or (kiln_run address,
 // kiln_workspace_bytes address or 0) for a CPU artifact (ABI 2 when the part has symbols).
 // symbols: [(input, axis)]; inputs: [(dtype, [expr], strides or None)]; outputs: [(dtype,
-// [expr]) or (dtype, [expr], strides)] (strides: static parts only, a dense layout that the
-// output is allocated in); results: the output index of each result.
+// [expr]), (dtype, [expr], strides) or (dtype, [expr], None, unpermute)] (strides: static parts,
+// a dense layout that the output is allocated in; unpermute: symbolic parts, the view of the
+// plan's output that is the result); results: the output index of each result.
 PyObject* MakePart(PyObject*, PyObject* args) {
   int device_index = -1;
   PyObject *runner, *stream_fn, *symbols, *names_obj, *inputs, *outputs, *results;
@@ -297,6 +313,12 @@ PyObject* MakePart(PyObject*, PyObject* args) {
   for (const Operand& o : p->outputs) {
     if (o.exact_strides && (!names.empty() || o.strides.size() != o.fixed.size())) {
       PyErr_SetString(PyExc_ValueError, "output strides: static parts only, one per dimension");
+      Py_DECREF(self);
+      return nullptr;
+    }
+    if (!o.unpermute.empty() && (names.empty() || !IsPermutation(o.unpermute, o.shape.size()))) {
+      PyErr_SetString(PyExc_ValueError,
+                      "output unpermute: symbolic parts only, a permutation of its dimensions");
       Py_DECREF(self);
       return nullptr;
     }
@@ -441,6 +463,7 @@ PyObject* PartCall(PyObject* self, PyObject* args, PyObject* kwargs) {
       outs.push_back(o.exact_strides ? at::empty_strided(o.fixed, o.strides, options)
                                      : at::empty(Dims(o, sizes), options));
       buffers.push_back(outs.back().data_ptr());
+      if (!o.unpermute.empty()) outs.back() = outs.back().permute(o.unpermute);
     }
     int64_t ws_bytes = p->workspace_bytes;
     std::string error;

@@ -32,6 +32,7 @@ import torch.fx
 
 from ..builder import GraphBuilder, Value
 from ..dtypes import is_integer as dt_is_integer
+from ..strides import memory_order
 from . import rng as _rng  # noqa: F401  (defines torch.ops.kiln.uniform, lowered below)
 
 aten = torch.ops.aten
@@ -177,12 +178,28 @@ def size_expr(d: Any) -> Any:
 def is_contiguous_symbolic(v: torch.Tensor) -> bool:
     """Row-major contiguity of a tensor with symbolic sizes, decided on the expressions (no
     guard): each stride equals the product of the sizes after it, size-1 dimensions aside."""
+    return _dense_in_order(v, range(v.dim()))
+
+
+def symbolic_memory_order(v: torch.Tensor) -> Optional[tuple[int, ...]]:
+    """The memory order (outermost to innermost, as :func:`kiln.strides.memory_order`) of a
+    tensor with symbolic sizes whose layout is dense, or None when it is not: the order is read
+    from the example strides and then proven on the expressions, so it holds at every size (an
+    NHWC-shaped result stored in NCHW order has strides ``(C*H*W, W, 1, H*W)``: order 0, 3, 1, 2)."""
+    order = memory_order(example_shape(v), tuple(size_hint(s) for s in v.stride()))
+    return order if order is not None and _dense_in_order(v, order) else None
+
+
+def _dense_in_order(v: torch.Tensor, order: Any) -> bool:
+    """Whether each stride of ``v``, taken innermost first in ``order``, is the product of the
+    sizes inside it (size-1 dimensions aside), as expressions."""
     import sympy
 
+    shape, strides = v.shape, v.stride()
     expect = sympy.Integer(1)
-    for d, st in reversed(list(zip(v.shape, v.stride()))):
-        de = size_expr(d)
-        if de != 1 and sympy.expand(size_expr(st) - expect) != 0:
+    for d in reversed(list(order)):
+        de = size_expr(shape[d])
+        if de != 1 and sympy.expand(size_expr(strides[d]) - expect) != 0:
             return False
         expect = expect * de
     return True

@@ -87,6 +87,7 @@ class TensorSpec:
 
     dtype: torch.dtype
     shape: tuple[int, ...]  # symbolic sizes at their example values
+    # Results of symbolic parts: the example strides of the dense layout they are stored in.
     strides: Optional[tuple[int, ...]] = None
     # Symbolic parts: each dimension's sympy expression (torch's dynamic shapes).
     exprs: Optional[tuple[Any, ...]] = None
@@ -518,12 +519,13 @@ def build_part(seg: Segment, written: Optional[dict[torch.fx.Node, Optional[tupl
     in_specs: list[TensorSpec] = []
     symbols: dict[Any, str] = {}  # a size's expression -> its kiln symbol, within this part
     symbol_dims: dict[Any, tuple[Value, int]] = {}  # ... -> the first argument and dimension having it
-    # A part with symbolic sizes is run with every argument contiguous and every result
-    # allocated contiguous (KilnPart._run_symbolic copies an argument that is not; the native
-    # runner takes no declared layout for such a part): its arguments and results of static
-    # shape declare no layout either. Declared, the kernel would read the contiguous copy of a
-    # transposed argument with the traced strides (the cross-attention bias gradients of
-    # encoder-decoder models, whose encoder length is static where the decoder's is symbolic).
+    # A part with symbolic sizes is run with every argument contiguous (KilnPart._run_symbolic
+    # copies an argument that is not; the native runner takes no declared layout for such a
+    # part): its arguments of static shape declare no layout either. Declared, the kernel would
+    # read the contiguous copy of a transposed argument with the traced strides (the
+    # cross-attention bias gradients of encoder-decoder models, whose encoder length is static
+    # where the decoder's is symbolic). Its results are allocated contiguous, or permuted where
+    # torch relies on a dense layout of another order (below).
     symbolic = any(L.is_symbolic_tensor(L.node_meta(n)) for n in seg.inputs[:seg.num_tensor_inputs])
     for i, n in enumerate(seg.inputs[:seg.num_tensor_inputs]):
         m = L.node_meta(n)
@@ -567,6 +569,18 @@ def build_part(seg: Segment, written: Optional[dict[torch.fx.Node, Optional[tupl
     out_specs: list[TensorSpec] = []
     out_keys: list[Any] = []  # per kiln output: (id of its value, memory order or None)
     stored: dict[torch.fx.Node, Optional[tuple[int, ...]]] = {}  # static kiln results: their strides or None
+
+    def kiln_output(v: Value, order: Optional[tuple[int, ...]]) -> int:
+        """The kiln output holding ``v`` in memory ``order`` (None: contiguous), added once. A
+        result in a layout of its own is the permuted tensor (dims in memory order, contiguous),
+        which is the result in that layout byte for byte: the runtime allocates it permuted
+        back (static results: with their strides), with no copy after the kernel."""
+        key = (id(v), order)
+        if key not in out_keys:
+            kiln_outs.append(v if order is None else b.permute(v, list(order)))
+            out_keys.append(key)
+        return out_keys.index(key)
+
     for n in seg.outputs:
         v = env[n]
         if not isinstance(v, Value):
@@ -575,35 +589,38 @@ def build_part(seg: Segment, written: Optional[dict[torch.fx.Node, Optional[tupl
         if L.is_symbolic_tensor(m):
             if not symbols:
                 raise L.Unsupported(f"{n.name} has symbolic sizes but no argument of the part has")
+            # A layout torch relies on that is dense but not contiguous (an NHWC-shaped result
+            # stored in NCHW order, which a frame returns): stored permuted, as a static result
+            # in a layout of its own below, with the order proven at every size.
+            order = None
             if (_needs_layout(n) or _viewed_in_layout(n, inside)) and not L.is_contiguous_symbolic(m):
-                raise L.Unsupported(f"{n.name} has symbolic sizes and torch relies on its strides")
-            out_specs.append(TensorSpec(m.dtype, L.example_shape(m), None, tuple(L.size_expr(d) for d in m.shape)))
-            v_is_input = id(v) in input_ids
-            if v_is_input:
+                order = L.symbolic_memory_order(m)
+                if order is None:
+                    raise L.Unsupported(f"{n.name} has symbolic sizes and strides {tuple(m.stride())} (not a "
+                                        "dense layout), and torch relies on them")
+            hints = tuple(L.size_hint(st) for st in m.stride()) if order is not None else None
+            out_specs.append(TensorSpec(m.dtype, L.example_shape(m), hints, tuple(L.size_expr(d) for d in m.shape)))
+            if order is None and id(v) in input_ids:
                 sources.append(("input", input_ids[id(v)]))
-            else:
-                k = next((j for j, key2 in enumerate(out_keys) if key2 == (id(v), None)), None)
-                if k is None:
-                    kiln_outs.append(v)
-                    out_keys.append((id(v), None))
-                    k = len(kiln_outs) - 1
-                sources.append(("kiln", k))
+                continue
+            sources.append(("kiln", kiln_output(v, order)))
             continue
         shape = tuple(int(d) for d in m.shape)
         strides = tuple(int(s) for s in m.stride())
         contiguous = is_contiguous_layout(shape, strides)
         if symbolic and not contiguous:
-            # Written contiguous (see above): refused where torch relies on the traced strides,
-            # as a result of symbolic sizes is, unless it is an argument in its own layout (the
-            # torch side copies it, layout and all).
+            # Written contiguous (see above) unless torch relies on the traced strides: then
+            # stored in that dense layout as below, or refused where it is none. An argument in
+            # its own layout is copied by the torch side, layout and all.
             if id(v) in input_ids and same_layout(L.node_meta(seg.inputs[input_ids[id(v)]]), m):
                 out_specs.append(TensorSpec(m.dtype, shape))
                 sources.append(("input", input_ids[id(v)]))
                 continue
-            if _needs_layout(n) or _viewed_in_layout(n, inside):
-                raise L.Unsupported(f"{n.name} has strides {strides} in a part with symbolic sizes, and torch "
-                                    "relies on them")
-            contiguous = True
+            if not (_needs_layout(n) or _viewed_in_layout(n, inside)):
+                contiguous = True
+            elif memory_order(shape, strides) is None:
+                raise L.Unsupported(f"{n.name} has strides {strides} (not a dense layout) in a part with symbolic "
+                                    "sizes, and torch relies on them")
         order = None  # a dense layout the result must have, as the order of its dimensions in memory
         # A channels-last result (a convolution's, or computed from one) stays channels-last:
         # the next convolution reads it without a conversion.
@@ -624,16 +641,7 @@ def build_part(seg: Segment, written: Optional[dict[torch.fx.Node, Optional[tupl
                 continue
             if order is None:
                 order = tuple(range(len(shape)))
-        # A kiln result in a layout of its own: the kernel stores the permuted tensor (dims in
-        # memory order, contiguous), which is the result in that layout, byte for byte; the
-        # runtime allocates it with ``strides``: no copy after the kernel.
-        key = (id(v), order)
-        k = next((j for j, key2 in enumerate(out_keys) if key2 == key), None)
-        if k is None:
-            kiln_outs.append(v if order is None else b.permute(v, list(order)))
-            out_keys.append(key)
-            k = len(kiln_outs) - 1
-        sources.append(("kiln", k))
+        sources.append(("kiln", kiln_output(v, order)))
         out_specs.append(TensorSpec(m.dtype, shape, strides if order is not None and not contiguous else None))
         stored[n] = out_specs[-1].strides
     if not kiln_outs:

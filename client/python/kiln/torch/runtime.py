@@ -37,7 +37,7 @@ from .. import native
 from ..autotune import autotune
 from ..errors import KilnError, KilnFallbackWarning, RpcError
 from ..plan import eval_size
-from ..strides import effective_strides, memory_order
+from ..strides import effective_strides, inverse_order, memory_order
 from ..v1 import service_pb2
 from .counters import STATS, bump
 from .partition import PartGraph, Segment, eager_graph
@@ -401,6 +401,12 @@ class KilnPart(torch.nn.Module):
             accepted = spec.strides if spec.strides is not None else _contiguous(spec.shape)
             self._in_fast.append([spec.dtype, shape, accepted])
         self._out_alloc = [(torch.Size(s.shape), s.dtype, s.strides) for s in self._kiln_specs]
+        # Symbolic parts: a result stored in a layout of its own (its strides are a dense
+        # layout's, at the example sizes) is allocated as the plan's permuted shape and viewed
+        # back through the inverse permutation.
+        orders = [memory_order(tuple(shape), strides) if strides is not None else None
+                  for shape, _, strides in self._out_alloc]
+        self._out_unpermute = [inverse_order(o) if o is not None else None for o in orders]
         self._results = [(kind == "kiln", k) for kind, k in part.sources]
         if part.symbolic:
             self._sym_where = [(sym.input, sym.axis) for sym in self.compiled.plan.symbols]
@@ -488,6 +494,7 @@ class KilnPart(torch.nn.Module):
             ptrs.append(t.data_ptr())
         outs = [torch.empty(shape, dtype=dtype, device=dev) for shape, dtype in out_alloc]
         ptrs.extend(o.data_ptr() for o in outs)
+        outs = [o if back is None else o.permute(back) for o, back in zip(outs, self._out_unpermute)]
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev) if ws_bytes else None
         if self._is_cuda:
             self.kernel.launch(ptrs, ws.data_ptr() if ws is not None else None, self._stream(), sizes)
@@ -611,6 +618,9 @@ def _check_symbolic_plan(compiled: Any, part: PartGraph, outs: Sequence[Any], sp
         sizes = [int(exprs_of[n].subs(point)) for n in names]
         for b, spec in zip(outs, specs):
             want = [int(sympy.sympify(e).subs(point)) for e in (spec.exprs or spec.shape)]
+            order = memory_order(spec.shape, spec.strides) if spec.strides is not None else None
+            if order is not None:  # stored as its dimensions in memory order
+                want = [want[d] for d in order]
             got = [eval_size(e, sizes) for e in b.shape_exprs]
             if got != want:
                 raise KilnError(f"plan output {b.index} has shape {got} at {point}, torch expects {want}")
