@@ -465,6 +465,22 @@ MUTANTS: list[Mutant] = [
         tests=("pytest:tests/python/test_torch_backend.py -k skip_the_aot_wrapper",),
     ),
     Mutant(
+        name="masked-assignment-kept",
+        what="index_put with a boolean mask and one value stays torch's op instead of a where",
+        file="client/python/kiln/torch/decompositions.py",
+        find="    table[torch.ops.aten.index_put.default] = _masked_assignment_as_where\n",
+        replace="",
+        tests=("pytest:tests/python/test_torch_backend.py -k masked_assignments",),
+    ),
+    Mutant(
+        name="masked-assignment-ignores-accumulate",
+        what="an accumulating masked index_put writes the value instead of adding it",
+        file="client/python/kiln/torch/decompositions.py",
+        find="aten.add.Tensor(x, values) if accumulate else values",
+        replace="values",
+        tests=("pytest:tests/python/test_torch_backend.py -k masked_assignments",),
+    ),
+    Mutant(
         name="symbolic-layout-unproven",
         what="a symbolic result's memory order is taken from the example strides without proof on the expressions",
         file="client/python/kiln/torch/lowering.py",

@@ -2857,6 +2857,28 @@ def test_fold_stays_one_torch_op(client: Any, rewrites: list[tuple[Any, Any]]) -
     assert "col2im" in forward and "index_put" not in forward, forward
 
 
+def test_masked_assignments_fuse_as_where(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+    """An index_put with one boolean mask over the leading dimensions and a single value (the
+    functional form of ``x[mask] = v`` and ``x[mask] += v``) is a where in kiln's part, its
+    neighbours fused with it; a value cast to x's dtype (a float64 constant into float32). An
+    index_put with integer indices stays torch's op. Values match eager, gradients too."""
+
+    def f(x: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = x.sin() * 2
+        a = torch.ops.aten.index_put.default(a, [a > 1.5], torch.tensor(1.5, dtype=torch.float64))
+        b = torch.ops.aten.index_put.default(x.cos(), [rows], torch.tensor(-2.0), True)
+        c = torch.ops.aten.index_put.default(x * 3, [idx], torch.tensor(7.0))
+        return a + b, c - 1
+
+    x = torch.randn(16, 8, requires_grad=True)
+    rows = torch.rand(16) > 0.5
+    idx = torch.tensor([3, 0, 9])
+    check_fwd_bwd(lambda x_: f(x_, rows, idx), [x], client, rtol=1e-5, atol=1e-5)
+    code = rewrites[0][0].code
+    assert code.count("aten.index_put") == 1 and "aten.where" not in code, code  # the integer one
+    assert_kiln_ran(parts=3)  # the forward's two, around the integer index_put, and the backward's
+
+
 def test_embedding_lookups_and_gathers_run_in_kiln(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
     """embedding, index_select and gather lower to kiln's gather: the whole prologue (three
     lookups, the token-type gather, the adds and layer_norm) is one kiln part with no torch

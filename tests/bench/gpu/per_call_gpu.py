@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""The per-call floor on a CUDA GPU: the seed's first experiment, ``sin(x) + cos(x)`` on a
-one-element tensor, as its reader runs it (wall time of many calls, the host included), for
-eager, Inductor and kiln, each in the default mode and in ``mode="reduce-overhead"``, timed in
-interleaved rounds in one process (median µs per call), under ``torch.no_grad()`` and again
-with grad mode on (as the seed's reader runs it: the input needs no gradient, so every
-compiled variant runs an inference graph). A third row does the same for a graph of several launches (a small MLP block: matrix products, layer norm, GELU), where a
-CUDA graph's replay is meant to win.
+"""The per-call floor on a CUDA GPU: the seed's experiments as its reader runs them (wall time
+of many calls, the host included), for eager, Inductor and kiln, each in the default mode and
+in ``mode="reduce-overhead"``, timed in interleaved rounds in one process (median µs per call):
+
+- ``sin(x) + cos(x)`` on a one-element tensor, under ``torch.no_grad()`` and again with grad
+  mode on (the input needs no gradient, so every compiled variant runs an inference graph);
+- the seed's NumPy functions, k-means and ``numpy_fn`` (tests/python/sample_fns.py, verbatim),
+  compiled as NumPy code and called on NumPy arrays, which torch.compile runs on the host's
+  CPU ("eager" is NumPy itself). Run inside ``with torch.device("cuda")`` (torch's way of
+  sending compiled NumPy code to the GPU), torch 2.11's Dynamo fails on them for every backend
+  (``'ndarray' object has no attribute 'sub'``), so they are timed where the arrays are;
+- a graph of several launches (a small MLP block: matrix products, layer norm, GELU), where a
+  CUDA graph's replay is meant to win.
 
     tests/gpu/with_pack.sh PACK python3 tests/bench/gpu/per_call_gpu.py [--calls 2000] [--rounds 7]
 
@@ -26,9 +32,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))  # tests/gpu
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))  # tests/python
+
+import numpy as np  # noqa: E402
 
 import kiln.torch as kt  # noqa: E402
 from gpu_common import kilnd_binary, local_client, report  # noqa: E402
+from sample_fns import kmeans, kmeans_inputs, numpy_fn, numpy_fn_inputs  # noqa: E402
 
 
 def sin_cos(x: torch.Tensor) -> torch.Tensor:
@@ -43,6 +53,13 @@ def mlp_block(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tens
 def own_copy(fn):
     """``fn`` with a code object of its own."""
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def error(got, want) -> float:
+    """The largest difference relative to the result's scale (NumPy results compared as tensors)."""
+    got, want = torch.as_tensor(np.asarray(got) if not torch.is_tensor(got) else got).double().cpu(), \
+        torch.as_tensor(np.asarray(want) if not torch.is_tensor(want) else want).double().cpu()
+    return ((got - want).abs().max() / (1 + want.abs().max())).item()
 
 
 def per_call_us(fn, args, calls: int) -> float:
@@ -67,9 +84,12 @@ def main() -> int:
     rows: list[list[str]] = []
     gen = torch.Generator().manual_seed(0)
     one = (torch.randn(1, generator=gen).cuda(),)
+    rng = np.random.default_rng(0)
     cases = {  # label: (function, arguments, grad mode)
         "sin(x)+cos(x), 1 element": (sin_cos, one, False),
         "sin(x)+cos(x), 1 element, grad mode on": (sin_cos, one, True),
+        "k-means, NumPy arrays (host CPU), 1000 points": (kmeans, kmeans_inputs(rng), False),
+        "numpy_fn, NumPy arrays (host CPU), 200x6": (numpy_fn, numpy_fn_inputs(rng), False),
         "MLP block 64x256": (mlp_block, tuple(t.cuda() for t in (torch.randn(64, 256, generator=gen),
                                                                     torch.randn(256, 512, generator=gen) / 16,
                                                                     torch.randn(512, 256, generator=gen) / 22)),
@@ -88,11 +108,12 @@ def main() -> int:
                    "Inductor ro": torch.compile(own_copy(fn), mode="reduce-overhead"),
                    "kiln": torch.compile(own_copy(fn), backend="kiln", options={"client": client}),
                    "kiln ro": torch.compile(own_copy(fn), backend=kt.backend(mode="reduce-overhead", client=client))}
-            want = fn(*args)
+            numpy_code = isinstance(args[0], np.ndarray)
+            want = fn(*[a.copy() for a in args]) if numpy_code else fn(*args)
             for name, f in fns.items():
                 for _ in range(5):  # compile, warm, capture
                     got = f(*args)
-                err = ((got - want).abs().max() / (1 + want.abs().max())).item()
+                err = error(got, want)
                 if err > 1e-4:
                     failures.append(f"{label}, {name}: error {err:.2e}")
             kt.wait()
@@ -106,7 +127,7 @@ def main() -> int:
                 order = list(fns.items())
                 order = order[r % len(order):] + order[:r % len(order)]
                 for name, f in order:
-                    times[name].append(per_call_us(f, args, opts.calls))
+                    times[name].append(per_call_us(f, args, opts.calls // 4 if numpy_code else opts.calls))
             med = {k: statistics.median(v) for k, v in times.items()}
             rows.append([label] + [f"{med[k]:.1f}" for k in fns] +
                         [f"{med['kiln ro'] / med['kiln']:.2f}", f"{med['kiln'] / med['eager']:.2f}"])

@@ -1,6 +1,6 @@
 """The decomposition table AOTAutograd applies for the kiln backend: torch's core ATen
 decompositions, with kiln's choices for attention, embeddings' gradients, F.fold, splits, batch
-norm and dropout.
+norm, masked assignments and dropout.
 """
 
 from __future__ import annotations
@@ -63,9 +63,34 @@ def decompositions(random_in_kiln: bool = True) -> Any:
     # As its arithmetic it is a mean and variance over each output channel's weights that
     # kiln fuses into one part; left as the op, torch ran three kernels per convolution.
     table.update(get_decompositions([torch.ops.aten._native_batch_norm_legit]))
+    # A masked assignment (``x[mask] = v``; NumPy's ``X_std[X_std == 0] = 1`` through
+    # torch.compile's NumPy support on torch 2.11) is an index_put with one boolean mask over
+    # x's leading dimensions and a single value: as a where, kiln fuses it with its neighbours.
+    # Left as the op, it cut the seed's numpy_fn into two parts with two torch ops between.
+    table[torch.ops.aten.index_put.default] = _masked_assignment_as_where
     if random_in_kiln:
         table.update(dropout_decomposition())
     return table
+
+
+def _masked_assignment_as_where(x: torch.Tensor, indices: Sequence[Any], values: torch.Tensor,
+                                accumulate: bool = False) -> Any:
+    """``index_put(x, [mask], v)`` with a boolean ``mask`` shaped as x's leading dimensions, on
+    x's device, and a 0-d ``v``: ``where(mask, v, x)``, or ``where(mask, x + v, x)`` when
+    accumulating (a mask names each element once). NotImplemented (torch's op) for anything
+    else: integer indices, several indices, a value per selected element."""
+    if len(indices) != 1 or indices[0] is None:
+        return NotImplemented
+    mask = indices[0]
+    if (mask.dtype != torch.bool or mask.device != x.device or values.dim() != 0 or mask.dim() > x.dim()
+            or tuple(mask.shape) != tuple(x.shape[:mask.dim()])):
+        return NotImplemented
+    aten = torch.ops.aten
+    if values.dtype != x.dtype or values.device != x.device:
+        values = aten._to_copy.default(values, dtype=x.dtype, device=x.device)
+    for _ in range(x.dim() - mask.dim()):
+        mask = aten.unsqueeze.default(mask, -1)
+    return aten.where.self(mask, aten.add.Tensor(x, values) if accumulate else values, x)
 
 
 def _embedding_backward_by_atomic_adds(grad_output: torch.Tensor, indices: torch.Tensor, num_weights: int,
