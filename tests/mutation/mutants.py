@@ -465,6 +465,14 @@ MUTANTS: list[Mutant] = [
         tests=("pytest:tests/python/test_torch_backend.py -k skip_the_aot_wrapper",),
     ),
     Mutant(
+        name="fma-swaps-addend",
+        what="prims.fma(a, b, c) is lowered as a * c + b",
+        file="client/python/kiln/torch/lowering.py",
+        find="    return ctx.b.add(ctx.b.mul(ctx.value(a, dt), ctx.value(b, dt)), ctx.value(c, dt))\n",
+        replace="    return ctx.b.add(ctx.b.mul(ctx.value(a, dt), ctx.value(c, dt)), ctx.value(b, dt))\n",
+        tests=("pytest:tests/python/test_torch_backend.py -k compiled_optimizer",),
+    ),
+    Mutant(
         name="masked-assignment-kept",
         what="index_put with a boolean mask and one value stays torch's op instead of a where",
         file="client/python/kiln/torch/decompositions.py",

@@ -2857,6 +2857,33 @@ def test_fold_stays_one_torch_op(client: Any, rewrites: list[tuple[Any, Any]]) -
     assert "col2im" in forward and "index_put" not in forward, forward
 
 
+def test_a_compiled_optimizer_step_fuses_whole(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
+    """``torch.compile(opt.step)`` for AdamW (foreach): torch's graph computes lerp and addcmul
+    with Inductor's ``prims.fma``, which kiln lowers, so the whole update is one kiln part with
+    only the write-backs into parameters and state left to torch; three steps match eager
+    AdamW's parameters."""
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16), torch.nn.LayerNorm(16))
+        for p in m.parameters():
+            p.grad = torch.randn_like(p)
+        return m
+
+    ref, mine = model(), model()
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(mine.parameters(), lr=1e-2)
+    step = torch.compile(opt.step, backend="kiln", options={"client": client, "records": False})
+    for _ in range(3):
+        opt_ref.step()
+        step()
+    for a, b in zip(mine.parameters(), ref.parameters()):  # a few ulps: eager's lerp fuses the multiply-add
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    code = rewrites[0][0].code
+    assert "fma" not in code and code.count("self.kiln_part_") == 1, code
+    assert_kiln_ran(parts=1)
+
+
 def test_masked_assignments_fuse_as_where(client: Any, rewrites: list[tuple[Any, Any]]) -> None:
     """An index_put with one boolean mask over the leading dimensions and a single value (the
     functional form of ``x[mask] = v`` and ``x[mask] += v``) is a where in kiln's part, its
