@@ -57,8 +57,7 @@ def own_copy(fn):
 
 def error(got, want) -> float:
     """The largest difference relative to the result's scale (NumPy results compared as tensors)."""
-    got, want = torch.as_tensor(np.asarray(got) if not torch.is_tensor(got) else got).double().cpu(), \
-        torch.as_tensor(np.asarray(want) if not torch.is_tensor(want) else want).double().cpu()
+    got, want = torch.as_tensor(got).double().cpu(), torch.as_tensor(want).double().cpu()
     return ((got - want).abs().max() / (1 + want.abs().max())).item()
 
 

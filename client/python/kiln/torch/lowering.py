@@ -80,7 +80,10 @@ _LOWERINGS: dict[Any, LoweringFn] = {}
 
 
 def register_lowering(*ops: Any) -> Callable[[LoweringFn], LoweringFn]:
-    """Decorator: ``fn`` lowers each of ``ops`` (OpOverloads, or packets for every overload).
+    """Decorator: ``fn`` lowers each of ``ops`` (OpOverloads, packets for every overload, or an
+    overload's qualified name such as ``"prims::fma"`` for an op that exists only once the
+    torch module defining it is imported: Inductor's prims, which torch.compile's optimizer
+    graphs use, and whose module would cost a second at every import of the lowerings).
 
     A later registration of the same op replaces the earlier one, which lets a program extend
     or override the table.
@@ -104,14 +107,8 @@ def find_lowering(target: Any) -> Optional[LoweringFn]:
     """The lowering of an FX call_function target, or None."""
     fn = _LOWERINGS.get(target)
     if fn is None and isinstance(target, torch._ops.OpOverload):
-        fn = _LOWERINGS.get(target.overloadpacket) or _BY_NAME.get(target.name())
+        fn = _LOWERINGS.get(target.overloadpacket) or _LOWERINGS.get(target.name())
     return fn
-
-
-# Ops that exist only once a torch module defining them is imported (Inductor's prims, which
-# torch.compile's optimizer graphs use), looked up by qualified name: importing their module
-# here would cost a second at every import of the lowerings.
-_BY_NAME: dict[str, LoweringFn] = {}
 
 
 # ---------------------------------------------------------------------------------- context
@@ -598,15 +595,13 @@ for _name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
     register_lowering(_packet.Tensor, _packet.Scalar)(_binary_arith(_name))
 
 
+@register_lowering("prims::fma")
 def _fma(ctx: LoweringContext, a: Any, b: Any, c: Any) -> Value:
     """``prims.fma(a, b, c)`` (torch.compile's optimizers: lerp and addcmul as in CUDA's
     kernels): ``a * b + c``, as torch computes it outside Inductor (the CUDA compilers
     contract the pair into one fused multiply-add, as CUDA's own lerp has it)."""
     dt = ctx.out_dtype
     return ctx.b.add(ctx.b.mul(ctx.value(a, dt), ctx.value(b, dt)), ctx.value(c, dt))
-
-
-_BY_NAME["prims::fma"] = _fma
 
 
 @register_lowering(aten.rsub.Tensor, aten.rsub.Scalar)
